@@ -1,0 +1,102 @@
+//! A `Store` that counts the calls made through it (round trips), for the benchmark.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use solocron_core::*;
+
+/// Wraps a store and counts every call.
+pub struct Counting {
+    inner: Arc<dyn Store>,
+    pub calls: AtomicU64,
+    pub claims: AtomicU64,
+}
+
+impl Counting {
+    pub fn new(inner: Arc<dyn Store>) -> Counting {
+        Counting { inner, calls: AtomicU64::new(0), claims: AtomicU64::new(0) }
+    }
+
+    fn hit(&self) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[async_trait]
+impl Store for Counting {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn migrate(&self) -> Result<(), StoreError> {
+        self.hit();
+        self.inner.migrate().await
+    }
+    async fn claim(&self, r: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        self.hit();
+        self.claims.fetch_add(1, Ordering::Relaxed);
+        self.inner.claim(r).await
+    }
+    async fn renew(&self, l: &Lease, d: Duration) -> Result<bool, StoreError> {
+        self.hit();
+        self.inner.renew(l, d).await
+    }
+    async fn finish(&self, l: &Lease, e: &RunEnd) -> Result<bool, StoreError> {
+        self.hit();
+        self.inner.finish(l, e).await
+    }
+    async fn expired(&self, n: usize) -> Result<Vec<RunRecord>, StoreError> {
+        self.hit();
+        self.inner.expired(n).await
+    }
+    async fn recover(&self, r: &RunId, a: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
+        self.hit();
+        self.inner.recover(r, a).await
+    }
+    async fn history(&self, q: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
+        self.hit();
+        self.inner.history(q).await
+    }
+    async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        self.hit();
+        self.inner.now().await
+    }
+    async fn register(&self, n: &str, j: &[JobDefinition]) -> Result<(), StoreError> {
+        self.hit();
+        self.inner.register(n, j).await
+    }
+    async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
+        self.hit();
+        self.inner.registrations().await
+    }
+    async fn set_paused(&self, j: &str, p: bool, b: &str, r: Option<&str>) -> Result<(), StoreError> {
+        self.hit();
+        self.inner.set_paused(j, p, b, r).await
+    }
+    async fn controls(&self) -> Result<Vec<JobControl>, StoreError> {
+        self.hit();
+        self.inner.controls().await
+    }
+    async fn request_run(&self, j: &str, b: &str) -> Result<Tick, StoreError> {
+        self.hit();
+        self.inner.request_run(j, b).await
+    }
+    async fn pending_requests(&self, n: usize) -> Result<Vec<RunRequest>, StoreError> {
+        self.hit();
+        self.inner.pending_requests(n).await
+    }
+    async fn unlock(&self, j: &str, r: &str) -> Result<Vec<RunId>, StoreError> {
+        self.hit();
+        self.inner.unlock(j, r).await
+    }
+    async fn memory_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        self.hit();
+        self.inner.memory_since().await
+    }
+    async fn prune(&self, o: Duration, b: usize) -> Result<u64, StoreError> {
+        self.hit();
+        self.inner.prune(o, b).await
+    }
+}

@@ -1,0 +1,106 @@
+//! Spawning benchmark nodes as processes and reading their reports.
+
+use std::io::BufRead as _;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::node::NodeArgs;
+
+/// A node process, its report file and (with `announce`) a channel of its stdout lines.
+pub struct Proc {
+    pub child: Child,
+    pub report: String,
+    pub id: String,
+}
+
+/// A fresh namespace per scenario round (table or key prefix; a new SQLite file).
+pub fn fresh(store: &str, dir: &std::path::Path, tag: &str) -> (String, String) {
+    let n: u32 = std::process::id()
+        ^ (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos());
+    let prefix =
+        if store.starts_with("redis") { format!("{{solocron_b{n:08x}}}:") } else { format!("solocron_b{n:08x}_") };
+    if store.starts_with("sqlite") {
+        (format!("sqlite://{}/{tag}-{n:08x}.db", dir.display()), prefix)
+    } else {
+        (store.to_owned(), prefix)
+    }
+}
+
+pub fn spawn(a: &NodeArgs, lines: Option<mpsc::Sender<String>>) -> Proc {
+    let exe = std::env::current_exe().expect("own path");
+    let mut cmd = Command::new(exe);
+    cmd.arg("node")
+        .args(["--store", &a.store, "--prefix", &a.prefix, "--node-id", &a.node_id])
+        .args(["--jobs", &a.jobs.to_string(), "--schedule", &a.schedule, "--mode", &a.mode])
+        .args(["--seconds", &a.seconds.to_string(), "--lease-ms", &a.lease_ms.to_string(), "--report", &a.report])
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null());
+    if a.retry {
+        cmd.arg("--retry");
+    }
+    if a.announce {
+        cmd.arg("--announce");
+    }
+    cmd.stdout(if lines.is_some() { Stdio::piped() } else { Stdio::null() });
+    let mut child = cmd.spawn().expect("spawn a node");
+    if let (Some(tx), Some(out)) = (lines, child.stdout.take()) {
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+    }
+    Proc { child, report: a.report.clone(), id: a.node_id.clone() }
+}
+
+/// Waits for every node (at most `within`), then reads their reports.
+pub fn reports(procs: Vec<Proc>, within: Duration) -> Vec<Value> {
+    let until = std::time::Instant::now() + within;
+    let mut out = Vec::new();
+    for mut p in procs {
+        loop {
+            if p.child.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            if std::time::Instant::now() > until {
+                let _ = p.child.kill();
+                let _ = p.child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if let Ok(bytes) = std::fs::read(&p.report) {
+            if let Ok(v) = serde_json::from_slice(&bytes) {
+                out.push(v);
+            }
+        }
+    }
+    out
+}
+
+/// A 6-field expression firing once at `t` (UTC, whole second).
+pub fn once_at(t: chrono::DateTime<chrono::Utc>) -> String {
+    format!("{} {} {} * * *", t.format("%-S"), t.format("%-M"), t.format("%-H"))
+}
+
+/// The next whole second at least `secs` from now.
+pub fn instant_in(secs: i64) -> chrono::DateTime<chrono::Utc> {
+    let t = chrono::Utc::now() + chrono::Duration::seconds(secs);
+    chrono::DateTime::from_timestamp(t.timestamp() + 1, 0).expect("in range")
+}
+
+/// CPU time (user + system) of a process, in milliseconds, from /proc/PID/stat.
+pub fn cpu_ms(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 =
+        f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0) + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    // Linux reports /proc times in USER_HZ, which is 100 on every mainstream build.
+    let hz = 100;
+    ticks * 1000 / hz
+}

@@ -1,0 +1,151 @@
+//! `solocron-bench node`: one node of a benchmark fleet, run as its own process. It runs a
+//! scheduler with `--jobs` identical jobs, then writes what it saw to `--report` as JSON.
+
+use std::io::Write as _;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use clap::Args;
+use solocron::{handler_fn, Command, Job, RunContext, Scheduler};
+use solocron_core::{JobPolicy, OnCrash, Overlap, Schedule, Store as _};
+use tokio_util::sync::CancellationToken;
+
+use crate::counting::Counting;
+
+#[derive(Args, Clone)]
+pub struct NodeArgs {
+    #[arg(long)]
+    pub store: String,
+    #[arg(long)]
+    pub prefix: String,
+    #[arg(long)]
+    pub node_id: String,
+    #[arg(long)]
+    pub jobs: usize,
+    #[arg(long)]
+    pub schedule: String,
+    /// handler | command | sleep
+    #[arg(long, default_value = "handler")]
+    pub mode: String,
+    #[arg(long)]
+    pub seconds: u64,
+    #[arg(long, default_value_t = 30_000)]
+    pub lease_ms: u64,
+    #[arg(long)]
+    pub retry: bool,
+    /// Print `START job attempt node` on stdout when a run starts (failover).
+    #[arg(long)]
+    pub announce: bool,
+    #[arg(long)]
+    pub report: String,
+}
+
+type Starts = Arc<Mutex<Vec<(String, i64, i64, u32)>>>;
+
+fn job(i: usize, a: &NodeArgs, starts: &Starts) -> anyhow::Result<Job> {
+    let schedule = Schedule::parse(&a.schedule, "UTC")?;
+    let lease = Duration::from_millis(a.lease_ms);
+    let policy = JobPolicy {
+        lease,
+        kill_grace: JobPolicy::default_kill_grace(lease),
+        overlap: Overlap::Allow,
+        on_crash: if a.retry { OnCrash::Retry } else { OnCrash::Abandon },
+        ..JobPolicy::default()
+    };
+    let name = format!("j{i}");
+    let job = match a.mode.as_str() {
+        "command" => Job::new(name, schedule, Command::new(["/bin/date", "+%s%N"]).expect("argv")),
+        mode => {
+            let (starts, announce, sleep) = (starts.clone(), a.announce, mode == "sleep");
+            Job::new(
+                name,
+                schedule,
+                handler_fn(move |ctx: RunContext| {
+                    let now = Utc::now().timestamp_millis();
+                    starts.lock().unwrap().push((
+                        ctx.job.clone(),
+                        ctx.scheduled_at.timestamp_millis(),
+                        now,
+                        ctx.attempt,
+                    ));
+                    if announce {
+                        println!("START {} {} {} {now}", ctx.job, ctx.attempt, ctx.node_id);
+                        let _ = std::io::stdout().flush();
+                    }
+                    async move {
+                        if sleep {
+                            ctx.cancel.cancelled().await;
+                        }
+                        Ok(())
+                    }
+                }),
+            )
+        }
+    };
+    Ok(job.with_policy(policy))
+}
+
+pub async fn run(a: NodeArgs) -> anyhow::Result<()> {
+    // Several nodes create a fresh store at the same moment: retry briefly (bounded).
+    let mut attempt = 0;
+    let counting = loop {
+        attempt += 1;
+        let opened = match solocron_stores::open(&a.store, &a.prefix).await {
+            Ok(store) => {
+                let c = Arc::new(Counting::new(store));
+                c.migrate().await.map(|_| c).map_err(anyhow::Error::from)
+            }
+            Err(e) => Err(anyhow::Error::msg(e)),
+        };
+        match opened {
+            Ok(c) => break c,
+            Err(e) if attempt >= 20 => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    let starts: Starts = Arc::default();
+    // A herd of N simultaneous ticks needs room for N runs at once on one node.
+    let mut b = Scheduler::builder(counting.clone())
+        .node_id(a.node_id.clone())
+        .shutdown_grace(Duration::from_secs(2))
+        .max_concurrent_runs(a.jobs.max(1024));
+    for i in 0..a.jobs {
+        b = b.job(job(i, &a, &starts)?);
+    }
+    let scheduler = b.build()?;
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    let seconds = a.seconds;
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("handler");
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(seconds)) => {}
+            _ = term.recv() => {}
+        }
+        stop.cancel();
+    });
+    scheduler.run(shutdown).await;
+    let report = serde_json::json!({
+        "node": a.node_id,
+        "calls": counting.calls.load(Ordering::Relaxed),
+        "claims": counting.claims.load(Ordering::Relaxed),
+        "rss_hwm_kb": rss_kb(std::process::id(), "VmHWM"),
+        "starts": *starts.lock().unwrap(),
+    });
+    std::fs::write(&a.report, serde_json::to_vec(&report)?)?;
+    Ok(())
+}
+
+/// A `/proc/PID/status` memory figure in KiB (VmHWM: peak RSS; VmRSS: now).
+pub fn rss_kb(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}

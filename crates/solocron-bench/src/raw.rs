@@ -1,0 +1,112 @@
+//! The store's raw minimal operation, for the claim-overhead comparison, and cleanup.
+
+use sqlx::{MySqlPool, PgPool, SqlitePool};
+
+/// A direct connection doing the store's cheapest "insert if absent".
+pub enum Raw {
+    Sqlite(SqlitePool),
+    Postgres(PgPool, String),
+    MySql(MySqlPool, String),
+    Redis(redis::aio::ConnectionManager, String),
+}
+
+impl Raw {
+    pub async fn connect(url: &str, prefix: &str) -> anyhow::Result<Raw> {
+        let raw = if url.starts_with("sqlite") {
+            let pool = SqlitePool::connect(url).await?;
+            sqlx::query("CREATE TABLE IF NOT EXISTS bench_raw (k TEXT PRIMARY KEY)").execute(&pool).await?;
+            Raw::Sqlite(pool)
+        } else if url.starts_with("postgres") {
+            let pool = PgPool::connect(url).await?;
+            sqlx::query(&format!("CREATE TABLE IF NOT EXISTS {prefix}raw (k TEXT PRIMARY KEY)")).execute(&pool).await?;
+            Raw::Postgres(pool, prefix.to_owned())
+        } else if url.starts_with("mysql") || url.starts_with("mariadb") {
+            let pool = MySqlPool::connect(&url.replacen("mariadb://", "mysql://", 1)).await?;
+            sqlx::query(&format!("CREATE TABLE IF NOT EXISTS {prefix}raw (k VARCHAR(64) PRIMARY KEY)"))
+                .execute(&pool)
+                .await?;
+            Raw::MySql(pool, prefix.to_owned())
+        } else if url.starts_with("redis") {
+            let client = redis::Client::open(url)?;
+            Raw::Redis(redis::aio::ConnectionManager::new(client).await?, prefix.to_owned())
+        } else {
+            anyhow::bail!("no raw operation for {url}")
+        };
+        Ok(raw)
+    }
+
+    /// One insert-if-absent of `k`: SQLite `INSERT OR IGNORE`, PostgreSQL `INSERT … ON
+    /// CONFLICT DO NOTHING RETURNING`, MySQL `INSERT IGNORE`, Redis `SET k v NX PX`.
+    pub async fn insert(&self, k: &str) -> anyhow::Result<()> {
+        match self {
+            Raw::Sqlite(p) => {
+                sqlx::query("INSERT OR IGNORE INTO bench_raw (k) VALUES (?)").bind(k).execute(p).await?;
+            }
+            Raw::Postgres(p, pre) => {
+                sqlx::query(&format!("INSERT INTO {pre}raw (k) VALUES ($1) ON CONFLICT DO NOTHING RETURNING k"))
+                    .bind(k)
+                    .fetch_optional(p)
+                    .await?;
+            }
+            Raw::MySql(p, pre) => {
+                sqlx::query(&format!("INSERT IGNORE INTO {pre}raw (k) VALUES (?)")).bind(k).execute(p).await?;
+            }
+            Raw::Redis(c, pre) => {
+                let mut c = c.clone();
+                let _: Option<String> = redis::cmd("SET")
+                    .arg(format!("{pre}raw:{k}"))
+                    .arg("1")
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(60_000)
+                    .query_async(&mut c)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Drops a benchmark namespace's tables (server stores), so runs do not pile them up.
+pub async fn cleanup(url: &str, prefix: &str) {
+    let like = format!("{}%", prefix.replace('_', "\\_"));
+    if url.starts_with("postgres") {
+        let Ok(pool) = PgPool::connect(url).await else { return };
+        let tables: Vec<(String,)> = sqlx::query_as(
+            "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE $1",
+        )
+        .bind(&like)
+        .fetch_all(&pool)
+        .await
+        .unwrap_or_default();
+        for (t,) in tables {
+            let _ = sqlx::query(&format!("DROP TABLE IF EXISTS \"{t}\" CASCADE")).execute(&pool).await;
+        }
+        let funcs: Vec<(String,)> = sqlx::query_as(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = current_schema() AND p.proname LIKE $1",
+        )
+        .bind(&like)
+        .fetch_all(&pool)
+        .await
+        .unwrap_or_default();
+        for (f,) in funcs {
+            let _ = sqlx::query(&format!("DROP FUNCTION IF EXISTS {f} CASCADE")).execute(&pool).await;
+        }
+    } else if url.starts_with("redis") {
+        let script =
+            format!("redis-cli -h 127.0.0.1 --scan --pattern '{prefix}*' | xargs -r redis-cli -h 127.0.0.1 unlink");
+        let _ = std::process::Command::new("sh").args(["-c", &script]).output();
+    } else if url.starts_with("mysql") || url.starts_with("mariadb") {
+        let Ok(pool) = MySqlPool::connect(&url.replacen("mariadb://", "mysql://", 1)).await else { return };
+        let tables: Vec<(String,)> = sqlx::query_as(
+            "SELECT CAST(table_name AS CHAR) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE ?",
+        )
+        .bind(&like)
+        .fetch_all(&pool)
+        .await
+        .unwrap_or_default();
+        for (t,) in tables {
+            let _ = sqlx::query(&format!("DROP TABLE IF EXISTS `{t}`")).execute(&pool).await;
+        }
+    }
+}

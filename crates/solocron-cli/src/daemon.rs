@@ -1,0 +1,93 @@
+//! `solocron run`: the daemon.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use solocron::{Command, Job, Scheduler};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::{bad_input, load, Failure};
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The configuration file.
+    #[arg(long, short, default_value = "solocron.toml")]
+    config: PathBuf,
+    /// This node's id (default: [node].id, else hostname-pid).
+    #[arg(long)]
+    node_id: Option<String>,
+    /// The store URL (overrides [store].url).
+    #[arg(long)]
+    store: Option<String>,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+pub async fn run(a: RunArgs) -> Result<(), Failure> {
+    init_logging(a.log_format);
+    let cfg = load(&a.config)?;
+    let target = crate::Target { config: a.config.clone(), store: a.store.clone() };
+    let store = target.connect(Some(&cfg)).await?;
+    if cfg.store.migrate {
+        store.migrate().await.map_err(|e| bad_input(format!("{}: store.url: {e}", cfg.file)))?;
+    }
+    let scheduler = scheduler(&cfg, store, a.node_id)?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(on_signal(shutdown.clone()));
+    scheduler.run(shutdown).await;
+    Ok(())
+}
+
+/// The scheduler for a configuration: every job a command job.
+pub fn scheduler(
+    cfg: &Config,
+    store: std::sync::Arc<dyn solocron_core::Store>,
+    node_id: Option<String>,
+) -> Result<Scheduler, Failure> {
+    let mut builder = Scheduler::builder(store)
+        .shutdown_grace(cfg.shutdown_grace)
+        .max_concurrent_runs(cfg.max_concurrent_runs)
+        .history_retention(cfg.history_retention);
+    if let Some(id) = node_id.or(cfg.node_id.clone()) {
+        builder = builder.node_id(id);
+    }
+    for j in &cfg.jobs {
+        let cmd = Command::new(j.command.clone()).expect("validated: non-empty");
+        let job = Job::new(j.name.clone(), j.schedule.clone(), cmd)
+            .with_policy(j.policy.clone())
+            .with_fingerprint(format!("command {:?}", j.command));
+        builder = builder.job(job);
+    }
+    builder.build().map_err(|e| bad_input(format!("{}: {e}", cfg.file)))
+}
+
+async fn on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+        _ = int.recv() => tracing::info!("SIGINT: draining"),
+    }
+    shutdown.cancel();
+}
+
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal as _;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}

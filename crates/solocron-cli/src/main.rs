@@ -1,0 +1,138 @@
+//! `solocron`: the daemon (`run`) and the admin commands, a thin shell over the
+//! `solocron` library.
+//!
+//! Exit codes: 0 success; 1 a runtime failure (the store failed mid-command); 2 bad input
+//! (arguments, configuration, an unknown job, a malformed duration, an unreachable store).
+
+mod admin;
+mod config;
+mod daemon;
+mod output;
+mod stores;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use solocron_core::Store;
+
+use crate::config::{Config, StoreConfig};
+
+#[derive(Parser)]
+#[command(name = "solocron", version, about = "Exactly-once cron across a fleet")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+/// Where the store is: a configuration file, or a URL.
+#[derive(Args, Clone)]
+pub struct Target {
+    /// The configuration file.
+    #[arg(long, short, default_value = "solocron.toml", global = true)]
+    pub config: PathBuf,
+    /// The store URL (overrides the configuration's; the file is then optional).
+    #[arg(long, global = true)]
+    pub store: Option<String>,
+}
+
+/// Output format of read commands.
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the daemon: claim and run this config's jobs until SIGTERM or SIGINT.
+    Run(daemon::RunArgs),
+    /// Validate the configuration and print each job's next 5 fire times.
+    Check(admin::CheckArgs),
+    /// Create or upgrade the store's schema.
+    Migrate(admin::MigrateArgs),
+    /// Show each job: schedule, next fire, pause, last run, run in progress, drift, nodes.
+    Status(admin::StatusArgs),
+    /// Show run records, newest first.
+    History(admin::HistoryArgs),
+    /// Ask for one run of a job now (picked up by a running node within a second).
+    Trigger(admin::TriggerArgs),
+    /// Pause a job for the whole fleet: its ticks are recorded as skipped.
+    Pause(admin::PauseArgs),
+    /// Resume a paused job.
+    Resume(admin::PauseArgs),
+    /// End a stuck running run as abandoned; its holder, if alive, stops the job.
+    Unlock(admin::UnlockArgs),
+    /// Delete run records older than a duration, in bounded batches.
+    Prune(admin::PruneArgs),
+}
+
+/// An error with its exit code.
+pub struct Failure(pub u8, pub String);
+
+/// Bad input: exit code 2.
+pub fn bad_input(msg: impl Into<String>) -> Failure {
+    Failure(2, msg.into())
+}
+
+/// A failure of the store during a command: exit code 1.
+pub fn store_failed(e: impl std::fmt::Display) -> Failure {
+    Failure(1, e.to_string())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    let result = rt.block_on(async {
+        match cli.command {
+            Cmd::Run(a) => daemon::run(a).await,
+            Cmd::Check(a) => admin::check(a),
+            Cmd::Migrate(a) => admin::migrate(a).await,
+            Cmd::Status(a) => admin::status(a).await,
+            Cmd::History(a) => admin::history(a).await,
+            Cmd::Trigger(a) => admin::trigger(a).await,
+            Cmd::Pause(a) => admin::set_paused(a, true).await,
+            Cmd::Resume(a) => admin::set_paused(a, false).await,
+            Cmd::Unlock(a) => admin::unlock(a).await,
+            Cmd::Prune(a) => admin::prune(a).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(code, msg)) => {
+            eprintln!("solocron: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// Loads the configuration; a missing file is only an error when it is needed.
+pub fn load(path: &std::path::Path) -> Result<Config, Failure> {
+    Config::load(path).map_err(|e| bad_input(e.to_string()))
+}
+
+impl Target {
+    /// The configuration, if the command can do without it (`--store` given) and it is absent.
+    pub fn config(&self) -> Result<Option<Config>, Failure> {
+        if self.store.is_some() && !self.config.exists() {
+            return Ok(None);
+        }
+        load(&self.config).map(Some)
+    }
+
+    /// Connects to the store; a failure is bad input (exit 2) naming where the URL came from.
+    pub async fn connect(&self, cfg: Option<&Config>) -> Result<Arc<dyn Store>, Failure> {
+        let (store_cfg, key) = match (&self.store, cfg) {
+            (Some(url), _) => (StoreConfig::from_url(url), "--store".to_owned()),
+            (None, Some(c)) => (c.store.clone(), format!("{}: store.url", c.file)),
+            (None, None) => unreachable!("config() loads the file when --store is absent"),
+        };
+        let store = stores::open(&store_cfg).await.map_err(|e| bad_input(format!("{key}: {e}")))?;
+        // A store we cannot even read the clock of is unreachable: say so before doing anything.
+        store.now().await.map_err(|e| bad_input(format!("{key}: {e}")))?;
+        // Admin commands work on a store no node has prepared yet (migrations are idempotent).
+        store.migrate().await.map_err(|e| bad_input(format!("{key}: {e}")))?;
+        Ok(store)
+    }
+}

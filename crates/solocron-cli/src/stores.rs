@@ -1,0 +1,59 @@
+//! Opens the store a configuration names. The only place that knows every concrete store.
+
+use std::sync::Arc;
+
+use solocron_core::Store;
+
+use crate::config::StoreConfig;
+
+pub use solocron_stores::mask_url;
+
+/// The URL with the password from `password_env` or `password_file` put in, if set.
+fn with_password(cfg: &StoreConfig) -> Result<String, String> {
+    let password = match (&cfg.password_env, &cfg.password_file) {
+        (Some(var), _) => {
+            Some(std::env::var(var).map_err(|_| format!("store.password_env: variable `{var}` is not set"))?)
+        }
+        (_, Some(path)) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("store.password_file: cannot read `{path}`: {e}"))?
+                .trim_end_matches(['\n', '\r'])
+                .to_owned(),
+        ),
+        _ => None,
+    };
+    let Some(password) = password else { return Ok(cfg.url.clone()) };
+    let mut u = url::Url::parse(&cfg.url).map_err(|e| format!("`{}` is not a URL: {e}", mask_url(&cfg.url)))?;
+    u.set_password(Some(&password)).map_err(|_| format!("`{}` cannot carry a password", mask_url(&cfg.url)))?;
+    Ok(u.to_string())
+}
+
+/// Connects to the configured store. Errors say what is wrong, never with a password.
+pub async fn open(cfg: &StoreConfig) -> Result<Arc<dyn Store>, String> {
+    let url = with_password(cfg)?;
+    let key_value = url.starts_with("redis") || url.starts_with("etcd");
+    let prefix = match (&cfg.key_prefix, key_value) {
+        (Some(k), true) => k.as_str(),
+        _ => cfg.table_prefix.as_str(),
+    };
+    solocron_stores::open(&url, prefix).await.map_err(|e| e.replace(&url, &mask_url(&url)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_comes_from_a_file_or_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "p@ss word\n").unwrap();
+        let mut cfg = StoreConfig::from_url("postgres://app@db:5432/x");
+        cfg.password_file = Some(file.display().to_string());
+        let url = with_password(&cfg).unwrap();
+        assert_eq!(url::Url::parse(&url).unwrap().password(), Some("p%40ss%20word"));
+        cfg.password_file = None;
+        cfg.password_env = Some("SOLOCRON_TEST_SURELY_UNSET".into());
+        assert!(with_password(&cfg).unwrap_err().contains("SOLOCRON_TEST_SURELY_UNSET"));
+    }
+}

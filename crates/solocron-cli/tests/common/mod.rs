@@ -1,0 +1,315 @@
+//! Helpers for tests that run real `solocron` processes on a shared SQLite file.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_solocron");
+
+/// A test directory with a config, a database and files the jobs write.
+pub struct Fleet {
+    pub dir: tempfile::TempDir,
+    pub nodes: Vec<Node>,
+}
+
+pub struct Node {
+    pub id: String,
+    pub child: Child,
+}
+
+impl Fleet {
+    /// A directory with `solocron.toml` holding `jobs` (TOML `[[jobs]]` entries) over
+    /// `sqlite://DIR/solocron.db`. `$DIR` in `jobs` is replaced by the directory.
+    pub fn new(jobs: &str) -> Fleet {
+        Fleet::on(None, jobs)
+    }
+
+    /// Like [`Fleet::new`] on `store` (a `[store]` table's body), or SQLite in the directory.
+    pub fn on(store: Option<&str>, jobs: &str) -> Fleet {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display().to_string();
+        let store = store.map_or(format!("url = \"sqlite://{d}/solocron.db\""), str::to_owned);
+        let config = format!("[store]\n{store}\n[node]\nshutdown_grace = \"5s\"\n{}", jobs.replace("$DIR", &d));
+        std::fs::write(dir.path().join("solocron.toml"), config).unwrap();
+        Fleet { dir, nodes: Vec::new() }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.path("solocron.toml")
+    }
+
+    /// Starts one `solocron run` node, logging to `DIR/<id>.log`.
+    pub fn start(&mut self, id: &str) -> usize {
+        let log = std::fs::File::create(self.path(&format!("{id}.log"))).unwrap();
+        let child = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(self.config())
+            .args(["--node-id", id, "--log-format", "json"])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.nodes.push(Node { id: id.to_owned(), child });
+        self.nodes.len() - 1
+    }
+
+    pub fn signal(&self, i: usize, sig: Signal) {
+        kill(Pid::from_raw(self.nodes[i].child.id() as i32), sig).unwrap();
+    }
+
+    /// SIGTERM to node `i`; returns its exit status (waits at most `within`).
+    pub fn stop(&mut self, i: usize, within: Duration) -> Option<std::process::ExitStatus> {
+        let _ = kill(Pid::from_raw(self.nodes[i].child.id() as i32), Signal::SIGTERM);
+        wait_exit(&mut self.nodes[i].child, within)
+    }
+
+    pub fn stop_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            let _ = kill(Pid::from_raw(self.nodes[i].child.id() as i32), Signal::SIGTERM);
+        }
+        for n in &mut self.nodes {
+            if wait_exit(&mut n.child, Duration::from_secs(15)).is_none() {
+                let _ = n.child.kill();
+            }
+        }
+    }
+
+    /// Run records, newest first, read through `solocron history --format json`.
+    pub fn history(&self, job: &str) -> Vec<Value> {
+        let out = Command::new(BIN)
+            .args(["history", "--config"])
+            .arg(self.config())
+            .args(["--job", job, "--limit", "10000", "--format", "json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "history failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap().as_array().unwrap().clone()
+    }
+
+    /// Runs `solocron ARGS --config DIR/solocron.toml`; (exit code, stdout, stderr).
+    pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        let out =
+            Command::new(BIN).args(args).arg("--config").arg(self.config()).stdin(Stdio::null()).output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Like [`Fleet::cli`], parsing stdout as JSON (the command must succeed).
+    pub fn cli_json(&self, args: &[&str]) -> Value {
+        let (code, out, err) = self.cli(args);
+        assert_eq!(code, 0, "solocron {args:?} failed: {err}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("solocron {args:?}: not JSON ({e}): {out}"))
+    }
+
+    /// Starts a node with another configuration file (same store), e.g. to show drift.
+    pub fn start_with(&mut self, id: &str, config: &Path) -> usize {
+        let log = std::fs::File::create(self.path(&format!("{id}.log"))).unwrap();
+        let child = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(config)
+            .args(["--node-id", id, "--log-format", "json"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.nodes.push(Node { id: id.to_owned(), child });
+        self.nodes.len() - 1
+    }
+
+    pub fn lines(&self, name: &str) -> Vec<String> {
+        std::fs::read_to_string(self.path(name)).unwrap_or_default().lines().map(str::to_owned).collect()
+    }
+
+    pub fn log(&self, id: &str) -> String {
+        std::fs::read_to_string(self.path(&format!("{id}.log"))).unwrap_or_default()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.drop_server_tables();
+        for n in &mut self.nodes {
+            let _ = kill(Pid::from_raw(n.child.id() as i32), Signal::SIGCONT);
+            let _ = n.child.kill();
+            let _ = n.child.wait();
+        }
+    }
+}
+
+impl Fleet {
+    /// Drops the tables (and functions) of this fleet's table prefix on a server store, so
+    /// test runs do not pile them up in the shared `test` database.
+    fn drop_server_tables(&self) {
+        let cfg = std::fs::read_to_string(self.config()).unwrap_or_default();
+        if let Some(prefix) =
+            cfg.lines().find_map(|l| l.strip_prefix("key_prefix = \"")).map(|p| p.trim_end_matches('"'))
+        {
+            if prefix.starts_with('/') {
+                let _ =
+                    Command::new("etcdctl").args(["--endpoints=127.0.0.1:2379", "del", "--prefix", prefix]).output();
+                return;
+            }
+            let script =
+                format!("redis-cli -h 127.0.0.1 --scan --pattern '{prefix}*' | xargs -r redis-cli -h 127.0.0.1 unlink");
+            let _ = Command::new("sh").args(["-c", &script]).output();
+            return;
+        }
+        let Some(prefix) =
+            cfg.lines().find_map(|l| l.strip_prefix("table_prefix = \"")).map(|p| p.trim_end_matches('"'))
+        else {
+            return;
+        };
+        if !prefix.starts_with("solocron_f") {
+            return;
+        }
+        let like = prefix.replace('_', "\\_");
+        if cfg.contains("postgres://") {
+            let sql = format!(
+                "DO $$ DECLARE r record; BEGIN \
+                 FOR r IN SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE '{like}%' LOOP \
+                 EXECUTE format('DROP TABLE IF EXISTS %I CASCADE', r.tablename); END LOOP; \
+                 FOR r IN SELECT p.oid::regprocedure AS f FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+                 WHERE n.nspname = current_schema() AND p.proname LIKE '{like}%' LOOP \
+                 EXECUTE format('DROP FUNCTION IF EXISTS %s CASCADE', r.f); END LOOP; END $$;"
+            );
+            let _ =
+                Command::new("psql").args(["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-qc", &sql]).output();
+        } else if cfg.contains("mysql://") {
+            let list = Command::new("mariadb")
+                .args(["-uroot", "-h127.0.0.1", "-N", "-e", &format!("SELECT table_name FROM information_schema.tables WHERE table_schema = 'test' AND table_name LIKE '{like}%'")])
+                .output();
+            if let Ok(out) = list {
+                let tables: Vec<String> =
+                    String::from_utf8_lossy(&out.stdout).lines().map(|t| format!("`{t}`")).collect();
+                if !tables.is_empty() {
+                    let _ = Command::new("mariadb")
+                        .args([
+                            "-uroot",
+                            "-h127.0.0.1",
+                            "test",
+                            "-e",
+                            &format!("DROP TABLE IF EXISTS {}", tables.join(",")),
+                        ])
+                        .output();
+                }
+            }
+        }
+    }
+}
+
+pub fn wait_exit(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, at most `within`.
+pub fn wait_for<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let until = Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= until {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A `[store]` body for a server store with a fresh table prefix, or `None` (and the test
+/// skips) when the server is unreachable and `CI` is unset. Under CI, unreachable fails.
+pub fn server_store(kind: &str) -> Option<String> {
+    let (var, default, port) = match kind {
+        "postgres" => ("SOLOCRON_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test", 5432),
+        "mysql" => ("SOLOCRON_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test", 3306),
+        "redis" => ("SOLOCRON_TEST_REDIS_URL", "redis://127.0.0.1:6379", 6379),
+        "etcd" => ("SOLOCRON_TEST_ETCD_URL", "etcd://127.0.0.1:2379", 2379),
+        other => panic!("unknown server store {other}"),
+    };
+    let url = std::env::var(var).unwrap_or_else(|_| default.to_owned());
+    if std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(2)).is_err() {
+        if std::env::var_os("CI").is_some() {
+            panic!("{kind} at 127.0.0.1:{port} is unreachable under CI");
+        }
+        eprintln!("skipping: {kind} at 127.0.0.1:{port} is unreachable (set CI=1 to make this a failure)");
+        return None;
+    }
+    let tag = std::process::id() ^ (Instant::now().elapsed().as_nanos() as u32) ^ rand_u32();
+    Some(match kind {
+        "redis" => format!("url = \"{url}\"\nkey_prefix = \"{{solocron_f{tag:08x}}}:\""),
+        "etcd" => format!("url = \"{url}\"\nkey_prefix = \"/solocron_f{tag:08x}/\""),
+        _ => format!("url = \"{url}\"\ntable_prefix = \"solocron_f{tag:08x}_\""),
+    })
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
+    h.finish() as u32
+}
+
+/// Three nodes, a job every second for `secs`: every tick in the window ran exactly once
+/// (read from what the job wrote), with no gap, and history agrees.
+pub fn three_nodes_exactly_once(store: Option<&str>, secs: u64) {
+    let record = r#"echo \"$SOLOCRON_SCHEDULED_AT $SOLOCRON_NODE_ID $SOLOCRON_FENCING_TOKEN\" >> $DIR/ticks.txt"#;
+    let mut f = Fleet::on(
+        store,
+        &format!("[[jobs]]\nname = \"every-second\"\nschedule = \"* * * * * *\"\nlease = \"3s\"\ncommand = [\"/bin/sh\", \"-c\", \"{record}\"]\n"),
+    );
+    for id in ["n1", "n2", "n3"] {
+        f.start(id);
+    }
+    std::thread::sleep(Duration::from_secs(secs));
+    f.stop_all();
+    let lines = f.lines("ticks.txt");
+    let mut per_tick: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for l in &lines {
+        let mut it = l.split_whitespace();
+        per_tick.entry(it.next().unwrap().to_owned()).or_default().push(it.next().unwrap().to_owned());
+    }
+    let dups: Vec<_> = per_tick.iter().filter(|(_, v)| v.len() > 1).collect();
+    assert!(dups.is_empty(), "ticks ran more than once: {dups:?}");
+    let instants: Vec<chrono::DateTime<chrono::Utc>> = per_tick.keys().map(|k| k.parse().unwrap()).collect();
+    assert!(instants.len() as u64 >= secs - 4, "only {} ticks in {secs} s; n1's log:\n{}", instants.len(), f.log("n1"));
+    for w in instants.windows(2) {
+        assert_eq!((w[1] - w[0]).num_milliseconds(), 1000, "a tick is missing between {} and {}", w[0], w[1]);
+    }
+    let hist = f.history("every-second");
+    assert_eq!(hist.len(), lines.len(), "history and job output disagree");
+    assert!(hist.iter().all(|r| state(r) == "succeeded"), "{hist:#?}");
+    let mut per_node: std::collections::BTreeMap<&str, usize> = Default::default();
+    for v in per_tick.values() {
+        *per_node.entry(v[0].as_str()).or_default() += 1;
+    }
+    println!("{} ticks exactly once; runs per node: {per_node:?}", instants.len());
+}
+
+pub fn state(r: &Value) -> &str {
+    r["state"].as_str().unwrap()
+}
+
+pub fn exists(p: &Path) -> bool {
+    p.exists()
+}

@@ -1,0 +1,201 @@
+//! Claims: one winner per tick, batches answered in order, fencing tokens, misfire
+//! bookkeeping and overlap.
+
+use std::collections::HashMap;
+
+use solocron_core::{ClaimOutcome, ClaimRequest, Lease, RecoverAction, RecoverOutcome, RunState, Tick, Trigger};
+
+use super::support::{
+    all, assert_between, claim, find, first, race, run, skip, stores, succeeded, tick, timing, won, Handle,
+    LENGTH_SLACK, LONG_LEASE,
+};
+use crate::StoreFactory;
+
+/// How many separate stores race for the same ticks.
+const CLAIMERS: usize = 8;
+
+/// Eight separate stores claiming the same tick at the same instant: exactly one wins, the
+/// others find it taken; then the same with batches of three ticks listed in a different
+/// order by each claimer (nodes whose configurations list jobs differently).
+pub async fn exactly_one_of_many_concurrent_claimers_wins_each_tick(f: &impl StoreFactory) {
+    let stores = stores(f, CLAIMERS).await;
+    let outcomes = race(&stores, |i, store| async move {
+        store.claim(&[run(tick("backup", 0), &format!("node-{i}"), LONG_LEASE, false)]).await.expect("claim")
+    })
+    .await;
+    let winners = winners_by_tick(&outcomes.concat());
+    assert_eq!(winners.len(), 1, "exactly one winner: {outcomes:?}");
+    let records = all(&stores[0]).await;
+    assert_eq!(records.len(), 1, "one record of the tick: {records:?}");
+    let lease = &winners[&tick("backup", 0)];
+    assert_eq!((records[0].state, records[0].fencing_token), (RunState::Running, Some(lease.fencing_token)));
+    assert_eq!(records[0].node, lease.owner);
+
+    let ticks = [tick("backup", 1), tick("report", 1), tick("sync", 1)];
+    let outcomes = race(&stores, |i, store| {
+        let ticks = ticks.clone();
+        async move {
+            let mut batch: Vec<ClaimRequest> =
+                ticks.iter().map(|t| run(t.clone(), &format!("node-{i}"), LONG_LEASE, false)).collect();
+            batch.rotate_left(i % 3);
+            let outcomes = store.claim(&batch).await.expect("claim");
+            assert_in_request_order(&batch, &outcomes);
+            outcomes
+        }
+    })
+    .await;
+    let winners = winners_by_tick(&outcomes.concat());
+    assert_eq!(winners.len(), 3, "one winner per tick: {outcomes:?}");
+    assert_eq!(all(&stores[0]).await.len(), 4);
+}
+
+/// The winning lease of each tick; panics if a tick has two winners.
+fn winners_by_tick(outcomes: &[ClaimOutcome]) -> HashMap<Tick, Lease> {
+    let mut winners = HashMap::new();
+    for outcome in outcomes {
+        match outcome {
+            ClaimOutcome::Won(lease) => {
+                let earlier = winners.insert(lease.run.tick.clone(), lease.clone());
+                assert!(earlier.is_none(), "{} won twice: {earlier:?} and {lease:?}", lease.run);
+            }
+            ClaimOutcome::Taken => {}
+            other => panic!("nothing asked to skip: {other:?}"),
+        }
+    }
+    winners
+}
+
+/// Asserts there is one outcome per request and each win names its own request's tick.
+fn assert_in_request_order(batch: &[ClaimRequest], outcomes: &[ClaimOutcome]) {
+    assert_eq!(outcomes.len(), batch.len(), "one outcome per request: {outcomes:?}");
+    for (request, outcome) in batch.iter().zip(outcomes) {
+        if let ClaimOutcome::Won(lease) = outcome {
+            assert_eq!(lease.run, first(request.tick.clone()), "outcomes out of request order: {outcomes:?}");
+            assert_eq!(lease.owner, request.node);
+        }
+    }
+}
+
+/// A batch gets one outcome per request, in request order, each request seeing the effect
+/// of the earlier ones: a duplicate tick is taken, a second tick of the same job is won
+/// with a larger token, an overlap check sees the batch's own running runs.
+pub async fn a_batch_claim_answers_each_request_in_request_order(f: &impl StoreFactory) {
+    let store = f.open().await;
+    let batch = vec![
+        run(tick("backup", 0), "a", LONG_LEASE, false),
+        skip(tick("report", 0), "a", "missed"),
+        run(tick("backup", 0), "a", LONG_LEASE, false),
+        run(tick("sync", 0), "a", LONG_LEASE, false),
+        run(tick("backup", 1), "a", LONG_LEASE, false),
+        run(tick("backup", 2), "a", LONG_LEASE, true),
+    ];
+    let outcomes = store.claim(&batch).await.expect("claim");
+    assert_in_request_order(&batch, &outcomes);
+    let [ClaimOutcome::Won(b0), skipped, taken, ClaimOutcome::Won(s0), ClaimOutcome::Won(b1), overlap] = &outcomes[..]
+    else {
+        panic!("expected Won, Skipped, Taken, Won, Won, Skipped; got {outcomes:?}")
+    };
+    assert_eq!(*skipped, ClaimOutcome::Skipped { reason: "missed".into() });
+    assert_eq!(*taken, ClaimOutcome::Taken, "the batch's own earlier claim holds the tick");
+    assert!(b1.fencing_token > b0.fencing_token, "{b0:?} then {b1:?}");
+    assert_eq!(s0.owner, "a");
+    assert!(b0.lease_until >= b0.claimed_at + chrono::Duration::seconds(60), "{b0:?}");
+    assert_overlap_reason(overlap);
+
+    let again = store.claim(&batch).await.expect("claim");
+    assert_eq!(again, vec![ClaimOutcome::Taken; batch.len()], "every tick of the batch has a record");
+    assert_eq!(all(&store).await.len(), 5);
+    assert!(store.claim(&[]).await.expect("empty claim").is_empty());
+}
+
+/// Asserts an outcome is an overlap skip naming some run of `backup`.
+fn assert_overlap_reason(outcome: &ClaimOutcome) {
+    let ClaimOutcome::Skipped { reason } = outcome else { panic!("expected an overlap skip, got {outcome:?}") };
+    assert!(reason.starts_with("overlap: previous run backup@") && reason.ends_with(" still running"), "{reason}");
+}
+
+/// Fencing tokens grow strictly per job across claims by different nodes, a crash retry
+/// and the pruning of the records that held earlier tokens; each job has its own counter,
+/// so other jobs' claims do not advance it.
+pub async fn fencing_tokens_strictly_increase_per_job_across_claims_and_recoveries(f: &impl StoreFactory) {
+    let t = timing(f);
+    let [a, b] = <[Handle; 2]>::try_from(stores(f, 2).await).ok().expect("two stores");
+    let first = won(&a, run(tick("backup", 0), "a", LONG_LEASE, false)).await;
+    assert!(a.finish(&first, &succeeded("")).await.expect("finish"));
+    let sync_first = won(&a, run(tick("sync", 0), "a", LONG_LEASE, false)).await;
+    let second = won(&b, run(tick("backup", 1), "b", t.short, false)).await;
+
+    tokio::time::sleep(t.past).await;
+    let retry = RecoverAction::Retry { node: "a".into(), lease: LONG_LEASE };
+    let RecoverOutcome::Retried(retried) = a.recover(&second.run, &retry).await.expect("recover") else {
+        panic!("the expired run should be retried")
+    };
+    let third = won(&b, run(tick("backup", 2), "b", LONG_LEASE, false)).await;
+    assert!(b.finish(&third, &succeeded("")).await.expect("finish"));
+    // Tokens live in their own counter: deleting every ended record must not reset it.
+    b.prune(std::time::Duration::ZERO, 1000).await.expect("prune");
+    assert!(all(&a).await.iter().all(|r| r.state == RunState::Running), "prune left only running runs");
+    let fourth = won(&a, run(tick("backup", 3), "a", LONG_LEASE, false)).await;
+
+    let tokens = [first.fencing_token, second.fencing_token, retried.fencing_token, third.fencing_token];
+    let tokens = [&tokens[..], &[fourth.fencing_token]].concat();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "backup's tokens: {tokens:?}");
+    assert_eq!(find(&a, &retried.run).await.fencing_token, Some(retried.fencing_token));
+    let sync_next = won(&b, run(tick("sync", 1), "b", LONG_LEASE, false)).await;
+    assert_eq!(sync_next.fencing_token, sync_first.fencing_token + 1, "backup's claims advanced sync's counter");
+}
+
+/// A misfire skip records the tick `skipped` with its reason and trigger (no token, no
+/// lease, ended when claimed) only if the tick has no record; otherwise it is `Taken` and
+/// the existing record is untouched.
+pub async fn a_skip_claim_records_the_tick_skipped_with_its_reason_only_if_absent(f: &impl StoreFactory) {
+    let store = f.open().await;
+    let outcome = claim(&store, skip(tick("report", 0), "a", "missed by 2h")).await;
+    assert_eq!(outcome, ClaimOutcome::Skipped { reason: "missed by 2h".into() });
+    let record = find(&store, &first(tick("report", 0))).await;
+    assert_eq!((record.state, record.trigger, record.node.as_str()), (RunState::Skipped, Trigger::Catchup, "a"));
+    assert_eq!(record.reason.as_deref(), Some("missed by 2h"));
+    assert_eq!((record.fencing_token, record.lease_until, record.started_at), (None, None, None));
+    let finished_at = record.finished_at.expect("a skipped record is ended");
+    assert_between(finished_at, record.claimed_at, record.claimed_at + LENGTH_SLACK, "finished when claimed");
+
+    assert_eq!(claim(&store, skip(tick("report", 0), "b", "other reason")).await, ClaimOutcome::Taken);
+    assert_eq!(claim(&store, run(tick("report", 0), "b", LONG_LEASE, false)).await, ClaimOutcome::Taken);
+    assert_eq!(find(&store, &first(tick("report", 0))).await, record, "the first record stands");
+
+    let lease = won(&store, run(tick("report", 1), "a", LONG_LEASE, false)).await;
+    assert_eq!(claim(&store, skip(tick("report", 1), "b", "missed")).await, ClaimOutcome::Taken);
+    let running = find(&store, &lease.run).await;
+    assert_eq!((running.state, running.reason), (RunState::Running, None), "a skip never overwrites a run");
+    assert_eq!(all(&store).await.len(), 2);
+}
+
+/// With `skip_if_running`, a tick is recorded skipped (naming the running run) while any
+/// run of the same job is `running`, even one whose lease expired, and runs once all ended.
+pub async fn overlap_skips_while_any_run_of_the_job_is_running_even_expired(f: &impl StoreFactory) {
+    let t = timing(f);
+    let store = f.open().await;
+    let first_run = won(&store, run(tick("backup", 0), "a", t.short, false)).await;
+    let outcome = claim(&store, run(tick("backup", 1), "b", LONG_LEASE, true)).await;
+    let expected = format!("overlap: previous run {} still running", first_run.run);
+    assert_eq!(outcome, ClaimOutcome::Skipped { reason: expected.clone() });
+    let skipped = find(&store, &first(tick("backup", 1))).await;
+    assert_eq!((skipped.state, skipped.reason, skipped.node), (RunState::Skipped, Some(expected), "b".into()));
+    assert_eq!((skipped.fencing_token, skipped.trigger), (None, Trigger::Schedule));
+
+    // Overlap looks at the same job only, and only when asked to.
+    won(&store, run(tick("sync", 1), "b", LONG_LEASE, true)).await;
+    let second_run = won(&store, run(tick("backup", 2), "b", t.short, false)).await;
+
+    // An expired run awaiting recovery still blocks: nobody can say it stopped.
+    tokio::time::sleep(t.past).await;
+    assert_overlap_reason(&claim(&store, run(tick("backup", 3), "b", LONG_LEASE, true)).await);
+    let abandon = RecoverAction::Abandon { reason: "owner vanished".into() };
+    assert_eq!(store.recover(&first_run.run, &abandon).await.expect("recover"), RecoverOutcome::Abandoned);
+    let outcome = claim(&store, run(tick("backup", 4), "b", LONG_LEASE, true)).await;
+    let expected = format!("overlap: previous run {} still running", second_run.run);
+    assert_eq!(outcome, ClaimOutcome::Skipped { reason: expected }, "one running run is enough to skip");
+
+    assert!(store.finish(&second_run, &succeeded("")).await.expect("finish"), "a lapsed run may still finish");
+    won(&store, run(tick("backup", 5), "b", LONG_LEASE, true)).await;
+}

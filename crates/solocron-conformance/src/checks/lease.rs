@@ -1,0 +1,164 @@
+//! Leases: renewal, expiry by the store's clock, and how runs end.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use solocron_core::{output_tail, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunState, Tick};
+
+use super::support::{
+    assert_between, find, now, run, succeeded, tick, timing, won, Handle, LENGTH_SLACK, LONG_LEASE, MS,
+};
+use crate::StoreFactory;
+
+/// Renewal succeeds only for the owner presenting its token, only while the run is
+/// `running` and its lease live; it extends the lease from the store's now.
+pub async fn only_the_owner_with_its_token_renews_and_only_before_expiry(f: &impl StoreFactory) {
+    let t = timing(f);
+    let store = f.open().await;
+    let lease = won(&store, run(tick("backup", 0), "a", LONG_LEASE, false)).await;
+    let stranger = Lease { owner: "b".into(), ..lease.clone() };
+    let stale = Lease { fencing_token: lease.fencing_token + 1, ..lease.clone() };
+    let elsewhere = Lease { run: RunId { attempt: 2, ..lease.run.clone() }, ..lease.clone() };
+    for wrong in [&stranger, &stale, &elsewhere] {
+        assert!(!store.renew(wrong, LONG_LEASE).await.expect("renew"), "renewed with {wrong:?}");
+    }
+    assert_eq!(find(&store, &lease.run).await.lease_until, Some(lease.lease_until));
+
+    let before = now(&store).await;
+    assert!(store.renew(&lease, Duration::from_secs(5)).await.expect("renew"));
+    let after = now(&store).await;
+    let renewed = find(&store, &lease.run).await.lease_until.expect("a running run has a lease");
+    let five = chrono::Duration::seconds(5);
+    assert_between(renewed, before + five, after + five + LENGTH_SLACK, "renewed lease_until = store now + 5 s");
+
+    let short = won(&store, run(tick("backup", 1), "a", t.short, false)).await;
+    tokio::time::sleep(t.past).await;
+    assert!(!store.renew(&short, LONG_LEASE).await.expect("renew"), "an expired lease cannot be renewed");
+    assert!(store.finish(&lease, &succeeded("")).await.expect("finish"));
+    assert!(!store.renew(&lease, LONG_LEASE).await.expect("renew"), "an ended run cannot be renewed");
+}
+
+/// Leases are lengths the store adds to its own clock: claims of ticks far in the past and
+/// future (the node's idea of time) get the same lease from the store's now; a lease
+/// expires when the store's clock passes it, as the store's `now()` tells, and not before.
+pub async fn leases_are_judged_by_the_store_clock_not_the_nodes(f: &impl StoreFactory) {
+    let t = timing(f);
+    let store = f.open().await;
+    let hour = Duration::from_secs(3600);
+    let mut live = Vec::new();
+    for (n, at) in ["2000-01-01T00:00:00Z", "2100-01-01T00:00:00Z"].into_iter().enumerate() {
+        let tick = Tick::new(format!("job-{n}"), at.parse().expect("instant"));
+        let before = now(&store).await;
+        let lease = won(&store, run(tick, "a", hour, false)).await;
+        assert_between(lease.claimed_at, before, now(&store).await, "claimed_at is the store's now");
+        assert_length(&lease, hour);
+        live.push(lease);
+    }
+    let short = won(&store, run(tick("backup", 0), "a", t.short, false)).await;
+    assert_length(&short, t.short);
+    assert!(store.expired(10).await.expect("expired").is_empty(), "nothing expired yet");
+
+    wait_for_store_clock(&store, short.lease_until).await;
+    // A store with coarse leases (etcd) notices the end a little after it.
+    tokio::time::sleep(f.lease_resolution() / 2).await;
+    assert_eq!(expired_ids(&store, 10).await, std::slice::from_ref(&short.run), "only the short lease expired");
+    let abandon = RecoverAction::Abandon { reason: "owner vanished".into() };
+    for lease in &live {
+        assert_eq!(store.recover(&lease.run, &abandon).await.expect("recover"), RecoverOutcome::NotNeeded);
+        assert!(store.renew(lease, hour).await.expect("renew"), "an hour lease is live");
+    }
+    assert_eq!(store.recover(&short.run, &abandon).await.expect("recover"), RecoverOutcome::Abandoned);
+}
+
+/// Asserts the lease lasts `length` from its claim.
+fn assert_length(lease: &Lease, length: Duration) {
+    let asked = chrono::Duration::from_std(length).expect("short");
+    let got = lease.lease_until - lease.claimed_at;
+    assert!(asked - LENGTH_SLACK <= got && got <= asked + LENGTH_SLACK, "lease of {got} for {asked}: {lease:?}");
+}
+
+/// Sleeps until the store's clock (not this process's) is past `instant`, briefly.
+async fn wait_for_store_clock(store: &Handle, instant: DateTime<Utc>) {
+    for _ in 0..100 {
+        if now(store).await > instant + MS {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the store's clock did not pass {instant} within 5 s");
+}
+
+/// `expired` lists running runs whose lease passed, oldest lease first, at most `limit`,
+/// and never a live or ended one.
+pub async fn expired_lists_oldest_lease_first_up_to_the_limit(f: &impl StoreFactory) {
+    let t = timing(f);
+    let store = f.open().await;
+    let first = won(&store, run(tick("a", 5), "n", t.short, false)).await;
+    let second = won(&store, run(tick("b", 0), "n", t.short + t.step, false)).await;
+    let ended = won(&store, run(tick("d", 0), "n", t.short, false)).await;
+    assert!(store.finish(&ended, &succeeded("")).await.expect("finish"));
+    won(&store, run(tick("c", 0), "n", LONG_LEASE, false)).await;
+    tokio::time::sleep(t.past).await;
+    assert_eq!(expired_ids(&store, 10).await, [first.run.clone(), second.run]);
+    assert_eq!(expired_ids(&store, 1).await, [first.run]);
+}
+
+/// The runs `expired` lists.
+async fn expired_ids(store: &Handle, limit: usize) -> Vec<RunId> {
+    store.expired(limit).await.expect("expired").into_iter().map(|r| r.id).collect()
+}
+
+/// The owner's finish records the end it reports: state, reason, exit code, the output's
+/// tail, `started_at` = claim + start delay (none if it never started), `finished_at`; a
+/// wrong token or a second finish changes nothing.
+pub async fn the_owner_finishes_once_with_its_end_output_tail_and_start(f: &impl StoreFactory) {
+    let store = f.open().await;
+    let lease = won(&store, run(tick("backup", 0), "a", LONG_LEASE, false)).await;
+    // Multi-byte characters around the cut: the tail must be cut on a character boundary.
+    let output = format!("{}the end", "é".repeat(5_000));
+    let end = RunEnd {
+        state: RunState::Failed,
+        reason: Some("exit code 3".into()),
+        exit_code: Some(3),
+        output: output.clone(),
+        started_after: Some(Duration::from_millis(1500)),
+    };
+    let stale = Lease { fencing_token: lease.fencing_token + 1, ..lease.clone() };
+    let stranger = Lease { owner: "b".into(), ..lease.clone() };
+    assert!(!store.finish(&stale, &end).await.expect("finish"));
+    assert!(!store.finish(&stranger, &end).await.expect("finish"));
+    let before = now(&store).await;
+    assert!(store.finish(&lease, &end).await.expect("finish"));
+
+    let record = find(&store, &lease.run).await;
+    assert_eq!((record.state, record.exit_code), (RunState::Failed, Some(3)));
+    assert_eq!((record.reason.as_deref(), record.lease_until), (Some("exit code 3"), None));
+    assert_eq!(record.output, output_tail(&output));
+    assert_eq!(record.started_at, Some(lease.claimed_at + chrono::Duration::milliseconds(1500)));
+    assert_between(record.finished_at.expect("finished_at"), before, now(&store).await, "finished_at");
+
+    assert!(!store.finish(&lease, &succeeded("again")).await.expect("finish"), "the first end stands");
+    assert_eq!(find(&store, &lease.run).await, record);
+
+    let never_started = won(&store, run(tick("backup", 1), "a", LONG_LEASE, false)).await;
+    let end = RunEnd { state: RunState::Interrupted, started_after: None, ..succeeded("") };
+    assert!(store.finish(&never_started, &end).await.expect("finish"));
+    let record = find(&store, &never_started.run).await;
+    assert_eq!((record.state, record.started_at), (RunState::Interrupted, None));
+}
+
+/// A run whose lease lapsed but that nobody recovered yet still records its true end, and
+/// is then no longer expired nor recoverable.
+pub async fn a_lapsed_run_nobody_recovered_still_records_its_end(f: &impl StoreFactory) {
+    let t = timing(f);
+    let store = f.open().await;
+    let lease = won(&store, run(tick("backup", 0), "a", t.short, false)).await;
+    tokio::time::sleep(t.past).await;
+    assert_eq!(store.expired(10).await.expect("expired").len(), 1);
+    assert!(store.finish(&lease, &succeeded("done")).await.expect("finish"));
+    assert!(store.expired(10).await.expect("expired").is_empty());
+    let abandon = RecoverAction::Abandon { reason: "owner vanished".into() };
+    assert_eq!(store.recover(&lease.run, &abandon).await.expect("recover"), RecoverOutcome::NotNeeded);
+    let record = find(&store, &lease.run).await;
+    assert_eq!((record.state, record.output.as_str()), (RunState::Succeeded, "done"));
+}

@@ -1,0 +1,23 @@
+//! The checks, each a `pub async fn name(f: &impl StoreFactory)` named after the guarantee
+//! it checks; each panics (with what the store answered) where the store breaks it.
+//!
+//! Every check starts on a fresh namespace and opens as many independent stores as it
+//! needs, like that many processes. Expiry checks use leases of 300-800 ms and sleep just
+//! past them, so a check takes at most a few seconds.
+
+mod claim;
+mod control;
+mod history;
+mod lease;
+mod migrate;
+mod recovery;
+mod registry;
+mod support;
+
+pub use claim::*;
+pub use control::*;
+pub use history::*;
+pub use lease::*;
+pub use migrate::*;
+pub use recovery::*;
+pub use registry::*;

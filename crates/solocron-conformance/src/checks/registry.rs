@@ -1,0 +1,59 @@
+//! The job registry: which node runs which definition of which job.
+
+use std::time::Duration;
+
+use solocron_core::{JobDefinition, Registration};
+
+use super::support::{assert_between, now, Handle, LENGTH_SLACK};
+use crate::StoreFactory;
+
+/// A definition of `job` with digest `hash`.
+fn definition(job: &str, hash: &str) -> JobDefinition {
+    JobDefinition {
+        job: job.into(),
+        schedule: "0 * * * * *".into(),
+        timezone: "Europe/Paris".into(),
+        definition_hash: hash.into(),
+        summary: format!("lease 30s, overlap skip ({hash})"),
+    }
+}
+
+/// Every registration, as a store lists them.
+async fn registrations(store: &Handle) -> Vec<Registration> {
+    store.registrations().await.expect("registrations")
+}
+
+/// Registering records each (job, node) with first_seen = last_seen = the store's now;
+/// refreshing keeps first_seen, advances last_seen and replaces the definition, leaving
+/// the node's unlisted jobs as they were; two nodes' different definitions of one job are
+/// both listed (callers compare them to find drift), by job then node.
+pub async fn register_keeps_first_seen_advances_last_seen_and_lists_every_nodes_definition(f: &impl StoreFactory) {
+    let store = f.open().await;
+    let before = now(&store).await;
+    store.register("node-b", &[definition("backup", "h2")]).await.expect("register");
+    store.register("node-a", &[definition("sync", "s1"), definition("backup", "h1")]).await.expect("register");
+    store.register("node-a", &[]).await.expect("registering nothing is fine");
+    let after = now(&store).await;
+    let first = registrations(&store).await;
+    let keys: Vec<(&str, &str, &str)> = first
+        .iter()
+        .map(|r| (r.definition.job.as_str(), r.node.as_str(), r.definition.definition_hash.as_str()))
+        .collect();
+    assert_eq!(keys, [("backup", "node-a", "h1"), ("backup", "node-b", "h2"), ("sync", "node-a", "s1")]);
+    for r in &first {
+        assert_between(r.first_seen, before, after, "first_seen");
+        assert_between(r.last_seen, r.first_seen, r.first_seen + LENGTH_SLACK, "a new registration's last_seen");
+    }
+    assert_eq!(first[2].definition, definition("sync", "s1"));
+
+    // Let the store's clock move on (it keeps milliseconds).
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.register("node-a", &[definition("backup", "h3")]).await.expect("register");
+    let second = registrations(&store).await;
+    assert_eq!(second.len(), 3, "{second:?}");
+    let refreshed = &second[0];
+    assert_eq!((refreshed.node.as_str(), &refreshed.definition), ("node-a", &definition("backup", "h3")));
+    assert_eq!(refreshed.first_seen, first[0].first_seen, "first_seen is kept");
+    assert!(refreshed.last_seen > first[0].last_seen, "last_seen advances: {refreshed:?}");
+    assert_eq!(second[1..], first[1..], "node-b's registration and node-a's unlisted sync are left as they were");
+}

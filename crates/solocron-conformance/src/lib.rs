@@ -1,0 +1,133 @@
+//! # solocron-conformance
+//!
+//! One set of checks, written once against the [`Store`] trait, that every store must pass
+//! unchanged: claim uniqueness under concurrency, batch claims, fencing, leases judged by
+//! the store's clock, recovery, overlap, misfire bookkeeping, history and pruning, the job
+//! registry, pause, manual runs and unlock.
+//!
+//! A store crate runs the whole suite with one line in `tests/conformance.rs`:
+//!
+//! ```ignore
+//! solocron_conformance::conformance_tests!(factory());
+//!
+//! /// A fresh namespace per test, or `None` (skip) when the server is down.
+//! async fn factory() -> Option<Factory> {
+//!     match probe(&url()).await {
+//!         Ok(()) => Some(Factory { prefix: unique_prefix() }),
+//!         Err(e) => solocron_conformance::server_unreachable("PostgreSQL", &e.to_string()),
+//!     }
+//! }
+//! ```
+//!
+//! where the expression is a future yielding `Option<impl StoreFactory>`: `None` means the
+//! server is unreachable and the tests skip (see [`server_unreachable`]). Each check is
+//! also a plain `pub async fn` in [`checks`], to call one by hand while debugging a store.
+#![warn(missing_docs)]
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use solocron_core::Store;
+
+/// Opens stores onto one isolated namespace (a fresh SQLite file, a fresh table prefix, a
+/// fresh key prefix). Each test gets its own factory, so checks may use fixed job names.
+///
+/// The namespace must be empty until the first store migrates it: the factory creates
+/// nothing itself, so that [`checks::migrate_is_safe_when_many_nodes_start_at_once`] can
+/// race migrations onto a truly empty namespace.
+///
+/// ```ignore
+/// struct Factory { prefix: String }
+///
+/// #[async_trait::async_trait]
+/// impl solocron_conformance::StoreFactory for Factory {
+///     async fn connect(&self) -> Arc<dyn Store> {
+///         Arc::new(PgStore::connect_with_prefix(&url(), &self.prefix).await.unwrap())
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait StoreFactory: Send + Sync + 'static {
+    /// A new, independent store instance (its own connection pool, as a separate process
+    /// would have) onto this factory's namespace, NOT migrated. Panics if it cannot connect.
+    async fn connect(&self) -> Arc<dyn Store>;
+
+    /// The coarsest lease length the store can express and expire on time (etcd: whole
+    /// seconds, at least 2 s, seen expired up to 0.5 s late). The checks scale their short
+    /// leases and their waits past them by it; the assertions stay the same. Default: zero
+    /// (millisecond leases, expired when the store's clock says so).
+    fn lease_resolution(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
+    /// A new, independent store instance like [`connect`](Self::connect), migrated.
+    async fn open(&self) -> Arc<dyn Store> {
+        let store = self.connect().await;
+        if let Err(e) = store.migrate().await {
+            panic!("cannot migrate {}: {e}", store.describe());
+        }
+        store
+    }
+}
+
+/// Decides what to do when a server store cannot be reached: under CI (`CI` set) the run
+/// fails; elsewhere the test prints why it skips and returns `None`.
+pub fn server_unreachable<T>(store: &str, why: &str) -> Option<T> {
+    if std::env::var_os("CI").is_some() {
+        panic!("{store} is unreachable under CI: {why}");
+    }
+    eprintln!("skipping: {store} is unreachable ({why}); set CI=1 to make this a failure");
+    None
+}
+
+/// Expands to one `#[tokio::test]` per conformance check, each with a fresh namespace from
+/// `$factory` (an expression yielding a future of `Option<impl StoreFactory>`). The calling
+/// crate needs `tokio` (with `macros` and `rt-multi-thread`) among its (dev-)dependencies.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($factory:expr) => {
+        $crate::__conformance_tests!($factory;
+            // Claims.
+            exactly_one_of_many_concurrent_claimers_wins_each_tick,
+            a_batch_claim_answers_each_request_in_request_order,
+            fencing_tokens_strictly_increase_per_job_across_claims_and_recoveries,
+            a_skip_claim_records_the_tick_skipped_with_its_reason_only_if_absent,
+            overlap_skips_while_any_run_of_the_job_is_running_even_expired,
+            // Leases and ends.
+            only_the_owner_with_its_token_renews_and_only_before_expiry,
+            leases_are_judged_by_the_store_clock_not_the_nodes,
+            expired_lists_oldest_lease_first_up_to_the_limit,
+            the_owner_finishes_once_with_its_end_output_tail_and_start,
+            a_lapsed_run_nobody_recovered_still_records_its_end,
+            // Recovery.
+            exactly_one_of_many_recoverers_abandons_an_expired_run_only_after_expiry,
+            exactly_one_of_many_recoverers_retries_an_expired_run_only_after_expiry,
+            // History.
+            history_filters_orders_newest_first_and_limits,
+            prune_deletes_only_old_ended_records_in_batches_and_old_requests,
+            // Registry and operators' controls.
+            register_keeps_first_seen_advances_last_seen_and_lists_every_nodes_definition,
+            a_paused_job_records_its_scheduled_ticks_skipped_but_runs_manual_ones,
+            manual_requests_get_unique_off_second_ticks_and_stay_pending_until_claimed,
+            unlock_abandons_the_jobs_running_runs_and_fences_out_their_holders,
+            // Schema.
+            migrate_is_safe_when_many_nodes_start_at_once,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    ($factory:expr; $($check:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $check() {
+                let Some(factory) = $factory.await else { return };
+                $crate::checks::$check(&factory).await;
+            }
+        )*
+    };
+}
+
+pub mod checks;

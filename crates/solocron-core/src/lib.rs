@@ -1,0 +1,47 @@
+//! # solocron-core
+//!
+//! The vocabulary and rules of solocron, with no I/O: cron [`Schedule`]s in a time zone,
+//! [`Tick`]s (job, scheduled instant), run records, per-job [`JobPolicy`] and the pure
+//! decisions built on it ([`plan_due`]), and the [`Store`] trait every coordination store
+//! implements.
+//!
+//! This crate knows no concrete store, no configuration file, no process and no wall
+//! clock: time comes in as arguments, or through [`Clock`].
+//!
+//! ```
+//! use solocron_core::{plan_due, JobPolicy, Schedule};
+//! let schedule = Schedule::parse("*/10 * * * * *", "UTC").unwrap();
+//! let after = "2026-01-01T00:00:00Z".parse().unwrap();
+//! let now = "2026-01-01T00:00:10.002Z".parse().unwrap();
+//! let late_from = now - chrono::Duration::seconds(10);
+//! let plan = plan_due(&schedule, &JobPolicy::default(), after, now, late_from);
+//! assert_eq!(plan.on_time.len(), 1);
+//! ```
+#![warn(missing_docs)]
+
+mod duration;
+mod policy;
+mod run;
+mod schedule;
+mod store;
+
+pub use duration::{format_duration, parse_duration, DurationError};
+pub use policy::{
+    plan_due, retention_floor, DuePlan, JobPolicy, Misfire, OnCrash, Overlap, PolicyError, KILL_GRACE_DEFAULT_MAX,
+    LATE_TOLERANCE, LEASE_MAX, LEASE_MIN, LONG_DURATION_MAX, MAX_ATTEMPTS_MAX, MAX_CATCHUP_MAX, RETENTION_MIN,
+};
+pub use run::{output_tail, RunId, RunRecord, RunState, Tick, Trigger, OUTPUT_TAIL_BYTES_MAX};
+pub use schedule::{Schedule, ScheduleError, TICKS_ENUMERATED_MAX};
+pub use store::{
+    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction,
+    RecoverOutcome, Registration, RunEnd, RunRequest, Store, StoreError, CLAIM_BATCH_MAX, PRUNE_BATCH_MAX,
+    RECORDS_PAGE_MAX,
+};
+
+/// The source of wall-clock time for schedule decisions; tests inject their own.
+///
+/// Lease expiry never uses this: leases are judged by the store's clock.
+pub trait Clock: Send + Sync + 'static {
+    /// The current instant.
+    fn now(&self) -> chrono::DateTime<chrono::Utc>;
+}

@@ -1,0 +1,214 @@
+//! Ticks, run identities, run states and run records: the vocabulary shared by the
+//! engine, every store and the CLI.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+
+/// Most bytes of a run's output kept in its record (the tail).
+pub const OUTPUT_TAIL_BYTES_MAX: usize = 4096;
+
+/// One scheduled run of one job: (job name, scheduled instant in UTC).
+///
+/// The instant comes from the schedule, never from the moment a node woke up, so every
+/// node computes the same tick for the same run.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tick {
+    /// The job's name.
+    pub job: String,
+    /// The scheduled instant, in UTC, at millisecond precision.
+    pub scheduled_at: DateTime<Utc>,
+}
+
+impl Tick {
+    /// A tick; the instant is truncated to milliseconds, the precision every store keeps.
+    pub fn new(job: impl Into<String>, scheduled_at: DateTime<Utc>) -> Tick {
+        let ms = scheduled_at.timestamp_millis();
+        Tick { job: job.into(), scheduled_at: DateTime::from_timestamp_millis(ms).expect("in range") }
+    }
+}
+
+/// One attempt at one tick. Attempt 1 is the first claim; a crash retry is attempt 2, ...
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunId {
+    /// The tick this attempt belongs to.
+    pub tick: Tick,
+    /// 1 for the first claim, then one more for each retry.
+    pub attempt: u32,
+}
+
+impl fmt::Display for RunId {
+    /// `job@2026-01-01T00:00:00.000Z#1`: stable, unique across the fleet, readable.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}@{}#{}",
+            self.tick.job,
+            self.tick.scheduled_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            self.attempt
+        )
+    }
+}
+
+/// How a tick came to be claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Trigger {
+    /// On time, by the schedule.
+    Schedule,
+    /// Late, by the misfire policy after the tick was missed.
+    Catchup,
+    /// A crash retry of an earlier attempt.
+    Retry,
+    /// By an operator (`solocron trigger`).
+    Manual,
+}
+
+/// Where a run is in its life. Only `Running` is not terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunState {
+    /// Claimed; its owner holds a lease and renews it.
+    Running,
+    /// The job ended successfully.
+    Succeeded,
+    /// The job ended with an error (non-zero exit).
+    Failed,
+    /// The job ran past its `timeout` and was stopped.
+    TimedOut,
+    /// The owner lost its lease (renewal refused or store unreachable past its deadline, or
+    /// its lease expired and another node retried the tick).
+    Lost,
+    /// The owner vanished (lease expired) and the tick was not re-run, or an operator ended it.
+    Abandoned,
+    /// The tick was recorded without running (overlap, missed, paused).
+    Skipped,
+    /// The node shut down and stopped the job before it finished.
+    Interrupted,
+}
+
+macro_rules! names {
+    ($t:ty { $($v:ident => $s:literal),* $(,)? }) => {
+        impl $t {
+            /// The lower-case name used in stores, logs and output.
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$v => $s),* }
+            }
+        }
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        impl FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($s => Ok(Self::$v),)*
+                    other => Err(format!("unknown {} `{other}`; expected one of: {}", stringify!($t), [$($s),*].join(", "))),
+                }
+            }
+        }
+    };
+}
+
+names!(RunState {
+    Running => "running",
+    Succeeded => "succeeded",
+    Failed => "failed",
+    TimedOut => "timed_out",
+    Lost => "lost",
+    Abandoned => "abandoned",
+    Skipped => "skipped",
+    Interrupted => "interrupted",
+});
+
+names!(Trigger { Schedule => "schedule", Catchup => "catchup", Retry => "retry", Manual => "manual" });
+
+impl RunState {
+    /// True for every state a run can end in (all but `Running`).
+    pub fn is_terminal(self) -> bool {
+        self != RunState::Running
+    }
+}
+
+/// A run as the store keeps it: the history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    /// Which attempt at which tick.
+    pub id: RunId,
+    /// How the tick came to be claimed.
+    pub trigger: Trigger,
+    /// The node that claimed it.
+    pub node: String,
+    /// The fencing token handed to the job; `None` for a run recorded as skipped.
+    pub fencing_token: Option<u64>,
+    /// Where the run is.
+    pub state: RunState,
+    /// Why it is in that state, where that is worth saying (skipped, lost, abandoned).
+    pub reason: Option<String>,
+    /// When it was claimed (store clock).
+    pub claimed_at: DateTime<Utc>,
+    /// When the job started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it reached its end state (store clock).
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Until when the owner's lease runs (store clock), while running.
+    pub lease_until: Option<DateTime<Utc>>,
+    /// The command's exit code, where there is one.
+    pub exit_code: Option<i32>,
+    /// The last [`OUTPUT_TAIL_BYTES_MAX`] bytes of the job's output.
+    pub output: String,
+}
+
+impl RunRecord {
+    /// How long the job ran, when it has started and ended.
+    pub fn duration(&self) -> Option<Duration> {
+        let (s, f) = (self.started_at?, self.finished_at?);
+        (f - s).to_std().ok()
+    }
+}
+
+/// Keeps the last `OUTPUT_TAIL_BYTES_MAX` bytes of `s`, cut on a character boundary.
+pub fn output_tail(s: &str) -> &str {
+    if s.len() <= OUTPUT_TAIL_BYTES_MAX {
+        return s;
+    }
+    let mut start = s.len() - OUTPUT_TAIL_BYTES_MAX;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_id_reads_well_and_is_unique_per_attempt() {
+        let tick = Tick::new("backup", "2026-01-01T00:00:00.123456Z".parse().unwrap());
+        let id = RunId { tick: tick.clone(), attempt: 2 };
+        assert_eq!(id.to_string(), "backup@2026-01-01T00:00:00.123Z#2");
+        assert_ne!(id, RunId { tick, attempt: 1 });
+    }
+
+    #[test]
+    fn states_round_trip_and_unknown_names_say_what_is_allowed() {
+        for s in ["running", "succeeded", "failed", "timed_out", "lost", "abandoned", "skipped", "interrupted"] {
+            assert_eq!(s.parse::<RunState>().unwrap().as_str(), s);
+        }
+        let e = "done".parse::<RunState>().unwrap_err();
+        assert!(e.contains("succeeded"), "{e}");
+        assert!(!RunState::Running.is_terminal());
+        assert!(RunState::Lost.is_terminal());
+    }
+
+    #[test]
+    fn output_tail_keeps_the_end_on_a_char_boundary() {
+        let s = format!("{}{}", "é".repeat(3000), "end");
+        let t = output_tail(&s);
+        assert!(t.len() <= OUTPUT_TAIL_BYTES_MAX);
+        assert!(t.ends_with("end"));
+    }
+}

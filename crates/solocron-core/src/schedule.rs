@@ -1,0 +1,288 @@
+//! Cron schedules in a time zone, and the ticks they produce.
+//!
+//! Parsing and next-fire computation are croner's (5 or 6 fields, macros, `L`/`W`/`#`,
+//! POSIX weekdays, OCPS daylight-saving rules). This module adds what croner does not:
+//! an error that names the offending field, and iteration in UTC instants.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use croner::parser::{CronParser, Seconds, Year};
+use croner::Cron;
+
+/// Field names, in order, of a 6-field expression (seconds first).
+const FIELDS_6: [&str; 6] = ["second", "minute", "hour", "day-of-month", "month", "day-of-week"];
+
+/// What each field allows, in the order of [`FIELDS_6`].
+const ALLOWED_6: [&str; 6] =
+    ["0-59", "0-59", "0-23", "1-31, L, W", "1-12 or JAN-DEC", "0-7 (0 and 7 are Sunday) or SUN-SAT, #, L"];
+
+/// Most ticks [`Schedule::ticks_between`] will enumerate in one call.
+pub const TICKS_ENUMERATED_MAX: usize = 100_000;
+
+/// Why a schedule was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    /// The expression has the wrong number of fields.
+    #[error("cron expression `{expr}` has {count} fields; expected 5 (minute hour day-of-month month day-of-week) or 6 (second first)")]
+    FieldCount {
+        /// The expression as written.
+        expr: String,
+        /// How many whitespace-separated fields it has.
+        count: usize,
+    },
+    /// One field is not valid.
+    #[error("cron expression `{expr}`: the {field} field `{value}` is invalid: {why}")]
+    Field {
+        /// The expression as written.
+        expr: String,
+        /// The field's name (`minute`, `day-of-week`, ...).
+        field: &'static str,
+        /// The field's text.
+        value: String,
+        /// croner's explanation.
+        why: String,
+    },
+    /// The expression is invalid as a whole (an unknown macro, say).
+    #[error("cron expression `{expr}` is invalid: {why}")]
+    Expression {
+        /// The expression as written.
+        expr: String,
+        /// croner's explanation.
+        why: String,
+    },
+    /// The time zone is not an IANA zone name.
+    #[error("unknown time zone `{0}`; use an IANA name such as \"UTC\", \"Europe/Berlin\" or \"Asia/Shanghai\"")]
+    TimeZone(String),
+}
+
+/// A cron expression bound to a time zone.
+///
+/// ```
+/// use solocron_core::Schedule;
+/// let s = Schedule::parse("0 30 2 * * *", "Europe/Berlin").unwrap();
+/// let after = "2026-03-28T12:00:00Z".parse().unwrap();
+/// // 02:30 does not exist on 2026-03-29 in Berlin (spring forward): it fires once, at 03:00 CEST.
+/// assert_eq!(s.next_after(after).unwrap().to_rfc3339(), "2026-03-29T01:00:00+00:00");
+/// ```
+#[derive(Clone)]
+pub struct Schedule {
+    expr: String,
+    zone: Tz,
+    cron: Cron,
+}
+
+impl fmt::Debug for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Schedule({:?} in {})", self.expr, self.zone)
+    }
+}
+
+fn parser() -> CronParser {
+    CronParser::builder().seconds(Seconds::Optional).year(Year::Disallowed).build()
+}
+
+impl Schedule {
+    /// Parses `expr` (5 or 6 fields, or a macro such as `@hourly`) in the IANA zone `zone`.
+    pub fn parse(expr: &str, zone: &str) -> Result<Schedule, ScheduleError> {
+        let zone = Tz::from_str(zone.trim()).map_err(|_| ScheduleError::TimeZone(zone.to_owned()))?;
+        let trimmed = expr.trim();
+        if !trimmed.starts_with('@') {
+            let fields: Vec<&str> = trimmed.split_whitespace().collect();
+            if fields.len() != 5 && fields.len() != 6 {
+                return Err(ScheduleError::FieldCount { expr: expr.to_owned(), count: fields.len() });
+            }
+            check_fields(expr, &fields)?;
+        }
+        let cron = parser()
+            .parse(trimmed)
+            .map_err(|e| ScheduleError::Expression { expr: expr.to_owned(), why: e.to_string() })?;
+        Ok(Schedule { expr: expr.to_owned(), zone, cron })
+    }
+
+    /// The expression as written.
+    pub fn expr(&self) -> &str {
+        &self.expr
+    }
+
+    /// The time zone the expression is read in.
+    pub fn zone(&self) -> Tz {
+        self.zone
+    }
+
+    /// The first fire instant strictly after `after`, or `None` if there is none.
+    pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let local = after.with_timezone(&self.zone);
+        self.cron.find_next_occurrence(&local, false).ok().map(|t| t.with_timezone(&Utc))
+    }
+
+    /// The newest fire instants in `(after, until]`, oldest first, at most `limit`
+    /// (and never more than [`TICKS_ENUMERATED_MAX`]). Walks backwards from `until`, so a
+    /// huge window costs only `limit` steps and never drops the newest ticks.
+    pub fn newest_ticks_between(&self, after: DateTime<Utc>, until: DateTime<Utc>, limit: usize) -> Vec<DateTime<Utc>> {
+        let limit = limit.min(TICKS_ENUMERATED_MAX);
+        let mut out = Vec::new();
+        let mut cursor = until.with_timezone(&self.zone);
+        let mut inclusive = true;
+        while out.len() < limit {
+            match self.cron.find_previous_occurrence(&cursor, inclusive) {
+                Ok(t) if t.with_timezone(&Utc) > after => {
+                    out.push(t.with_timezone(&Utc));
+                    cursor = t;
+                    inclusive = false;
+                }
+                _ => break,
+            }
+        }
+        out.reverse();
+        debug_assert!(out.windows(2).all(|w| w[0] < w[1]));
+        out
+    }
+
+    /// Fire instants in `(after, until]`, oldest first, at most `limit`
+    /// (and never more than [`TICKS_ENUMERATED_MAX`]).
+    pub fn ticks_between(&self, after: DateTime<Utc>, until: DateTime<Utc>, limit: usize) -> Vec<DateTime<Utc>> {
+        let limit = limit.min(TICKS_ENUMERATED_MAX);
+        let mut out = Vec::new();
+        let mut cursor = after;
+        while out.len() < limit {
+            match self.next_after(cursor) {
+                Some(t) if t <= until => {
+                    debug_assert!(t > cursor, "a schedule must move forward");
+                    out.push(t);
+                    cursor = t;
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+}
+
+/// Finds the first invalid field by parsing each one alone, so the error can name it.
+fn check_fields(expr: &str, fields: &[&str]) -> Result<(), ScheduleError> {
+    let skip = 6 - fields.len();
+    for (i, ((value, name), allowed)) in fields.iter().zip(&FIELDS_6[skip..]).zip(&ALLOWED_6[skip..]).enumerate() {
+        let probe: Vec<&str> = (0..fields.len()).map(|j| if j == i { *value } else { "*" }).collect();
+        if let Err(e) = parser().parse(&probe.join(" ")) {
+            let why = match e {
+                croner::errors::CronError::ComponentError(m)
+                | croner::errors::CronError::InvalidPattern(m)
+                | croner::errors::CronError::IllegalCharacters(m) => m,
+                other => other.to_string(),
+            };
+            let why = format!("{why} (allowed: {allowed})");
+            return Err(ScheduleError::Field { expr: expr.to_owned(), field: name, value: (*value).to_owned(), why });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn five_and_six_fields_and_macros_are_accepted() {
+        let every_minute = Schedule::parse("* * * * *", "UTC").unwrap();
+        assert_eq!(every_minute.next_after(at("2026-01-01T00:00:30Z")), Some(at("2026-01-01T00:01:00Z")));
+        let every_5s = Schedule::parse("*/5 * * * * *", "UTC").unwrap();
+        assert_eq!(every_5s.next_after(at("2026-01-01T00:00:01Z")), Some(at("2026-01-01T00:00:05Z")));
+        let hourly = Schedule::parse("@hourly", "UTC").unwrap();
+        assert_eq!(hourly.next_after(at("2026-01-01T00:10:00Z")), Some(at("2026-01-01T01:00:00Z")));
+        let list_range = Schedule::parse("0 0 9-17/4 * * MON,FRI", "UTC").unwrap();
+        // 2026-01-02 is a Friday.
+        assert_eq!(list_range.next_after(at("2026-01-01T18:00:00Z")), Some(at("2026-01-02T09:00:00Z")));
+    }
+
+    #[test]
+    fn weekdays_are_posix_zero_is_sunday() {
+        let sundays = Schedule::parse("0 12 * * 0", "UTC").unwrap();
+        // 2026-01-04 is a Sunday.
+        assert_eq!(sundays.next_after(at("2026-01-01T00:00:00Z")), Some(at("2026-01-04T12:00:00Z")));
+    }
+
+    #[test]
+    fn a_bad_field_is_named_with_the_reason() {
+        let e = Schedule::parse("0 61 * * * *", "UTC").unwrap_err();
+        assert!(matches!(e, ScheduleError::Field { field: "minute", .. }), "{e}");
+        let e = Schedule::parse("* * 32 * *", "UTC").unwrap_err();
+        assert!(matches!(e, ScheduleError::Field { field: "day-of-month", .. }), "{e}");
+        let e = Schedule::parse("* * * * BLA", "UTC").unwrap_err();
+        assert!(matches!(e, ScheduleError::Field { field: "day-of-week", .. }), "{e}");
+        let e = Schedule::parse("* * *", "UTC").unwrap_err();
+        assert!(e.to_string().contains("has 3 fields"), "{e}");
+        let e = Schedule::parse("@fortnightly", "UTC").unwrap_err();
+        assert!(matches!(e, ScheduleError::Expression { .. }), "{e}");
+    }
+
+    #[test]
+    fn unknown_zone_is_refused() {
+        let e = Schedule::parse("* * * * *", "Mars/Olympus").unwrap_err();
+        assert_eq!(e, ScheduleError::TimeZone("Mars/Olympus".into()));
+    }
+
+    #[test]
+    fn zone_moves_the_instant() {
+        let s = Schedule::parse("0 0 1 * * *", "Asia/Shanghai").unwrap();
+        assert_eq!(s.next_after(at("2026-06-01T00:00:00Z")), Some(at("2026-06-01T17:00:00Z")));
+    }
+
+    #[test]
+    fn spring_forward_gap_fires_once_not_twice() {
+        // America/New_York skips 02:00-03:00 on 2026-03-08.
+        let s = Schedule::parse("0 30 2 * * *", "America/New_York").unwrap();
+        let ticks = s.ticks_between(at("2026-03-07T00:00:00Z"), at("2026-03-10T00:00:00Z"), 10);
+        assert_eq!(ticks.len(), 3, "{ticks:?}");
+        assert_eq!(ticks[0], at("2026-03-07T07:30:00Z")); // 02:30 EST
+        assert_eq!(ticks[1], at("2026-03-08T07:00:00Z")); // the gap: first instant after it, 03:00 EDT
+        assert_eq!(ticks[2], at("2026-03-09T06:30:00Z")); // 02:30 EDT
+    }
+
+    #[test]
+    fn repeated_hour_fires_once_for_a_fixed_time_job() {
+        // America/New_York repeats 01:00-02:00 on 2026-11-01.
+        let s = Schedule::parse("0 30 1 * * *", "America/New_York").unwrap();
+        let ticks = s.ticks_between(at("2026-11-01T00:00:00Z"), at("2026-11-02T00:00:00Z"), 10);
+        assert_eq!(ticks, vec![at("2026-11-01T05:30:00Z")], "fires once, in the first 01:30");
+    }
+
+    #[test]
+    fn interval_job_keeps_its_pace_through_the_repeated_hour() {
+        // An hourly job runs every real hour through the fall-back change, never twice at one instant.
+        let s = Schedule::parse("0 0 * * * *", "America/New_York").unwrap();
+        let ticks = s.ticks_between(at("2026-11-01T03:30:00Z"), at("2026-11-01T08:30:00Z"), 10);
+        let mut dedup = ticks.clone();
+        dedup.dedup();
+        assert_eq!(ticks, dedup);
+        assert!(ticks.windows(2).all(|w| w[1] > w[0]));
+        assert!(ticks.len() >= 4, "{ticks:?}");
+    }
+
+    #[test]
+    fn newest_ticks_walk_back_from_the_end_of_a_huge_window() {
+        let s = Schedule::parse("* * * * * *", "UTC").unwrap();
+        let t = s.newest_ticks_between(at("2020-01-01T00:00:00Z"), at("2026-01-01T00:00:10Z"), 3);
+        assert_eq!(t, vec![at("2026-01-01T00:00:08Z"), at("2026-01-01T00:00:09Z"), at("2026-01-01T00:00:10Z")]);
+        let d = Schedule::parse("0 30 2 * * *", "America/New_York").unwrap();
+        let forward = d.ticks_between(at("2026-03-01T00:00:00Z"), at("2026-03-20T00:00:00Z"), 100);
+        let backward = d.newest_ticks_between(at("2026-03-01T00:00:00Z"), at("2026-03-20T00:00:00Z"), 100);
+        assert_eq!(forward, backward, "both directions agree across a DST change");
+    }
+
+    #[test]
+    fn ticks_between_is_bounded_and_exclusive_inclusive() {
+        let s = Schedule::parse("* * * * * *", "UTC").unwrap();
+        let t = s.ticks_between(at("2026-01-01T00:00:00Z"), at("2026-01-01T00:00:10Z"), 100);
+        assert_eq!(t.len(), 10);
+        assert_eq!(t[0], at("2026-01-01T00:00:01Z"));
+        assert_eq!(t[9], at("2026-01-01T00:00:10Z"));
+        assert_eq!(s.ticks_between(at("2026-01-01T00:00:00Z"), at("2026-01-02T00:00:00Z"), 5).len(), 5);
+    }
+}

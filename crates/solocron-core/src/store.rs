@@ -1,0 +1,307 @@
+//! The `Store` trait: the atomic steps every coordination store offers.
+//!
+//! Each method is one atomic step that every planned store can do in one round trip:
+//! a SQL transaction or single statement, a Redis Lua script, an etcd `Txn`. The trait
+//! knows nothing of cron syntax, policies or processes; the engine decides *what* to ask,
+//! the store guarantees that each step happens entirely or not at all.
+//!
+//! Every time a store compares with "now" (lease expiry), it uses **its own clock**,
+//! never a time sent by a node.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::run::{RunId, RunRecord, RunState, Tick, Trigger};
+
+/// Most requests one [`Store::claim`] call carries; the engine splits larger batches.
+pub const CLAIM_BATCH_MAX: usize = 1000;
+/// Most records one [`Store::expired`] or [`Store::history`] call returns.
+pub const RECORDS_PAGE_MAX: usize = 10_000;
+/// Most records one [`Store::prune`] call deletes.
+pub const PRUNE_BATCH_MAX: usize = 10_000;
+
+/// A store operation that failed. The engine treats every such error as "no permission":
+/// it runs nothing it has not claimed, and retries with bounded backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached, or the connection broke.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered with something unexpected (schema mismatch, corrupt row, ...).
+    #[error("store error: {0}")]
+    Invalid(String),
+}
+
+/// What a claim asks the store to do with one tick.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimMode {
+    /// Take the tick to run it: create the run record as `running`, owned by the claimer,
+    /// with a new fencing token and a lease.
+    Run {
+        /// If another run of the same job is `running` (its lease live, or expired and
+        /// awaiting recovery: nobody can say it stopped), record this tick as `skipped`
+        /// (with that run named in the reason) instead of running it.
+        skip_if_running: bool,
+    },
+    /// Record the tick as `skipped` with this reason, without running it.
+    Skip {
+        /// Why (missed, paused, ...).
+        reason: String,
+    },
+}
+
+/// One tick to claim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimRequest {
+    /// The tick; its record is created only if no record of it exists.
+    pub tick: Tick,
+    /// How it came due.
+    pub trigger: Trigger,
+    /// The claiming node.
+    pub node: String,
+    /// How long the lease lasts from the store's "now".
+    pub lease: Duration,
+    /// Run it or record it skipped.
+    pub mode: ClaimMode,
+}
+
+/// The proof of holding a run: what renew and finish must present.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The run held.
+    pub run: RunId,
+    /// The node that holds it.
+    pub owner: String,
+    /// Strictly larger than every earlier token of the same job.
+    pub fencing_token: u64,
+    /// When the store granted it (store clock).
+    pub claimed_at: DateTime<Utc>,
+    /// Until when it holds (store clock).
+    pub lease_until: DateTime<Utc>,
+}
+
+/// The answer to one [`ClaimRequest`], in request order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimOutcome {
+    /// This node won the tick and must run it.
+    Won(Lease),
+    /// This node recorded the tick as skipped (asked to, or another run was running).
+    Skipped {
+        /// The reason recorded.
+        reason: String,
+    },
+    /// A record of this tick already exists: another node (or an earlier call) has it.
+    Taken,
+}
+
+/// How a run ended, as its owner reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunEnd {
+    /// A terminal state.
+    pub state: RunState,
+    /// Why, where worth saying.
+    pub reason: Option<String>,
+    /// The exit code, for commands.
+    pub exit_code: Option<i32>,
+    /// The output tail (at most [`crate::OUTPUT_TAIL_BYTES_MAX`] bytes).
+    pub output: String,
+    /// Time between the claim and the job's start, measured by the owner; the store adds it
+    /// to `claimed_at` to record `started_at`. `None` if the job never started.
+    pub started_after: Option<Duration>,
+}
+
+/// What to do with a `running` run whose lease expired (its owner died or stalled).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecoverAction {
+    /// End it as `abandoned` with this reason.
+    Abandon {
+        /// Why.
+        reason: String,
+    },
+    /// End it as `lost` and claim the next attempt of the same tick for `node`,
+    /// with a new fencing token and a lease of `lease`.
+    Retry {
+        /// The node taking the retry.
+        node: String,
+        /// The new lease's length.
+        lease: Duration,
+    },
+}
+
+/// The answer to [`Store::recover`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecoverOutcome {
+    /// The run was ended as `abandoned`.
+    Abandoned,
+    /// The run was ended as `lost` and this node holds the next attempt.
+    Retried(Lease),
+    /// Nothing to do: the run is no longer running, or its lease is live again.
+    NotNeeded,
+}
+
+/// Which run records to read, newest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistoryQuery {
+    /// Only this job.
+    pub job: Option<String>,
+    /// Only runs in this state.
+    pub state: Option<RunState>,
+    /// Only runs claimed by this node.
+    pub node: Option<String>,
+    /// Only ticks scheduled at or after this instant.
+    pub since: Option<DateTime<Utc>>,
+    /// Only ticks scheduled before this instant.
+    pub until: Option<DateTime<Utc>>,
+    /// At most this many (capped at [`RECORDS_PAGE_MAX`]).
+    pub limit: usize,
+}
+
+/// One node's definition of one job, as registered in the store (the job registry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobDefinition {
+    /// The job's name.
+    pub job: String,
+    /// The cron expression as written.
+    pub schedule: String,
+    /// The IANA time zone.
+    pub timezone: String,
+    /// A digest of the whole definition (schedule, zone, policies, what it runs): two nodes
+    /// with different digests for one job have drifted apart.
+    pub definition_hash: String,
+    /// The policies, readable (`lease 30s, overlap skip, ...`).
+    pub summary: String,
+}
+
+/// A job definition as some node registered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    /// The definition.
+    pub definition: JobDefinition,
+    /// The node that registered it.
+    pub node: String,
+    /// When this node first registered this job (store clock).
+    pub first_seen: DateTime<Utc>,
+    /// When this node last confirmed it (store clock).
+    pub last_seen: DateTime<Utc>,
+}
+
+/// A job's fleet-wide switches (pause), as an operator left them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobControl {
+    /// The job's name.
+    pub job: String,
+    /// True while paused: its scheduled ticks are recorded `skipped` instead of run.
+    pub paused: bool,
+    /// Who changed it last.
+    pub changed_by: String,
+    /// Why, if said.
+    pub reason: Option<String>,
+    /// When (store clock).
+    pub changed_at: DateTime<Utc>,
+}
+
+/// A manual run asked for by an operator (`solocron trigger`), not yet claimed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRequest {
+    /// The manual tick: the job and the store's instant of the request. Its millisecond
+    /// part is never zero, so it never coincides with a scheduled tick (which falls on a
+    /// whole second).
+    pub tick: Tick,
+    /// Who asked.
+    pub requested_by: String,
+}
+
+impl HistoryQuery {
+    /// The number of records to return: `limit`, capped at [`RECORDS_PAGE_MAX`]; 0 means the cap.
+    pub fn effective_limit(&self) -> usize {
+        match self.limit {
+            0 => RECORDS_PAGE_MAX,
+            n => n.min(RECORDS_PAGE_MAX),
+        }
+    }
+}
+
+/// The coordination store: a set of atomic steps.
+///
+/// Implementations must guarantee, each in one atomic step:
+/// - **claim**: a record for a tick is created only if none exists (attempt 1 of the tick);
+///   a won claim carries a fencing token strictly larger than every earlier token of the job.
+/// - **renew**/**finish**: succeed only for the lease's owner and token while the run is
+///   `running`; renew also only while the lease has not expired by the store's clock.
+/// - **recover**: acts only on a `running` run whose lease expired by the store's clock, so
+///   that exactly one node recovers it.
+///
+/// The conformance suite (issue 4) checks these on every store.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// A description safe to log (credentials masked).
+    fn describe(&self) -> String;
+
+    /// Creates or upgrades the schema; idempotent and safe when many nodes call it at once.
+    async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// Claims ticks, all in one round trip; one outcome per request, in order.
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError>;
+
+    /// Extends the lease to `lease` from the store's now. `Ok(false)`: the lease is gone
+    /// (expired, taken over, ended by an operator); the owner must stop the job.
+    async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError>;
+
+    /// Records the run's end. `Ok(false)`: the run was already ended by someone else
+    /// (recovered or unlocked); the record keeps that end.
+    async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError>;
+
+    /// `running` runs whose lease has expired by the store's clock, oldest first, at most `limit`.
+    async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError>;
+
+    /// Acts on one expired run; only one caller can succeed per run.
+    async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError>;
+
+    /// Run records, newest first.
+    async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError>;
+
+    /// The store's clock.
+    async fn now(&self) -> Result<DateTime<Utc>, StoreError>;
+
+    /// Records that `node` runs these jobs as defined, or refreshes its `last_seen`
+    /// (store clock). Registrations of `node` for jobs not listed are left as they are
+    /// (they go stale).
+    async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError>;
+
+    /// Every registration of every node, by job then node.
+    async fn registrations(&self) -> Result<Vec<Registration>, StoreError>;
+
+    /// Pauses (`paused = true`) or resumes a job for the whole fleet at once. While paused,
+    /// a [`ClaimMode::Run`] claim of a tick of this job (other than a [`Trigger::Manual`]
+    /// one) records the tick `skipped` with a reason naming who paused it and why.
+    async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError>;
+
+    /// The switches of every job an operator ever touched.
+    async fn controls(&self) -> Result<Vec<JobControl>, StoreError>;
+
+    /// Asks for one manual run of `job` now; returns its tick (see [`RunRequest`]).
+    async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError>;
+
+    /// Manual run requests whose tick has no run record yet, oldest first, at most `limit`.
+    async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError>;
+
+    /// Ends every `running` run of `job` as `abandoned` with `reason` (an operator's
+    /// unlock). The holder, if alive, finds its lease gone at its next renewal and stops.
+    async fn unlock(&self, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError>;
+
+    /// The instant (store clock) since which this store remembers every claim, or `None` if
+    /// it never lost its data. A store that can forget everything (Redis without
+    /// persistence, after a restart) returns when its present memory began: a node never
+    /// treats a tick before that instant as unclaimed, because "no record" there may mean
+    /// "forgotten", not "missed". Stores that keep their data use this default.
+    async fn memory_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(None)
+    }
+
+    /// Deletes at most `batch` ended run records (never a `running` one) of ticks scheduled
+    /// before the store's now minus `older_than`, and the run requests as old; returns how
+    /// many records it deleted. Callers loop (boundedly) until it returns less than `batch`.
+    async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError>;
+}

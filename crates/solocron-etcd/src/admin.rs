@@ -1,0 +1,342 @@
+//! Schema marker, history, registry, operators' controls, manual requests and pruning.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
+use solocron_core::{
+    HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest, RunState, StoreError, Tick,
+    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+};
+
+use crate::claim::millis;
+use crate::codec::{decode, encode, instant, Guard, StoredControl, StoredRegistration, StoredRequest, StoredRun};
+use crate::etcd::{bounded, get, get_range, now_ms, range, read, single, txn, TXN_OPS_MAX};
+use crate::keys::prefix_end;
+use crate::runs::running_records;
+use crate::EtcdStore;
+
+/// The key layout this crate writes and understands (see [`crate::keys`]).
+const LAYOUT_VERSION: &str = "1";
+
+/// Records read per page of a history scan: ~2 MB at most (4 KB of output each), under
+/// the client's 4 MB message limit.
+const HISTORY_PAGE: i64 = 500;
+
+/// Most records one history call reads before giving up on finding `limit` matches: the
+/// filters (job, state, node) are applied here, not by etcd, so a rare match in a long
+/// history costs a long scan; this bounds it.
+pub const HISTORY_SCAN_MAX: usize = 100_000;
+
+/// How many successive milliseconds [`request_run`] tries.
+const REQUEST_SLOTS_MAX: usize = 100;
+
+/// Writes the layout version once; checks it afterwards. One `Txn`, so any number of nodes
+/// may migrate at once.
+pub(crate) async fn migrate(store: &EtcdStore) -> Result<(), StoreError> {
+    let key = store.keys.schema();
+    let request = Txn::new()
+        .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+        .and_then(vec![TxnOp::put(key.clone(), LAYOUT_VERSION, None)])
+        .or_else(vec![get(key)]);
+    let resp = txn(&store.client, "a migration", request).await?;
+    if resp.succeeded() {
+        return Ok(());
+    }
+    let found = crate::etcd::gets(&resp).into_iter().next().and_then(single);
+    match found.as_ref().map(|kv| kv.value()) {
+        Some(v) if v == LAYOUT_VERSION.as_bytes() => Ok(()),
+        other => Err(StoreError::Invalid(format!(
+            "{} has key layout version {:?}; this solocron understands version {LAYOUT_VERSION}",
+            store.describe_target(),
+            other.map(String::from_utf8_lossy)
+        ))),
+    }
+}
+
+/// Run records, newest first (see [`solocron_core::Store::history`]).
+pub(crate) async fn history(store: &EtcdStore, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
+    let limit = match query.limit {
+        0 => RECORDS_PAGE_MAX,
+        n => n.min(RECORDS_PAGE_MAX),
+    };
+    if query.state == Some(RunState::Running) {
+        return running_history(store, query, limit).await;
+    }
+    let family = store.keys.family("run");
+    let mut start = query.until.map(|t| store.keys.runs_before(t.timestamp_millis())).unwrap_or(family.clone());
+    let end = query.since.map(|t| store.keys.runs_since_end(t.timestamp_millis())).unwrap_or(prefix_end(&family));
+    let (mut out, mut scanned, mut at_revision) = (Vec::new(), 0, 0);
+    while start < end && out.len() < limit {
+        // Every page at the first page's revision: one consistent snapshot.
+        let options = GetOptions::new().with_range(end.clone()).with_limit(HISTORY_PAGE).with_revision(at_revision);
+        let mut resp = range(&store.client, "a history read", &start, options).await?;
+        at_revision = resp.header().map_or(0, |h| h.revision());
+        let kvs = resp.take_kvs();
+        for kv in &kvs {
+            let record = decode::<StoredRun>(kv.value(), "run record")?.to_record()?;
+            if matches(&record, query) && out.len() < limit {
+                out.push(record);
+            }
+        }
+        scanned += kvs.len();
+        match kvs.last() {
+            Some(last) if resp.more() => start = format!("{}\0", String::from_utf8_lossy(last.key())),
+            _ => break,
+        }
+        if scanned >= HISTORY_SCAN_MAX {
+            tracing::warn!(scanned, found = out.len(), "history scan stopped at its bound; narrow the time window");
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a record passes the query's filters.
+fn matches(r: &RunRecord, q: &HistoryQuery) -> bool {
+    q.job.as_ref().is_none_or(|j| *j == r.id.tick.job)
+        && q.state.is_none_or(|s| s == r.state)
+        && q.node.as_ref().is_none_or(|n| *n == r.node)
+        && q.since.is_none_or(|t| r.id.tick.scheduled_at >= t)
+        && q.until.is_none_or(|t| r.id.tick.scheduled_at < t)
+}
+
+/// History of running runs only, from the job guards (which list them) rather than a scan.
+async fn running_history(store: &EtcdStore, query: &HistoryQuery, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+    let op = match &query.job {
+        Some(job) => get(store.keys.guard(job)),
+        None => {
+            let family = store.keys.family("job");
+            get_range(family.clone(), prefix_end(&family))
+        }
+    };
+    let mut ids = Vec::new();
+    for kv in read(&store.client, vec![op]).await?.into_iter().flatten() {
+        ids.extend(decode::<Guard>(kv.value(), "job guard")?.running_ids()?);
+    }
+    let mut records: Vec<RunRecord> =
+        running_records(store, &ids).await?.into_iter().filter(|r| matches(r, query)).collect();
+    // Newest first, in key order (ties of instant and attempt by job).
+    records.sort_by_cached_key(|r| store.keys.run(&r.id));
+    records.truncate(limit);
+    Ok(records)
+}
+
+/// Registers `node`'s definitions (see [`solocron_core::Store::register`]): per
+/// [`TXN_OPS_MAX`] definitions, a read and one `Txn` comparing each key's revision (so
+/// `first_seen` survives a concurrent registration), retried on a lost compare.
+pub(crate) async fn register(store: &EtcdStore, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
+    // The last definition of a job listed twice wins (one Txn cannot put a key twice).
+    let mut unique: HashMap<&str, &JobDefinition> = HashMap::new();
+    for job in jobs {
+        unique.insert(&job.job, job);
+    }
+    let unique: Vec<&JobDefinition> = unique.into_values().collect();
+    for chunk in unique.chunks(TXN_OPS_MAX) {
+        register_chunk(store, node, chunk).await?;
+    }
+    Ok(())
+}
+
+async fn register_chunk(store: &EtcdStore, node: &str, jobs: &[&JobDefinition]) -> Result<(), StoreError> {
+    let keys: Vec<String> = jobs.iter().map(|j| store.keys.registration(node, &j.job)).collect();
+    for _ in 0..16 {
+        let found = read(&store.client, keys.iter().map(|k| get(k.clone())).collect()).await?;
+        let now = now_ms();
+        let (mut compares, mut puts) = (Vec::new(), Vec::new());
+        for ((job, key), kv) in jobs.iter().zip(&keys).zip(found.into_iter().map(single)) {
+            let first_seen = match &kv {
+                Some(kv) => decode::<StoredRegistration>(kv.value(), "registration")?.first_seen,
+                None => now,
+            };
+            compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, kv.map_or(0, |kv| kv.mod_revision())));
+            let stored = StoredRegistration {
+                job: job.job.clone(),
+                node: node.to_owned(),
+                schedule: job.schedule.clone(),
+                timezone: job.timezone.clone(),
+                definition_hash: job.definition_hash.clone(),
+                summary: job.summary.clone(),
+                first_seen,
+                last_seen: now,
+            };
+            puts.push(TxnOp::put(key.clone(), encode(&stored), None));
+        }
+        if txn(&store.client, "a registration", Txn::new().when(compares).and_then(puts)).await?.succeeded() {
+            return Ok(());
+        }
+    }
+    Err(StoreError::Unavailable(format!("registrations of {node} kept changing under this registration; try again")))
+}
+
+/// Every registration, by job then node.
+pub(crate) async fn registrations(store: &EtcdStore) -> Result<Vec<Registration>, StoreError> {
+    let mut out = Vec::new();
+    for kv in read_family(store, "registry").await? {
+        out.push(decode::<StoredRegistration>(kv.value(), "registration")?.to_registration()?);
+    }
+    out.sort_by(|a, b| (&a.definition.job, &a.node).cmp(&(&b.definition.job, &b.node)));
+    Ok(out)
+}
+
+/// Every key-value of a family (small ones: registry, controls).
+async fn read_family(store: &EtcdStore, family: &str) -> Result<Vec<etcd_client::KeyValue>, StoreError> {
+    let start = store.keys.family(family);
+    Ok(read(&store.client, vec![get_range(start.clone(), prefix_end(&start))]).await?.into_iter().flatten().collect())
+}
+
+/// Sets a job's pause switch: one put (the last operator wins, as with an upsert). Claims
+/// compare the switch's revision, so none decides on a switch changed under it.
+pub(crate) async fn set_paused(
+    store: &EtcdStore,
+    job: &str,
+    paused: bool,
+    by: &str,
+    reason: Option<&str>,
+) -> Result<(), StoreError> {
+    let control = StoredControl {
+        job: job.to_owned(),
+        paused,
+        changed_by: by.to_owned(),
+        reason: reason.map(str::to_owned),
+        changed_at: now_ms(),
+    };
+    let (key, value) = (store.keys.control(job), encode(&control));
+    bounded(&store.client, "a pause", |mut c| {
+        let (key, value) = (key.clone(), value.clone());
+        async move { c.put(key, value, None).await }
+    })
+    .await?;
+    Ok(())
+}
+
+/// Every job's switches, by job.
+pub(crate) async fn controls(store: &EtcdStore) -> Result<Vec<JobControl>, StoreError> {
+    let mut out = Vec::new();
+    for kv in read_family(store, "control").await? {
+        out.push(decode::<StoredControl>(kv.value(), "job control")?.to_control()?);
+    }
+    out.sort_by(|a, b| a.job.cmp(&b.job));
+    Ok(out)
+}
+
+/// The millisecond after `t` that is not a whole second: manual ticks never fall on one,
+/// so they never coincide with a scheduled tick.
+fn next_manual_ms(t: i64) -> i64 {
+    if (t + 1).rem_euclid(1000) == 0 {
+        t + 2
+    } else {
+        t + 1
+    }
+}
+
+/// Requests a manual run: one `Txn` creating the request key if absent, at the first free
+/// off-second millisecond from the client's now.
+pub(crate) async fn request_run(store: &EtcdStore, job: &str, by: &str) -> Result<Tick, StoreError> {
+    let now = now_ms();
+    let mut at = if now.rem_euclid(1000) == 0 { now + 1 } else { now };
+    for _ in 0..REQUEST_SLOTS_MAX {
+        let key = store.keys.request(job, at);
+        let request = StoredRequest { job: job.to_owned(), requested_at: at, requested_by: by.to_owned() };
+        let create = Txn::new()
+            .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then(vec![TxnOp::put(key, encode(&request), None)]);
+        if txn(&store.client, "a run request", create).await?.succeeded() {
+            return Ok(Tick::new(job, instant(at)?));
+        }
+        at = next_manual_ms(at);
+    }
+    Err(StoreError::Invalid(format!(
+        "{REQUEST_SLOTS_MAX} manual runs of `{job}` already requested around this instant; try again"
+    )))
+}
+
+/// Requests whose tick has no record, oldest first: pages of requests, each checked with one
+/// read of the matching record keys.
+pub(crate) async fn pending_requests(store: &EtcdStore, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
+    let limit = limit.min(RECORDS_PAGE_MAX);
+    let family = store.keys.family("request");
+    let (mut start, end) = (family.clone(), prefix_end(&family));
+    let mut out = Vec::new();
+    while out.len() < limit {
+        let options = GetOptions::new().with_range(end.clone()).with_limit(TXN_OPS_MAX as i64);
+        let mut resp = range(&store.client, "a request read", &start, options).await?;
+        let kvs = resp.take_kvs();
+        let requests =
+            kvs.iter().map(|kv| decode::<StoredRequest>(kv.value(), "run request")).collect::<Result<Vec<_>, _>>()?;
+        let ticks = requests
+            .iter()
+            .map(|r| Ok(Tick::new(r.job.clone(), instant(r.requested_at)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let keys_only = || Some(GetOptions::new().with_keys_only());
+        let runs =
+            ticks.iter().map(|t| TxnOp::get(store.keys.run(&RunId { tick: t.clone(), attempt: 1 }), keys_only()));
+        let runs = runs.collect();
+        let claimed = read(&store.client, runs).await?;
+        for ((request, tick), record) in requests.into_iter().zip(ticks).zip(claimed) {
+            if record.is_empty() && out.len() < limit {
+                out.push(RunRequest { tick, requested_by: request.requested_by });
+            }
+        }
+        match kvs.last() {
+            Some(last) if resp.more() => start = format!("{}\0", String::from_utf8_lossy(last.key())),
+            _ => break,
+        }
+    }
+    Ok(out)
+}
+
+/// Deletes old ended records, oldest first, and old requests (see
+/// [`solocron_core::Store::prune`]). One read at one revision (every job guard, to know the
+/// running runs, and the oldest record keys before the cutoff), then delete `Txn`s of
+/// [`TXN_OPS_MAX`] keys. Records ended at that revision never change again, so deleting them
+/// needs no compare. etcd sorts that range server-side after reading all of it (records
+/// older than the cutoff): prune regularly and it stays short.
+pub(crate) async fn prune(store: &EtcdStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
+    let batch = batch.min(PRUNE_BATCH_MAX);
+    let cutoff = now_ms().saturating_sub(millis(older_than));
+    let (guards, runs) = (store.keys.family("job"), store.keys.family("run"));
+    let every_guard = GetOptions::new().with_range(prefix_end(&guards));
+    let guards = range(&store.client, "a prune read", &guards, every_guard).await?;
+    let mut running = std::collections::HashSet::new();
+    for kv in guards.kvs() {
+        for id in decode::<Guard>(kv.value(), "job guard")?.running_ids()? {
+            running.insert(store.keys.run(&id).into_bytes());
+        }
+    }
+    // At the guards' revision: a run started since (a retry of an old tick) is not among
+    // the keys read either. Enough keys to find `batch` ended ones among the running.
+    let oldest = GetOptions::new()
+        .with_range(prefix_end(&runs))
+        .with_sort(SortTarget::Key, SortOrder::Descend)
+        .with_keys_only()
+        .with_limit((batch + running.len()).max(1) as i64)
+        .with_revision(guards.header().map_or(0, |h| h.revision()));
+    let old = range(&store.client, "a prune read", &store.keys.runs_before(cutoff), oldest).await?;
+    let old = old.kvs();
+    let doomed: Vec<Vec<u8>> =
+        old.iter().map(|kv| kv.key().to_vec()).filter(|k| !running.contains(k)).take(batch).collect();
+    let mut deleted = 0;
+    for chunk in doomed.chunks(TXN_OPS_MAX) {
+        let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::delete(k.clone(), None)).collect();
+        let resp = txn(&store.client, "a prune", Txn::new().and_then(ops)).await?;
+        deleted += deleted_count(&resp);
+    }
+    let old_requests = Txn::new().and_then(vec![TxnOp::delete(
+        store.keys.family("request"),
+        Some(etcd_client::DeleteOptions::new().with_range(store.keys.requests_from(cutoff))),
+    )]);
+    txn(&store.client, "a request prune", old_requests).await?;
+    Ok(deleted)
+}
+
+/// How many keys a `Txn` of deletes deleted.
+fn deleted_count(resp: &etcd_client::TxnResponse) -> u64 {
+    resp.op_responses()
+        .into_iter()
+        .map(|op| match op {
+            TxnOpResponse::Delete(d) => d.deleted().max(0) as u64,
+            _ => 0,
+        })
+        .sum()
+}

@@ -1,0 +1,213 @@
+//! The values stored under the keys of [`crate::keys`], as JSON, and their conversions to
+//! the vocabulary of `solocron_core`. Instants are integer milliseconds since the epoch.
+
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use solocron_core::{JobControl, Registration, RunId, RunRecord, RunState, Tick, Trigger};
+
+use crate::StoreError;
+
+/// A run record as stored under `{p}run/...`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StoredRun {
+    pub job: String,
+    pub scheduled_at: i64,
+    pub attempt: u32,
+    pub trigger: String,
+    pub node: String,
+    pub token: Option<u64>,
+    pub state: String,
+    pub reason: Option<String>,
+    pub claimed_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    /// An estimate (claim or renewal time on the client's clock + the lease's length):
+    /// expiry itself is judged by etcd's lease TTL, never by this.
+    pub lease_until: Option<i64>,
+    pub exit_code: Option<i32>,
+    pub output: String,
+    /// The etcd lease the run's alive key is attached to, while running.
+    pub lease_id: Option<i64>,
+    /// The whole seconds of TTL asked of etcd for that lease.
+    pub ttl: Option<i64>,
+}
+
+impl StoredRun {
+    /// The run this record is of.
+    pub(crate) fn id(&self) -> Result<RunId, StoreError> {
+        Ok(RunId { tick: Tick::new(self.job.clone(), instant(self.scheduled_at)?), attempt: self.attempt })
+    }
+
+    /// True while the run is `running`.
+    pub(crate) fn is_running(&self) -> bool {
+        self.state == RunState::Running.as_str()
+    }
+
+    /// True if the run is running and held by `owner` with `token`.
+    pub(crate) fn held_by(&self, owner: &str, token: u64) -> bool {
+        self.is_running() && self.node == owner && self.token == Some(token)
+    }
+
+    /// Ends the record: terminal `state`, lease fields cleared.
+    pub(crate) fn end(&mut self, state: RunState, reason: Option<String>, now: i64) {
+        self.state = state.as_str().to_owned();
+        self.reason = reason;
+        self.finished_at = Some(now);
+        self.lease_until = None;
+        self.lease_id = None;
+        self.ttl = None;
+    }
+
+    /// The record as the trait returns it.
+    pub(crate) fn to_record(&self) -> Result<RunRecord, StoreError> {
+        let name_err = |e: String| StoreError::Invalid(format!("run record of {}: {e}", self.job));
+        Ok(RunRecord {
+            id: self.id()?,
+            trigger: self.trigger.parse::<Trigger>().map_err(name_err)?,
+            node: self.node.clone(),
+            fencing_token: self.token,
+            state: self.state.parse::<RunState>().map_err(name_err)?,
+            reason: self.reason.clone(),
+            claimed_at: instant(self.claimed_at)?,
+            started_at: self.started_at.map(instant).transpose()?,
+            finished_at: self.finished_at.map(instant).transpose()?,
+            lease_until: self.lease_until.map(instant).transpose()?,
+            exit_code: self.exit_code,
+            output: self.output.clone(),
+        })
+    }
+}
+
+/// A run of a job named in its guard: `(scheduled_at ms, attempt)`.
+pub(crate) type RunRef = (i64, u32);
+
+/// The per-job guard under `{p}job/{job}`: every claim, end, recovery and unlock of the job
+/// compares its revision, so decisions about the job (overlap, tokens) are serialized.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Guard {
+    pub job: String,
+    /// The last fencing token handed out for the job (0: none yet).
+    pub token: u64,
+    /// The job's `running` runs, sorted.
+    pub running: Vec<RunRef>,
+}
+
+impl Guard {
+    /// A guard for a job never claimed.
+    pub(crate) fn new(job: &str) -> Guard {
+        Guard { job: job.to_owned(), ..Guard::default() }
+    }
+
+    /// The runs listed as running.
+    pub(crate) fn running_ids(&self) -> Result<Vec<RunId>, StoreError> {
+        self.running.iter().map(|r| run_id(&self.job, *r)).collect()
+    }
+
+    /// The newest running run, if any.
+    pub(crate) fn newest_running(&self) -> Result<Option<RunId>, StoreError> {
+        self.running.iter().max().map(|r| run_id(&self.job, *r)).transpose()
+    }
+
+    pub(crate) fn add(&mut self, run: &RunId) {
+        self.running.push(run_ref(run));
+        self.running.sort_unstable();
+    }
+
+    pub(crate) fn remove(&mut self, run: &RunId) {
+        let r = run_ref(run);
+        self.running.retain(|x| *x != r);
+    }
+}
+
+fn run_ref(run: &RunId) -> RunRef {
+    (run.tick.scheduled_at.timestamp_millis(), run.attempt)
+}
+
+fn run_id(job: &str, (at, attempt): RunRef) -> Result<RunId, StoreError> {
+    Ok(RunId { tick: Tick::new(job, instant(at)?), attempt })
+}
+
+/// A job's pause switch under `{p}control/{job}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StoredControl {
+    pub job: String,
+    pub paused: bool,
+    pub changed_by: String,
+    pub reason: Option<String>,
+    pub changed_at: i64,
+}
+
+impl StoredControl {
+    /// The reason a paused job's ticks are skipped with, or `None` if it is not paused.
+    pub(crate) fn pause_reason(&self) -> Option<String> {
+        self.paused.then(|| match &self.reason {
+            Some(reason) => format!("paused by {}: {reason}", self.changed_by),
+            None => format!("paused by {}", self.changed_by),
+        })
+    }
+
+    pub(crate) fn to_control(&self) -> Result<JobControl, StoreError> {
+        Ok(JobControl {
+            job: self.job.clone(),
+            paused: self.paused,
+            changed_by: self.changed_by.clone(),
+            reason: self.reason.clone(),
+            changed_at: instant(self.changed_at)?,
+        })
+    }
+}
+
+/// A registration under `{p}registry/{node}/{job}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StoredRegistration {
+    pub job: String,
+    pub node: String,
+    pub schedule: String,
+    pub timezone: String,
+    pub definition_hash: String,
+    pub summary: String,
+    pub first_seen: i64,
+    pub last_seen: i64,
+}
+
+impl StoredRegistration {
+    pub(crate) fn to_registration(&self) -> Result<Registration, StoreError> {
+        Ok(Registration {
+            definition: solocron_core::JobDefinition {
+                job: self.job.clone(),
+                schedule: self.schedule.clone(),
+                timezone: self.timezone.clone(),
+                definition_hash: self.definition_hash.clone(),
+                summary: self.summary.clone(),
+            },
+            node: self.node.clone(),
+            first_seen: instant(self.first_seen)?,
+            last_seen: instant(self.last_seen)?,
+        })
+    }
+}
+
+/// A manual run request under `{p}request/{at}/{job}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StoredRequest {
+    pub job: String,
+    pub requested_at: i64,
+    pub requested_by: String,
+}
+
+/// An instant from stored milliseconds.
+pub(crate) fn instant(ms: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_millis(ms)
+        .ok_or_else(|| StoreError::Invalid(format!("stored instant {ms} ms is out of range")))
+}
+
+/// A value as stored.
+pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("plain structs always serialize")
+}
+
+/// A stored value read back; `what` names it in the error.
+pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Invalid(format!("unreadable {what}: {e}")))
+}

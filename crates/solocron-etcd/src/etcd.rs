@@ -1,0 +1,202 @@
+//! Thin helpers over `etcd-client`: error mapping, bounded calls, transactions and leases.
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions, GetResponse, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use solocron_core::StoreError;
+
+/// etcd's default `--max-txn-ops`: most compares, and most operations per branch, that one
+/// `Txn` may carry. Every transaction of this crate stays within it.
+pub const TXN_OPS_MAX: usize = 128;
+
+/// How long one call to etcd may take before it counts as unreachable; below the engine's
+/// 5 s store-call timeout so that a slow cluster surfaces as "unavailable" from here.
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_millis(4500);
+
+/// The client's clock, in milliseconds since the epoch. etcd has no clock API: this is
+/// the best "now" available, used for informational instants only (see the crate docs).
+pub(crate) fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// Maps an etcd client error: what a retry may cure (transport, unavailable member, no
+/// leader, deadline, overload) is `Unavailable`; the rest is `Invalid`.
+pub(crate) fn etcd_err(e: etcd_client::Error) -> StoreError {
+    use etcd_client::Error as E;
+    // gRPC codes: CANCELLED 1, UNKNOWN 2 (tonic's transport failures), DEADLINE_EXCEEDED 4,
+    // RESOURCE_EXHAUSTED 8 ("too many requests"), ABORTED 10, UNAVAILABLE 14.
+    const TRANSIENT: [i32; 6] = [1, 2, 4, 8, 10, 14];
+    let transient = match &e {
+        // The keep-alive stream closing unanswered is the connection dropping.
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) => true,
+        E::GRpcStatus(status) => TRANSIENT.contains(&(status.code() as i32)),
+        _ => false,
+    };
+    if transient {
+        StoreError::Unavailable(format!("etcd: {e}"))
+    } else {
+        StoreError::Invalid(format!("etcd: {e}"))
+    }
+}
+
+/// How many more times a call that never reached a member is sent again. The client
+/// balances calls over the endpoints, dead ones included: with one member of three down,
+/// about a third of calls fail to connect, and each such call can safely go again (it was
+/// never sent), likely to a live member.
+const UNSENT_RETRIES: u32 = 4;
+
+/// Whether a call failed before reaching any member (connection refused or unreachable).
+fn never_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => status.message().contains("connect error"),
+        _ => false,
+    }
+}
+
+/// Runs one call to etcd within [`CALL_TIMEOUT`], sending it again (to any endpoint) while
+/// it did not reach a member. `call` gets a client of its own for each try.
+pub(crate) async fn bounded<T, F, Fut>(client: &Client, what: &str, mut call: F) -> Result<T, StoreError>
+where
+    F: FnMut(Client) -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let tries = async {
+        let mut retries = 0;
+        loop {
+            match call(client.clone()).await {
+                Err(e) if retries < UNSENT_RETRIES && never_sent(&e) => retries += 1,
+                result => return result,
+            }
+        }
+    };
+    match tokio::time::timeout(CALL_TIMEOUT, tries).await {
+        Ok(result) => result.map_err(etcd_err),
+        Err(_) => Err(StoreError::Unavailable(format!("etcd did not answer {what} within {CALL_TIMEOUT:?}"))),
+    }
+}
+
+/// Runs one transaction.
+pub(crate) async fn txn(client: &Client, what: &str, txn: Txn) -> Result<TxnResponse, StoreError> {
+    bounded(client, what, |mut c| {
+        let txn = txn.clone();
+        async move { c.txn(txn).await }
+    })
+    .await
+}
+
+/// A range read.
+pub(crate) async fn range(
+    client: &Client,
+    what: &str,
+    start: &str,
+    options: GetOptions,
+) -> Result<GetResponse, StoreError> {
+    bounded(client, what, |mut c| {
+        let (start, options) = (start.to_owned(), options.clone());
+        async move { c.get(start, Some(options)).await }
+    })
+    .await
+}
+
+/// The revision at which a response was applied.
+pub(crate) fn revision(resp: &TxnResponse) -> Result<i64, StoreError> {
+    resp.header().map(|h| h.revision()).ok_or_else(|| StoreError::Invalid("etcd answered without a header".into()))
+}
+
+/// The key-values of each `Get` in a transaction's response, in operation order.
+pub(crate) fn gets(resp: &TxnResponse) -> Vec<Vec<KeyValue>> {
+    resp.op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A `Get` of one key.
+pub(crate) fn get(key: impl Into<Vec<u8>>) -> TxnOp {
+    TxnOp::get(key, None)
+}
+
+/// A `Get` of every key in `[start, end)`.
+pub(crate) fn get_range(start: impl Into<Vec<u8>>, end: impl Into<Vec<u8>>) -> TxnOp {
+    TxnOp::get(start, Some(GetOptions::new().with_range(end)))
+}
+
+/// Reads several keys (or ranges) at one revision: one read-only transaction per
+/// [`TXN_OPS_MAX`] operations (a single round trip for up to that many).
+pub(crate) async fn read(client: &Client, ops: Vec<TxnOp>) -> Result<Vec<Vec<KeyValue>>, StoreError> {
+    let mut out = Vec::with_capacity(ops.len());
+    let mut ops = ops.into_iter().peekable();
+    while ops.peek().is_some() {
+        let chunk: Vec<TxnOp> = ops.by_ref().take(TXN_OPS_MAX).collect();
+        let resp = txn(client, "a read", Txn::new().and_then(chunk)).await?;
+        out.extend(gets(&resp));
+    }
+    Ok(out)
+}
+
+/// The single key-value of a `Get` of one key, if the key exists.
+pub(crate) fn single(kvs: Vec<KeyValue>) -> Option<KeyValue> {
+    kvs.into_iter().next()
+}
+
+/// Grants an etcd lease of `ttl` seconds; its id.
+pub(crate) async fn grant(client: &Client, ttl: i64) -> Result<i64, StoreError> {
+    Ok(bounded(client, "a lease grant", |mut c| async move { c.lease_grant(ttl, None).await }).await?.id())
+}
+
+/// Grants `count` leases of `ttl` seconds at once (concurrent requests, one round trip of
+/// latency); their ids. On failure, revokes the ones granted.
+pub(crate) async fn grant_many(client: &Client, ttl: i64, count: usize) -> Result<Vec<i64>, StoreError> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..count {
+        let client = client.clone();
+        tasks.spawn(async move { grant(&client, ttl).await });
+    }
+    let (mut ids, mut failure) = (Vec::with_capacity(count), None);
+    while let Some(joined) = tasks.join_next().await {
+        match joined.map_err(|e| StoreError::Invalid(format!("lease grant task failed: {e}"))).and_then(|r| r) {
+            Ok(id) => ids.push(id),
+            Err(e) => failure = Some(e),
+        }
+    }
+    match failure {
+        None => Ok(ids),
+        Some(e) => {
+            revoke_quietly(client, ids).await;
+            Err(e)
+        }
+    }
+}
+
+/// Revokes leases this store granted and no longer needs, ignoring failures: a lease with
+/// no key attached is harmless and expires by itself.
+pub(crate) async fn revoke_quietly(client: &Client, ids: Vec<i64>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in ids {
+        let client = client.clone();
+        tasks.spawn(async move {
+            if let Err(e) = bounded(&client, "a lease revoke", |mut c| async move { c.lease_revoke(id).await }).await {
+                tracing::debug!(lease = id, error = %e, "cannot revoke an unused etcd lease; it will expire");
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Sends one keep-alive for lease `id`: true if etcd refreshed it to its full TTL, false
+/// if the lease no longer exists (expired, by etcd's judgement, or revoked).
+pub(crate) async fn keep_alive(client: &Client, id: i64) -> Result<bool, StoreError> {
+    bounded(client, "a keep-alive", |mut c| async move {
+        match c.lease_keep_alive(id).await {
+            // The stream is dropped at once: one request, one answer.
+            Ok(_) => Ok(true),
+            Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    })
+    .await
+}

@@ -1,0 +1,210 @@
+//! The key layout under the store's prefix `{p}`.
+//!
+//! | key | value | why |
+//! | --- | --- | --- |
+//! | `{p}schema` | layout version | written once by `migrate` |
+//! | `{p}run/{at↓}/{attempt↓}/{job}` | run record (JSON) | the history, newest first in key order |
+//! | `{p}alive/{at↓}/{attempt↓}/{job}` | owner node | attached to the run's etcd lease: gone = lease expired or run ended |
+//! | `{p}job/{job}` | per-job guard (JSON): last fencing token, running runs | the per-job compare-and-swap point |
+//! | `{p}control/{job}` | pause switch (JSON) | read by every claim of the job |
+//! | `{p}registry/{node}/{job}` | registration (JSON) | one node's definitions in one range |
+//! | `{p}request/{at}/{job}` | manual run request (JSON) | oldest first in key order |
+//!
+//! `at↓` and `attempt↓` are inverted (larger instants sort first) because etcd serves an
+//! ascending range with a limit cheaply, while a descending (sorted) range makes it read the
+//! whole range before truncating. `{job}` and `{node}` are escaped (`%` and `/`), so that a
+//! name can never reach into another key's range.
+
+use solocron_core::RunId;
+
+#[cfg(test)]
+use crate::StoreError;
+
+/// The keys of one store, all under its prefix.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    prefix: String,
+}
+
+/// Escapes `%` and `/` so that a name is one key segment.
+pub(crate) fn escape(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The reverse of [`escape`].
+#[cfg(test)]
+fn unescape(segment: &str) -> String {
+    segment.replace("%2F", "/").replace("%25", "%")
+}
+
+/// An instant (ms since the epoch, possibly negative) as 20 digits that sort like the instant.
+fn ascending(at: i64) -> String {
+    format!("{:020}", (at as u64) ^ (1 << 63))
+}
+
+/// An instant as 20 digits that sort in reverse: later instants first.
+fn descending(at: i64) -> String {
+    format!("{:020}", u64::MAX - ((at as u64) ^ (1 << 63)))
+}
+
+/// The suffix naming one run: `{at↓}/{attempt↓}/{job}`.
+pub(crate) fn run_suffix(run: &RunId) -> String {
+    format!(
+        "{}/{:010}/{}",
+        descending(run.tick.scheduled_at.timestamp_millis()),
+        u32::MAX - run.attempt,
+        escape(&run.tick.job)
+    )
+}
+
+/// The run named by a suffix made by [`run_suffix`].
+#[cfg(test)]
+fn parse_run_suffix(suffix: &str) -> Result<RunId, StoreError> {
+    let bad = || StoreError::Invalid(format!("malformed run key `{suffix}`"));
+    let mut parts = suffix.splitn(3, '/');
+    let (at, attempt, job) =
+        (parts.next().ok_or_else(bad)?, parts.next().ok_or_else(bad)?, parts.next().ok_or_else(bad)?);
+    let at = u64::MAX - at.parse::<u64>().map_err(|_| bad())?;
+    let at = (at ^ (1 << 63)) as i64;
+    let attempt = u32::MAX - attempt.parse::<u32>().map_err(|_| bad())?;
+    let at = chrono::DateTime::from_timestamp_millis(at).ok_or_else(bad)?;
+    Ok(RunId { tick: solocron_core::Tick::new(unescape(job), at), attempt })
+}
+
+impl Keys {
+    /// Keys under `prefix` (already validated).
+    pub(crate) fn new(prefix: &str) -> Keys {
+        Keys { prefix: prefix.to_owned() }
+    }
+
+    /// The prefix itself.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) fn schema(&self) -> String {
+        format!("{}schema", self.prefix)
+    }
+
+    /// The start of a family of keys (`run/`, `alive/`, `job/`, ...).
+    pub(crate) fn family(&self, family: &str) -> String {
+        format!("{}{family}/", self.prefix)
+    }
+
+    pub(crate) fn run(&self, run: &RunId) -> String {
+        format!("{}run/{}", self.prefix, run_suffix(run))
+    }
+
+    pub(crate) fn alive(&self, run: &RunId) -> String {
+        format!("{}alive/{}", self.prefix, run_suffix(run))
+    }
+
+    pub(crate) fn guard(&self, job: &str) -> String {
+        format!("{}job/{}", self.prefix, escape(job))
+    }
+
+    pub(crate) fn control(&self, job: &str) -> String {
+        format!("{}control/{}", self.prefix, escape(job))
+    }
+
+    pub(crate) fn registration(&self, node: &str, job: &str) -> String {
+        format!("{}registry/{}/{}", self.prefix, escape(node), escape(job))
+    }
+
+    pub(crate) fn request(&self, job: &str, at: i64) -> String {
+        format!("{}request/{}/{}", self.prefix, ascending(at), escape(job))
+    }
+
+    /// The first request key at or after instant `at`: requests before `at` sort before it.
+    pub(crate) fn requests_from(&self, at: i64) -> String {
+        format!("{}request/{}", self.prefix, ascending(at))
+    }
+
+    /// Run keys of ticks scheduled before `until`: they start here (newest first).
+    pub(crate) fn runs_before(&self, until: i64) -> String {
+        match until.checked_sub(1) {
+            Some(last) => format!("{}run/{}", self.prefix, descending(last)),
+            None => prefix_end(&self.family("run")),
+        }
+    }
+
+    /// Run keys of ticks scheduled at or after `since` end before this key.
+    pub(crate) fn runs_since_end(&self, since: i64) -> String {
+        prefix_end(&format!("{}run/{}/", self.prefix, descending(since)))
+    }
+}
+
+/// The first key after every key starting with `prefix` (etcd's range end for a prefix).
+pub(crate) fn prefix_end(prefix: &str) -> String {
+    let mut bytes = prefix.as_bytes().to_vec();
+    while let Some(last) = bytes.pop() {
+        if last < 0x7f {
+            bytes.push(last + 1);
+            // Only ASCII bytes are ever incremented (prefixes are ASCII), so this stays UTF-8.
+            return String::from_utf8(bytes).expect("ASCII");
+        }
+    }
+    "\0".into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use solocron_core::Tick;
+
+    impl Keys {
+        /// The run named by a full run (or alive) key, given its family.
+        fn parse_run(&self, family: &str, key: &[u8]) -> Result<RunId, StoreError> {
+            let key = std::str::from_utf8(key).map_err(|_| StoreError::Invalid("a run key is not UTF-8".into()))?;
+            let start = self.family(family);
+            let suffix = key
+                .strip_prefix(&start)
+                .ok_or_else(|| StoreError::Invalid(format!("key `{key}` is not under `{start}`")))?;
+            parse_run_suffix(suffix)
+        }
+    }
+
+    fn run(job: &str, at: &str, attempt: u32) -> RunId {
+        RunId { tick: Tick::new(job, at.parse().unwrap()), attempt }
+    }
+
+    #[test]
+    fn run_keys_sort_newest_first_and_parse_back() {
+        let keys = Keys::new("/p/");
+        let old = run("a/b%c", "1960-01-01T00:00:00Z", 1);
+        let new = run("a", "2020-01-01T00:00:00.001Z", 1);
+        let retry = run("a", "2020-01-01T00:00:00.001Z", 2);
+        assert!(keys.run(&retry) < keys.run(&new) && keys.run(&new) < keys.run(&old));
+        for id in [old, new, retry] {
+            assert_eq!(keys.parse_run("run", keys.run(&id).as_bytes()).unwrap(), id);
+        }
+    }
+
+    #[test]
+    fn time_windows_bound_the_run_keys() {
+        let keys = Keys::new("/p/");
+        let at = |s: &str| s.parse::<chrono::DateTime<chrono::Utc>>().unwrap().timestamp_millis();
+        let inside = keys.run(&run("x", "2020-01-01T00:01:00Z", 1));
+        let (start, end) =
+            (keys.runs_before(at("2020-01-01T00:02:00Z")), keys.runs_since_end(at("2020-01-01T00:01:00Z")));
+        assert!(start <= inside && inside < end);
+        let later = keys.run(&run("x", "2020-01-01T00:02:00Z", 1));
+        let earlier = keys.run(&run("x", "2020-01-01T00:00:59.999Z", 1));
+        assert!(later < start && earlier >= end);
+    }
+
+    #[test]
+    fn requests_sort_oldest_first() {
+        let keys = Keys::new("/p/");
+        assert!(keys.request("z", -5) < keys.request("a", 3));
+        assert!(keys.requests_from(3) <= keys.request("a", 3) && keys.request("a", 2) < keys.requests_from(3));
+    }
+}

@@ -1,0 +1,389 @@
+//! The life of a won run after its claim: renew, finish, expiry, recovery and unlock. Each
+//! write is one `Txn` comparing the revisions of what it read (the run's record, the job's
+//! guard) or the lease of the run's alive key, so that exactly one of several racing nodes
+//! succeeds; a lost compare re-reads (the `Txn`'s `else` branch) and decides again, bounded.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
+use solocron_core::{
+    output_tail, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, RunState, StoreError, Trigger,
+    RECORDS_PAGE_MAX,
+};
+
+use crate::claim::{millis, to_lease};
+use crate::codec::{decode, encode, Guard, StoredRun};
+use crate::etcd::{get, get_range, gets, keep_alive, now_ms, read, revision, revoke_quietly, single, txn, TXN_OPS_MAX};
+use crate::keys::prefix_end;
+use crate::{lease_secs, EtcdStore, Held};
+
+/// How many times a write is decided again after losing a compare to another node.
+const CAS_ATTEMPTS: u32 = 16;
+
+/// Runs an unlock ends per `Txn`: two puts and one compare each, plus the guard's.
+const UNLOCK_CHUNK: usize = (TXN_OPS_MAX - 1) / 2;
+
+/// The error after [`CAS_ATTEMPTS`] lost compares.
+fn contended(what: &str) -> StoreError {
+    StoreError::Unavailable(format!("{what} lost {CAS_ATTEMPTS} compare-and-swaps in a row to other nodes; try again"))
+}
+
+/// Commits `request`, with `rereads` as its `else` branch: the revision it was applied at,
+/// or (a compare failed, nothing written) the keys re-read.
+async fn commit(
+    store: &EtcdStore,
+    what: &str,
+    request: Txn,
+    rereads: Vec<TxnOp>,
+) -> Result<Result<i64, Vec<Option<KeyValue>>>, StoreError> {
+    let resp = txn(&store.client, what, request.or_else(rereads)).await?;
+    if resp.succeeded() {
+        Ok(Ok(revision(&resp)?))
+    } else {
+        Ok(Err(gets(&resp).into_iter().map(single).collect()))
+    }
+}
+
+/// Reads single keys at one revision.
+async fn read_keys(store: &EtcdStore, ops: Vec<TxnOp>) -> Result<Vec<Option<KeyValue>>, StoreError> {
+    Ok(read(&store.client, ops).await?.into_iter().map(single).collect())
+}
+
+/// A record and its revision, if the key exists.
+fn stored_run(kv: Option<&KeyValue>) -> Result<Option<(StoredRun, i64)>, StoreError> {
+    kv.map(|kv| Ok((decode::<StoredRun>(kv.value(), "run record")?, kv.mod_revision()))).transpose()
+}
+
+/// A job's guard and its revision; a running run implies one exists.
+fn stored_guard(kv: Option<&KeyValue>, job: &str) -> Result<(Guard, i64), StoreError> {
+    let kv = kv.ok_or_else(|| StoreError::Invalid(format!("job `{job}` has a running run but no guard key")))?;
+    Ok((decode::<Guard>(kv.value(), "job guard")?, kv.mod_revision()))
+}
+
+/// Extends a lease (see [`solocron_core::Store::renew`]). With the run remembered from its
+/// claim or last renewal: a keep-alive, then one `Txn` (two round trips); otherwise a read
+/// first (three). A new length in whole seconds moves the alive key to a new etcd lease.
+pub(crate) async fn renew(store: &EtcdStore, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
+    let ttl = lease_secs(length)?;
+    if let Some(held) = store.recall(&lease.run).filter(|h| h.record.held_by(&lease.owner, lease.fencing_token)) {
+        match renew_held(store, held, ttl, length).await? {
+            Some(renewed) => return Ok(renewed),
+            // The record changed since this store last wrote it: look at it afresh.
+            None => store.forget(&lease.run),
+        }
+    }
+    let Some(held) = read_held(store, lease).await? else { return Ok(false) };
+    Ok(renew_held(store, held, ttl, length).await?.unwrap_or(false))
+}
+
+/// The record of `lease`'s run if the lease holds it and its alive key still exists.
+async fn read_held(store: &EtcdStore, lease: &Lease) -> Result<Option<Held>, StoreError> {
+    let answers = read_keys(store, vec![get(store.keys.run(&lease.run)), get(store.keys.alive(&lease.run))]).await?;
+    let Some((record, revision)) = stored_run(answers[0].as_ref())? else { return Ok(None) };
+    let attached = answers[1].as_ref().map(|kv| kv.lease());
+    if !record.held_by(&lease.owner, lease.fencing_token) || attached.is_none() || attached != record.lease_id {
+        return Ok(None);
+    }
+    Ok(Some(Held { record, revision }))
+}
+
+/// Renews a held run: `Some(renewed)`, or `None` if the record changed since `held` was read.
+async fn renew_held(store: &EtcdStore, held: Held, ttl: i64, length: Duration) -> Result<Option<bool>, StoreError> {
+    let old = held.record.lease_id.ok_or_else(|| StoreError::Invalid("a running record has no lease".into()))?;
+    let moving = held.record.ttl != Some(ttl);
+    // Before the keep-alive or grant is sent: etcd's TTL restarts later than this.
+    let from = now_ms();
+    let new = if moving {
+        crate::etcd::grant(&store.client, ttl).await?
+    } else if keep_alive(&store.client, old).await? {
+        old
+    } else {
+        // etcd judged the lease expired (or it was revoked): the run is no longer held.
+        store.forget(&held.record.id()?);
+        return Ok(Some(false));
+    };
+    let id = held.record.id()?;
+    let record = StoredRun {
+        lease_until: Some(from.saturating_add(millis(length))),
+        lease_id: Some(new),
+        ttl: Some(ttl),
+        ..held.record
+    };
+    let (run_key, alive_key) = (store.keys.run(&id), store.keys.alive(&id));
+    let mut puts = vec![TxnOp::put(run_key.clone(), encode(&record), None)];
+    if moving {
+        puts.push(TxnOp::put(alive_key.clone(), record.node.as_bytes(), Some(PutOptions::new().with_lease(new))));
+    }
+    // The alive key still on the old lease: the lease had not expired when this applied.
+    let compares = vec![
+        Compare::mod_revision(run_key, CompareOp::Equal, held.revision),
+        Compare::lease(alive_key, CompareOp::Equal, old),
+    ];
+    let resp = txn(&store.client, "a renewal", Txn::new().when(compares).and_then(puts)).await?;
+    let (unused, renewed) = match (resp.succeeded(), moving) {
+        (true, true) => (Some(old), true),
+        (false, true) => (Some(new), false),
+        (succeeded, false) => (None, succeeded),
+    };
+    if let Some(unused) = unused {
+        revoke_quietly(&store.client, vec![unused]).await;
+    }
+    if !renewed {
+        return Ok(None);
+    }
+    store.remember(Held { record, revision: revision(&resp)? });
+    Ok(Some(true))
+}
+
+/// Records a run's end (see [`solocron_core::Store::finish`]): a read and one `Txn` (plus
+/// a retry per lost compare), then the run's etcd lease is revoked.
+pub(crate) async fn finish(store: &EtcdStore, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
+    assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
+    let (run_key, guard_key) = (store.keys.run(&lease.run), store.keys.guard(&lease.run.tick.job));
+    let reads = || vec![get(run_key.clone()), get(guard_key.clone())];
+    let mut answers = read_keys(store, reads()).await?;
+    for _ in 0..CAS_ATTEMPTS {
+        let Some((mut record, record_rev)) = stored_run(answers[0].as_ref())? else { return Ok(false) };
+        if !record.held_by(&lease.owner, lease.fencing_token) {
+            store.forget(&lease.run);
+            return Ok(false);
+        }
+        let (mut guard, guard_rev) = stored_guard(answers[1].as_ref(), &lease.run.tick.job)?;
+        let lease_id = record.lease_id;
+        let now = now_ms();
+        record.end(end.state, end.reason.clone(), now);
+        record.exit_code = end.exit_code;
+        record.output = output_tail(&end.output).to_owned();
+        record.started_at = end.started_after.map(|d| record.claimed_at.saturating_add(millis(d)));
+        guard.remove(&lease.run);
+        let request = Txn::new()
+            .when(vec![
+                Compare::mod_revision(run_key.clone(), CompareOp::Equal, record_rev),
+                Compare::mod_revision(guard_key.clone(), CompareOp::Equal, guard_rev),
+            ])
+            .and_then(vec![
+                TxnOp::put(run_key.clone(), encode(&record), None),
+                TxnOp::put(guard_key.clone(), encode(&guard), None),
+                TxnOp::delete(store.keys.alive(&lease.run), None),
+            ]);
+        match commit(store, "a finish", request, reads()).await? {
+            Ok(_) => {
+                store.forget(&lease.run);
+                revoke_quietly(&store.client, lease_id.into_iter().collect()).await;
+                return Ok(true);
+            }
+            Err(fresh) => answers = fresh,
+        }
+    }
+    Err(contended("finish"))
+}
+
+/// Running runs whose etcd lease is gone (see [`solocron_core::Store::expired`]): one read
+/// of every job guard and every alive key at one revision, then the candidates' records.
+pub(crate) async fn expired(store: &EtcdStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+    let (guards, alive) = (store.keys.family("job"), store.keys.family("alive"));
+    let alive_keys = TxnOp::get(alive.clone(), Some(GetOptions::new().with_range(prefix_end(&alive)).with_keys_only()));
+    let answers = read(&store.client, vec![get_range(guards.clone(), prefix_end(&guards)), alive_keys]).await?;
+    let mut answers = answers.into_iter();
+    let (guards, alive) = (answers.next().unwrap_or_default(), answers.next().unwrap_or_default());
+    let alive: HashSet<Vec<u8>> = alive.iter().map(|kv| kv.key().to_vec()).collect();
+    let mut lapsed = Vec::new();
+    for kv in &guards {
+        let guard = match decode::<Guard>(kv.value(), "job guard").and_then(|g| g.running_ids()) {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::error!(error = %e, "skipping an unreadable job guard");
+                continue;
+            }
+        };
+        lapsed.extend(guard.into_iter().filter(|id| !alive.contains(store.keys.alive(id).as_bytes())));
+    }
+    let mut records = running_records(store, &lapsed).await?;
+    records.sort_by(|a, b| (a.lease_until, &a.id).cmp(&(b.lease_until, &b.id)));
+    records.truncate(limit.min(RECORDS_PAGE_MAX));
+    Ok(records)
+}
+
+/// The records of `ids` that are still running; unreadable ones are logged and skipped, so
+/// that one bad record never stops the recovery of the others.
+pub(crate) async fn running_records(store: &EtcdStore, ids: &[RunId]) -> Result<Vec<RunRecord>, StoreError> {
+    let answers = read_keys(store, ids.iter().map(|id| get(store.keys.run(id))).collect()).await?;
+    let mut records = Vec::with_capacity(ids.len());
+    for kv in answers.iter().flatten() {
+        match decode::<StoredRun>(kv.value(), "run record").and_then(|r| r.to_record()) {
+            Ok(record) if record.state == RunState::Running => records.push(record),
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "skipping an unreadable running run"),
+        }
+    }
+    Ok(records)
+}
+
+/// Acts on an expired run (see [`solocron_core::Store::recover`]): a read, then one `Txn`
+/// that compares the record's and guard's revisions and that the alive key is still absent,
+/// so exactly one of several recoverers wins. Revokes nothing it does not own: the expired
+/// lease is etcd's to drop; only a lease granted here for a retry that lost is revoked.
+pub(crate) async fn recover(
+    store: &EtcdStore,
+    run: &RunId,
+    action: &RecoverAction,
+) -> Result<RecoverOutcome, StoreError> {
+    let attempt =
+        run.attempt.checked_add(1).ok_or_else(|| StoreError::Invalid(format!("run {run} has no next attempt")))?;
+    let next = RunId { tick: run.tick.clone(), attempt };
+    let keys = &store.keys;
+    let reads = || vec![get(keys.run(run)), get(keys.alive(run)), get(keys.guard(&run.tick.job)), get(keys.run(&next))];
+    let mut answers = read_keys(store, reads()).await?;
+    let mut granted = None;
+    let mut outcome = Err(contended("recover"));
+    for _ in 0..CAS_ATTEMPTS {
+        let Some(plan) = plan_recovery(store, run, &next, action, &answers, &mut granted).await? else {
+            outcome = Ok(RecoverOutcome::NotNeeded);
+            break;
+        };
+        match commit(store, "a recovery", plan.0, reads()).await? {
+            Ok(revision) => {
+                outcome = Ok(plan.1.clone());
+                if let (RecoverOutcome::Retried(_), Some(record)) = (&plan.1, plan.2) {
+                    granted = None;
+                    store.remember(Held { record, revision });
+                }
+                tracing::debug!(%run, outcome = ?plan.1, "expired run recovered");
+                break;
+            }
+            Err(fresh) => answers = fresh,
+        }
+    }
+    revoke_quietly(&store.client, granted.into_iter().map(|(id, _)| id).collect()).await;
+    outcome
+}
+
+/// The recovery `Txn`, its outcome and (for a retry) the new running record; `None` if
+/// there is nothing to do: the run is not running, its lease is live, or its next attempt
+/// exists.
+async fn plan_recovery(
+    store: &EtcdStore,
+    run: &RunId,
+    next: &RunId,
+    action: &RecoverAction,
+    answers: &[Option<KeyValue>],
+    granted: &mut Option<(i64, i64)>,
+) -> Result<Option<(Txn, RecoverOutcome, Option<StoredRun>)>, StoreError> {
+    let keys = &store.keys;
+    let Some((mut old, old_rev)) = stored_run(answers[0].as_ref())? else { return Ok(None) };
+    if !old.is_running() || answers[1].is_some() {
+        return Ok(None);
+    }
+    let (mut guard, guard_rev) = stored_guard(answers[2].as_ref(), &run.tick.job)?;
+    let mut compares = vec![
+        Compare::mod_revision(keys.run(run), CompareOp::Equal, old_rev),
+        Compare::mod_revision(keys.guard(&run.tick.job), CompareOp::Equal, guard_rev),
+        Compare::create_revision(keys.alive(run), CompareOp::Equal, 0),
+    ];
+    guard.remove(run);
+    let now = now_ms();
+    let (node, length) = match action {
+        RecoverAction::Abandon { reason } => {
+            old.end(RunState::Abandoned, Some(reason.clone()), now);
+            let puts = vec![
+                TxnOp::put(keys.run(run), encode(&old), None),
+                TxnOp::put(keys.guard(&run.tick.job), encode(&guard), None),
+            ];
+            return Ok(Some((Txn::new().when(compares).and_then(puts), RecoverOutcome::Abandoned, None)));
+        }
+        RecoverAction::Retry { node, lease } => (node, *lease),
+    };
+    if answers[3].is_some() {
+        return Ok(None);
+    }
+    let ttl = lease_secs(length)?;
+    // The retry's instant: no later than its lease's grant (see the claim's).
+    let (lease_id, now) = match *granted {
+        Some(lease) => lease,
+        None => *granted.insert((crate::etcd::grant(&store.client, ttl).await?, now)),
+    };
+    old.end(RunState::Lost, Some(format!("lease expired; retried as attempt {} by {node}", next.attempt)), now);
+    guard.token += 1;
+    guard.add(next);
+    let record = next_attempt(&old, next, node, guard.token, lease_id, length, now)?;
+    compares.push(Compare::create_revision(keys.run(next), CompareOp::Equal, 0));
+    let puts = vec![
+        TxnOp::put(keys.run(run), encode(&old), None),
+        TxnOp::put(keys.run(next), encode(&record), None),
+        TxnOp::put(keys.alive(next), node.as_bytes(), Some(PutOptions::new().with_lease(lease_id))),
+        TxnOp::put(keys.guard(&run.tick.job), encode(&guard), None),
+    ];
+    let outcome = RecoverOutcome::Retried(to_lease(&record)?);
+    Ok(Some((Txn::new().when(compares).and_then(puts), outcome, Some(record))))
+}
+
+/// The record of a retry: attempt `next` of the same tick, running for `node`.
+fn next_attempt(
+    old: &StoredRun,
+    next: &RunId,
+    node: &str,
+    token: u64,
+    lease_id: i64,
+    length: Duration,
+    now: i64,
+) -> Result<StoredRun, StoreError> {
+    Ok(StoredRun {
+        attempt: next.attempt,
+        trigger: Trigger::Retry.as_str().into(),
+        node: node.to_owned(),
+        token: Some(token),
+        state: RunState::Running.as_str().into(),
+        reason: None,
+        claimed_at: now,
+        finished_at: None,
+        lease_until: Some(now.saturating_add(millis(length))),
+        lease_id: Some(lease_id),
+        ttl: Some(lease_secs(length)?),
+        ..old.clone()
+    })
+}
+
+/// Ends every running run of `job` as abandoned (see [`solocron_core::Store::unlock`]): one
+/// `Txn` per [`UNLOCK_CHUNK`] runs, each comparing the guard's and the records' revisions.
+pub(crate) async fn unlock(store: &EtcdStore, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+    let guard_key = store.keys.guard(job);
+    let mut unlocked = Vec::new();
+    let mut lost = 0;
+    while lost < CAS_ATTEMPTS {
+        let Some(kv) = read_keys(store, vec![get(guard_key.clone())]).await?.pop().flatten() else { break };
+        let (mut guard, guard_rev) = stored_guard(Some(&kv), job)?;
+        let ids: Vec<RunId> = guard.running_ids()?.into_iter().take(UNLOCK_CHUNK).collect();
+        if ids.is_empty() {
+            break;
+        }
+        let answers = read_keys(store, ids.iter().map(|id| get(store.keys.run(id))).collect()).await?;
+        let mut compares = vec![Compare::mod_revision(guard_key.clone(), CompareOp::Equal, guard_rev)];
+        let (mut puts, mut ended) = (Vec::new(), Vec::new());
+        let now = now_ms();
+        for (id, kv) in ids.iter().zip(&answers) {
+            guard.remove(id);
+            let Some((mut record, rev)) = stored_run(kv.as_ref())? else { continue };
+            compares.push(Compare::mod_revision(store.keys.run(id), CompareOp::Equal, rev));
+            if record.is_running() {
+                record.end(RunState::Abandoned, Some(reason.to_owned()), now);
+                puts.push(TxnOp::put(store.keys.run(id), encode(&record), None));
+                puts.push(TxnOp::delete(store.keys.alive(id), None));
+                ended.push(id.clone());
+            }
+        }
+        puts.push(TxnOp::put(guard_key.clone(), encode(&guard), None));
+        match commit(store, "an unlock", Txn::new().when(compares).and_then(puts), Vec::new()).await? {
+            Ok(_) => {
+                ended.iter().for_each(|id| store.forget(id));
+                unlocked.extend(ended);
+            }
+            Err(_) => lost += 1,
+        }
+    }
+    if lost == CAS_ATTEMPTS {
+        return Err(contended("unlock"));
+    }
+    tracing::debug!(job, runs = unlocked.len(), "job unlocked");
+    Ok(unlocked)
+}

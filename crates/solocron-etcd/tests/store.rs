@@ -1,0 +1,186 @@
+//! etcd-specific tests beyond the shared suite: races between separate clients, a large
+//! batch split into several transactions, leases expired by the etcd server's TTL, and a
+//! 3-member cluster losing its leader.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use solocron_core::{
+    ClaimMode, ClaimOutcome, ClaimRequest, Lease, RecoverAction, RecoverOutcome, RunEnd, RunState, Store, StoreError,
+    Tick, Trigger,
+};
+use solocron_etcd::EtcdStore;
+use tokio::sync::Barrier;
+
+/// A scheduled tick of `job` at minute `minute` of 2020-01-01.
+fn tick(job: &str, minute: u32) -> Tick {
+    let at = chrono::DateTime::from_timestamp(1_577_836_800 + i64::from(minute) * 60, 0).expect("in range");
+    Tick::new(job, at)
+}
+
+fn run(tick: Tick, node: &str, lease: Duration) -> ClaimRequest {
+    ClaimRequest {
+        tick,
+        trigger: Trigger::Schedule,
+        node: node.into(),
+        lease,
+        mode: ClaimMode::Run { skip_if_running: false },
+    }
+}
+
+async fn won(store: &EtcdStore, request: ClaimRequest) -> Lease {
+    match store.claim(&[request]).await.expect("claim").remove(0) {
+        ClaimOutcome::Won(lease) => lease,
+        other => panic!("expected Won, got {other:?}"),
+    }
+}
+
+fn succeeded() -> RunEnd {
+    RunEnd { state: RunState::Succeeded, reason: None, exit_code: Some(0), output: String::new(), started_after: None }
+}
+
+/// Polls `expired()` until it lists `lease`'s run; how long that took.
+async fn wait_expired(store: &EtcdStore, lease: &Lease, within: Duration) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if store.expired(10).await.expect("expired").iter().any(|r| r.id == lease.run) {
+            return start.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{} not expired within {within:?}", lease.run);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_one_of_eight_separate_clients_wins_a_tick() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let mut stores = Vec::new();
+    for _ in 0..8 {
+        stores.push(Arc::new(ns.migrated().await));
+    }
+    for minute in 0..5 {
+        let barrier = Arc::new(Barrier::new(stores.len()));
+        let mut tasks = Vec::new();
+        for (i, store) in stores.iter().enumerate() {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                store.claim(&[run(tick("backup", minute), &format!("node-{i}"), Duration::from_secs(60))]).await
+            }));
+        }
+        let mut won = 0;
+        for task in tasks {
+            match task.await.expect("task").expect("claim").remove(0) {
+                ClaimOutcome::Won(_) => won += 1,
+                ClaimOutcome::Taken => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(won, 1, "tick {minute}: exactly one winner");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_of_300_ticks_over_30_jobs_is_won_whole_with_tokens_increasing_per_job() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let batch: Vec<ClaimRequest> =
+        (0..300).map(|i| run(tick(&format!("job-{}", i % 30), i / 30), "a", Duration::from_secs(60))).collect();
+    let started = Instant::now();
+    let outcomes = store.claim(&batch).await.expect("claim");
+    eprintln!("300-tick batch claimed in {:?}", started.elapsed());
+    assert_eq!(outcomes.len(), 300);
+    let mut last: HashMap<String, u64> = HashMap::new();
+    for (request, outcome) in batch.iter().zip(&outcomes) {
+        let ClaimOutcome::Won(lease) = outcome else { panic!("expected Won for {:?}, got {outcome:?}", request.tick) };
+        assert_eq!(lease.run.tick, request.tick, "outcomes in request order");
+        let previous = last.insert(request.tick.job.clone(), lease.fencing_token);
+        assert!(previous.is_none_or(|p| p < lease.fencing_token), "{lease:?} after token {previous:?}");
+    }
+    assert_eq!(store.claim(&batch).await.expect("claim"), vec![ClaimOutcome::Taken; 300]);
+    let running = solocron_core::HistoryQuery { state: Some(RunState::Running), ..Default::default() };
+    assert_eq!(store.history(&running).await.expect("history").len(), 300);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_left_unrenewed_expires_on_the_server_and_is_recovered_once() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let (a, b) = (ns.migrated().await, ns.migrated().await);
+    let lease = won(&a, run(tick("backup", 0), "a", Duration::from_secs(1))).await;
+    assert!(a.expired(10).await.expect("expired").is_empty(), "live at first");
+    let retry = RecoverAction::Retry { node: "b".into(), lease: Duration::from_secs(60) };
+    assert_eq!(b.recover(&lease.run, &retry).await.expect("recover"), RecoverOutcome::NotNeeded);
+
+    let took = wait_expired(&b, &lease, Duration::from_secs(10)).await;
+    eprintln!("a 1 s lease was expired by etcd {took:?} after the claim");
+    let RecoverOutcome::Retried(next) = b.recover(&lease.run, &retry).await.expect("recover") else {
+        panic!("the expired run should be retried")
+    };
+    assert!(next.fencing_token > lease.fencing_token);
+    assert_eq!(b.recover(&lease.run, &retry).await.expect("recover"), RecoverOutcome::NotNeeded);
+    assert!(!a.renew(&lease, Duration::from_secs(1)).await.expect("renew"), "the old owner lost the run");
+    assert!(!a.finish(&lease, &succeeded()).await.expect("finish"), "the old owner lost the run");
+    assert!(b.renew(&next, Duration::from_secs(60)).await.expect("renew"));
+    assert!(b.finish(&next, &succeeded()).await.expect("finish"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renewals_keep_a_short_lease_alive_past_its_ttl() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let other = ns.migrated().await;
+    let lease = won(&store, run(tick("backup", 0), "a", Duration::from_secs(2))).await;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(store.renew(&lease, Duration::from_secs(2)).await.expect("renew"));
+        // Another instance (no memory of the run) renews too: it reads the record first.
+        assert!(other.renew(&lease, Duration::from_secs(2)).await.expect("renew"));
+        assert!(other.expired(10).await.expect("expired").is_empty(), "renewed leases never expire");
+    }
+    let took = wait_expired(&other, &lease, Duration::from_secs(10)).await;
+    eprintln!("a 2 s lease, no longer renewed, was expired by etcd {took:?} later");
+    assert!(!store.renew(&lease, Duration::from_secs(2)).await.expect("renew"), "etcd refuses the keep-alive");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_the_owner_renews_and_finishes() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let (a, b) = (ns.migrated().await, ns.migrated().await);
+    let lease = won(&a, run(tick("backup", 0), "a", Duration::from_secs(60))).await;
+    let stranger = Lease { owner: "b".into(), ..lease.clone() };
+    let stale = Lease { fencing_token: lease.fencing_token - 1, ..lease.clone() };
+    for store in [&a, &b] {
+        for wrong in [&stranger, &stale] {
+            assert!(!store.renew(wrong, Duration::from_secs(60)).await.expect("renew"), "renewed with {wrong:?}");
+            assert!(!store.finish(wrong, &succeeded()).await.expect("finish"), "finished with {wrong:?}");
+        }
+    }
+    assert!(b.renew(&lease, Duration::from_secs(60)).await.expect("renew"), "the owner's lease, from any instance");
+    assert!(a.renew(&lease, Duration::from_secs(60)).await.expect("renew"), "after another instance renewed it");
+    assert!(a.finish(&lease, &succeeded()).await.expect("finish"));
+}
+
+#[tokio::test]
+async fn an_unreachable_cluster_is_unavailable_and_credentials_are_masked() {
+    let started = Instant::now();
+    let port = common::free_ports(1)[0];
+    let err = EtcdStore::connect(&format!("etcd://root:secret@127.0.0.1:{port}"), "/solocron/").await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+    assert!(!err.to_string().contains("secret"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(8), "took {:?}", started.elapsed());
+    let err = EtcdStore::connect("etcd://127.0.0.1:2379", "no-slash").await.unwrap_err();
+    assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+
+    let Some(ns) = common::Namespace::new().await else { return };
+    let url = ns.url.replace("etcd://", "etcd://alice:hunter2@");
+    // The test member has no authentication: credentials are refused or ignored, and in
+    // neither case shown.
+    match EtcdStore::connect(&url, &ns.prefix).await {
+        Ok(store) => assert!(store.describe().contains("alice:***@") && !store.describe().contains("hunter2")),
+        Err(e) => assert!(!e.to_string().contains("hunter2"), "{e}"),
+    }
+}

@@ -1,0 +1,437 @@
+//! # solocron-mysql
+//!
+//! A [`Store`] in a MySQL 8 or MariaDB 10.6+ database, shared by any number of hosts: every
+//! node of a fleet connects to the same database (and table prefix), and each tick runs
+//! exactly once among all of them.
+//!
+//! ## What this store guarantees
+//!
+//! - **The store's clock is the server's clock.** Every comparison with "now" (lease
+//!   expiry, renewal, recovery) and every recorded instant is computed inside SQL as
+//!   `CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)` on sessions whose `time_zone`
+//!   is forced to `'+00:00'`; nodes only send lease *lengths*. Hosts with skewed clocks
+//!   therefore agree on every lease. Instants are `BIGINT` milliseconds since the epoch.
+//! - **Exactly once among any number of hosts.** Attempt 1 of a tick is created only by an
+//!   `INSERT IGNORE` into the primary key `(job, scheduled_at, attempt)` whose affected-row
+//!   count is checked, so one claimer wins and every other one reads `Taken`.
+//! - **Claims of one job are serialized** by an exclusive row lock on the job's fencing
+//!   counter (`{prefix}fences`), taken before anything about the job is read; a batch locks
+//!   its jobs in sorted order, so concurrent batches do not deadlock on them. Every writer
+//!   that creates a `running` row or an attempt-1 row (claim, recovery by retry) takes that
+//!   lock first, so what a claim reads after taking it cannot change before it commits.
+//!   Fencing tokens come from that counter, written in the claim's own transaction, so they
+//!   strictly increase per job, even across pruning.
+//! - **Each step is atomic**: one statement or one transaction. A transaction that loses a
+//!   deadlock (1213) or a lock wait (1205) is retried up to 5 times.
+//! - **Failover**: what a committed step wrote survives only if the replica had it; with
+//!   asynchronous replication the last claims before a crash can vanish and be handed out
+//!   again. Use semi-synchronous replication (or Galera/Group Replication) where a double run
+//!   would hurt, and keep the servers' clocks in sync. While the server is unreachable, every
+//!   step fails with [`StoreError::Unavailable`].
+//!
+//! ## The claim, in round trips
+//!
+//! A whole batch (up to [`CLAIM_BATCH_MAX`](solocron_core::CLAIM_BATCH_MAX) requests) is one
+//! transaction of at most 7 round trips, whatever its size: `BEGIN`; one multi-row
+//! `INSERT ... ON DUPLICATE KEY UPDATE token = token` into the fences (creates missing
+//! counters and X-locks every job of the batch, in sorted order); one `UNION ALL` read of the
+//! counters, the batch's existing tick records, the running runs of jobs that must not
+//! overlap and the paused jobs; one multi-row `INSERT IGNORE` of every new run row (its
+//! affected-row count must equal the rows sent, or the transaction is retried); then, only if
+//! some request won, an `UPDATE` of the counters and a read of the new rows' `claimed_at`
+//! (MySQL 8 has no `INSERT ... RETURNING`); `COMMIT`. The outcome of each request is decided
+//! in memory, in request order, from what the locked read returned, so two requests of one
+//! batch see each other exactly as if they had been claimed one after the other. Each
+//! statement is prepared once per connection and shape (sqlx caches it): a batch of a size
+//! a connection has not seen yet costs one more round trip per new statement.
+//!
+//! ## MySQL 8 and MariaDB: what differs, and what this crate does about it
+//!
+//! - **RETURNING**: MariaDB has `INSERT ... RETURNING` (10.5+) and `DELETE ... RETURNING`;
+//!   MySQL 8 has neither. Everything here reads back with a separate `SELECT` inside the same
+//!   transaction, which works on both.
+//! - **The clock**: `NOW(6)` is the *statement's* start time on both (constant for all rows
+//!   of one statement, so every row of a batch insert has the same `claimed_at`, and a
+//!   statement that waited for a row lock judges expiry as of when it started). Both keep
+//!   microseconds; `FLOOR` before the cast because both round a `DECIMAL` cast to `SIGNED`
+//!   (a claim could otherwise be stamped half a millisecond in the future).
+//!   `UNIX_TIMESTAMP(datetime)` reads its argument in the session time zone, hence the
+//!   forced `'+00:00'` (sqlx sets it by default; this crate also overrides a `timezone`
+//!   given in the URL).
+//! - **Isolation and gap locks**: both default to REPEATABLE READ, where `INSERT IGNORE`,
+//!   `ON DUPLICATE KEY UPDATE` and locking reads take next-key (gap) locks, which can block
+//!   or deadlock claims of *different* jobs whose keys are neighbours. This crate runs its
+//!   sessions at READ COMMITTED (only record locks, plus the gap locks of duplicate-key
+//!   checks) unless the server logs statement-based binlogs (`log_bin` on with
+//!   `binlog_format = STATEMENT`), where InnoDB refuses writes at READ COMMITTED. The claim
+//!   is correct at both levels: its reads happen after its fence locks are held, so even at
+//!   REPEATABLE READ the snapshot is taken after every earlier claim of those jobs committed
+//!   (the test suites pass at both levels). The variable is `tx_isolation` on MariaDB 10 and
+//!   `transaction_isolation` on MySQL 8 (and MariaDB 11.1+), so the level is set with `SET
+//!   SESSION TRANSACTION ISOLATION LEVEL`, which both accept.
+//! - **`INSERT IGNORE`** ignores more than duplicate keys: too-long values would be silently
+//!   truncated. Every value it writes is therefore checked first (names of at most 191
+//!   characters without trailing spaces, reasons of at most 65,535 bytes); other statements
+//!   run in strict mode (`STRICT_ALL_TABLES` is added to the session's `sql_mode`).
+//! - **Affected rows**: sqlx connects with `CLIENT_FOUND_ROWS`, so an `UPDATE` reports rows
+//!   *matched* (a renewal within the same millisecond still counts), and a duplicate skipped
+//!   by `INSERT IGNORE` counts 0.
+//! - **Collation and key lengths**: tables are `utf8mb4` with `utf8mb4_bin` (exact,
+//!   case-sensitive names sorted by bytes, as Rust sorts them; MySQL 8's default
+//!   `utf8mb4_0900_ai_ci` and MariaDB's `utf8mb4_general_ci` would merge `Backup` and
+//!   `backup`). `utf8mb4_bin` pads with spaces on both servers (`'a' = 'a '`), hence the
+//!   refusal of trailing spaces. Key columns are `VARCHAR(191)`: 764 bytes, within the
+//!   767-byte index limit of old row formats and the 3072-byte limit of `DYNAMIC`.
+//! - **DDL auto-commits**, so [`Store::migrate`] serializes on `GET_LOCK('<prefix>migrate',
+//!   30)` (named after the prefix only: namesakes in other databases of the same server
+//!   merely take turns) and creates each table with its indexes in one `CREATE TABLE IF NOT
+//!   EXISTS`, writing the version row last.
+//! - **`ON DUPLICATE KEY UPDATE col = VALUES(col)`** is deprecated in MySQL 8.0.20 and the
+//!   replacement (`AS new`) does not exist in MariaDB; upserts here use `INSERT ... SELECT
+//!   ... FROM (derived table) v ON DUPLICATE KEY UPDATE col = v.col` or bind values twice.
+//! - **Stalled clients**: a node stopped (SIGSTOP) inside a transaction keeps its row locks;
+//!   sessions set `wait_timeout = 30`, so the server drops such a connection (rolling back)
+//!   after 30 s, and `innodb_lock_wait_timeout = 3`, so others fail fast meanwhile.
+//! - **Planning big `IN` lists**: a row-constructor `(job, scheduled_at) IN ((?, ?), ...)` of
+//!   1000 pairs takes MariaDB 10.11 about 300 ms to *plan*, even on an empty table; the claim
+//!   looks tick records up as `job IN (...) AND scheduled_at IN (...)` (primary-key ranges,
+//!   planned in microseconds) and filters the superset in memory. Long `OR` chains of ranges
+//!   are slow to plan too.
+//! - **sqlx and `_bin` collations**: the server flags `utf8mb4_bin` columns BINARY, and sqlx
+//!   0.8 then refuses to decode them as `String`; they are read as bytes and checked UTF-8.
+//! - **Unreachable servers**: sqlx's pool retries a refused connection until its acquire
+//!   timeout and then reports only "pool timed out"; [`MySqlStore::connect`] therefore opens
+//!   (and sets up) one connection itself first, so it fails at once with the real cause.
+//! - **Errors**: I/O, TLS, protocol and pool errors, and the server codes 1040 (too many
+//!   connections), 1053 (shutdown), 1927 (connection killed), 2002, 2003, 2006, 2013, 2055
+//!   and 4031 (gone or disconnected) are [`StoreError::Unavailable`]; so are a deadlock
+//!   (1213) or lock wait timeout (1205) still lost after 5 attempts. Everything else
+//!   (including a refused login, 1045) is [`StoreError::Invalid`].
+//! - **Prepared statements** live on the server, which allows `max_prepared_stmt_count`
+//!   (16,382 by default) across all clients; each connection caches at most 32 (8 per pool,
+//!   so 256 per node, about 60 nodes per server at the default). Raise the server setting
+//!   for bigger fleets, or lower the cache with `?statement-cache-capacity=N` in the URL.
+//! - Only MariaDB 10.11 was tested here; the MySQL 8 statements were chosen from its
+//!   documentation (every statement sticks to syntax both servers share).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Store, Tick, Trigger};
+//! use solocron_mysql::{MySqlStore, DEFAULT_TABLE_PREFIX};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MySqlStore::connect("mysql://cron:secret@db.internal:3306/app", DEFAULT_TABLE_PREFIX).await?;
+//! store.migrate().await?;
+//! println!("using {}", store.describe()); // mysql://cron:***@db.internal:3306/app (prefix solocron_)
+//!
+//! let request = ClaimRequest {
+//!     tick: Tick::new("backup", "2026-01-01T00:00:00Z".parse()?),
+//!     trigger: Trigger::Schedule,
+//!     node: "node-a".into(),
+//!     lease: Duration::from_secs(30),
+//!     mode: ClaimMode::Run { skip_if_running: true },
+//! };
+//! match store.claim(&[request]).await?.remove(0) {
+//!     ClaimOutcome::Won(lease) => println!("run it, fencing token {}", lease.fencing_token),
+//!     other => println!("not ours: {other:?}"),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+#![warn(missing_docs)]
+
+mod claim;
+mod control;
+mod error;
+mod methods;
+mod records;
+mod schema;
+mod url;
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use solocron_core::{
+    ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
+    Registration, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
+use sqlx::{Connection, Executor};
+
+use crate::error::Failure;
+
+/// The table prefix callers use unless configured otherwise.
+pub const DEFAULT_TABLE_PREFIX: &str = "solocron_";
+
+/// Connections per store: claims, renewals and scans of one node rarely overlap more.
+const POOL_MAX: u32 = 8;
+
+/// How long a step waits for a connection (including opening one): the engine's 5 s
+/// store-call timeout, so a server that does not answer surfaces as "unavailable".
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Idle connections are closed by the pool after this, before the server's `wait_timeout`
+/// (set per session, below) would drop them under its feet.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A connection idle longer than this is pinged before use (a server restart leaves idle
+/// connections dead); busier ones are not, which would double every step's round trips.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(10);
+
+/// Connections are replaced after this, so that after a failover behind a stable name they
+/// all end up on the new primary even if none broke.
+const MAX_LIFETIME: Duration = Duration::from_secs(1800);
+
+/// Session settings of every connection. `wait_timeout`: a client stalled inside a
+/// transaction (SIGSTOP) loses its connection, and so its locks, after 30 s.
+/// `innodb_lock_wait_timeout`: our transactions hold locks for milliseconds, so a 3 s wait
+/// means a stalled holder; fail (and retry) well within the engine's 5 s call timeout.
+const SESSION_SETUP: &str = "SET SESSION sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES'), \
+     SESSION wait_timeout = 30, SESSION innodb_lock_wait_timeout = 3";
+
+/// A [`Store`] in a MySQL or MariaDB database.
+///
+/// Cheap to clone (clones share one connection pool). Separate instances, in one process or
+/// on many hosts, coordinate through the database.
+///
+/// # Panics
+///
+/// [`Store::finish`] panics if given a `RunEnd` whose state is `running`: that is a bug in
+/// the caller, not a condition of the store.
+#[derive(Clone)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    prefix: String,
+    description: String,
+}
+
+impl fmt::Debug for MySqlStore {
+    // Not derived: the pool's options hold the password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlStore").field("store", &self.description).finish()
+    }
+}
+
+impl MySqlStore {
+    /// Connects to `url` (`mysql://user[:password]@host:port/database`, or `mariadb://`; the
+    /// query parameters of sqlx such as `ssl-mode` apply) with tables named
+    /// `{table_prefix}runs`, ... (`table_prefix` must match `^[a-z_][a-z0-9_]{0,40}$`; most
+    /// callers pass [`DEFAULT_TABLE_PREFIX`]). Opens one connection to check the server
+    /// answers; does not create the schema: call [`Store::migrate`].
+    ///
+    /// Fails with [`StoreError::Invalid`] for a bad URL or prefix (and for a server that
+    /// refuses the login), and with [`StoreError::Unavailable`] if the server cannot be
+    /// reached within 5 s. No error or log line ever shows the password.
+    pub async fn connect(url: &str, table_prefix: &str) -> Result<MySqlStore, StoreError> {
+        url::validate_prefix(table_prefix)?;
+        let options = url::parse(url)?;
+        let description = format!("{} (prefix {table_prefix})", url::describe(url, &options));
+        probe(&options).await.map_err(|f| f.into_store(&format!("cannot connect to {description}")))?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(POOL_MAX)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .idle_timeout(IDLE_TIMEOUT)
+            .max_lifetime(MAX_LIFETIME)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > PING_AFTER_IDLE {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .after_connect(|conn, _| Box::pin(setup_session(conn)))
+            .connect_lazy_with(options);
+        Ok(MySqlStore { pool, prefix: table_prefix.to_owned(), description })
+    }
+
+    /// The table prefix this store uses.
+    pub fn table_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Closes the pool's connections, waiting for steps under way to finish. Dropping the
+    /// last clone closes them too, less politely.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// `template` with this store's prefix and the server clock filled in.
+    fn sql(&self, template: &str) -> String {
+        schema::fill(template, &self.prefix)
+    }
+}
+
+/// Opens and sets up one connection, to report at once why the server cannot be used: the
+/// pool would retry a refused connection until its timeout and then only say it timed out.
+async fn probe(options: &MySqlConnectOptions) -> Result<(), Failure> {
+    let attempt = async {
+        let mut conn = MySqlConnection::connect_with(options).await?;
+        setup_session(&mut conn).await?;
+        conn.close().await
+    };
+    match tokio::time::timeout(ACQUIRE_TIMEOUT, attempt).await {
+        Ok(outcome) => Ok(outcome?),
+        Err(_) => Err(Failure::Store(StoreError::Unavailable(format!("no answer within {ACQUIRE_TIMEOUT:?}")))),
+    }
+}
+
+/// Settings every connection gets before its first use (see [`SESSION_SETUP`]), and READ
+/// COMMITTED where the server allows it (see the crate docs on isolation).
+async fn setup_session(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+    conn.execute(SESSION_SETUP).await?;
+    let (log_bin, format): (i64, String) =
+        sqlx::query_as("SELECT CAST(@@log_bin AS SIGNED), CAST(@@binlog_format AS CHAR)").fetch_one(&mut *conn).await?;
+    if log_bin == 0 || !format.eq_ignore_ascii_case("STATEMENT") {
+        conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Store for MySqlStore {
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        schema::migrate(self).await
+    }
+
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        claim::claim(self, requests).await
+    }
+
+    async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
+        methods::renew(self, lease, length).await
+    }
+
+    async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
+        methods::finish(self, lease, end).await
+    }
+
+    async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        methods::expired(self, limit).await
+    }
+
+    async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
+        methods::recover(self, run, action).await
+    }
+
+    async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
+        methods::history(self, query).await
+    }
+
+    async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        methods::now(self).await
+    }
+
+    async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
+        control::register(self, node, jobs).await
+    }
+
+    async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
+        control::registrations(self).await
+    }
+
+    async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
+        control::set_paused(self, job, paused, by, reason).await
+    }
+
+    async fn controls(&self) -> Result<Vec<JobControl>, StoreError> {
+        control::controls(self).await
+    }
+
+    async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError> {
+        control::request_run(self, job, by).await
+    }
+
+    async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
+        control::pending_requests(self, limit).await
+    }
+
+    async fn unlock(&self, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+        methods::unlock(self, job, reason).await
+    }
+
+    async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
+        methods::prune(self, older_than, batch).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The test server's URL (see the integration tests).
+    fn test_url() -> String {
+        std::env::var("SOLOCRON_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    }
+
+    /// A store on the test server, or `None` (skip; a failure under CI) if unreachable.
+    async fn test_store(url: &str) -> Option<MySqlStore> {
+        match MySqlStore::connect(url, DEFAULT_TABLE_PREFIX).await {
+            Ok(store) => Some(store),
+            Err(e) => solocron_conformance::server_unreachable("MariaDB", &e.to_string()),
+        }
+    }
+
+    /// The session settings every statement relies on.
+    #[tokio::test]
+    async fn sessions_are_utc_strict_and_read_committed() {
+        // A time zone in the URL must not win over UTC.
+        let url = test_url();
+        let url = format!("{url}{}timezone=%2B02:00", if url.contains('?') { '&' } else { '?' });
+        let Some(store) = test_store(&url).await else { return };
+        let (zone, mode, lock_wait): (String, String, i64) = sqlx::query_as(
+            "SELECT CAST(@@session.time_zone AS CHAR), CAST(@@session.sql_mode AS CHAR),
+                    CAST(@@session.innodb_lock_wait_timeout AS SIGNED)",
+        )
+        .fetch_one(&store.pool)
+        .await
+        .expect("session variables");
+        assert_eq!((zone.as_str(), lock_wait), ("+00:00", 3));
+        assert!(mode.contains("STRICT_ALL_TABLES"), "{mode}");
+        // MySQL 8 and MariaDB 11.1+ call it transaction_isolation; MariaDB 10 tx_isolation.
+        let isolation = match sqlx::query_scalar::<_, String>("SELECT CAST(@@session.transaction_isolation AS CHAR)")
+            .fetch_one(&store.pool)
+            .await
+        {
+            Ok(level) => level,
+            Err(_) => sqlx::query_scalar("SELECT CAST(@@session.tx_isolation AS CHAR)")
+                .fetch_one(&store.pool)
+                .await
+                .expect("tx_isolation"),
+        };
+        assert_eq!(isolation, "READ-COMMITTED");
+        let server_ms: i64 = sqlx::query_scalar(&store.sql("SELECT NOW_MS")).fetch_one(&store.pool).await.unwrap();
+        assert!((server_ms - Utc::now().timestamp_millis()).abs() < 5_000, "the server clock in UTC: {server_ms}");
+        store.close().await;
+    }
+
+    /// A connection the server drops (restart, failover, KILL) fails at most one step, as
+    /// `Unavailable` (never `Invalid`); the next step gets a new connection. (The pool may
+    /// also notice the dead socket first and reconnect at once: then no step fails.)
+    #[tokio::test]
+    async fn a_killed_connection_is_unavailable_once_then_replaced() {
+        let Some(store) = test_store(&test_url()).await else { return };
+        let id: i64 =
+            sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)").fetch_one(&store.pool).await.expect("id");
+        assert_eq!(store.pool.size(), 1, "one pooled connection: the one to kill");
+        let mut admin = MySqlConnection::connect_with(&url::parse(&test_url()).unwrap()).await.expect("connect");
+        sqlx::query(&format!("KILL CONNECTION {id}")).execute(&mut admin).await.expect("kill");
+        admin.close().await.expect("close");
+        if let Err(err) = store.now().await {
+            assert!(
+                matches!(err, StoreError::Unavailable(_)),
+                "a dropped connection is unavailable, not invalid: {err}"
+            );
+        }
+        store.now().await.expect("a new connection");
+        store.close().await;
+    }
+}

@@ -1,0 +1,325 @@
+//! Leases and run records: renew, finish, expiry, recovery, history, unlock and pruning.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use solocron_core::{
+    output_tail, HistoryQuery, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, StoreError, Trigger,
+    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+};
+use sqlx::{MySql, MySqlConnection, QueryBuilder};
+
+use crate::error::{invalid, retrying, Failure};
+use crate::records::{check_name, get, instant, millis, record, token, token_param, COLUMNS};
+use crate::MySqlStore;
+
+/// Extends a live lease held by its owner; one `UPDATE`, judged by the server's clock.
+pub(crate) async fn renew(store: &MySqlStore, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
+    let length = millis(length).map_err(|f| f.into_store("cannot renew"))?;
+    let sql = store.sql(
+        "UPDATE {p}runs SET lease_until = NOW_MS + ?
+         WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ?
+           AND state = 'running' AND lease_until > NOW_MS",
+    );
+    retrying("cannot renew", || async {
+        // Rows *matched* (sqlx sets CLIENT_FOUND_ROWS): a renewal that lands in the same
+        // millisecond as the previous one changes nothing but still holds.
+        let matched = sqlx::query(&sql)
+            .bind(length)
+            .bind(&lease.run.tick.job)
+            .bind(lease.run.tick.scheduled_at.timestamp_millis())
+            .bind(i64::from(lease.run.attempt))
+            .bind(&lease.owner)
+            .bind(token_param(lease.fencing_token)?)
+            .execute(&store.pool)
+            .await?
+            .rows_affected();
+        Ok(matched == 1)
+    })
+    .await
+}
+
+/// Records a held run's end; one `UPDATE` with no expiry check, so a run whose lease lapsed
+/// but that nobody recovered yet still records its true end.
+pub(crate) async fn finish(store: &MySqlStore, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
+    assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
+    let started_after = end.started_after.map(millis).transpose().map_err(|f| f.into_store("cannot finish"))?;
+    // `claimed_at + NULL` is NULL: never started.
+    let sql = store.sql(
+        "UPDATE {p}runs SET state = ?, reason = ?, exit_code = ?, output = ?, finished_at = NOW_MS,
+             lease_until = NULL, started_at = claimed_at + ?
+         WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ? AND state = 'running'",
+    );
+    retrying("cannot finish", || async {
+        let matched = sqlx::query(&sql)
+            .bind(end.state.as_str())
+            .bind(end.reason.as_deref())
+            .bind(end.exit_code)
+            .bind(output_tail(&end.output))
+            .bind(started_after)
+            .bind(&lease.run.tick.job)
+            .bind(lease.run.tick.scheduled_at.timestamp_millis())
+            .bind(i64::from(lease.run.attempt))
+            .bind(&lease.owner)
+            .bind(token_param(lease.fencing_token)?)
+            .execute(&store.pool)
+            .await?
+            .rows_affected();
+        Ok(matched == 1)
+    })
+    .await
+}
+
+/// Running runs whose lease expired, oldest expiry first.
+pub(crate) async fn expired(store: &MySqlStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+    let sql = store.sql(&format!(
+        "SELECT {COLUMNS} FROM {{p}}runs WHERE state = 'running' AND lease_until < NOW_MS ORDER BY lease_until LIMIT ?"
+    ));
+    let rows = sqlx::query(&sql)
+        .bind(limit.min(RECORDS_PAGE_MAX) as i64)
+        .fetch_all(&store.pool)
+        .await
+        .map_err(|e| Failure::from(e).into_store("cannot list expired runs"))?;
+    // A row this version cannot read (written by a newer one, say) must not stop the
+    // recovery of every other run.
+    Ok(rows
+        .iter()
+        .filter_map(|row| {
+            record(row)
+                .map_err(|f| tracing::error!(error = %f.into_store("unreadable run"), "skipping an expired run"))
+                .ok()
+        })
+        .collect())
+}
+
+/// Ends an expired run, or retries it as its next attempt; only one caller can succeed.
+pub(crate) async fn recover(
+    store: &MySqlStore,
+    run: &RunId,
+    action: &RecoverAction,
+) -> Result<RecoverOutcome, StoreError> {
+    let outcome = match action {
+        RecoverAction::Abandon { reason } => retrying("cannot recover", || abandon(store, run, reason)).await?,
+        RecoverAction::Retry { node, lease } => {
+            check_name("node", node).map_err(|f| f.into_store("cannot recover"))?;
+            retrying("cannot recover", || retry(store, run, node, *lease)).await?
+        }
+    };
+    if outcome != RecoverOutcome::NotNeeded {
+        tracing::debug!(%run, ?outcome, "expired run recovered");
+    }
+    Ok(outcome)
+}
+
+/// One `UPDATE` (which row-locks the run): `abandoned` if still running and expired.
+async fn abandon(store: &MySqlStore, run: &RunId, reason: &str) -> Result<RecoverOutcome, Failure> {
+    let changed = sqlx::query(&store.sql(
+        "UPDATE {p}runs SET state = 'abandoned', reason = ?, finished_at = NOW_MS, lease_until = NULL
+         WHERE job = ? AND scheduled_at = ? AND attempt = ? AND state = 'running' AND lease_until < NOW_MS",
+    ))
+    .bind(reason)
+    .bind(&run.tick.job)
+    .bind(run.tick.scheduled_at.timestamp_millis())
+    .bind(i64::from(run.attempt))
+    .execute(&store.pool)
+    .await?
+    .rows_affected();
+    Ok(if changed == 1 { RecoverOutcome::Abandoned } else { RecoverOutcome::NotNeeded })
+}
+
+/// One transaction: lock the job's fence (as claims do, so a retry and a claim of the job
+/// never interleave), then the run; if it is running and expired, end it as `lost` and
+/// start its next attempt for `node` with the job's next token.
+async fn retry(store: &MySqlStore, run: &RunId, node: &str, lease: Duration) -> Result<RecoverOutcome, Failure> {
+    let next = run.attempt.checked_add(1).ok_or_else(|| invalid(format!("run {run} has no next attempt")))?;
+    let mut tx = store.pool.begin().await?;
+    let Some(counter) = lock_expired(store, &mut tx, run).await? else {
+        tx.rollback().await?;
+        return Ok(RecoverOutcome::NotNeeded);
+    };
+    let reason = format!("lease expired; retried as attempt {next} by {node}");
+    sqlx::query(&store.sql(
+        "UPDATE {p}runs SET state = 'lost', reason = ?, finished_at = NOW_MS, lease_until = NULL
+         WHERE job = ? AND scheduled_at = ? AND attempt = ?",
+    ))
+    .bind(&reason)
+    .bind(&run.tick.job)
+    .bind(run.tick.scheduled_at.timestamp_millis())
+    .bind(i64::from(run.attempt))
+    .execute(&mut *tx)
+    .await?;
+    let id = RunId { tick: run.tick.clone(), attempt: next };
+    let Some(lease) = start_attempt(store, &mut tx, &id, node, lease, counter + 1).await? else {
+        // The next attempt exists already: leave the run as it was rather than leave a
+        // tick with no running attempt.
+        tx.rollback().await?;
+        return Ok(RecoverOutcome::NotNeeded);
+    };
+    tx.commit().await?;
+    Ok(RecoverOutcome::Retried(lease))
+}
+
+/// Locks the fence of `run`'s job and then `run` itself; the job's counter if the run is
+/// running with an expired lease (server clock), else `None`.
+async fn lock_expired(store: &MySqlStore, conn: &mut MySqlConnection, run: &RunId) -> Result<Option<u64>, Failure> {
+    sqlx::query(&store.sql("INSERT INTO {p}fences (job, token) VALUES (?, 0) ON DUPLICATE KEY UPDATE token = token"))
+        .bind(&run.tick.job)
+        .execute(&mut *conn)
+        .await?;
+    let row = sqlx::query(&store.sql(
+        "SELECT f.token AS counter, CAST(r.state = 'running' AND r.lease_until < NOW_MS AS SIGNED) AS expired
+         FROM {p}runs r JOIN {p}fences f ON f.job = r.job
+         WHERE r.job = ? AND r.scheduled_at = ? AND r.attempt = ? FOR UPDATE",
+    ))
+    .bind(&run.tick.job)
+    .bind(run.tick.scheduled_at.timestamp_millis())
+    .bind(i64::from(run.attempt))
+    .fetch_optional(conn)
+    .await?;
+    match row {
+        Some(row) if get::<Option<i64>>(&row, "expired")? == Some(1) => Ok(Some(token(get(&row, "counter")?)?)),
+        _ => Ok(None),
+    }
+}
+
+/// Inserts `id` as `running` for `node` with `token`, and stores `token` as the job's
+/// counter (the caller holds the fence lock); the lease, or `None` if `id` exists.
+async fn start_attempt(
+    store: &MySqlStore,
+    conn: &mut MySqlConnection,
+    id: &RunId,
+    node: &str,
+    lease: Duration,
+    token: u64,
+) -> Result<Option<Lease>, Failure> {
+    let (job, at, attempt) = (&id.tick.job, id.tick.scheduled_at.timestamp_millis(), i64::from(id.attempt));
+    let inserted = sqlx::query(&store.sql(
+        "INSERT IGNORE INTO {p}runs (job, scheduled_at, attempt, `trigger`, node, token, state, claimed_at,
+             lease_until, output)
+         VALUES (?, ?, ?, ?, ?, ?, 'running', NOW_MS, NOW_MS + ?, '')",
+    ))
+    .bind(job)
+    .bind(at)
+    .bind(attempt)
+    .bind(Trigger::Retry.as_str())
+    .bind(node)
+    .bind(token_param(token)?)
+    .bind(millis(lease)?)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if inserted != 1 {
+        return Ok(None);
+    }
+    sqlx::query(&store.sql("UPDATE {p}fences SET token = ? WHERE job = ?"))
+        .bind(token_param(token)?)
+        .bind(job)
+        .execute(&mut *conn)
+        .await?;
+    let row = sqlx::query(
+        &store.sql("SELECT claimed_at, lease_until FROM {p}runs WHERE job = ? AND scheduled_at = ? AND attempt = ?"),
+    )
+    .bind(job)
+    .bind(at)
+    .bind(attempt)
+    .fetch_one(conn)
+    .await?;
+    Ok(Some(Lease {
+        run: id.clone(),
+        owner: node.to_owned(),
+        fencing_token: token,
+        claimed_at: instant(get(&row, "claimed_at")?)?,
+        lease_until: instant(get(&row, "lease_until")?)?,
+    }))
+}
+
+/// Run records, newest first, filtered.
+pub(crate) async fn history(store: &MySqlStore, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
+    let mut sql = QueryBuilder::<MySql>::new(store.sql(&format!("SELECT {COLUMNS} FROM {{p}}runs WHERE 1 = 1")));
+    solocron_sql::push_history_filters(&mut sql, query);
+    let context = "cannot read history";
+    let rows = sql.build().fetch_all(&store.pool).await.map_err(|e| Failure::from(e).into_store(context))?;
+    rows.iter().map(|row| record(row).map_err(|f| f.into_store(context))).collect()
+}
+
+/// The server's clock.
+pub(crate) async fn now(store: &MySqlStore) -> Result<DateTime<Utc>, StoreError> {
+    let context = "cannot read the server clock";
+    let ms: i64 = sqlx::query_scalar(&store.sql("SELECT NOW_MS"))
+        .fetch_one(&store.pool)
+        .await
+        .map_err(|e| Failure::from(e).into_store(context))?;
+    instant(ms).map_err(|f| f.into_store(context))
+}
+
+/// Ends every running run of `job` as `abandoned`; their identities.
+pub(crate) async fn unlock(store: &MySqlStore, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+    check_name("job", job).map_err(|f| f.into_store("cannot unlock"))?;
+    let runs = retrying("cannot unlock", || unlock_once(store, job, reason)).await?;
+    if !runs.is_empty() {
+        tracing::info!(job, count = runs.len(), reason, "running runs unlocked");
+    }
+    Ok(runs)
+}
+
+/// One transaction: the job's fence lock (no claim of the job can add a running run until
+/// it commits), the running rows locked and listed, then ended.
+async fn unlock_once(store: &MySqlStore, job: &str, reason: &str) -> Result<Vec<RunId>, Failure> {
+    let mut tx = store.pool.begin().await?;
+    sqlx::query(&store.sql("INSERT INTO {p}fences (job, token) VALUES (?, 0) ON DUPLICATE KEY UPDATE token = token"))
+        .bind(job)
+        .execute(&mut *tx)
+        .await?;
+    let rows = sqlx::query(&store.sql(
+        "SELECT job, scheduled_at, attempt FROM {p}runs WHERE job = ? AND state = 'running'
+         ORDER BY scheduled_at, attempt FOR UPDATE",
+    ))
+    .bind(job)
+    .fetch_all(&mut *tx)
+    .await?;
+    let runs = rows.iter().map(crate::records::run_id).collect::<Result<Vec<_>, _>>()?;
+    if runs.is_empty() {
+        tx.rollback().await?;
+        return Ok(runs);
+    }
+    let ended = sqlx::query(&store.sql(
+        "UPDATE {p}runs SET state = 'abandoned', reason = ?, finished_at = NOW_MS, lease_until = NULL
+         WHERE job = ? AND state = 'running'",
+    ))
+    .bind(reason)
+    .bind(job)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if ended != runs.len() as u64 {
+        return Err(Failure::Conflict(format!("{} running runs listed, {ended} ended", runs.len())));
+    }
+    tx.commit().await?;
+    Ok(runs)
+}
+
+/// Deletes at most `batch` ended records older than the cutoff, oldest first, and the run
+/// requests as old; one transaction.
+pub(crate) async fn prune(store: &MySqlStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
+    let older_than = millis(older_than).map_err(|f| f.into_store("cannot prune"))?;
+    let batch = batch.min(PRUNE_BATCH_MAX) as i64;
+    retrying("cannot prune", || async {
+        let mut tx = store.pool.begin().await?;
+        let deleted = sqlx::query(&store.sql(
+            "DELETE FROM {p}runs WHERE state <> 'running' AND scheduled_at < NOW_MS - ?
+             ORDER BY scheduled_at, attempt LIMIT ?",
+        ))
+        .bind(older_than)
+        .bind(batch)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        sqlx::query(&store.sql("DELETE FROM {p}requests WHERE requested_at < NOW_MS - ?"))
+            .bind(older_than)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(deleted)
+    })
+    .await
+}

@@ -1,0 +1,360 @@
+//! MySQL-specific checks beyond the conformance suite: races between separate pools (as
+//! separate processes hold), a full-size batch, the overlap race under READ COMMITTED,
+//! the basics of every method, concurrent migrations, and what errors and descriptions
+//! show. Skips when the server is unreachable, unless `CI` is set.
+
+mod support;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use solocron_core::{
+    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, Lease, RecoverAction, RecoverOutcome, RunEnd, RunState, Store,
+    StoreError, Tick, Trigger, CLAIM_BATCH_MAX,
+};
+use solocron_mysql::MySqlStore;
+use tokio::sync::Barrier;
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// A scheduled tick of `job` at minute `minute` of 2020-01-01 (a whole second).
+fn tick(job: &str, minute: u32) -> Tick {
+    Tick::new(job, DateTime::from_timestamp(1_577_836_800 + i64::from(minute) * 60, 0).expect("in range"))
+}
+
+/// A scheduled claim to run `tick`.
+fn run(tick: Tick, node: &str, lease: Duration, skip_if_running: bool) -> ClaimRequest {
+    ClaimRequest {
+        tick,
+        trigger: Trigger::Schedule,
+        node: node.into(),
+        lease,
+        mode: ClaimMode::Run { skip_if_running },
+    }
+}
+
+/// The lease of a lone claim that must be won.
+async fn won(store: &MySqlStore, request: ClaimRequest) -> Lease {
+    match store.claim(&[request]).await.expect("claim").remove(0) {
+        ClaimOutcome::Won(lease) => lease,
+        other => panic!("expected Won, got {other:?}"),
+    }
+}
+
+fn succeeded() -> RunEnd {
+    RunEnd { state: RunState::Succeeded, reason: None, exit_code: Some(0), output: "ok".into(), started_after: None }
+}
+
+/// Runs `op` on every store at once (separate tasks released by a barrier).
+async fn race<T, F, Fut>(stores: &[Arc<MySqlStore>], op: F) -> Vec<T>
+where
+    F: Fn(usize, Arc<MySqlStore>) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(stores.len()));
+    let tasks: Vec<_> = stores
+        .iter()
+        .enumerate()
+        .map(|(i, store)| {
+            let (barrier, op) = (barrier.clone(), op(i, store.clone()));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                op.await
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.expect("a racing task panicked"));
+    }
+    results
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_pools_racing_for_one_tick_yield_exactly_one_winner() {
+    let Some(ns) = support::namespace().await else { return };
+    let stores = ns.stores(8).await;
+    let started = Instant::now();
+    for minute in 0..10 {
+        let outcomes = race(&stores, |i, store| async move {
+            store.claim(&[run(tick("backup", minute), &format!("node-{i}"), LONG, false)]).await.expect("claim")
+        })
+        .await
+        .concat();
+        let wins = outcomes.iter().filter(|o| matches!(o, ClaimOutcome::Won(_))).count();
+        let taken = outcomes.iter().filter(|o| **o == ClaimOutcome::Taken).count();
+        assert_eq!((wins, taken), (1, 7), "tick {minute}: {outcomes:?}");
+    }
+    eprintln!("10 rounds of 8 racing claims: {:?}", started.elapsed());
+    let records = stores[0].history(&HistoryQuery::default()).await.expect("history");
+    let tokens: Vec<u64> = records.iter().rev().map(|r| r.fencing_token.expect("a token")).collect();
+    assert_eq!(tokens, (1..=10).collect::<Vec<_>>(), "one token per won tick, in order");
+}
+
+/// 1000 requests: ten ticks of each of 100 jobs, the jobs interleaved.
+fn big_batch(skip_if_running: bool) -> Vec<ClaimRequest> {
+    let mut batch = Vec::new();
+    for minute in 0..10 {
+        for job in 0..100 {
+            batch.push(run(tick(&format!("job-{job:03}"), minute), "a", LONG, skip_if_running));
+        }
+    }
+    assert_eq!(batch.len(), CLAIM_BATCH_MAX);
+    batch
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_of_1000_ticks_over_100_jobs_is_won_in_one_call_with_increasing_tokens() {
+    let Some(ns) = support::namespace().await else { return };
+    let store = &ns.stores(1).await[0];
+    let batch = big_batch(false);
+    let started = Instant::now();
+    let outcomes = store.claim(&batch).await.expect("claim");
+    eprintln!("1000 new ticks in one claim: {:?}", started.elapsed());
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    for (request, outcome) in batch.iter().zip(&outcomes) {
+        let ClaimOutcome::Won(lease) = outcome else { panic!("expected Won for {:?}, got {outcome:?}", request.tick) };
+        assert_eq!(lease.run.tick, request.tick, "outcomes in request order");
+        let previous = last.insert(&request.tick.job, lease.fencing_token).unwrap_or(0);
+        assert_eq!(lease.fencing_token, previous + 1, "tokens increase per job: {lease:?}");
+        assert_eq!(lease.lease_until - lease.claimed_at, chrono::Duration::seconds(60));
+    }
+    let started = Instant::now();
+    let again = store.claim(&batch).await.expect("claim");
+    eprintln!("1000 taken ticks in one claim: {:?}", started.elapsed());
+    assert_eq!(again, vec![ClaimOutcome::Taken; batch.len()]);
+    assert_eq!(store.history(&HistoryQuery::default()).await.expect("history").len(), 1000);
+
+    // The same shape with overlap checks, on fresh ticks: the first of each job wins, the
+    // other nine see it (or the one already running) and skip.
+    let overlapping: Vec<ClaimRequest> = big_batch(true)
+        .into_iter()
+        .map(|mut r| {
+            r.tick = Tick::new(r.tick.job.clone(), r.tick.scheduled_at + chrono::Duration::hours(1));
+            r
+        })
+        .collect();
+    let outcomes = store.claim(&overlapping).await.expect("claim");
+    assert!(outcomes.iter().all(|o| matches!(o, ClaimOutcome::Skipped { reason } if reason.starts_with("overlap: "))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_nodes_claiming_different_ticks_of_one_job_never_both_run_it() {
+    let Some(ns) = support::namespace().await else { return };
+    let stores = ns.stores(2).await;
+    for round in 0..20 {
+        let outcomes = race(&stores, |i, store| async move {
+            let request = run(tick("backup", 2 * round + i as u32), &format!("node-{i}"), LONG, true);
+            store.claim(&[request]).await.expect("claim").remove(0)
+        })
+        .await;
+        let winners: Vec<&Lease> =
+            outcomes.iter().filter_map(|o| if let ClaimOutcome::Won(l) = o { Some(l) } else { None }).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {outcomes:?}");
+        let skipped = outcomes.iter().find(|o| !matches!(o, ClaimOutcome::Won(_))).expect("a loser");
+        let reason = format!("overlap: previous run {} still running", winners[0].run);
+        assert_eq!(*skipped, ClaimOutcome::Skipped { reason }, "round {round}");
+        assert!(stores[0].finish(winners[0], &succeeded()).await.expect("finish"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renew_and_finish_hold_only_for_the_owner_while_running() {
+    let Some(ns) = support::namespace().await else { return };
+    let store = &ns.stores(1).await[0];
+    let lease = won(store, run(tick("backup", 0), "a", LONG, false)).await;
+    assert!(store.renew(&lease, LONG).await.expect("renew"));
+    // Twice in a row, likely within one millisecond: the row matches though unchanged.
+    assert!(store.renew(&lease, LONG).await.expect("renew"));
+    let stale = Lease { fencing_token: lease.fencing_token + 1, ..lease.clone() };
+    assert!(!store.renew(&stale, LONG).await.expect("renew"));
+    assert!(!store.finish(&stale, &succeeded()).await.expect("finish"));
+    let end = RunEnd { started_after: Some(Duration::from_millis(40)), ..succeeded() };
+    assert!(store.finish(&lease, &end).await.expect("finish"));
+    assert!(!store.finish(&lease, &end).await.expect("finish"), "the first end stands");
+    assert!(!store.renew(&lease, LONG).await.expect("renew"));
+    let record = &store.history(&HistoryQuery::default()).await.expect("history")[0];
+    assert_eq!((record.state, record.output.as_str(), record.lease_until), (RunState::Succeeded, "ok", None));
+    assert_eq!(record.started_at, Some(lease.claimed_at + chrono::Duration::milliseconds(40)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_run_is_recovered_once_with_a_larger_token() {
+    let Some(ns) = support::namespace().await else { return };
+    let stores = ns.stores(4).await;
+    let lease = won(&stores[0], run(tick("backup", 0), "a", Duration::from_millis(200), false)).await;
+    let retry = RecoverAction::Retry { node: "b".into(), lease: LONG };
+    assert_eq!(stores[1].recover(&lease.run, &retry).await.expect("recover"), RecoverOutcome::NotNeeded);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let expired = stores[1].expired(10).await.expect("expired");
+    assert_eq!(expired.iter().map(|r| &r.id).collect::<Vec<_>>(), [&lease.run]);
+    let outcomes = race(&stores, |_, store| {
+        let (run, retry) = (lease.run.clone(), retry.clone());
+        async move { store.recover(&run, &retry).await.expect("recover") }
+    })
+    .await;
+    let retried: Vec<&Lease> =
+        outcomes.iter().filter_map(|o| if let RecoverOutcome::Retried(l) = o { Some(l) } else { None }).collect();
+    assert_eq!(retried.len(), 1, "{outcomes:?}");
+    assert!(retried[0].fencing_token > lease.fencing_token);
+    assert_eq!((retried[0].run.attempt, retried[0].owner.as_str()), (2, "b"));
+    assert!(!stores[0].renew(&lease, LONG).await.expect("renew"), "the old owner is fenced out");
+    let next = won(&stores[2], run(tick("backup", 1), "c", LONG, false)).await;
+    assert!(next.fencing_token > retried[0].fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unlock_pause_and_manual_requests() {
+    let Some(ns) = support::namespace().await else { return };
+    let store = &ns.stores(1).await[0];
+    let a = won(store, run(tick("backup", 0), "a", LONG, false)).await;
+    let b = won(store, run(tick("backup", 1), "b", LONG, false)).await;
+    let mut unlocked = store.unlock("backup", "unlocked by ops").await.expect("unlock");
+    unlocked.sort();
+    assert_eq!(unlocked, [a.run.clone(), b.run.clone()]);
+    assert!(!store.renew(&a, LONG).await.expect("renew"));
+    assert!(store.unlock("backup", "again").await.expect("unlock").is_empty());
+
+    store.set_paused("backup", true, "ops", Some("maintenance")).await.expect("pause");
+    let paused = ClaimOutcome::Skipped { reason: "paused by ops: maintenance".into() };
+    assert_eq!(store.claim(&[run(tick("backup", 2), "a", LONG, true)]).await.expect("claim"), [paused]);
+    let requested = store.request_run("backup", "alice").await.expect("request_run");
+    assert_ne!(requested.scheduled_at.timestamp_subsec_millis(), 0, "off the whole second");
+    let pending = store.pending_requests(10).await.expect("pending");
+    assert_eq!((&pending[0].tick, pending[0].requested_by.as_str()), (&requested, "alice"));
+    let manual = ClaimRequest { trigger: Trigger::Manual, ..run(requested, "a", LONG, true) };
+    assert!(matches!(store.claim(&[manual]).await.expect("claim")[0], ClaimOutcome::Won(_)), "manual runs go");
+    assert!(store.pending_requests(10).await.expect("pending").is_empty());
+    let controls = store.controls().await.expect("controls");
+    assert_eq!((controls.len(), controls[0].paused, controls[0].reason.as_deref()), (1, true, Some("maintenance")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prune_deletes_old_ended_records_oldest_first_never_running_ones() {
+    let Some(ns) = support::namespace().await else { return };
+    let store = &ns.stores(1).await[0];
+    for minute in 0..5 {
+        let lease = won(store, run(tick("report", minute), "a", LONG, false)).await;
+        assert!(store.finish(&lease, &succeeded()).await.expect("finish"));
+    }
+    won(store, run(tick("stuck", 0), "a", LONG, false)).await;
+    let hour = Duration::from_secs(3600);
+    assert_eq!(store.prune(hour, 3).await.expect("prune"), 3);
+    let left: Vec<String> =
+        store.history(&HistoryQuery::default()).await.expect("history").iter().map(|r| r.id.to_string()).collect();
+    assert_eq!(
+        left,
+        ["report@2020-01-01T00:04:00.000Z#1", "report@2020-01-01T00:03:00.000Z#1", "stuck@2020-01-01T00:00:00.000Z#1"]
+    );
+    assert_eq!(store.prune(hour, 100).await.expect("prune"), 2);
+    assert_eq!(store.prune(hour, 100).await.expect("prune"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_pools_migrating_an_empty_prefix_at_once_all_succeed() {
+    let Some(ns) = support::namespace().await else { return };
+    let mut stores = Vec::new();
+    for _ in 0..10 {
+        stores.push(Arc::new(ns.store().await));
+    }
+    let started = Instant::now();
+    let results = race(&stores, |_, store| async move { store.migrate().await }).await;
+    eprintln!("10 concurrent migrations: {:?}", started.elapsed());
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    won(&stores[3], run(tick("backup", 0), "a", LONG, false)).await;
+    stores[0].migrate().await.expect("migrating again is a no-op");
+    assert_eq!(stores[9].history(&HistoryQuery::default()).await.expect("history").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn descriptions_and_errors_never_show_the_password() {
+    let Some(ns) = support::namespace().await else { return };
+    let url = support::url();
+    let store = ns.store().await;
+    let expected = format!("{} (prefix {})", url.split('?').next().unwrap_or(&url), ns.prefix);
+    assert_eq!(store.describe(), expected);
+    assert!(!format!("{store:?}").contains("password"));
+
+    // The test account has no such password: the login is refused, which is not a
+    // transient condition.
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let (user, host) = rest.split_once('@').expect("a user");
+    let user = user.split(':').next().unwrap_or(user);
+    let with_password = format!("{scheme}://{user}:hunter2-secret@{host}");
+    let err = MySqlStore::connect(&with_password, "solocron_").await.expect_err("a wrong password");
+    assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+    assert!(err.to_string().contains(":***@"), "{err}");
+
+    let err = MySqlStore::connect("mysql://u:hunter2@127.0.0.1:1/test", "solocron_").await.expect_err("no server");
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+    let err = MySqlStore::connect("mysql://u:hunter2@127.0.0.1:1/test", "Bad-Prefix").await.expect_err("bad prefix");
+    assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn names_insert_ignore_would_truncate_are_refused() {
+    let Some(ns) = support::namespace().await else { return };
+    let store = &ns.stores(1).await[0];
+    for job in ["x".repeat(192), "backup ".to_string()] {
+        let err = store.claim(&[run(tick(&job, 0), "a", LONG, false)]).await.expect_err("a bad name");
+        assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+    }
+    let longest = "é".repeat(191);
+    won(store, run(tick(&longest, 0), &longest, LONG, false)).await;
+    let records =
+        store.history(&HistoryQuery { job: Some(longest.clone()), ..Default::default() }).await.expect("history");
+    assert_eq!((records.len(), records[0].node.as_str()), (1, longest.as_str()));
+    // Names are exact: no case folding.
+    won(store, run(tick("Backup", 0), "a", LONG, false)).await;
+    won(store, run(tick("backup", 0), "a", LONG, false)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_clock_is_the_servers_in_utc() {
+    let Some(ns) = support::namespace().await else { return };
+    let store = &ns.stores(1).await[0];
+    let before: DateTime<Utc> = Utc::now();
+    let server = store.now().await.expect("now");
+    // The server runs on this host here: the clocks agree unless the zone were wrong.
+    assert!((server - before).num_seconds().abs() < 5, "server {server}, host {before}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_pools_claiming_overlapping_batches_in_different_orders_never_fail() {
+    let Some(ns) = support::namespace().await else { return };
+    let stores = ns.stores(8).await;
+    let started = Instant::now();
+    for round in 0..15 {
+        // New jobs every few rounds, so that fence rows are also created concurrently.
+        let outcomes = race(&stores, |i, store| async move {
+            let mut batch: Vec<ClaimRequest> = (0..20)
+                .map(|j| {
+                    run(tick(&format!("job-{}", j + round / 5 * 20), round), &format!("node-{i}"), LONG, j % 2 == 0)
+                })
+                .collect();
+            batch.rotate_left(i * 3 % 20);
+            if i % 2 == 1 {
+                batch.reverse();
+            }
+            let outcomes = store.claim(&batch).await.expect("claim");
+            batch.into_iter().map(|r| r.tick).zip(outcomes).collect::<Vec<_>>()
+        })
+        .await
+        .concat();
+        let mut decided: HashMap<Tick, usize> = HashMap::new();
+        for (tick, outcome) in &outcomes {
+            if !matches!(outcome, ClaimOutcome::Taken) {
+                *decided.entry(tick.clone()).or_default() += 1;
+            }
+        }
+        assert_eq!(decided.len(), 20, "round {round}: every tick decided");
+        assert!(decided.values().all(|n| *n == 1), "round {round}: one decision per tick: {decided:?}");
+    }
+    eprintln!("15 rounds of 8 racing 20-tick batches: {:?}", started.elapsed());
+}

@@ -1,0 +1,101 @@
+//! Decoding rows into the core types, with every surprise reported as `Invalid`.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use solocron_core::{RunId, RunRecord, StoreError, Tick};
+use sqlx::postgres::PgRow;
+use sqlx::{Postgres, Row};
+
+/// The columns a [`RunRecord`] is read from (see [`record`]). `"trigger"` is quoted because
+/// TRIGGER is an SQL keyword.
+pub(crate) const RUN_COLUMNS: &str = r#"job, scheduled_at, attempt, "trigger", node, token, state, reason, claimed_at, started_at, finished_at, lease_until, exit_code, output"#;
+
+/// Longest duration (lease, start delay, retention) accepted: 100 years, far beyond any sane
+/// value and far from overflowing `now + ms` in a BIGINT.
+const DURATION_MS_MAX: i64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// Milliseconds of a duration, refusing absurd ones (see [`DURATION_MS_MAX`]).
+pub(crate) fn millis(d: Duration) -> Result<i64, StoreError> {
+    i64::try_from(d.as_millis())
+        .ok()
+        .filter(|ms| *ms <= DURATION_MS_MAX)
+        .ok_or_else(|| StoreError::Invalid(format!("duration {d:?} is too long")))
+}
+
+/// An instant from stored milliseconds.
+pub(crate) fn instant(ms: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_millis(ms)
+        .ok_or_else(|| StoreError::Invalid(format!("stored instant {ms} ms is out of range")))
+}
+
+/// A fencing token as stored (tokens come from a counter starting at 1).
+pub(crate) fn token_param(token: u64) -> Result<i64, StoreError> {
+    i64::try_from(token).map_err(|_| StoreError::Invalid(format!("fencing token {token} is out of range")))
+}
+
+/// A stored fencing token, which the counter only ever makes positive.
+pub(crate) fn token(stored: i64) -> Result<u64, StoreError> {
+    u64::try_from(stored)
+        .ok()
+        .filter(|t| *t > 0)
+        .ok_or_else(|| StoreError::Invalid(format!("stored fencing token {stored} is not positive")))
+}
+
+/// One column of a row, with decoding failures reported as [`StoreError::Invalid`].
+pub(crate) fn get<'r, T>(row: &'r PgRow, column: &str) -> Result<T, StoreError>
+where
+    T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+{
+    row.try_get(column).map_err(|e| StoreError::Invalid(format!("column {column}: {e}")))
+}
+
+/// A stored state or trigger name parsed back.
+fn parse_name<T: FromStr<Err = String>>(row: &PgRow, column: &str) -> Result<T, StoreError> {
+    get::<String>(row, column)?.parse().map_err(|e| StoreError::Invalid(format!("column {column}: {e}")))
+}
+
+/// The run identity in the `job`, `scheduled_at` and `attempt` columns of `row`.
+pub(crate) fn run_id(row: &PgRow) -> Result<RunId, StoreError> {
+    let attempt: i32 = get(row, "attempt")?;
+    let attempt = u32::try_from(attempt)
+        .ok()
+        .filter(|a| *a >= 1)
+        .ok_or_else(|| StoreError::Invalid(format!("attempt {attempt} is not a positive attempt")))?;
+    let tick = Tick::new(get::<String>(row, "job")?, instant(get(row, "scheduled_at")?)?);
+    Ok(RunId { tick, attempt })
+}
+
+/// A run record from a row selected with [`RUN_COLUMNS`].
+pub(crate) fn record(row: &PgRow) -> Result<RunRecord, StoreError> {
+    let optional_instant = |column| get::<Option<i64>>(row, column)?.map(instant).transpose();
+    Ok(RunRecord {
+        id: run_id(row)?,
+        trigger: parse_name(row, "trigger")?,
+        node: get(row, "node")?,
+        fencing_token: get::<Option<i64>>(row, "token")?.map(token).transpose()?,
+        state: parse_name(row, "state")?,
+        reason: get(row, "reason")?,
+        claimed_at: instant(get(row, "claimed_at")?)?,
+        started_at: optional_instant("started_at")?,
+        finished_at: optional_instant("finished_at")?,
+        lease_until: optional_instant("lease_until")?,
+        exit_code: get(row, "exit_code")?,
+        output: get(row, "output")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absurd_durations_and_tokens_are_refused() {
+        assert_eq!(millis(Duration::from_millis(1500)).unwrap(), 1500);
+        assert!(millis(Duration::from_secs(u64::MAX)).is_err());
+        assert!(token_param(u64::MAX).is_err());
+        assert!(token(0).is_err() && token(-3).is_err());
+        assert_eq!(token(7).unwrap(), 7);
+    }
+}

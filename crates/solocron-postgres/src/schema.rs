@@ -1,0 +1,172 @@
+//! The schema, as versioned migrations, and the server-side claim function.
+//!
+//! Every statement is a template: `{p}` stands for the table prefix (validated, so safe to
+//! splice) and `{now}` for the server clock in milliseconds.
+
+/// The schema version this crate writes and understands.
+pub(crate) const SCHEMA_VERSION: i32 = 1;
+
+/// The store's "now" in SQL: the server clock, in integer milliseconds since the epoch.
+/// `now()` is the start of the current transaction, so one statement (or one transaction)
+/// sees a single instant however long it runs.
+pub(crate) const NOW_MS: &str = "floor(extract(epoch FROM now()) * 1000)::bigint";
+
+/// The migrations, by the version each one brings the schema to. Later versions append
+/// here; a released step is never edited.
+pub(crate) const MIGRATIONS: &[(i32, &[&str])] = &[(1, V1)];
+
+const V1: &[&str] = &[
+    r#"CREATE TABLE IF NOT EXISTS {p}runs (
+        job TEXT NOT NULL,
+        scheduled_at BIGINT NOT NULL,
+        attempt INTEGER NOT NULL CHECK (attempt >= 1),
+        "trigger" TEXT NOT NULL,
+        node TEXT NOT NULL,
+        token BIGINT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NULL,
+        claimed_at BIGINT NOT NULL,
+        started_at BIGINT NULL,
+        finished_at BIGINT NULL,
+        lease_until BIGINT NULL,
+        exit_code INTEGER NULL,
+        output TEXT NOT NULL DEFAULT '',
+        -- Tick uniqueness (attempt 1 of a tick is created once), and per-job history
+        -- newest first (a backward scan of one job's entries).
+        PRIMARY KEY (job, scheduled_at, attempt)
+    )"#,
+    // Per-job fencing counters, kept apart from the runs so that a token is never reused
+    // after records are pruned. Its rows are also the per-job locks that serialize claims.
+    "CREATE TABLE IF NOT EXISTS {p}fences (job TEXT PRIMARY KEY, token BIGINT NOT NULL)",
+    // The fleet-wide switches (pause) an operator left on a job.
+    "CREATE TABLE IF NOT EXISTS {p}jobs (
+        job TEXT PRIMARY KEY,
+        paused BOOLEAN NOT NULL,
+        changed_by TEXT NOT NULL,
+        reason TEXT NULL,
+        changed_at BIGINT NOT NULL
+    )",
+    // Which node runs which job, as defined; the primary key serves `registrations`' order.
+    "CREATE TABLE IF NOT EXISTS {p}registry (
+        job TEXT NOT NULL,
+        node TEXT NOT NULL,
+        schedule TEXT NOT NULL,
+        timezone TEXT NOT NULL,
+        definition_hash TEXT NOT NULL,
+        summary TEXT NOT NULL,
+        first_seen BIGINT NOT NULL,
+        last_seen BIGINT NOT NULL,
+        PRIMARY KEY (job, node)
+    )",
+    // Manual run requests; the key is the manual tick, so one instant is asked for once.
+    "CREATE TABLE IF NOT EXISTS {p}requests (
+        job TEXT NOT NULL,
+        requested_at BIGINT NOT NULL,
+        requested_by TEXT NOT NULL,
+        PRIMARY KEY (job, requested_at)
+    )",
+    // Serves `expired`: running runs by lease expiry, oldest first. Partial, so it holds
+    // only the few running runs, however long the history grows.
+    "CREATE INDEX IF NOT EXISTS {p}runs_expiry ON {p}runs (lease_until) WHERE state = 'running'",
+    // Serves claim's overlap check (the newest running run of a job) and `unlock` (every
+    // running run of a job). Ordered like the primary key so the overlap check reads its
+    // answer first; without that order the planner may prefer walking the job's whole
+    // history backwards through the primary key to avoid a sort.
+    "CREATE INDEX IF NOT EXISTS {p}runs_running ON {p}runs (job, scheduled_at, attempt) WHERE state = 'running'",
+    // Serves `history` across jobs (newest first, a backward scan) and `prune` (oldest
+    // first below the cutoff, a forward scan). Per-job history uses the primary key.
+    "CREATE INDEX IF NOT EXISTS {p}runs_scheduled ON {p}runs (scheduled_at, attempt)",
+    // Serves `pending_requests` (oldest first) and `prune`'s deletion of old requests.
+    "CREATE INDEX IF NOT EXISTS {p}requests_oldest ON {p}requests (requested_at)",
+    CLAIM_FUNCTION,
+];
+
+/// One whole claim batch in one server-side call (so one round trip), as one transaction.
+///
+/// It first locks the fence rows of every job in the batch, in sorted order: claims of the
+/// same job then take turns (closing the overlap race between nodes claiming *different*
+/// ticks of a job under READ COMMITTED), and two batches sharing jobs wait for each other
+/// in one global order, never in a cycle. Under READ COMMITTED each statement of a PL/pgSQL
+/// function takes a fresh snapshot, so a claim that waited for a lock sees what the holder
+/// committed. Then, for each request in order: paused, overlap, insert-if-absent, token.
+/// Outcomes are `won` (with token and instants), `skipped` (with reason) or `taken`.
+const CLAIM_FUNCTION: &str = r#"
+CREATE OR REPLACE FUNCTION {p}claim(
+    p_jobs TEXT[], p_ticks BIGINT[], p_triggers TEXT[], p_nodes TEXT[],
+    p_leases BIGINT[], p_modes TEXT[], p_reasons TEXT[])
+RETURNS TABLE (o_index INTEGER, o_outcome TEXT, o_reason TEXT, o_token BIGINT,
+               o_claimed_at BIGINT, o_lease_until BIGINT)
+LANGUAGE plpgsql VOLATILE AS $claim$
+DECLARE
+    v_now BIGINT;
+    v_reason TEXT;
+    v_found RECORD;
+BEGIN
+    INSERT INTO {p}fences (job, token)
+        SELECT DISTINCT j, 0 FROM unnest(p_jobs) AS j ORDER BY 1
+        ON CONFLICT (job) DO NOTHING;
+    PERFORM 1 FROM {p}fences WHERE job = ANY (p_jobs) ORDER BY job FOR UPDATE;
+    -- The clock is read once the locks are held, so that a claim that waited for another
+    -- gets a later claimed_at, in step with its larger fencing token.
+    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    FOR i IN 1 .. coalesce(array_length(p_jobs, 1), 0) LOOP
+        o_index := i;
+        o_reason := NULL; o_token := NULL; o_claimed_at := NULL; o_lease_until := NULL;
+        v_reason := NULL;
+        IF p_modes[i] = 'skip' THEN
+            v_reason := p_reasons[i];
+        ELSE
+            IF p_triggers[i] <> 'manual' THEN
+                SELECT changed_by, reason INTO v_found FROM {p}jobs WHERE job = p_jobs[i] AND paused;
+                IF FOUND THEN
+                    v_reason := 'paused by ' || v_found.changed_by || coalesce(': ' || v_found.reason, '');
+                END IF;
+            END IF;
+            IF v_reason IS NULL AND p_modes[i] = 'run-unless-running' THEN
+                -- Any running run counts, even one whose lease expired: it awaits recovery.
+                SELECT job, scheduled_at, attempt INTO v_found FROM {p}runs
+                    WHERE job = p_jobs[i] AND state = 'running'
+                    ORDER BY scheduled_at DESC, attempt DESC LIMIT 1;
+                IF FOUND THEN
+                    -- Spelled like RunId's Display: job@2026-01-01T00:00:00.000Z#1
+                    v_reason := 'overlap: previous run ' || v_found.job || '@'
+                        || to_char('epoch'::timestamp + v_found.scheduled_at * interval '1 millisecond',
+                                   'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                        || '#' || v_found.attempt || ' still running';
+                END IF;
+            END IF;
+        END IF;
+        IF v_reason IS NOT NULL THEN
+            INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, state, reason, claimed_at, finished_at)
+                VALUES (p_jobs[i], p_ticks[i], 1, p_triggers[i], p_nodes[i], 'skipped', v_reason, v_now, v_now)
+                ON CONFLICT (job, scheduled_at, attempt) DO NOTHING;
+            IF FOUND THEN
+                o_outcome := 'skipped'; o_reason := v_reason;
+            ELSE
+                o_outcome := 'taken';
+            END IF;
+        ELSE
+            -- The fence row is locked, so reading its token here and storing the next one
+            -- below cannot interleave with another claim of the job.
+            INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, token, state, claimed_at, lease_until)
+                SELECT p_jobs[i], p_ticks[i], 1, p_triggers[i], p_nodes[i], f.token + 1, 'running',
+                       v_now, v_now + p_leases[i]
+                FROM {p}fences f WHERE f.job = p_jobs[i]
+                ON CONFLICT (job, scheduled_at, attempt) DO NOTHING
+                RETURNING token INTO o_token;
+            IF FOUND THEN
+                UPDATE {p}fences SET token = o_token WHERE job = p_jobs[i];
+                o_outcome := 'won'; o_claimed_at := v_now; o_lease_until := v_now + p_leases[i];
+            ELSE
+                o_outcome := 'taken';
+            END IF;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$claim$"#;
+
+/// A statement template with the prefix and the clock filled in.
+pub(crate) fn fill(template: &str, prefix: &str) -> String {
+    template.replace("{p}", prefix).replace("{now}", NOW_MS)
+}

@@ -1,0 +1,371 @@
+//! The PostgreSQL store against a real server: concurrency between separate pools (standing
+//! in for separate hosts), batch claims, and every method's basics. Each test works on a
+//! fresh table prefix, dropped at its end (see `common`).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::Namespace;
+use solocron_core::{
+    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobDefinition, Lease, RecoverAction, RecoverOutcome, RunEnd,
+    RunId, RunRecord, RunState, Store, StoreError, Tick, Trigger, OUTPUT_TAIL_BYTES_MAX,
+};
+use solocron_postgres::PgStore;
+use tokio::sync::Barrier;
+
+const SHORT_LEASE: Duration = Duration::from_millis(600);
+const PAST_SHORT_LEASE: Duration = Duration::from_millis(900);
+const LONG_LEASE: Duration = Duration::from_secs(60);
+
+fn tick(job: &str, minute: u32) -> Tick {
+    Tick::new(job, format!("2026-01-01T00:{minute:02}:00Z").parse().unwrap())
+}
+
+fn run(tick: Tick, node: &str, lease: Duration, skip_if_running: bool) -> ClaimRequest {
+    ClaimRequest {
+        tick,
+        trigger: Trigger::Schedule,
+        node: node.into(),
+        lease,
+        mode: ClaimMode::Run { skip_if_running },
+    }
+}
+
+async fn won(store: &PgStore, request: ClaimRequest) -> Lease {
+    match store.claim(&[request]).await.unwrap().remove(0) {
+        ClaimOutcome::Won(lease) => lease,
+        other => panic!("expected Won, got {other:?}"),
+    }
+}
+
+async fn find(store: &PgStore, id: &RunId) -> RunRecord {
+    let all = store.history(&HistoryQuery::default()).await.unwrap();
+    all.into_iter().find(|r| &r.id == id).unwrap_or_else(|| panic!("no record of {id}"))
+}
+
+fn succeeded(output: &str) -> RunEnd {
+    RunEnd {
+        state: RunState::Succeeded,
+        reason: None,
+        exit_code: Some(0),
+        output: output.into(),
+        started_after: Some(Duration::from_millis(250)),
+    }
+}
+
+/// Runs `f(i, store_i)` on `n` separate stores (own pools) at the same instant.
+async fn at_once<T, F, Fut>(namespace: &Namespace, n: usize, f: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(usize, PgStore) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(n));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let (store, barrier) = (namespace.open().await, barrier.clone());
+        let task = f(i, store);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            task.await
+        }));
+    }
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    results
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_one_of_eight_separate_pools_wins_the_same_tick() {
+    let Some(ns) = Namespace::new().await else { return };
+    ns.migrated().await;
+    let outcomes = at_once(&ns, 8, |i, store| async move {
+        store.claim(&[run(tick("backup", 0), &format!("node-{i}"), LONG_LEASE, false)]).await.unwrap().remove(0)
+    })
+    .await;
+    let winners = outcomes.iter().filter(|o| matches!(o, ClaimOutcome::Won(_))).count();
+    let taken = outcomes.iter().filter(|o| **o == ClaimOutcome::Taken).count();
+    assert_eq!((winners, taken), (1, 7), "{outcomes:?}");
+    let records = ns.open().await.history(&HistoryQuery::default()).await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!((records[0].state, records[0].fencing_token), (RunState::Running, Some(1)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_of_1000_ticks_over_100_jobs_is_won_in_one_call_with_tokens_rising_per_job() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    // Job-major order scrambled (minute-major), so each job's ticks are spread over the batch.
+    let batch: Vec<ClaimRequest> = (0..10)
+        .flat_map(|minute| (0..100).map(move |job| run(tick(&format!("job-{job:03}"), minute), "a", LONG_LEASE, false)))
+        .collect();
+    let started = Instant::now();
+    let outcomes = store.claim(&batch).await.unwrap();
+    eprintln!("1000-tick batch claimed in {:?}", started.elapsed());
+    assert_eq!(outcomes.len(), 1000);
+    let mut last_token = std::collections::HashMap::new();
+    for (request, outcome) in batch.iter().zip(&outcomes) {
+        let ClaimOutcome::Won(lease) = outcome else { panic!("{request:?}: {outcome:?}") };
+        assert_eq!(lease.run, RunId { tick: request.tick.clone(), attempt: 1 }, "outcomes in request order");
+        let previous = last_token.insert(request.tick.job.clone(), lease.fencing_token).unwrap_or(0);
+        assert_eq!(lease.fencing_token, previous + 1, "{}", lease.run);
+    }
+    let again = store.claim(&batch).await.unwrap();
+    assert!(again.iter().all(|o| *o == ClaimOutcome::Taken));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_nodes_claiming_different_ticks_of_one_job_never_both_run_it() {
+    // The READ COMMITTED overlap race: without the per-job lock both would see "nothing
+    // running" and both insert a running run.
+    let Some(ns) = Namespace::new().await else { return };
+    ns.migrated().await;
+    let store = ns.open().await;
+    for round in 0..20 {
+        let job = format!("report-{round}");
+        // An earlier, ended run: the job's fence row exists, so the racers do not serialize
+        // on creating it and only the claim's own lock stands between them.
+        let earlier = won(&store, run(tick(&job, 0), "setup", LONG_LEASE, false)).await;
+        assert!(store.finish(&earlier, &succeeded("")).await.unwrap());
+        let outcomes = at_once(&ns, 2, |i, store| {
+            let request = run(tick(&job, 1 + i as u32), &format!("node-{i}"), LONG_LEASE, true);
+            async move { store.claim(&[request]).await.unwrap().remove(0) }
+        })
+        .await;
+        let (winners, skipped): (Vec<_>, Vec<_>) = outcomes.iter().partition(|o| matches!(o, ClaimOutcome::Won(_)));
+        assert_eq!(winners.len(), 1, "round {round}: {outcomes:?}");
+        let ClaimOutcome::Won(lease) = winners[0] else { unreachable!() };
+        let expected = format!("overlap: previous run {} still running", lease.run);
+        assert_eq!(skipped, vec![&ClaimOutcome::Skipped { reason: expected }], "round {round}");
+    }
+}
+
+#[tokio::test]
+async fn renew_and_finish_need_the_owner_and_token_and_a_running_run() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let lease = won(&store, run(tick("backup", 0), "a", SHORT_LEASE, false)).await;
+    assert!(store.renew(&lease, LONG_LEASE).await.unwrap());
+    let record = find(&store, &lease.run).await;
+    assert!(record.lease_until.unwrap() >= lease.claimed_at + chrono::Duration::seconds(59));
+    let stranger = Lease { owner: "b".into(), ..lease.clone() };
+    let stale = Lease { fencing_token: lease.fencing_token + 1, ..lease.clone() };
+    assert!(!store.renew(&stranger, LONG_LEASE).await.unwrap());
+    assert!(!store.finish(&stale, &succeeded("")).await.unwrap());
+
+    let output = format!("{}tail", "x".repeat(OUTPUT_TAIL_BYTES_MAX));
+    assert!(store.finish(&lease, &succeeded(&output)).await.unwrap());
+    assert!(!store.finish(&lease, &succeeded("again")).await.unwrap(), "a run ends once");
+    assert!(!store.renew(&lease, LONG_LEASE).await.unwrap());
+    let record = find(&store, &lease.run).await;
+    assert_eq!((record.state, record.exit_code, record.lease_until), (RunState::Succeeded, Some(0), None));
+    assert_eq!(record.output.len(), OUTPUT_TAIL_BYTES_MAX);
+    assert!(record.output.ends_with("tail"));
+    assert_eq!(record.started_at, Some(record.claimed_at + chrono::Duration::milliseconds(250)));
+    assert!(record.finished_at.unwrap() >= record.claimed_at);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_run_is_recovered_once_and_only_after_expiry() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let lease = won(&store, run(tick("backup", 0), "a", SHORT_LEASE, false)).await;
+    let doomed = won(&store, run(tick("sync", 0), "a", SHORT_LEASE, false)).await;
+    let retry = RecoverAction::Retry { node: "b".into(), lease: LONG_LEASE };
+    assert_eq!(store.recover(&lease.run, &retry).await.unwrap(), RecoverOutcome::NotNeeded, "lease still live");
+    assert!(store.expired(10).await.unwrap().is_empty());
+    tokio::time::sleep(PAST_SHORT_LEASE).await;
+
+    let expired: Vec<RunId> = store.expired(10).await.unwrap().into_iter().map(|r| r.id).collect();
+    assert_eq!(expired.len(), 2);
+    assert_eq!(store.expired(1).await.unwrap().len(), 1);
+    assert!(!store.renew(&lease, LONG_LEASE).await.unwrap(), "an expired lease is not renewed");
+    let outcomes = at_once(&ns, 4, |_, store| {
+        let (run, retry) = (lease.run.clone(), retry.clone());
+        async move { store.recover(&run, &retry).await.unwrap() }
+    })
+    .await;
+    let retried: Vec<&Lease> =
+        outcomes.iter().filter_map(|o| if let RecoverOutcome::Retried(l) = o { Some(l) } else { None }).collect();
+    assert_eq!(retried.len(), 1, "{outcomes:?}");
+    assert_eq!(outcomes.iter().filter(|o| **o == RecoverOutcome::NotNeeded).count(), 3);
+    let next = retried[0];
+    assert_eq!((next.run.attempt, next.fencing_token, next.owner.as_str()), (2, 2, "b"));
+    let old = find(&store, &lease.run).await;
+    assert_eq!(old.state, RunState::Lost);
+    assert_eq!(old.reason.as_deref(), Some("lease expired; retried as attempt 2 by b"));
+    assert_eq!(find(&store, &next.run).await.trigger, Trigger::Retry);
+
+    let abandon = RecoverAction::Abandon { reason: "node gone".into() };
+    assert_eq!(store.recover(&doomed.run, &abandon).await.unwrap(), RecoverOutcome::Abandoned);
+    assert_eq!(store.recover(&doomed.run, &abandon).await.unwrap(), RecoverOutcome::NotNeeded);
+    assert_eq!(find(&store, &doomed.run).await.state, RunState::Abandoned);
+}
+
+#[tokio::test]
+async fn unlock_abandons_every_running_run_of_the_job_only() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let first = won(&store, run(tick("backup", 0), "a", LONG_LEASE, false)).await;
+    let second = won(&store, run(tick("backup", 1), "b", LONG_LEASE, false)).await;
+    let other = won(&store, run(tick("sync", 0), "a", LONG_LEASE, false)).await;
+    let ids = store.unlock("backup", "operator: stuck").await.unwrap();
+    assert_eq!(ids, vec![first.run.clone(), second.run.clone()]);
+    assert!(!store.renew(&first, LONG_LEASE).await.unwrap());
+    assert!(!store.finish(&second, &succeeded("")).await.unwrap());
+    assert!(store.renew(&other, LONG_LEASE).await.unwrap());
+    let record = find(&store, &first.run).await;
+    assert_eq!((record.state, record.reason.as_deref()), (RunState::Abandoned, Some("operator: stuck")));
+    assert!(store.unlock("backup", "again").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_paused_job_skips_scheduled_ticks_and_runs_manual_ones() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    store.set_paused("backup", true, "alice", Some("disk full")).await.unwrap();
+    let outcome = store.claim(&[run(tick("backup", 0), "a", LONG_LEASE, true)]).await.unwrap();
+    assert_eq!(outcome, vec![ClaimOutcome::Skipped { reason: "paused by alice: disk full".into() }]);
+    let manual = ClaimRequest { trigger: Trigger::Manual, ..run(tick("backup", 1), "a", LONG_LEASE, true) };
+    assert!(matches!(store.claim(&[manual]).await.unwrap()[0], ClaimOutcome::Won(_)));
+    let controls = store.controls().await.unwrap();
+    assert_eq!(controls.len(), 1);
+    assert!(controls[0].paused && controls[0].changed_by == "alice");
+
+    store.set_paused("backup", false, "bob", None).await.unwrap();
+    let controls = store.controls().await.unwrap();
+    assert_eq!((controls[0].paused, controls[0].reason.as_deref()), (false, None));
+    assert!(matches!(
+        store.claim(&[run(tick("backup", 2), "a", LONG_LEASE, false)]).await.unwrap()[0],
+        ClaimOutcome::Won(_)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn manual_requests_are_unique_off_second_ticks_pending_until_claimed() {
+    let Some(ns) = Namespace::new().await else { return };
+    ns.migrated().await;
+    let mut ticks =
+        at_once(&ns, 6, |i, store| async move { store.request_run("backup", &format!("op-{i}")).await.unwrap() }).await;
+    ticks.sort();
+    ticks.dedup();
+    assert_eq!(ticks.len(), 6, "every request gets its own tick");
+    assert!(ticks.iter().all(|t| t.scheduled_at.timestamp_subsec_millis() != 0), "{ticks:?}");
+    let store = ns.open().await;
+    let pending: Vec<Tick> = store.pending_requests(100).await.unwrap().into_iter().map(|r| r.tick).collect();
+    assert_eq!(pending, ticks, "oldest first");
+    let manual = ClaimRequest { trigger: Trigger::Manual, ..run(ticks[0].clone(), "a", LONG_LEASE, false) };
+    won(&store, manual).await;
+    assert_eq!(store.pending_requests(100).await.unwrap().len(), 5);
+    assert_eq!(store.pending_requests(2).await.unwrap()[0].tick, ticks[1]);
+}
+
+#[tokio::test]
+async fn prune_deletes_old_ended_records_in_batches_never_running_ones() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    for minute in 0..3 {
+        let lease = won(&store, run(tick("backup", minute), "a", LONG_LEASE, false)).await;
+        assert!(store.finish(&lease, &succeeded("")).await.unwrap());
+    }
+    let running = won(&store, run(tick("backup", 9), "a", LONG_LEASE, false)).await;
+    store.request_run("backup", "op").await.unwrap();
+    let day = Duration::from_secs(86_400);
+    assert_eq!(store.prune(day, 2).await.unwrap(), 2);
+    assert_eq!(store.pending_requests(10).await.unwrap().len(), 1, "a fresh request is kept");
+    assert_eq!(store.prune(day, 2).await.unwrap(), 1);
+    assert_eq!(store.prune(day, 2).await.unwrap(), 0);
+    let left = store.history(&HistoryQuery::default()).await.unwrap();
+    assert_eq!(left.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), vec![running.run]);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    store.prune(Duration::ZERO, 10).await.unwrap();
+    assert!(store.pending_requests(10).await.unwrap().is_empty(), "requests older than the cutoff go");
+}
+
+#[tokio::test]
+async fn history_filters_and_registrations_upsert() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    won(&store, run(tick("backup", 0), "a", LONG_LEASE, false)).await;
+    won(&store, run(tick("backup", 1), "b", LONG_LEASE, false)).await;
+    won(&store, run(tick("sync", 2), "a", LONG_LEASE, false)).await;
+    let query = |q: HistoryQuery| {
+        let store = store.clone();
+        async move { store.history(&q).await.unwrap().into_iter().map(|r| r.id.tick).collect::<Vec<_>>() }
+    };
+    assert_eq!(query(HistoryQuery::default()).await, vec![tick("sync", 2), tick("backup", 1), tick("backup", 0)]);
+    assert_eq!(query(HistoryQuery { job: Some("backup".into()), ..Default::default() }).await.len(), 2);
+    assert_eq!(query(HistoryQuery { node: Some("b".into()), ..Default::default() }).await, vec![tick("backup", 1)]);
+    let window = HistoryQuery {
+        since: Some(tick("x", 1).scheduled_at),
+        until: Some(tick("x", 2).scheduled_at),
+        ..Default::default()
+    };
+    assert_eq!(query(window).await, vec![tick("backup", 1)]);
+    assert_eq!(query(HistoryQuery { limit: 1, ..Default::default() }).await.len(), 1);
+
+    let definition = |job: &str, hash: &str| JobDefinition {
+        job: job.into(),
+        schedule: "0 * * * * *".into(),
+        timezone: "UTC".into(),
+        definition_hash: hash.into(),
+        summary: "lease 30s".into(),
+    };
+    store
+        .register("a", &[definition("backup", "h1"), definition("sync", "h1"), definition("backup", "h2")])
+        .await
+        .unwrap();
+    let first = store.registrations().await.unwrap();
+    assert_eq!(first.len(), 2);
+    assert_eq!(first[0].definition.definition_hash, "h2", "the last definition of a job wins");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    store.register("a", &[definition("backup", "h3")]).await.unwrap();
+    store.register("b", &[definition("backup", "h3")]).await.unwrap();
+    let second = store.registrations().await.unwrap();
+    let keys: Vec<(&str, &str)> = second.iter().map(|r| (r.definition.job.as_str(), r.node.as_str())).collect();
+    assert_eq!(keys, vec![("backup", "a"), ("backup", "b"), ("sync", "a")]);
+    assert_eq!(second[0].first_seen, first[0].first_seen);
+    assert!(second[0].last_seen > first[0].last_seen);
+    store.register("a", &[]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_pools_migrating_an_empty_prefix_at_once_all_succeed() {
+    let Some(ns) = Namespace::new().await else { return };
+    let results = at_once(&ns, 10, |_, store| async move { store.migrate().await }).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let store = ns.migrated().await;
+    assert!(store.history(&HistoryQuery::default()).await.unwrap().is_empty());
+    let store_clock = store.now().await.unwrap();
+    assert!((store_clock - chrono::Utc::now()).num_seconds().abs() < 5, "the local server's clock");
+}
+
+#[tokio::test]
+async fn descriptions_and_errors_never_show_the_password() {
+    let Some(ns) = Namespace::new().await else { return };
+    // Trust auth ignores the password, so this connects.
+    let url = common::url().replacen("postgres@", "postgres:s3cret@", 1);
+    let store = PgStore::connect(&url, &ns.prefix).await.unwrap();
+    assert!(store.describe().contains("postgres:***@"), "{}", store.describe());
+    assert!(store.describe().ends_with(&format!(" (prefix {})", ns.prefix)));
+    assert!(!store.describe().contains("s3cret") && !format!("{store:?}").contains("s3cret"));
+    let bad_prefix = PgStore::connect(&url, "Bad-Prefix").await.unwrap_err();
+    assert!(matches!(bad_prefix, StoreError::Invalid(_)), "{bad_prefix}");
+    let bad_url = PgStore::connect("postgres://u:s3cret@h:port/d", "solocron_").await.unwrap_err();
+    assert!(matches!(bad_url, StoreError::Invalid(_)) && !bad_url.to_string().contains("s3cret"), "{bad_url}");
+    // Nothing listens on port 1: unavailable after the acquire timeout, password masked.
+    let down = PgStore::connect("postgres://u:s3cret@127.0.0.1:1/d", "solocron_").await.unwrap_err();
+    assert!(matches!(down, StoreError::Unavailable(_)), "{down}");
+    assert!(down.to_string().contains("u:***@127.0.0.1:1/d") && !down.to_string().contains("s3cret"), "{down}");
+}
+
+#[tokio::test]
+async fn an_unmigrated_prefix_is_an_invalid_store_not_an_outage() {
+    let Some(ns) = Namespace::new().await else { return };
+    let err = ns.open().await.claim(&[run(tick("backup", 0), "a", LONG_LEASE, false)]).await.unwrap_err();
+    assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+}

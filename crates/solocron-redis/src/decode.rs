@@ -1,0 +1,205 @@
+//! Decoding the scripts' replies into solocron's types. Anything unexpected is
+//! [`StoreError::Invalid`], naming what could not be read.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use redis::{FromRedisValue, Value};
+use solocron_core::{ClaimOutcome, JobControl, JobDefinition, Lease, Registration, RunId, RunRecord, StoreError, Tick};
+
+/// A reply of the wrong shape.
+pub(crate) fn invalid(what: &str, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::Invalid(format!("unreadable {what} in Redis: {detail}"))
+}
+
+/// A reply converted with [`FromRedisValue`], or `Invalid` naming `what`.
+pub(crate) fn convert<T: FromRedisValue>(value: Value, what: &str) -> Result<T, StoreError> {
+    T::from_redis_value(value).map_err(|e| invalid(what, e))
+}
+
+/// The field → value pairs of a hash, as `HGETALL` lists them.
+pub(crate) struct Fields {
+    what: &'static str,
+    map: HashMap<String, String>,
+}
+
+impl Fields {
+    /// The hash of `what` (a run record, a registration, ...) from an `HGETALL` reply.
+    pub(crate) fn new(value: Value, what: &'static str) -> Result<Fields, StoreError> {
+        let flat: Vec<String> = convert(value, what)?;
+        let pairs = flat.chunks_exact(2);
+        if !pairs.remainder().is_empty() {
+            return Err(invalid(what, format!("odd number of hash elements: {flat:?}")));
+        }
+        let map = pairs.map(|pair| (pair[0].clone(), pair[1].clone())).collect();
+        Ok(Fields { what, map })
+    }
+
+    fn optional(&self, field: &str) -> Option<&str> {
+        self.map.get(field).map(String::as_str)
+    }
+
+    fn text(&self, field: &str) -> Result<String, StoreError> {
+        self.optional(field).map(str::to_owned).ok_or_else(|| invalid(self.what, format!("no field `{field}`")))
+    }
+
+    fn parse_optional<T: FromStr>(&self, field: &str) -> Result<Option<T>, StoreError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        self.optional(field)
+            .map(|s| s.parse::<T>().map_err(|e| invalid(self.what, format!("field `{field}` = {s:?}: {e}"))))
+            .transpose()
+    }
+
+    fn parse<T: FromStr>(&self, field: &str) -> Result<T, StoreError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        self.parse_optional(field)?.ok_or_else(|| invalid(self.what, format!("no field `{field}`")))
+    }
+
+    fn instant_optional(&self, field: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+        self.parse_optional::<i64>(field)?.map(instant).transpose()
+    }
+
+    fn instant(&self, field: &str) -> Result<DateTime<Utc>, StoreError> {
+        instant(self.parse(field)?)
+    }
+}
+
+/// An instant from milliseconds since the epoch.
+pub(crate) fn instant(ms: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_millis(ms).ok_or_else(|| invalid("instant", format!("{ms} ms is out of range")))
+}
+
+/// A run record from its hash (see the crate's data layout).
+pub(crate) fn record(value: Value) -> Result<RunRecord, StoreError> {
+    let f = Fields::new(value, "run record")?;
+    let attempt: u32 = f.parse("att")?;
+    if attempt == 0 {
+        return Err(invalid("run record", "attempt 0"));
+    }
+    Ok(RunRecord {
+        id: RunId { tick: Tick::new(f.text("job")?, f.instant("at")?), attempt },
+        trigger: f.parse("trig")?,
+        node: f.text("node")?,
+        fencing_token: f.parse_optional("tok")?,
+        state: f.parse("state")?,
+        reason: f.optional("reason").map(str::to_owned),
+        claimed_at: f.instant("claimed")?,
+        started_at: f.instant_optional("started")?,
+        finished_at: f.instant_optional("finished")?,
+        lease_until: f.instant_optional("lease")?,
+        exit_code: f.parse_optional("exit")?,
+        output: f.text("out")?,
+    })
+}
+
+/// Each element of an array reply decoded by `decode`, separately (so that the caller may
+/// skip one that cannot be read).
+pub(crate) fn each<T>(
+    value: Value,
+    what: &str,
+    decode: impl Fn(Value) -> Result<T, StoreError>,
+) -> Result<Vec<Result<T, StoreError>>, StoreError> {
+    let items: Vec<Value> = convert(value, what)?;
+    Ok(items.into_iter().map(decode).collect())
+}
+
+/// A run id as the scripts spell it: `<scheduled_at ms>:<attempt>:<job>`.
+pub(crate) fn run_id(id: &str) -> Result<RunId, StoreError> {
+    let parse = || {
+        let (at, rest) = id.split_once(':')?;
+        let (attempt, job) = rest.split_once(':')?;
+        let attempt: u32 = attempt.parse().ok().filter(|a| *a >= 1)?;
+        let at = DateTime::from_timestamp_millis(at.parse().ok()?)?;
+        Some(RunId { tick: Tick::new(job, at), attempt })
+    };
+    parse().ok_or_else(|| invalid("run id", id))
+}
+
+/// `{'won', token, claimed_at, lease_until}` as the lease of `run` held by `owner`.
+pub(crate) fn won(parts: &[String], run: RunId, owner: &str) -> Result<Lease, StoreError> {
+    let number = |i: usize| -> Result<i64, StoreError> {
+        let s = parts.get(i).ok_or_else(|| invalid("lease", format!("{parts:?}")))?;
+        s.parse().map_err(|e| invalid("lease", format!("{s:?}: {e}")))
+    };
+    let token = u64::try_from(number(1)?).map_err(|e| invalid("fencing token", e))?;
+    Ok(Lease {
+        run,
+        owner: owner.to_owned(),
+        fencing_token: token,
+        claimed_at: instant(number(2)?)?,
+        lease_until: instant(number(3)?)?,
+    })
+}
+
+/// One claim outcome: `{'won', ...}`, `{'skipped', reason}` or `{'taken'}`.
+pub(crate) fn claim_outcome(parts: &[String], run: RunId, owner: &str) -> Result<ClaimOutcome, StoreError> {
+    match parts.first().map(String::as_str) {
+        Some("won") => Ok(ClaimOutcome::Won(won(parts, run, owner)?)),
+        Some("skipped") if parts.len() == 2 => Ok(ClaimOutcome::Skipped { reason: parts[1].clone() }),
+        Some("taken") => Ok(ClaimOutcome::Taken),
+        _ => Err(invalid("claim outcome", format!("{parts:?}"))),
+    }
+}
+
+/// A registration from its hash.
+pub(crate) fn registration(value: Value) -> Result<Registration, StoreError> {
+    let f = Fields::new(value, "registration")?;
+    Ok(Registration {
+        definition: JobDefinition {
+            job: f.text("job")?,
+            schedule: f.text("schedule")?,
+            timezone: f.text("tz")?,
+            definition_hash: f.text("hash")?,
+            summary: f.text("summary")?,
+        },
+        node: f.text("node")?,
+        first_seen: f.instant("first")?,
+        last_seen: f.instant("last")?,
+    })
+}
+
+/// A job's switches from its hash.
+pub(crate) fn control(value: Value) -> Result<JobControl, StoreError> {
+    let f = Fields::new(value, "job control")?;
+    Ok(JobControl {
+        job: f.text("job")?,
+        paused: f.text("paused")? == "1",
+        changed_by: f.text("by")?,
+        reason: f.optional("reason").map(str::to_owned),
+        changed_at: f.instant("at")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(items: &[&str]) -> Value {
+        Value::Array(items.iter().map(|s| Value::BulkString(s.as_bytes().to_vec())).collect())
+    }
+
+    #[test]
+    fn run_ids_keep_colons_in_job_names() {
+        let id = run_id("1577836800000:0000000002:a:b").unwrap();
+        assert_eq!(id.to_string(), "a:b@2020-01-01T00:00:00.000Z#2");
+        assert!(run_id("x:1:job").is_err());
+        assert!(run_id("5:0000000000:job").is_err(), "attempt 0");
+    }
+
+    #[test]
+    fn records_decode_with_and_without_optional_fields() {
+        let skipped = bulk(&[
+            "job", "j", "at", "1000", "att", "1", "trig", "catchup", "node", "n", "state", "skipped", "reason",
+            "missed", "claimed", "5", "finished", "5", "out", "",
+        ]);
+        let r = record(skipped).unwrap();
+        assert_eq!((r.fencing_token, r.lease_until, r.reason.as_deref()), (None, None, Some("missed")));
+        let broken = bulk(&["job", "j", "at", "x"]);
+        assert!(matches!(record(broken), Err(StoreError::Invalid(_))));
+    }
+}

@@ -1,0 +1,74 @@
+-- claim: ARGV[2] = number of requests, then 7 arguments per request: job, scheduled_at,
+-- trigger, node, lease ms, mode ('run', 'exclusive' = run unless another run of the job is
+-- running, 'skip'), skip reason. One outcome per request, in order.
+local mismatch = schema_mismatch()
+if mismatch then return redis.error_reply(mismatch) end
+remember()
+
+-- Howard Hinnant's days-to-civil: the proleptic Gregorian date of a day since 1970-01-01.
+local function civil(days)
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local day = doy - math.floor((153 * mp + 2) / 5) + 1
+  local month = mp < 10 and mp + 3 or mp - 9
+  local year = yoe + era * 400
+  if month <= 2 then year = year + 1 end
+  return year, month, day
+end
+
+-- A run as RunId's Display writes it: job@2026-01-01T00:00:00.000Z#1 (years 0-9999).
+local function display(id)
+  local job, at, attempt = split_id(id)
+  local ms = tonumber(at)
+  local milli = ms % 1000
+  local secs = (ms - milli) / 1000
+  local sod = secs % 86400
+  local year, month, day = civil((secs - sod) / 86400)
+  return string.format('%s@%04d-%02d-%02dT%02d:%02d:%02d.%03dZ#%d', job, year, month, day,
+    math.floor(sod / 3600), math.floor((sod % 3600) / 60), sod % 60, milli, attempt)
+end
+
+local function paused_reason(job)
+  local c = redis.call('HMGET', ctl_key(job), 'paused', 'by', 'reason')
+  if c[1] ~= '1' then return nil end
+  if c[3] then return 'paused by ' .. c[2] .. ': ' .. c[3] end
+  return 'paused by ' .. c[2]
+end
+
+local function record_skip(job, at, trigger, node, reason)
+  local id = run_id(job, at, 1)
+  redis.call('HSET', run_key(id), 'job', job, 'at', at, 'att', '1', 'trig', trigger, 'node', node,
+    'state', 'skipped', 'reason', reason, 'claimed', int(NOW), 'finished', int(NOW), 'out', '')
+  index(id, job, at)
+  return {'skipped', reason}
+end
+
+local function claim_one(job, at, trigger, node, lease_ms, mode, reason)
+  -- The tick's record is attempt 1; whatever it says, the tick is taken.
+  if redis.call('EXISTS', run_key(run_id(job, at, 1))) == 1 then return {'taken'} end
+  if mode == 'skip' then return record_skip(job, at, trigger, node, reason) end
+  -- An operator's manual run is the way to run a paused job once: it ignores the pause.
+  if trigger ~= 'manual' then
+    local why = paused_reason(job)
+    if why then return record_skip(job, at, trigger, node, why) end
+  end
+  if mode == 'exclusive' then
+    -- The newest running run (highest tick, then attempt), its lease live or not.
+    local running = redis.call('ZREVRANGE', job_running(job), 0, 0)[1]
+    if running then
+      return record_skip(job, at, trigger, node, 'overlap: previous run ' .. display(running) .. ' still running')
+    end
+  end
+  return start_run(job, at, 1, trigger, node, lease_ms) or {'taken'}
+end
+
+local outcomes = {}
+for i = 0, tonumber(ARGV[2]) - 1 do
+  local b = 3 + i * 7
+  outcomes[i + 1] = claim_one(ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6])
+end
+return outcomes

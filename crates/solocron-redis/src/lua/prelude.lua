@@ -1,0 +1,143 @@
+-- Shared head of every solocron script (the crate prepends it to each body).
+--
+-- KEYS[1] is the epoch key: declared so that a cluster-aware client or proxy routes the
+-- call to the slot of the prefix's hash tag; every other key is derived from the prefix
+-- (ARGV[1]) and so shares that tag and slot.
+--
+-- Instants are integer milliseconds since the Unix epoch, always from Redis's own clock,
+-- read once per call: one script is one atomic step with one "now".
+local P = ARGV[1]
+local SCHEMA_VERSION = '1'
+local clock = redis.call('TIME')
+local NOW_US = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local NOW = math.floor(NOW_US / 1000)
+
+local EPOCH, SCHEMA = P .. 'epoch', P .. 'schema'
+local HIST, EXPIRY, FENCES, FENCE_BY = P .. 'hist', P .. 'expiry', P .. 'fences', P .. 'fenceby'
+local CTLS, REGS = P .. 'ctls', P .. 'regs'
+local REQ, REQBY, REQPEND = P .. 'req', P .. 'reqby', P .. 'reqpend'
+local function run_key(id) return P .. 'run:' .. id end
+local function job_hist(job) return P .. 'jhist:' .. job end
+local function job_running(job) return P .. 'jrun:' .. job end
+local function ctl_key(job) return P .. 'ctl:' .. job end
+local function reg_key(id) return P .. 'reg:' .. id end
+
+-- Integers as exact decimal strings: Lua numbers are doubles, and tostring() would print
+-- 1.7953577417e+15 for a microsecond token. Every value stored or returned goes through this.
+local function int(n) return string.format('%d', n) end
+
+-- Optional arguments arrive as '' (none) or '=' followed by the value.
+local function opt(s)
+  if s == '' then return nil end
+  return string.sub(s, 2)
+end
+
+-- A run's id: "<scheduled_at ms>:<attempt, 10 digits>:<job>". The job comes last, so no
+-- job name can make two ids equal; the padded attempt makes ids of one tick sort by attempt.
+local function run_id(job, at, attempt)
+  return at .. ':' .. string.format('%010d', attempt) .. ':' .. job
+end
+
+local function split_id(id)
+  local at, attempt, job = string.match(id, '^(-?%d+):(%d+):(.*)$')
+  return job, at, tonumber(attempt)
+end
+
+-- An error message if the prefix holds a layout this code does not understand.
+local function schema_mismatch()
+  local version = redis.call('GET', SCHEMA)
+  if version and version ~= SCHEMA_VERSION then
+    return 'ERR solocron: the keys under ' .. P .. ' have layout version ' .. version ..
+      '; this solocron understands version ' .. SCHEMA_VERSION
+  end
+  return nil
+end
+
+-- Marks when the present memory began, unless it is already marked. After a restart that
+-- lost every key, the first call that writes marks the restart's instant.
+local function remember()
+  redis.call('SET', SCHEMA, SCHEMA_VERSION, 'NX')
+  redis.call('SET', EPOCH, int(NOW), 'NX')
+end
+
+-- Adds a new record to the history indexes; a record of the tick ends its manual request.
+local function index(id, job, at)
+  redis.call('ZADD', HIST, at, id)
+  redis.call('ZADD', job_hist(job), at, id)
+  redis.call('ZREM', REQPEND, at .. ':' .. job)
+end
+
+local function unindex_running(id, job)
+  redis.call('ZREM', EXPIRY, id)
+  redis.call('ZREM', job_running(job), id)
+end
+
+-- Who answers: this Redis process (run_id) serving as this primary (master_replid). The
+-- first changes whenever Redis restarts, the second whenever a replica is promoted; false
+-- if INFO is not allowed here (renamed, or denied by an ACL).
+local server_identity = nil
+local function server()
+  if server_identity == nil then
+    server_identity = false
+    -- One section per call: INFO takes several sections at once only since Redis 7.
+    local server_info, replication_info = redis.pcall('INFO', 'server'), redis.pcall('INFO', 'replication')
+    if type(server_info) == 'string' and type(replication_info) == 'string' then
+      local run_id = string.match(server_info, 'run_id:(%x+)')
+      local replid = string.match(replication_info, 'master_replid:(%x+)')
+      if run_id and replid then server_identity = run_id .. ':' .. replid end
+    end
+  end
+  return server_identity
+end
+
+-- The job's next fencing token. While the same server answers, it is the job's counter
+-- plus one. The first token of a job from a server that did not hand out its previous one
+-- (a new job, a Redis restarted with all or part of its data lost, a promoted replica that
+-- missed the last increments) is at least the server's clock in microseconds: larger than
+-- every token handed out before, even those this server never heard of, as long as the
+-- clock did not go back and no job ever took more than one token per microsecond on
+-- average. Tokens stay below 2^53, exact in Lua's doubles, until the year 2255.
+local function next_token(job)
+  local counter = tonumber(redis.call('HGET', FENCES, job))
+  local here = server()
+  local token
+  if counter and here and redis.call('HGET', FENCE_BY, job) == here then
+    token = counter + 1
+  else
+    token = math.max((counter or 0) + 1, NOW_US)
+  end
+  redis.call('HSET', FENCES, job, int(token))
+  if here then redis.call('HSET', FENCE_BY, job, here) else redis.call('HDEL', FENCE_BY, job) end
+  return int(token)
+end
+
+-- Creates attempt `attempt` of the tick as running for `node`, unless it exists;
+-- {'won', token, claimed_at, lease_until}, or nil.
+local function start_run(job, at, attempt, trigger, node, lease_ms)
+  local id = run_id(job, at, attempt)
+  local key = run_key(id)
+  if redis.call('EXISTS', key) == 1 then return nil end
+  local token = next_token(job)
+  local lease_until = int(NOW + tonumber(lease_ms))
+  redis.call('HSET', key, 'job', job, 'at', at, 'att', int(attempt), 'trig', trigger, 'node', node,
+    'tok', token, 'state', 'running', 'claimed', int(NOW), 'lease', lease_until, 'out', '')
+  index(id, job, at)
+  redis.call('ZADD', EXPIRY, lease_until, id)
+  redis.call('ZADD', job_running(job), at, id)
+  return {'won', token, int(NOW), lease_until}
+end
+
+-- Ends a running run for someone other than its owner (recovery, unlock).
+local function end_run(id, job, state, reason)
+  local key = run_key(id)
+  redis.call('HSET', key, 'state', state, 'reason', reason, 'finished', int(NOW))
+  redis.call('HDEL', key, 'lease')
+  unindex_running(id, job)
+end
+
+-- True if the record is running and its lease passed by Redis's clock.
+local function lapsed(key)
+  local r = redis.call('HMGET', key, 'state', 'lease')
+  local lease_until = tonumber(r[2])
+  return r[1] == 'running' and lease_until ~= nil and lease_until < NOW
+end

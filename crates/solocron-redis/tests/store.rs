@@ -1,0 +1,280 @@
+//! Redis-specific behaviour beyond the conformance suite: big batches, concurrent
+//! claimers on separate connections, fencing across a lost memory, and errors. Each test
+//! runs on a fresh key prefix (see `common`); an unreachable server skips, or fails under CI.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use solocron_core::{
+    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, Lease, RecoverAction, RecoverOutcome, RunEnd, RunState, Store,
+    StoreError, Tick, Trigger,
+};
+use solocron_redis::RedisStore;
+use tokio::sync::Barrier;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn at(s: &str) -> DateTime<Utc> {
+    s.parse().expect("instant")
+}
+
+/// A tick of `job` at `second` seconds after 2020-01-01.
+fn tick(job: &str, second: i64) -> Tick {
+    Tick::new(job, at("2020-01-01T00:00:00Z") + chrono::Duration::seconds(second))
+}
+
+fn run(tick: Tick, node: &str, skip_if_running: bool) -> ClaimRequest {
+    ClaimRequest {
+        tick,
+        trigger: Trigger::Schedule,
+        node: node.into(),
+        lease: LONG,
+        mode: ClaimMode::Run { skip_if_running },
+    }
+}
+
+async fn won(store: &RedisStore, request: ClaimRequest) -> Lease {
+    match store.claim(&[request]).await.expect("claim").remove(0) {
+        ClaimOutcome::Won(lease) => lease,
+        other => panic!("expected Won, got {other:?}"),
+    }
+}
+
+fn done() -> RunEnd {
+    RunEnd { state: RunState::Succeeded, reason: None, exit_code: Some(0), output: String::new(), started_after: None }
+}
+
+#[tokio::test]
+async fn a_batch_of_1000_ticks_of_100_jobs_is_won_in_one_call_with_tokens_rising_per_job() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    // Ticks in round-robin order of jobs, so that each job's ticks are spread over the batch.
+    let batch: Vec<ClaimRequest> =
+        (0..1000).map(|i| run(tick(&format!("job-{:03}", i % 100), i / 100), "a", false)).collect();
+    let started = Instant::now();
+    let outcomes = store.claim(&batch).await.expect("claim");
+    eprintln!("claimed 1000 ticks of 100 jobs in one call in {:?}", started.elapsed());
+
+    assert_eq!(outcomes.len(), 1000);
+    let mut last_token = std::collections::HashMap::new();
+    for (request, outcome) in batch.iter().zip(&outcomes) {
+        let ClaimOutcome::Won(lease) = outcome else { panic!("expected Won for {:?}: {outcome:?}", request.tick) };
+        assert_eq!(lease.run.tick, request.tick, "outcomes in request order");
+        if let Some(previous) = last_token.insert(request.tick.job.clone(), lease.fencing_token) {
+            assert!(lease.fencing_token > previous, "{}: {previous} then {}", request.tick.job, lease.fencing_token);
+        }
+    }
+    let records = store.history(&HistoryQuery::default()).await.expect("history");
+    assert_eq!(records.len(), 1000);
+    assert!(store.claim(&batch).await.expect("claim").iter().all(|o| *o == ClaimOutcome::Taken));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn exactly_one_of_8_claimers_on_separate_connections_wins_each_tick() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let mut stores = Vec::new();
+    for _ in 0..8 {
+        stores.push(Arc::new(ns.migrated().await));
+    }
+    for second in 0..20 {
+        let barrier = Arc::new(Barrier::new(stores.len()));
+        let tasks: Vec<_> = stores
+            .iter()
+            .enumerate()
+            .map(|(i, store)| {
+                let (store, barrier) = (store.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.claim(&[run(tick("backup", second), &format!("node-{i}"), false)]).await.expect("claim")
+                })
+            })
+            .collect();
+        let mut outcomes = Vec::new();
+        for task in tasks {
+            outcomes.extend(task.await.expect("task"));
+        }
+        let winners = outcomes.iter().filter(|o| matches!(o, ClaimOutcome::Won(_))).count();
+        let taken = outcomes.iter().filter(|o| **o == ClaimOutcome::Taken).count();
+        assert_eq!((winners, taken), (1, 7), "tick {second}: {outcomes:?}");
+    }
+}
+
+#[tokio::test]
+async fn renewal_by_a_stranger_or_with_a_stale_token_never_extends_the_lease() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let short = ClaimRequest { lease: Duration::from_millis(300), ..run(tick("backup", 0), "a", false) };
+    let old = won(&store, short).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let retry = RecoverAction::Retry { node: "b".into(), lease: LONG };
+    let RecoverOutcome::Retried(current) = store.recover(&old.run, &retry).await.expect("recover") else {
+        panic!("the expired run should be retried")
+    };
+    let record = |store: &RedisStore, lease: &Lease| {
+        let (store, id) = (store.clone(), lease.run.clone());
+        async move {
+            let all = store.history(&HistoryQuery::default()).await.expect("history");
+            all.into_iter().find(|r| r.id == id).expect("record")
+        }
+    };
+    let before = record(&store, &current).await;
+    let wrong = [
+        Lease { owner: "a".into(), ..current.clone() },
+        Lease { fencing_token: current.fencing_token - 1, ..current.clone() },
+        Lease { fencing_token: current.fencing_token + 1, ..current.clone() },
+        Lease { fencing_token: old.fencing_token, ..current.clone() },
+    ];
+    for lease in wrong.iter().chain([&old]) {
+        assert!(!store.renew(lease, Duration::from_secs(3600)).await.expect("renew"), "renewed with {lease:?}");
+        assert!(!store.finish(lease, &done()).await.expect("finish"), "finished with {lease:?}");
+    }
+    assert_eq!(record(&store, &current).await, before, "nothing changed");
+    assert!(store.renew(&current, Duration::from_secs(3600)).await.expect("renew"));
+}
+
+#[tokio::test]
+async fn after_forgetting_everything_tokens_stay_larger_memory_moves_on_and_old_ticks_are_claimable() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let first = won(&store, run(tick("backup", 0), "a", false)).await;
+    assert!(store.finish(&first, &done()).await.expect("finish"));
+    let held = won(&store, run(tick("backup", 60), "a", false)).await;
+    let remembered_since = store.memory_since().await.expect("memory_since").expect("an epoch");
+
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // What a Redis restart without persistence does to this prefix (the real restart is
+    // tested elsewhere): every key is gone.
+    assert!(common::forget(&ns.prefix).await.expect("forget") > 0);
+    let restarted = store.now().await.expect("now");
+
+    // The holder of a running run finds its lease gone at its next renewal and stops.
+    assert!(!store.renew(&held, LONG).await.expect("renew"), "the lease was forgotten");
+    assert!(!store.finish(&held, &done()).await.expect("finish"));
+    // The store itself does not refuse an old tick: it has no record of it. The engine is
+    // what never looks back before memory_since.
+    let again = won(&store, run(tick("backup", 0), "b", false)).await;
+    assert!(again.fencing_token > held.fencing_token, "{} after {}", again.fencing_token, held.fencing_token);
+    let next = won(&store, run(tick("backup", 120), "b", false)).await;
+    assert_eq!(next.fencing_token, again.fencing_token + 1, "the counter grows by one again");
+    let since = store.memory_since().await.expect("memory_since").expect("an epoch");
+    assert!(since > remembered_since, "memory began again: {since} after {remembered_since}");
+    assert!(since >= restarted - chrono::Duration::milliseconds(1), "marked by the first claim after the restart");
+    assert!(since <= again.claimed_at, "{since} after the first claim at {}", again.claimed_at);
+}
+
+#[tokio::test]
+async fn memory_since_marks_the_epoch_itself_when_nothing_else_did() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.store().await;
+    let before = store.now().await.expect("now");
+    let since = store.memory_since().await.expect("memory_since").expect("an epoch");
+    assert!(since >= before - chrono::Duration::milliseconds(1) && since <= store.now().await.expect("now"));
+    assert_eq!(store.memory_since().await.expect("memory_since"), Some(since), "marked once");
+    store.migrate().await.expect("migrate");
+    assert_eq!(store.memory_since().await.expect("memory_since"), Some(since), "migrate keeps the mark");
+}
+
+#[tokio::test]
+async fn a_token_from_another_server_is_at_least_its_clock_in_microseconds() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let a = won(&store, run(tick("backup", 0), "a", false)).await;
+    let b = won(&store, run(tick("backup", 1), "a", false)).await;
+    assert_eq!(b.fencing_token, a.fencing_token + 1);
+    // As after a failover: the counter was handed out by another server, which may have
+    // handed out more tokens than the present one heard of.
+    let mut conn = common::raw().await.expect("connect");
+    let () = redis::cmd("HSET")
+        .arg(format!("{}fenceby", ns.prefix))
+        .arg("backup")
+        .arg("another-server")
+        .query_async(&mut conn)
+        .await
+        .expect("hset");
+    let before = store.now().await.expect("now");
+    let c = won(&store, run(tick("backup", 2), "a", false)).await;
+    let micros = u64::try_from(before.timestamp_micros()).expect("after 1970");
+    assert!(c.fencing_token >= micros && c.fencing_token > b.fencing_token, "{c:?} at {micros} µs");
+    let d = won(&store, run(tick("backup", 3), "a", false)).await;
+    assert_eq!(d.fencing_token, c.fencing_token + 1, "then one by one again");
+}
+
+#[tokio::test]
+async fn overlap_reasons_name_the_running_run_as_run_ids_display_it_at_any_instant() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let instants = [
+        "1900-03-01T00:00:00.001Z",
+        "1969-12-31T23:59:59.999Z",
+        "2000-02-29T12:34:56.789Z",
+        "9999-12-31T23:59:59.999Z",
+    ];
+    for (n, instant) in instants.into_iter().enumerate() {
+        let job = format!("job:{n}:with colons");
+        let held = won(&store, run(Tick::new(job.clone(), at(instant)), "a", false)).await;
+        let outcome = store.claim(&[run(tick(&job, 0), "b", true)]).await.expect("claim").remove(0);
+        let expected = format!("overlap: previous run {} still running", held.run);
+        assert_eq!(outcome, ClaimOutcome::Skipped { reason: expected });
+    }
+}
+
+#[tokio::test]
+async fn filtered_history_pages_through_more_records_than_one_page() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let running = won(&store, run(tick("backup", 0), "a", false)).await;
+    for page in 0..3 {
+        let skips: Vec<ClaimRequest> = (0..1000)
+            .map(|i| ClaimRequest {
+                mode: ClaimMode::Skip { reason: "missed".into() },
+                ..run(tick("backup", 1 + page * 1000 + i), "b", false)
+            })
+            .collect();
+        store.claim(&skips).await.expect("claim");
+    }
+    let started = Instant::now();
+    let query = HistoryQuery { state: Some(RunState::Running), ..Default::default() };
+    let found = store.history(&query).await.expect("history");
+    eprintln!("filtered history over 3001 records in {:?}", started.elapsed());
+    assert_eq!(found.iter().map(|r| &r.id).collect::<Vec<_>>(), [&running.run]);
+    let query = HistoryQuery {
+        node: Some("b".into()),
+        until: Some(tick("backup", 11).scheduled_at),
+        limit: 3,
+        ..Default::default()
+    };
+    let found = store.history(&query).await.expect("history");
+    let seconds: Vec<i64> =
+        found.iter().map(|r| r.id.tick.scheduled_at.timestamp() - tick("backup", 0).scheduled_at.timestamp()).collect();
+    assert_eq!(seconds, [10, 9, 8]);
+}
+
+#[tokio::test]
+async fn a_layout_version_this_code_does_not_know_is_refused() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.store().await;
+    let mut conn = common::raw().await.expect("connect");
+    let () = redis::cmd("SET").arg(format!("{}schema", ns.prefix)).arg("2").query_async(&mut conn).await.expect("set");
+    let err = store.migrate().await.unwrap_err();
+    assert!(matches!(&err, StoreError::Invalid(m) if m.contains("version 2")), "{err}");
+    let err = store.claim(&[run(tick("backup", 0), "a", false)]).await.unwrap_err();
+    assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_unavailable_and_bad_settings_are_invalid() {
+    let started = Instant::now();
+    let err = RedisStore::connect("redis://:s3cret@127.0.0.1:1/0", "{x}:").await.unwrap_err();
+    assert!(matches!(&err, StoreError::Unavailable(m) if !m.contains("s3cret")), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+    for (url, prefix) in [("redis://127.0.0.1:1", "bad prefix"), ("http://x", "{x}:"), ("redis://:s3cret@", "{x}:")] {
+        let err = RedisStore::connect(url, prefix).await.unwrap_err();
+        assert!(matches!(&err, StoreError::Invalid(m) if !m.contains("s3cret")), "{url}: {err}");
+    }
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.store().await;
+    assert!(store.describe().ends_with(&format!(" (keys {}*)", ns.prefix)), "{}", store.describe());
+}

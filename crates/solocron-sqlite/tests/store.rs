@@ -1,0 +1,154 @@
+//! What is particular to the SQLite store: URLs and files, schema versions, its clock and
+//! its indexes. Store behaviour every store shares is checked by the conformance suite
+//! (`tests/conformance.rs`).
+
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, RunState, Store, StoreError, Tick, Trigger};
+use solocron_sqlite::SqliteStore;
+use tempfile::TempDir;
+
+async fn fresh() -> (TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_path(&dir.path().join("solocron.db")).await.unwrap();
+    store.migrate().await.unwrap();
+    (dir, store)
+}
+
+/// A second pool on the test database, for raw SQL.
+async fn raw(dir: &TempDir) -> sqlx::SqlitePool {
+    sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("solocron.db").display())).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_schema_newer_than_this_crate_is_refused() {
+    let (dir, store) = fresh().await;
+    let pool = raw(&dir).await;
+    sqlx::query("UPDATE solocron_schema SET version = 3").execute(&pool).await.unwrap();
+    let err = store.migrate().await.unwrap_err();
+    assert!(matches!(err, StoreError::Invalid(_)) && err.to_string().contains("version 3"), "{err}");
+}
+
+#[tokio::test]
+async fn connecting_where_the_directory_is_missing_is_unavailable_and_names_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no-such-dir").join("solocron.db");
+    for result in
+        [SqliteStore::connect(&format!("sqlite://{}", path.display())).await, SqliteStore::open_path(&path).await]
+    {
+        let err = result.unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+        assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+    }
+    assert!(!path.parent().unwrap().exists(), "nothing is created");
+}
+
+#[tokio::test]
+async fn connect_creates_the_file_and_describes_it_by_absolute_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new.db");
+    let store = SqliteStore::connect(&format!("sqlite:{}", path.display())).await.unwrap();
+    assert!(path.exists());
+    assert_eq!(store.describe(), format!("sqlite://{}", path.display()));
+    assert!(store.describe().starts_with("sqlite:///"));
+}
+
+#[tokio::test]
+async fn the_store_clock_is_the_database_hosts_clock_in_milliseconds() {
+    let (_dir, store) = fresh().await;
+    let before = chrono::Utc::now();
+    let now = store.now().await.unwrap();
+    let after = chrono::Utc::now();
+    // SQLite reads the same system clock, truncated to milliseconds.
+    assert!(now >= before - chrono::Duration::milliseconds(1) && now <= after, "{before} {now} {after}");
+    assert_eq!(now.timestamp_subsec_nanos() % 1_000_000, 0);
+}
+
+#[tokio::test]
+async fn each_index_serves_the_query_it_is_for() {
+    let (dir, _store) = fresh().await;
+    let pool = raw(&dir).await;
+    let plans = [
+        (
+            "SELECT * FROM solocron_runs WHERE state = 'running' AND lease_until < 5 ORDER BY lease_until LIMIT 9",
+            "solocron_runs_expiry",
+        ),
+        (
+            "SELECT job, scheduled_at, attempt FROM solocron_runs WHERE job = 'x' AND state = 'running'
+             ORDER BY scheduled_at DESC, attempt DESC LIMIT 1",
+            "solocron_runs_running",
+        ),
+        (
+            "SELECT * FROM solocron_runs WHERE 1 = 1 ORDER BY scheduled_at DESC, attempt DESC LIMIT 9",
+            "solocron_runs_newest",
+        ),
+        (
+            "SELECT * FROM solocron_runs WHERE 1 = 1 AND job = 'x' ORDER BY scheduled_at DESC, attempt DESC LIMIT 9",
+            "sqlite_autoindex_solocron_runs_1",
+        ),
+        (
+            "SELECT job, requested_at, requested_by FROM solocron_requests AS r
+             WHERE NOT EXISTS (SELECT 1 FROM solocron_runs
+                               WHERE job = r.job AND scheduled_at = r.requested_at AND attempt = 1)
+             ORDER BY requested_at, job LIMIT 9",
+            "solocron_requests_oldest",
+        ),
+        (
+            "SELECT rowid FROM solocron_runs WHERE state <> 'running' AND scheduled_at < 5
+             ORDER BY scheduled_at, attempt LIMIT 9",
+            "solocron_runs_newest",
+        ),
+    ];
+    for (sql, index) in plans {
+        let rows: Vec<(i64, i64, i64, String)> =
+            sqlx::query_as(&format!("EXPLAIN QUERY PLAN {sql}")).fetch_all(&pool).await.unwrap();
+        let plan: Vec<&str> = rows.iter().map(|r| r.3.as_str()).collect();
+        assert!(plan.iter().any(|p| p.contains(index)), "{sql}: {plan:?}");
+        assert!(!plan.iter().any(|p| p.contains("TEMP B-TREE")), "{sql} sorts: {plan:?}");
+    }
+}
+
+/// The tables and version row of a version 1 database, as the first release wrote them.
+const VERSION_1: &[&str] = &[
+    "CREATE TABLE solocron_schema (version INTEGER NOT NULL)",
+    "INSERT INTO solocron_schema (version) VALUES (1)",
+    r#"CREATE TABLE solocron_runs (
+        job TEXT NOT NULL, scheduled_at INTEGER NOT NULL, attempt INTEGER NOT NULL CHECK (attempt >= 1),
+        "trigger" TEXT NOT NULL, node TEXT NOT NULL, token INTEGER NULL, state TEXT NOT NULL,
+        reason TEXT NULL, claimed_at INTEGER NOT NULL, started_at INTEGER NULL, finished_at INTEGER NULL,
+        lease_until INTEGER NULL, exit_code INTEGER NULL, output TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (job, scheduled_at, attempt)
+    )"#,
+    "CREATE TABLE solocron_fences (job TEXT PRIMARY KEY, token INTEGER NOT NULL)",
+    "INSERT INTO solocron_runs VALUES ('backup', 0, 1, 'schedule', 'a', 7, 'succeeded', NULL, 0, 0, 1, NULL, 0, 'ok')",
+    "INSERT INTO solocron_fences VALUES ('backup', 7)",
+];
+
+#[tokio::test]
+async fn a_version_1_database_is_upgraded_in_place_keeping_its_runs_and_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_path(&dir.path().join("solocron.db")).await.unwrap();
+    let pool = raw(&dir).await;
+    for statement in VERSION_1 {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
+    assert_eq!(versions, [2]);
+
+    let history = store.history(&HistoryQuery::default()).await.unwrap();
+    assert_eq!((history.len(), history[0].state, history[0].output.as_str()), (1, RunState::Succeeded, "ok"));
+    store.set_paused("sync", true, "alice", None).await.unwrap();
+    store.request_run("sync", "alice").await.unwrap();
+    assert_eq!(store.pending_requests(10).await.unwrap().len(), 1);
+    let request = ClaimRequest {
+        tick: Tick::new("backup", "2026-01-01T00:00:00Z".parse().unwrap()),
+        trigger: Trigger::Schedule,
+        node: "a".into(),
+        lease: std::time::Duration::from_secs(30),
+        mode: ClaimMode::Run { skip_if_running: true },
+    };
+    match store.claim(&[request]).await.unwrap().remove(0) {
+        ClaimOutcome::Won(lease) => assert_eq!(lease.fencing_token, 8, "the token counter carries on"),
+        other => panic!("expected Won, got {other:?}"),
+    }
+}

@@ -1,0 +1,184 @@
+//! Command jobs: a process started directly (no shell unless the argv names one), in its
+//! own process group so that stopping it stops its children too.
+
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use chrono::SecondsFormat;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use solocron_core::{output_tail, OUTPUT_TAIL_BYTES_MAX};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::time::timeout;
+
+use crate::job::{Handler, Outcome, RunContext};
+
+/// Longest output line forwarded to the log; the record keeps the tail regardless.
+const LOG_LINE_BYTES_MAX: usize = 1024;
+/// How long to wait for the output pipes to close after the process exited (a grandchild
+/// may hold them open).
+const PIPE_DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A [`Handler`] that runs a process.
+///
+/// The process gets `SOLOCRON_JOB`, `SOLOCRON_SCHEDULED_AT`, `SOLOCRON_FENCING_TOKEN`,
+/// `SOLOCRON_NODE_ID`, `SOLOCRON_RUN_ID`, `SOLOCRON_ATTEMPT`. Its stdout and stderr are
+/// logged line by line and their last 4 KiB kept. To stop it, its process group gets
+/// SIGTERM, then SIGKILL after `kill_grace`. It also gets SIGKILL if the node dies.
+///
+/// ```
+/// let cmd = solocron::Command::new(["/bin/echo", "hello"]).unwrap();
+/// # let _ = cmd;
+/// ```
+#[derive(Debug, Clone)]
+pub struct Command {
+    argv: Vec<String>,
+}
+
+impl Command {
+    /// A command from its argv; `None` if argv is empty.
+    pub fn new<I, S>(argv: I) -> Option<Command>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let argv: Vec<String> = argv.into_iter().map(Into::into).collect();
+        (!argv.is_empty()).then_some(Command { argv })
+    }
+
+    fn spawn(&self, ctx: &RunContext) -> std::io::Result<tokio::process::Child> {
+        let mut cmd = tokio::process::Command::new(&self.argv[0]);
+        cmd.args(&self.argv[1..])
+            .env("SOLOCRON_JOB", &ctx.job)
+            .env("SOLOCRON_SCHEDULED_AT", ctx.scheduled_at.to_rfc3339_opts(SecondsFormat::Millis, true))
+            .env("SOLOCRON_FENCING_TOKEN", ctx.fencing_token.to_string())
+            .env("SOLOCRON_NODE_ID", &ctx.node_id)
+            .env("SOLOCRON_RUN_ID", &ctx.run_id)
+            .env("SOLOCRON_ATTEMPT", ctx.attempt.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let parent = nix::unistd::getpid();
+        // SAFETY: prctl and getppid are async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                // A job must not outlive a node that was SIGKILLed: its lease will lapse and
+                // another node may re-run the tick. (This reaches the job's own process, not
+                // processes it forks in turn: see ARCHITECTURE.md.)
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+                if nix::unistd::getppid() != parent {
+                    // The node died between fork and prctl.
+                    return Err(std::io::Error::other("node exited while starting the job"));
+                }
+                Ok(())
+            });
+        }
+        cmd.spawn()
+    }
+}
+
+#[async_trait]
+impl Handler for Command {
+    async fn run(&self, ctx: RunContext) -> Outcome {
+        let mut child = match self.spawn(&ctx) {
+            Ok(c) => c,
+            Err(e) => {
+                return Outcome {
+                    success: false,
+                    exit_code: None,
+                    output: format!("cannot start {:?}: {e}", self.argv[0]),
+                }
+            }
+        };
+        let pgid = Pid::from_raw(child.id().expect("a child that was just spawned has a pid") as i32);
+        // If this future is dropped (the engine gave up on it), the whole group goes too.
+        let _group = GroupGuard(pgid);
+        let tail = Arc::new(Mutex::new(Vec::with_capacity(OUTPUT_TAIL_BYTES_MAX)));
+        let readers = [
+            child.stdout.take().map(|s| tokio::spawn(pump(s, tail.clone(), ctx.run_id.clone()))),
+            child.stderr.take().map(|s| tokio::spawn(pump(s, tail.clone(), ctx.run_id.clone()))),
+        ];
+        let status = tokio::select! {
+            status = child.wait() => status,
+            _ = ctx.cancel.cancelled() => stop(&mut child, pgid, ctx.kill_grace).await,
+        };
+        // Leftovers of the group (a backgrounded grandchild) go with the job.
+        let _ = killpg(pgid, Signal::SIGKILL);
+        // Both pipes drain at once, within one PIPE_DRAIN_WAIT.
+        let drain_until = tokio::time::Instant::now() + PIPE_DRAIN_WAIT;
+        for r in readers.into_iter().flatten() {
+            if tokio::time::timeout_at(drain_until, r).await.is_err() {
+                tracing::debug!(run = %ctx.run_id, "output pipe still open after exit; tail may be short");
+            }
+        }
+        let output = output_tail(&String::from_utf8_lossy(&tail.lock().expect("not poisoned"))).to_owned();
+        match status {
+            Ok(st) => Outcome { success: st.success(), exit_code: exit_code(st), output },
+            Err(e) => Outcome { success: false, exit_code: None, output: format!("{output}\nwait failed: {e}") },
+        }
+    }
+}
+
+/// Kills the job's process group when dropped.
+struct GroupGuard(Pid);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        let _ = killpg(self.0, Signal::SIGKILL);
+    }
+}
+
+/// SIGTERM to the group, then SIGKILL after the grace.
+async fn stop(child: &mut tokio::process::Child, pgid: Pid, grace: std::time::Duration) -> std::io::Result<ExitStatus> {
+    let _ = killpg(pgid, Signal::SIGTERM);
+    match timeout(grace, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            let _ = killpg(pgid, Signal::SIGKILL);
+            child.wait().await
+        }
+    }
+}
+
+fn exit_code(st: ExitStatus) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt as _;
+    st.code().or_else(|| st.signal().map(|s| 128 + s))
+}
+
+/// Copies a pipe into the shared tail (bounded) and logs it line by line.
+async fn pump(mut pipe: impl AsyncRead + Unpin, tail: Arc<Mutex<Vec<u8>>>, run_id: String) {
+    let mut buf = [0u8; 4096];
+    let mut line = Vec::new();
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        {
+            let mut t = tail.lock().expect("not poisoned");
+            t.extend_from_slice(&buf[..n]);
+            if t.len() > 2 * OUTPUT_TAIL_BYTES_MAX {
+                let cut = t.len() - OUTPUT_TAIL_BYTES_MAX;
+                t.drain(..cut);
+            }
+        }
+        for &b in &buf[..n] {
+            if b == b'\n' {
+                log_line(&run_id, &line);
+                line.clear();
+            } else if line.len() < LOG_LINE_BYTES_MAX {
+                line.push(b);
+            }
+        }
+    }
+    if !line.is_empty() {
+        log_line(&run_id, &line);
+    }
+}
+
+fn log_line(run_id: &str, line: &[u8]) {
+    tracing::info!(target: "solocron::output", run = %run_id, "{}", String::from_utf8_lossy(line));
+}

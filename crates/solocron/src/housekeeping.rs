@@ -1,0 +1,140 @@
+//! What a node does besides running ticks: keep its entry in the job registry (and warn
+//! about drift), pick up manual run requests, and prune old history.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use solocron_core::{ClaimRequest, Store, StoreError, Trigger, PRUNE_BATCH_MAX};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::scheduler::{bounded, run_mode, Engine};
+
+/// How often a node confirms its registrations (and looks for drift). Each refresh writes
+/// every job definition and reads every registration, so it is rare: with 10,000 jobs a
+/// one-minute refresh was most of an idle node's CPU (see BENCHMARKS.md).
+const REGISTRY_REFRESH: Duration = Duration::from_secs(5 * 60);
+/// A registration not confirmed for this long is stale: it no longer counts for drift
+/// (three missed refreshes).
+pub const REGISTRATION_STALE_AFTER: Duration = Duration::from_secs(15 * 60);
+/// How often a node looks for manual run requests ("picked up within a second").
+const REQUEST_POLL: Duration = Duration::from_millis(500);
+/// Most manual requests picked up per poll.
+const REQUESTS_PER_POLL_MAX: usize = 100;
+/// First prune this long after start (not at once: a fleet restarting together would all
+/// prune at the same moment), then every `PRUNE_EVERY`.
+const PRUNE_FIRST_AFTER: Duration = Duration::from_secs(60);
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+/// Records deleted per prune call, and calls per pass.
+const PRUNE_BATCH: usize = 1000;
+const PRUNE_BATCHES_PER_PASS_MAX: usize = 100;
+
+/// Registers this node's jobs now and every [`REGISTRY_REFRESH`]; warns once per drift.
+pub(crate) async fn registry_loop(e: Arc<Engine>, shutdown: CancellationToken) {
+    let definitions: Vec<_> = e.jobs.iter().map(|j| j.definition()).collect();
+    let mut warned: HashSet<(String, String, String)> = HashSet::new();
+    loop {
+        match bounded(e.store.register(&e.node, &definitions)).await {
+            Ok(()) => warn_drift(&e, &definitions, &mut warned).await,
+            Err(err) => tracing::warn!(error = %err, "cannot register this node's jobs; retrying later"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(REGISTRY_REFRESH) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+async fn warn_drift(e: &Engine, mine: &[solocron_core::JobDefinition], warned: &mut HashSet<(String, String, String)>) {
+    let (Ok(all), Ok(now)) = (bounded(e.store.registrations()).await, bounded(e.store.now()).await) else { return };
+    let stale_before = now - chrono::Duration::from_std(REGISTRATION_STALE_AFTER).expect("small");
+    for r in all.iter().filter(|r| r.node != e.node && r.last_seen >= stale_before) {
+        let Some(my) = mine.iter().find(|d| d.job == r.definition.job) else { continue };
+        if my.definition_hash != r.definition.definition_hash
+            && warned.insert((r.definition.job.clone(), r.node.clone(), r.definition.definition_hash.clone()))
+        {
+            tracing::warn!(
+                job = %my.job, other_node = %r.node,
+                here = %format!("{} [{}] {}", my.schedule, my.timezone, my.summary),
+                there = %format!("{} [{}] {}", r.definition.schedule, r.definition.timezone, r.definition.summary),
+                "drift: another node defines this job differently (rolling deploy, or a mistake)"
+            );
+        }
+    }
+}
+
+/// Claims manual run requests (`solocron trigger`) for the jobs this node knows.
+pub(crate) async fn requests_loop(e: Arc<Engine>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(REQUEST_POLL) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        if let Err(err) = claim_requests(&e).await {
+            tracing::debug!(error = %err, "cannot read manual run requests");
+        }
+    }
+}
+
+async fn claim_requests(e: &Arc<Engine>) -> Result<(), StoreError> {
+    let pending = bounded(e.store.pending_requests(REQUESTS_PER_POLL_MAX)).await?;
+    let mut batch = Vec::new();
+    for r in pending {
+        let Some(&i) = e.by_name.get(&r.tick.job) else { continue };
+        let job = &e.jobs[i];
+        tracing::info!(job = %job.name(), requested_by = %r.requested_by, "manual run requested");
+        let req = ClaimRequest {
+            tick: r.tick,
+            trigger: Trigger::Manual,
+            node: e.node.clone(),
+            lease: job.policy().lease,
+            mode: run_mode(job),
+        };
+        batch.push((i, req));
+    }
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let requests: Vec<_> = batch.iter().map(|(_, r)| r.clone()).collect();
+    let sent = Instant::now();
+    let outcomes = e.claim(&requests).await?;
+    for ((i, req), outcome) in batch.iter().zip(outcomes) {
+        e.on_claimed(*i, req, outcome, sent);
+    }
+    Ok(())
+}
+
+/// Deletes run records older than `retention`, in bounded batches, once an hour.
+pub(crate) async fn prune_loop(store: Arc<dyn Store>, retention: Duration, shutdown: CancellationToken) {
+    let mut wait = PRUNE_FIRST_AFTER;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        wait = PRUNE_EVERY;
+        match prune_pass(store.as_ref(), retention, &shutdown).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, retention = ?retention, "pruned old run records"),
+            Err(err) => tracing::warn!(error = %err, "pruning failed; will try again"),
+        }
+    }
+}
+
+/// One bounded pass: batches until one comes back short.
+pub async fn prune_pass(store: &dyn Store, older_than: Duration, stop: &CancellationToken) -> Result<u64, StoreError> {
+    const { assert!(PRUNE_BATCH <= PRUNE_BATCH_MAX) };
+    let mut total = 0;
+    for _ in 0..PRUNE_BATCHES_PER_PASS_MAX {
+        if stop.is_cancelled() {
+            break;
+        }
+        let n = bounded(store.prune(older_than, PRUNE_BATCH)).await?;
+        total += n;
+        if n < PRUNE_BATCH as u64 {
+            break;
+        }
+    }
+    Ok(total)
+}

@@ -1,0 +1,192 @@
+//! Jobs, handlers and what a run is told about itself.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use solocron_core::{JobDefinition, JobPolicy, Schedule, Trigger};
+use tokio_util::sync::CancellationToken;
+
+/// What a running job knows about its run. The same facts reach command jobs as
+/// `SOLOCRON_*` environment variables.
+#[derive(Debug, Clone)]
+pub struct RunContext {
+    /// The job's name.
+    pub job: String,
+    /// The tick's scheduled instant (UTC); the same on every node.
+    pub scheduled_at: DateTime<Utc>,
+    /// Strictly larger than every earlier token of this job: pass it to downstream writes
+    /// so they can refuse a stale holder.
+    pub fencing_token: u64,
+    /// The node running it.
+    pub node_id: String,
+    /// `job@instant#attempt`, unique across the fleet.
+    pub run_id: String,
+    /// 1 for the first attempt, more for crash retries.
+    pub attempt: u32,
+    /// Why the tick was claimed.
+    pub trigger: Trigger,
+    /// Cancelled when the job must stop: lease lost, timeout, or shutdown. A handler
+    /// that ignores it is dropped after `kill_grace`.
+    pub cancel: CancellationToken,
+    /// How long the handler has to stop after `cancel` fires.
+    pub kill_grace: Duration,
+}
+
+/// How a job's code says it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Outcome {
+    /// True if the job did its work.
+    pub success: bool,
+    /// The exit code, for processes.
+    pub exit_code: Option<i32>,
+    /// Output worth keeping (the engine keeps the last 4 KiB).
+    pub output: String,
+}
+
+/// The code a job runs. Implemented for you by [`handler_fn`] and [`crate::Command`].
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// Runs one run of the job. Must return soon after `ctx.cancel` fires.
+    async fn run(&self, ctx: RunContext) -> Outcome;
+}
+
+/// A [`Handler`] made of an async closure; see [`handler_fn`].
+pub struct FnHandler<F>(F);
+
+/// Wraps an async closure returning `anyhow::Result<()>` as a [`Handler`]: `Ok` is success;
+/// an error fails the run and its message is kept as the run's output.
+///
+/// ```
+/// use solocron::{handler_fn, RunContext};
+/// let h = handler_fn(|ctx: RunContext| async move {
+///     println!("{} with token {}", ctx.run_id, ctx.fencing_token);
+///     Ok(())
+/// });
+/// # let _ = h;
+/// ```
+pub fn handler_fn<F, Fut>(f: F) -> FnHandler<F>
+where
+    F: Fn(RunContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    FnHandler(f)
+}
+
+#[async_trait]
+impl<F, Fut> Handler for FnHandler<F>
+where
+    F: Fn(RunContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    async fn run(&self, ctx: RunContext) -> Outcome {
+        match (self.0)(ctx).await {
+            Ok(()) => Outcome { success: true, ..Outcome::default() },
+            Err(e) => Outcome { success: false, exit_code: None, output: format!("{e:#}") },
+        }
+    }
+}
+
+/// A named job: a schedule, a policy and a handler.
+///
+/// ```
+/// use solocron::{handler_fn, Job};
+/// use solocron_core::{JobPolicy, Schedule};
+/// let job = Job::new("report", Schedule::parse("0 0 6 * * *", "Europe/Paris").unwrap(), handler_fn(|_| async { Ok(()) }))
+///     .with_policy(JobPolicy { lease: std::time::Duration::from_secs(10), ..JobPolicy::default() });
+/// assert_eq!(job.name(), "report");
+/// ```
+#[derive(Clone)]
+pub struct Job {
+    name: String,
+    schedule: Schedule,
+    policy: JobPolicy,
+    handler: Arc<dyn Handler>,
+    fingerprint: String,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job").field("name", &self.name).field("schedule", &self.schedule).finish_non_exhaustive()
+    }
+}
+
+impl Job {
+    /// A job with the default policy.
+    pub fn new(name: impl Into<String>, schedule: Schedule, handler: impl Handler) -> Job {
+        Job {
+            name: name.into(),
+            schedule,
+            policy: JobPolicy::default(),
+            handler: Arc::new(handler),
+            fingerprint: String::new(),
+        }
+    }
+
+    /// Replaces the policy.
+    pub fn with_policy(mut self, policy: JobPolicy) -> Job {
+        self.policy = policy;
+        self
+    }
+
+    /// Describes what the job runs (the daemon passes the command's argv), so that nodes
+    /// whose definitions of the job differ are flagged as drift in the job registry.
+    pub fn with_fingerprint(mut self, fingerprint: impl Into<String>) -> Job {
+        self.fingerprint = fingerprint.into();
+        self
+    }
+
+    /// The job's definition as registered in the store: schedule, zone, a readable summary
+    /// of the policy, and a digest of all of it plus the fingerprint.
+    pub fn definition(&self) -> JobDefinition {
+        use sha2::Digest as _;
+        let p = &self.policy;
+        let d = solocron_core::format_duration;
+        let summary = format!(
+            "lease {}, timeout {}, overlap {}, misfire {}, catchup {}, max_catchup {}, on_crash {}, max_attempts {}, kill_grace {}",
+            d(p.lease),
+            p.timeout.map_or("none".into(), d),
+            p.overlap,
+            p.misfire,
+            d(p.catchup),
+            p.max_catchup,
+            p.on_crash,
+            p.max_attempts,
+            d(p.kill_grace),
+        );
+        let mut h = sha2::Sha256::new();
+        for part in [self.schedule.expr(), self.schedule.zone().name(), &summary, &self.fingerprint] {
+            h.update(part.as_bytes());
+            h.update([0u8]);
+        }
+        let digest: String = h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
+        JobDefinition {
+            job: self.name.clone(),
+            schedule: self.schedule.expr().to_owned(),
+            timezone: self.schedule.zone().name().to_owned(),
+            definition_hash: digest,
+            summary,
+        }
+    }
+
+    /// The job's name, unique in the fleet.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// When it runs.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// How it runs.
+    pub fn policy(&self) -> &JobPolicy {
+        &self.policy
+    }
+
+    pub(crate) fn handler(&self) -> Arc<dyn Handler> {
+        self.handler.clone()
+    }
+}

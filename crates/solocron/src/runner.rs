@@ -1,0 +1,251 @@
+//! The life of one claimed run: start the handler, renew the lease every lease/3, stop the
+//! job when the lease is lost, the timeout passes or the node shuts down, and record the end.
+//!
+//! This is the one function that owns a run's control flow; everything it calls computes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use solocron_core::{output_tail, JobPolicy, Lease, RunEnd, RunState, Store, Trigger};
+use tokio::time::{sleep_until, timeout_at, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::job::{Job, Outcome, RunContext};
+
+/// Extra time, beyond the job's kill grace, that a stopped handler gets before it is dropped
+/// (a command also drains its output pipes after the kill: up to 2 × 1 s).
+const STOP_SLACK: Duration = Duration::from_secs(3);
+/// Most end-recording calls in flight at once per process. When thousands of runs end
+/// together (a herd of instant jobs), unbounded `finish` calls would all wait for the
+/// store's few pooled connections and time out; queued here, they go through in order.
+const END_CALLS_MAX: usize = 16;
+static END_CALLS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(END_CALLS_MAX);
+
+/// Longest wait for recording the end of a run whose lease is already lost.
+const LOST_FINISH_WAIT: Duration = Duration::from_secs(2);
+
+/// Why the engine stopped a job before it ended by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// The lease is gone or could not be renewed before the local deadline.
+    Lost(&'static str),
+    /// The job's timeout passed.
+    TimedOut,
+    /// The node is shutting down and the grace passed.
+    Interrupted,
+}
+
+/// The owner's view of its lease: when to renew next, and until when it may trust it.
+struct Heartbeat {
+    lease: Lease,
+    policy: JobPolicy,
+    next_renew: Instant,
+    /// Local, conservative end of the lease (monotonic clock).
+    deadline: Instant,
+    /// When to start stopping the job if no renewal succeeds: `kill_grace` before `deadline`.
+    stop_at: Instant,
+}
+
+enum Beat {
+    Renewed,
+    Retry,
+    Gone,
+}
+
+impl Heartbeat {
+    fn new(lease: Lease, policy: JobPolicy, claim_sent: Instant) -> Heartbeat {
+        Heartbeat {
+            next_renew: claim_sent + policy.renew_interval(),
+            deadline: claim_sent + policy.local_lease_deadline(),
+            stop_at: claim_sent + policy.local_stop_deadline(),
+            lease,
+            policy,
+        }
+    }
+
+    /// One renewal, bounded by the local deadline (and by one renew interval, so a hung
+    /// connection gets another try before the deadline).
+    async fn beat(&mut self, store: &dyn Store) -> Beat {
+        let sent = Instant::now();
+        let bound = self.deadline.min(sent + self.policy.renew_interval());
+        match timeout_at(bound, store.renew(&self.lease, self.policy.lease)).await {
+            Ok(Ok(true)) => {
+                self.deadline = sent + self.policy.local_lease_deadline();
+                self.stop_at = sent + self.policy.local_stop_deadline();
+                self.next_renew = sent + self.policy.renew_interval();
+                Beat::Renewed
+            }
+            Ok(Ok(false)) => Beat::Gone,
+            Ok(Err(e)) => {
+                tracing::warn!(run = %self.lease.run, error = %e, "lease renewal failed; retrying until the lease deadline");
+                self.next_renew = Instant::now() + (self.policy.renew_interval() / 4).max(Duration::from_millis(50));
+                Beat::Retry
+            }
+            Err(_) => {
+                tracing::warn!(run = %self.lease.run, "lease renewal timed out");
+                self.next_renew = Instant::now();
+                Beat::Retry
+            }
+        }
+    }
+}
+
+/// Runs a claimed run to its recorded end. `interrupt` fires when shutdown's grace is over.
+pub(crate) async fn execute(
+    store: Arc<dyn Store>,
+    job: Job,
+    lease: Lease,
+    trigger: Trigger,
+    claim_sent: Instant,
+    interrupt: CancellationToken,
+) {
+    let policy = job.policy().clone();
+    let cancel = CancellationToken::new();
+    let ctx = RunContext {
+        job: job.name().to_owned(),
+        scheduled_at: lease.run.tick.scheduled_at,
+        fencing_token: lease.fencing_token,
+        node_id: lease.owner.clone(),
+        run_id: lease.run.to_string(),
+        attempt: lease.run.attempt,
+        trigger,
+        cancel: cancel.clone(),
+        kill_grace: policy.kill_grace,
+    };
+    let started = Instant::now();
+    tracing::info!(
+        job = %ctx.job, scheduled_at = %ctx.scheduled_at, node = %ctx.node_id, token = ctx.fencing_token,
+        attempt = ctx.attempt, trigger = %trigger, run = %ctx.run_id, "run started"
+    );
+    let mut hb = Heartbeat::new(lease, policy.clone(), claim_sent);
+    if Instant::now() >= hb.next_renew && !matches!(hb.beat(store.as_ref()).await, Beat::Renewed) {
+        // The claim's answer came so late that the lease may be gone: never start unsure.
+        let end = RunEnd {
+            state: RunState::Lost,
+            reason: Some("the claim's answer came too late to trust the lease; job not started".into()),
+            exit_code: None,
+            output: String::new(),
+            started_after: None,
+        };
+        record_end(store.as_ref(), &hb, &end, true).await;
+        tracing::warn!(run = %hb.lease.run, "lease not confirmed before start; run recorded lost without starting");
+        return;
+    }
+    let handler = job.handler();
+    let task = tokio::spawn(async move { handler.run(ctx).await });
+    let (outcome, stop) = supervise(task, &mut hb, store.as_ref(), &policy, started, &cancel, &interrupt).await;
+    let end = end_of(outcome, stop, started - claim_sent);
+    record_end(store.as_ref(), &hb, &end, matches!(stop, Some(Stop::Lost(_)))).await;
+    tracing::info!(
+        job = %job.name(), scheduled_at = %hb.lease.run.tick.scheduled_at, node = %hb.lease.owner,
+        token = hb.lease.fencing_token, attempt = hb.lease.run.attempt, state = %end.state,
+        duration = %solocron_core::format_duration(started.elapsed()), exit_code = ?end.exit_code,
+        reason = end.reason.as_deref().unwrap_or(""), "run ended"
+    );
+}
+
+/// Waits for the handler while keeping the lease; stops it when it must stop.
+async fn supervise(
+    mut task: tokio::task::JoinHandle<Outcome>,
+    hb: &mut Heartbeat,
+    store: &dyn Store,
+    policy: &JobPolicy,
+    started: Instant,
+    cancel: &CancellationToken,
+    interrupt: &CancellationToken,
+) -> (Option<Outcome>, Option<Stop>) {
+    let far = started + Duration::from_secs(30 * 365 * 86_400);
+    let timeout_at = policy.timeout.map_or(far, |t| started + t);
+    let mut stop: Option<Stop> = None;
+    let mut hard_stop = far;
+    let mut renewing = true;
+    loop {
+        let mut stop_now = None;
+        tokio::select! {
+            biased;
+            res = &mut task => {
+                return (res.ok().or_else(|| Some(Outcome { output: "handler panicked".into(), ..Outcome::default() })), stop);
+            }
+            _ = sleep_until(hb.stop_at), if renewing => stop_now = Some(Stop::Lost("could not renew the lease in time")),
+            _ = sleep_until(hb.next_renew), if renewing => match hb.beat(store).await {
+                Beat::Renewed | Beat::Retry => {}
+                Beat::Gone => stop_now = Some(Stop::Lost("the lease was taken away (expired, recovered or unlocked)")),
+            },
+            _ = sleep_until(timeout_at), if stop.is_none() => stop_now = Some(Stop::TimedOut),
+            _ = interrupt.cancelled(), if stop.is_none() => stop_now = Some(Stop::Interrupted),
+            _ = sleep_until(hard_stop) => {
+                task.abort();
+                tracing::warn!(run = %hb.lease.run, "handler ignored cancellation past its kill grace; dropped");
+                return (None, stop);
+            }
+        }
+        if let Some(s) = stop_now {
+            if let Stop::Lost(why) = s {
+                renewing = false;
+                tracing::warn!(run = %hb.lease.run, why, "lease lost; stopping the job");
+            }
+            if stop.is_none() || matches!(s, Stop::Lost(_)) {
+                stop = Some(s);
+            }
+            if !cancel.is_cancelled() {
+                cancel.cancel();
+                hard_stop = Instant::now() + policy.kill_grace + STOP_SLACK;
+            }
+        }
+    }
+}
+
+/// The recorded end, from what the handler said and why the engine stopped it.
+fn end_of(outcome: Option<Outcome>, stop: Option<Stop>, started_after: Duration) -> RunEnd {
+    let outcome = outcome.unwrap_or_default();
+    let (state, reason) = match stop {
+        None if outcome.success => (RunState::Succeeded, None),
+        None => (RunState::Failed, outcome.exit_code.map(|c| format!("exit code {c}"))),
+        Some(Stop::Lost(why)) => (RunState::Lost, Some(why.to_owned())),
+        Some(Stop::TimedOut) => (RunState::TimedOut, Some("timeout passed; job stopped".to_owned())),
+        Some(Stop::Interrupted) => {
+            (RunState::Interrupted, Some("node shut down; job stopped after the grace".to_owned()))
+        }
+    };
+    debug_assert!(state.is_terminal());
+    RunEnd {
+        state,
+        reason,
+        exit_code: outcome.exit_code,
+        output: output_tail(&outcome.output).to_owned(),
+        started_after: Some(started_after),
+    }
+}
+
+/// Records the end, retrying while the lease may still be ours.
+async fn record_end(store: &dyn Store, hb: &Heartbeat, end: &RunEnd, lost: bool) {
+    let give_up =
+        if lost { Instant::now() + LOST_FINISH_WAIT } else { hb.deadline.max(Instant::now() + LOST_FINISH_WAIT) };
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    loop {
+        let permit = timeout_at(give_up, END_CALLS.acquire()).await;
+        let answer = match permit {
+            Ok(Ok(_permit)) => timeout_at(give_up, store.finish(&hb.lease, end)).await,
+            _ => {
+                tracing::error!(run = %hb.lease.run, state = %end.state, "could not record the run's end before its lease ran out");
+                return;
+            }
+        };
+        match answer {
+            Ok(Ok(true)) => return,
+            Ok(Ok(false)) => {
+                tracing::warn!(run = %hb.lease.run, state = %end.state, "run was already ended by another node; its record stands");
+                return;
+            }
+            Ok(Err(e)) => tracing::warn!(run = %hb.lease.run, error = %e, "could not record the run's end; retrying"),
+            Err(_) => {}
+        }
+        if Instant::now() + backoff.peek() >= give_up {
+            tracing::error!(run = %hb.lease.run, state = %end.state,
+                "could not record the run's end before its lease ran out; another node will recover it by its on_crash policy");
+            return;
+        }
+        backoff.wait().await;
+    }
+}

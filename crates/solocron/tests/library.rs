@@ -1,0 +1,179 @@
+//! The library API with in-process handlers, several schedulers racing on one real SQLite
+//! file, each with its own connection pool (as separate processes would have).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use solocron::{handler_fn, Job, RunContext, Scheduler};
+use solocron_core::{Clock, HistoryQuery, JobPolicy, RunState, Schedule, Store};
+use solocron_sqlite::SqliteStore;
+use tokio_util::sync::CancellationToken;
+
+/// A node whose wall clock is off by `skew_ms`.
+struct Skewed(i64);
+
+impl Clock for Skewed {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now() + chrono::Duration::milliseconds(self.0)
+    }
+}
+
+type Seen = Arc<Mutex<Vec<(DateTime<Utc>, String, u64)>>>;
+
+fn recording_job(name: &str, expr: &str, seen: Seen, policy: JobPolicy) -> Job {
+    let handler = handler_fn(move |ctx: RunContext| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().push((ctx.scheduled_at, ctx.node_id.clone(), ctx.fencing_token));
+            Ok(())
+        }
+    });
+    Job::new(name, Schedule::parse(expr, "UTC").unwrap(), handler).with_policy(policy)
+}
+
+async fn store(dir: &tempfile::TempDir) -> Arc<dyn Store> {
+    let s = SqliteStore::connect(&format!("sqlite://{}/s.db", dir.path().display())).await.unwrap();
+    s.migrate().await.unwrap();
+    Arc::new(s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_with_skewed_clocks_still_run_each_tick_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let seen: Seen = Arc::default();
+    let shutdown = CancellationToken::new();
+    let mut nodes = Vec::new();
+    for (id, skew) in [("behind", -700), ("exact", 0), ("ahead", 700)] {
+        let s = Scheduler::builder(store(&dir).await)
+            .node_id(id)
+            .clock(Arc::new(Skewed(skew)))
+            .job(recording_job("skewed", "* * * * * *", seen.clone(), JobPolicy::default()))
+            .build()
+            .unwrap();
+        nodes.push(tokio::spawn(s.run(shutdown.clone())));
+    }
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    shutdown.cancel();
+    for n in nodes {
+        n.await.unwrap();
+    }
+    let seen = seen.lock().unwrap().clone();
+    let mut per_tick: BTreeMap<DateTime<Utc>, usize> = BTreeMap::new();
+    for (t, _, _) in &seen {
+        *per_tick.entry(*t).or_default() += 1;
+    }
+    assert!(per_tick.values().all(|&n| n == 1), "a tick ran twice: {per_tick:?}");
+    assert!(per_tick.len() >= 7, "ticks were missed: {per_tick:?}");
+    let ticks: Vec<_> = per_tick.keys().collect();
+    assert!(ticks.windows(2).all(|w| (*w[1] - *w[0]).num_milliseconds() == 1000), "a gap: {ticks:?}");
+    // Tokens rise in claim order (the store's guarantee, tested per store); with skew a
+    // lagging node may claim an older tick after a newer one, so here: all distinct.
+    let mut tokens: Vec<u64> = seen.iter().map(|s| s.2).collect();
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), seen.len(), "two runs shared a fencing token: {seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_past_its_timeout_is_cancelled_and_recorded_timed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir).await;
+    let policy = JobPolicy {
+        timeout: Some(Duration::from_millis(300)),
+        kill_grace: Duration::from_millis(300),
+        lease: Duration::from_secs(2),
+        overlap: solocron_core::Overlap::Allow,
+        ..JobPolicy::default()
+    };
+    let polite = handler_fn(|ctx: RunContext| async move {
+        ctx.cancel.cancelled().await;
+        anyhow::bail!("cancelled as asked")
+    });
+    // Ignores cancellation: the engine drops it after kill_grace (+ slack) and still records.
+    let stubborn = handler_fn(|_ctx: RunContext| async move {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        Ok(())
+    });
+    let s = Scheduler::builder(st.clone())
+        .node_id("n1")
+        .job(Job::new("polite", Schedule::parse("*/2 * * * * *", "UTC").unwrap(), polite).with_policy(policy.clone()))
+        .job(Job::new("stubborn", Schedule::parse("*/2 * * * * *", "UTC").unwrap(), stubborn).with_policy(policy))
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let node = tokio::spawn(s.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    shutdown.cancel();
+    node.await.unwrap();
+    for job in ["polite", "stubborn"] {
+        let h = st.history(&HistoryQuery { job: Some(job.into()), ..HistoryQuery::default() }).await.unwrap();
+        let ended: Vec<_> = h.iter().filter(|r| r.state != RunState::Skipped).collect();
+        assert!(!ended.is_empty(), "{job}: no runs");
+        assert!(ended.iter().all(|r| r.state == RunState::TimedOut), "{job}: {h:#?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_store_is_unavailable_nothing_runs_and_missed_ticks_follow_misfire_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir).await;
+    let seen: Seen = Arc::default();
+    // overlap = allow: every tick of the outage must run (with skip, a tick arriving while
+    // a catch-up run is in progress is rightly recorded skipped instead).
+    let policy = JobPolicy {
+        misfire: solocron_core::Misfire::All,
+        catchup: Duration::from_secs(60),
+        max_catchup: 100,
+        overlap: solocron_core::Overlap::Allow,
+        ..JobPolicy::default()
+    };
+    let s = Scheduler::builder(st.clone())
+        .node_id("n1")
+        .job(recording_job("outage", "* * * * * *", seen.clone(), policy))
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let node = tokio::spawn(s.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The outage: another connection holds SQLite's write lock for longer than the store's
+    // busy timeout (10 s), so claims fail with "database is locked".
+    let url = format!("sqlite://{}/s.db", dir.path().display());
+    let mut locker = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE").execute(&mut locker).await.unwrap();
+    let outage_start = Utc::now();
+    let ran_before = seen.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let ran_during: Vec<_> = seen.lock().unwrap()[ran_before..].to_vec();
+    let outage_end = Utc::now();
+    sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    shutdown.cancel();
+    node.await.unwrap();
+    // Nothing claimed during the outage ran during it (a claim that was in flight when the
+    // lock was taken may have started just before).
+    assert!(ran_during.len() <= 1, "ran without permission: {ran_during:?}");
+    let h = st.history(&HistoryQuery { job: Some("outage".into()), ..HistoryQuery::default() }).await.unwrap();
+    let mut per_tick: BTreeMap<DateTime<Utc>, usize> = BTreeMap::new();
+    for r in &h {
+        *per_tick.entry(r.id.tick.scheduled_at).or_default() += 1;
+    }
+    assert!(per_tick.values().all(|&n| n == 1), "a tick has two records");
+    // Every tick of the outage ran once it was over: the older ones (past the late
+    // tolerance) as catch-up runs by the misfire policy, the younger ones as late ticks.
+    let in_outage: Vec<_> = h
+        .iter()
+        .filter(|r| r.id.tick.scheduled_at > outage_start + chrono::Duration::seconds(1))
+        .filter(|r| r.id.tick.scheduled_at < outage_end - chrono::Duration::seconds(1))
+        .collect();
+    assert!(in_outage.len() >= 12, "{h:#?}");
+    assert!(in_outage.iter().all(|r| r.state == RunState::Succeeded), "{in_outage:#?}");
+    let caught_up = in_outage.iter().filter(|r| r.trigger == solocron_core::Trigger::Catchup).count();
+    assert!(caught_up >= 2, "ticks older than the late tolerance went through misfire = all: {in_outage:#?}");
+    let seen = seen.lock().unwrap();
+    let mut ticks: Vec<_> = seen.iter().map(|s| s.0).collect();
+    ticks.sort();
+    ticks.dedup();
+    assert_eq!(ticks.len(), seen.len(), "a tick ran twice");
+}
