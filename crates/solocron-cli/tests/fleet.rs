@@ -136,8 +136,10 @@ command = ["/bin/sh", "$DIR/fenced.sh", "$DIR"]
     let a = f.nodes.iter().position(|n| n.id == a_id).unwrap();
     f.signal(a, Signal::SIGSTOP);
     // The other node takes the tick over once the stopped node's lease expires.
-    wait_for(Duration::from_secs(10), || f.lines("sink").iter().find(|l| !l.ends_with(&a_id)).cloned())
-        .expect("no takeover while the holder was stopped");
+    if wait_for(Duration::from_secs(10), || f.lines("sink").iter().find(|l| !l.ends_with(&a_id)).cloned()).is_none() {
+        let logs: Vec<String> = f.nodes.iter().map(|n| format!("--- {} ---\n{}", n.id, f.log(&n.id))).collect();
+        panic!("no takeover while the holder was stopped\nsink: {:?}\n{}", f.lines("sink"), logs.join("\n"));
+    }
     std::thread::sleep(Duration::from_millis(1500));
     f.signal(a, Signal::SIGCONT);
     // The woken node sees its lease deadline passed and stops its job.

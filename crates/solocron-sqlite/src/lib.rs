@@ -85,6 +85,8 @@ const REQUEST_SLOTS_MAX: usize = 100;
 /// How long a connection waits for another process's write lock before giving up; below
 /// the engine's 5 s store-call timeout, so a long lock surfaces as "unavailable" from here.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(4);
+/// Pause between attempts to open a database another process holds locked.
+const OPEN_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// Connections per store: writers serialize on the file lock anyway, so a few suffice for
 /// reads (history, expiry scans) to proceed beside one writer.
@@ -209,11 +211,21 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(BUSY_TIMEOUT)
             .synchronous(SqliteSynchronous::Normal);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(POOL_MAX)
-            .connect_with(options)
-            .await
-            .map_err(|e| in_context(db_err(e), &format!("cannot open SQLite database {}", path.display())))?;
+        // Switching a new file to WAL can answer SQLITE_BUSY at once, without waiting in the
+        // busy handler, while another process is opening the same file: nodes started
+        // together retry for up to the busy timeout.
+        let started = tokio::time::Instant::now();
+        let pool = loop {
+            match SqlitePoolOptions::new().max_connections(POOL_MAX).connect_with(options.clone()).await {
+                Ok(pool) => break pool,
+                Err(e) if is_busy(&e) && started.elapsed() < BUSY_TIMEOUT => {
+                    tokio::time::sleep(OPEN_RETRY_PAUSE).await;
+                }
+                Err(e) => {
+                    return Err(in_context(db_err(e), &format!("cannot open SQLite database {}", path.display())));
+                }
+            }
+        };
         Ok(SqliteStore { pool, path })
     }
 
@@ -237,6 +249,12 @@ fn parse_url(url: &str) -> Result<SqliteConnectOptions, StoreError> {
         )));
     }
     SqliteConnectOptions::from_str(url).map_err(|e| StoreError::Invalid(format!("bad SQLite URL `{url}`: {e}")))
+}
+
+/// Whether `e` is SQLite's BUSY or LOCKED: another connection holds a lock we need.
+fn is_busy(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d)
+        if d.code().and_then(|c| c.parse::<i64>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6)))
 }
 
 /// Maps an sqlx error: what a retry may cure (I/O, locks held past the busy timeout, a full

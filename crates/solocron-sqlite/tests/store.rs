@@ -152,3 +152,22 @@ async fn a_version_1_database_is_upgraded_in_place_keeping_its_runs_and_tokens()
         other => panic!("expected Won, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_node_opening_while_another_migrates_waits_instead_of_failing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("solocron.db");
+    // The first node has just created the file, not yet switched it to WAL, and holds its
+    // write lock: switching to WAL then answers "database is locked" without waiting.
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", path.display())).await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await.unwrap();
+    sqlx::query("CREATE TABLE held (x)").execute(&mut *conn).await.unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        sqlx::query("COMMIT").execute(&mut *conn).await.unwrap();
+    });
+    let second = SqliteStore::open_path(&path).await.expect("a second node opening during a migration must wait");
+    second.migrate().await.unwrap();
+    release.await.unwrap();
+}
