@@ -20,8 +20,13 @@ pub struct Proc {
 pub fn fresh(store: &str, dir: &std::path::Path, tag: &str) -> (String, String) {
     let n: u32 = std::process::id()
         ^ (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos());
-    let prefix =
-        if store.starts_with("redis") { format!("{{solocron_b{n:08x}}}:") } else { format!("solocron_b{n:08x}_") };
+    let prefix = if store.starts_with("redis") {
+        format!("{{solocron_b{n:08x}}}:")
+    } else if store.starts_with("etcd") {
+        format!("/solocron_b{n:08x}/")
+    } else {
+        format!("solocron_b{n:08x}_")
+    };
     if store.starts_with("sqlite") {
         (format!("sqlite://{}/{tag}-{n:08x}.db", dir.display()), prefix)
     } else {

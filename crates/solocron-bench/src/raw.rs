@@ -8,6 +8,8 @@ pub enum Raw {
     Postgres(PgPool, String),
     MySql(MySqlPool, String),
     Redis(redis::aio::ConnectionManager, String),
+    #[cfg(feature = "etcd")]
+    Etcd(Box<etcd_client::Client>, String),
 }
 
 impl Raw {
@@ -29,6 +31,13 @@ impl Raw {
         } else if url.starts_with("redis") {
             let client = redis::Client::open(url)?;
             Raw::Redis(redis::aio::ConnectionManager::new(client).await?, prefix.to_owned())
+        } else if url.starts_with("etcd") {
+            #[cfg(feature = "etcd")]
+            {
+                Raw::Etcd(Box::new(etcd_client::Client::connect(etcd_endpoints(url), None).await?), prefix.to_owned())
+            }
+            #[cfg(not(feature = "etcd"))]
+            anyhow::bail!("this build has no etcd: build the benchmark with `--features etcd`")
         } else {
             anyhow::bail!("no raw operation for {url}")
         };
@@ -36,7 +45,8 @@ impl Raw {
     }
 
     /// One insert-if-absent of `k`: SQLite `INSERT OR IGNORE`, PostgreSQL `INSERT … ON
-    /// CONFLICT DO NOTHING RETURNING`, MySQL `INSERT IGNORE`, Redis `SET k v NX PX`.
+    /// CONFLICT DO NOTHING RETURNING`, MySQL `INSERT IGNORE`, Redis `SET k v NX PX`, etcd one
+    /// `Txn` (create revision 0 → put).
     pub async fn insert(&self, k: &str) -> anyhow::Result<()> {
         match self {
             Raw::Sqlite(p) => {
@@ -61,6 +71,15 @@ impl Raw {
                     .arg(60_000)
                     .query_async(&mut c)
                     .await?;
+            }
+            #[cfg(feature = "etcd")]
+            Raw::Etcd(c, pre) => {
+                use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+                let key = format!("{pre}raw/{k}");
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(key.as_str(), "1", Some(PutOptions::new()))]);
+                c.kv_client().txn(txn).await?;
             }
         }
         Ok(())
@@ -96,6 +115,11 @@ pub async fn cleanup(url: &str, prefix: &str) {
         let script =
             format!("redis-cli -h 127.0.0.1 --scan --pattern '{prefix}*' | xargs -r redis-cli -h 127.0.0.1 unlink");
         let _ = std::process::Command::new("sh").args(["-c", &script]).output();
+    } else if url.starts_with("etcd") {
+        #[cfg(feature = "etcd")]
+        if let Ok(mut c) = etcd_client::Client::connect(etcd_endpoints(url), None).await {
+            let _ = c.delete(prefix, Some(etcd_client::DeleteOptions::new().with_prefix())).await;
+        }
     } else if url.starts_with("mysql") || url.starts_with("mariadb") {
         let Ok(pool) = MySqlPool::connect(&url.replacen("mariadb://", "mysql://", 1)).await else { return };
         let tables: Vec<(String,)> = sqlx::query_as(
@@ -109,4 +133,11 @@ pub async fn cleanup(url: &str, prefix: &str) {
             let _ = sqlx::query(&format!("DROP TABLE IF EXISTS `{t}`")).execute(&pool).await;
         }
     }
+}
+
+/// `etcd://host:port,host:port` → the client's endpoints (the benchmark uses no credentials).
+#[cfg(feature = "etcd")]
+fn etcd_endpoints(url: &str) -> Vec<String> {
+    let hosts = url.trim_start_matches("etcd://").trim_end_matches('/');
+    hosts.split(',').map(|h| format!("http://{h}")).collect()
 }

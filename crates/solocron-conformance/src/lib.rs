@@ -70,6 +70,44 @@ pub trait StoreFactory: Send + Sync + 'static {
     }
 }
 
+/// Names of test namespaces (table or key prefixes) that cleanup can date, so a test run
+/// can remove what killed runs left behind without touching a run still in progress.
+pub mod naming {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    /// Namespaces younger than this are left alone: another `cargo test` may be using them.
+    pub const STALE_AFTER: Duration = Duration::from_secs(600);
+
+    fn unix_secs() -> u64 {
+        SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_secs()
+    }
+
+    /// 16 hex digits: the creation second (8), then 8 random ones. Unique per call.
+    ///
+    /// ```
+    /// let tag = solocron_conformance::naming::fresh_tag();
+    /// assert_eq!(tag.len(), 16);
+    /// assert!(!solocron_conformance::naming::is_stale(&tag));
+    /// ```
+    pub fn fresh_tag() -> String {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        hasher.write_u32(std::process::id());
+        hasher.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_nanos());
+        format!("{:08x}{:08x}", unix_secs() as u32, hasher.finish() as u32)
+    }
+
+    /// Whether `tag` (text starting with a [`fresh_tag`]) was made more than
+    /// [`STALE_AFTER`] ago; false for text that is not a tag.
+    pub fn is_stale(tag: &str) -> bool {
+        let cutoff = unix_secs().saturating_sub(STALE_AFTER.as_secs());
+        tag.get(..8).and_then(|h| u64::from_str_radix(h, 16).ok()).is_some_and(|created| created < cutoff)
+    }
+}
+
 /// Decides what to do when a server store cannot be reached: under CI (`CI` set) the run
 /// fails; elsewhere the test prints why it skips and returns `None`.
 pub fn server_unreachable<T>(store: &str, why: &str) -> Option<T> {

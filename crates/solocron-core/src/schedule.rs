@@ -4,8 +4,10 @@
 //! POSIX weekdays, OCPS daylight-saving rules). This module adds what croner does not:
 //! an error that names the offending field, and iteration in UTC instants.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex, Weak};
 
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
@@ -71,7 +73,8 @@ pub enum ScheduleError {
 pub struct Schedule {
     expr: String,
     zone: Tz,
-    cron: Cron,
+    /// Shared by every schedule with the same expression (see [`interned`]).
+    cron: Arc<Cron>,
 }
 
 impl fmt::Debug for Schedule {
@@ -82,6 +85,35 @@ impl fmt::Debug for Schedule {
 
 fn parser() -> CronParser {
     CronParser::builder().seconds(Seconds::Optional).year(Year::Disallowed).build()
+}
+
+/// Parsed expressions alive in this process, by their text. A parsed croner pattern holds a
+/// bitfield of every year it can fire in (about 5 KB), so 10,000 jobs on `@hourly` would
+/// otherwise carry 50 MB of identical copies; they share one.
+static PARSED: Mutex<Option<HashMap<String, Weak<Cron>>>> = Mutex::new(None);
+
+/// The parsed form of `expr`, shared with every live schedule of the same text.
+fn interned(expr: &str) -> Result<Arc<Cron>, ScheduleError> {
+    if let Some(cron) = PARSED.lock().expect("not poisoned").as_ref().and_then(|m| m.get(expr)?.upgrade()) {
+        return Ok(cron);
+    }
+    let cron = Arc::new(
+        parser().parse(expr).map_err(|e| ScheduleError::Expression { expr: expr.to_owned(), why: e.to_string() })?,
+    );
+    let mut parsed = PARSED.lock().expect("not poisoned");
+    let map = parsed.get_or_insert_with(HashMap::new);
+    // Bounded by the live expressions: dead entries go whenever the map doubles.
+    if map.len() >= 64 && map.len().is_power_of_two() {
+        map.retain(|_, weak| weak.strong_count() > 0);
+    }
+    // Another thread may have parsed the same text meanwhile: keep the one already shared.
+    match map.get(expr).and_then(Weak::upgrade) {
+        Some(shared) => Ok(shared),
+        None => {
+            map.insert(expr.to_owned(), Arc::downgrade(&cron));
+            Ok(cron)
+        }
+    }
 }
 
 impl Schedule {
@@ -96,9 +128,7 @@ impl Schedule {
             }
             check_fields(expr, &fields)?;
         }
-        let cron = parser()
-            .parse(trimmed)
-            .map_err(|e| ScheduleError::Expression { expr: expr.to_owned(), why: e.to_string() })?;
+        let cron = interned(trimmed)?;
         Ok(Schedule { expr: expr.to_owned(), zone, cron })
     }
 
@@ -186,6 +216,22 @@ mod tests {
 
     fn at(s: &str) -> DateTime<Utc> {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn schedules_of_one_expression_share_the_parsed_pattern_whatever_their_zone() {
+        let a = Schedule::parse("0 17 3 * * *", "UTC").unwrap();
+        let b = Schedule::parse(" 0 17 3 * * * ", "Asia/Tokyo").unwrap();
+        let c = Schedule::parse("0 18 3 * * *", "UTC").unwrap();
+        assert!(Arc::ptr_eq(&a.cron, &b.cron) && !Arc::ptr_eq(&a.cron, &c.cron));
+        // Sharing the pattern does not share the zone.
+        let after = at("2026-06-01T00:00:00Z");
+        assert_eq!(a.next_after(after).unwrap(), at("2026-06-01T03:17:00Z"));
+        assert_eq!(b.next_after(after).unwrap(), at("2026-06-01T18:17:00Z"));
+        // Once every schedule of an expression is gone, its pattern is freed.
+        let weak = Arc::downgrade(&a.cron);
+        drop((a, b));
+        assert!(weak.upgrade().is_none());
     }
 
     #[test]

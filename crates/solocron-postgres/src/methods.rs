@@ -23,6 +23,21 @@ use crate::PgStore;
 /// How many instants after the first `request_run` tries for one request; far more than two
 /// operators can ask for in one millisecond.
 const REQUEST_CANDIDATES: i64 = 100;
+/// Statements [`Store::request_run`] tries before giving up (each collision means another
+/// request of the same job won that instant).
+const REQUEST_ATTEMPTS: i64 = 30;
+
+/// How many free instants the `attempt`-th try skips: 0 at first, then random below
+/// `attempt + 1` (bounded by a quarter of the candidates).
+fn jitter(attempt: i64) -> i64 {
+    use std::hash::{BuildHasher, Hasher};
+    if attempt == 0 {
+        return 0;
+    }
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_i64(attempt);
+    (h.finish() % (attempt as u64 + 1).min(REQUEST_CANDIDATES as u64 / 4)) as i64
+}
 
 /// The page size of reads: `limit` capped at [`RECORDS_PAGE_MAX`].
 fn page(limit: usize) -> i64 {
@@ -169,9 +184,10 @@ impl PgStore {
         Ok(outcome)
     }
 
-    /// One attempt at [`Store::request_run`]: the first free instant from now on that is not
-    /// a whole second, or `None` if a concurrent request took it in between.
-    async fn request_once(&self, job: &str, by: &str) -> Res<Option<i64>> {
+    /// One attempt at [`Store::request_run`]: the free instant from now on that is not a
+    /// whole second, after skipping `skip` free ones, or `None` if a concurrent request
+    /// took it in between.
+    async fn request_once(&self, job: &str, by: &str, skip: i64) -> Res<Option<i64>> {
         let at: Option<i64> = sqlx::query_scalar(&self.sql(
             "INSERT INTO {p}requests (job, requested_at, requested_by)
              SELECT $1, c.at, $2 FROM (
@@ -179,12 +195,13 @@ impl PgStore {
                  WHERE (b.base + n) % 1000 <> 0 ORDER BY 1 LIMIT $3
              ) c
              WHERE NOT EXISTS (SELECT 1 FROM {p}requests q WHERE q.job = $1 AND q.requested_at = c.at)
-             ORDER BY c.at LIMIT 1
+             ORDER BY c.at OFFSET $4 LIMIT 1
              ON CONFLICT (job, requested_at) DO NOTHING RETURNING requested_at",
         ))
         .bind(job)
         .bind(by)
         .bind(REQUEST_CANDIDATES)
+        .bind(skip)
         .fetch_optional(&self.pool)
         .await?;
         Ok(at)
@@ -414,16 +431,18 @@ impl Store for PgStore {
     }
 
     async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError> {
-        // The statement picks the first free instant itself; it comes back empty only if a
-        // concurrent request for the same job took that instant, and a new statement then
-        // starts from a later now.
-        for _ in 0..5 {
-            if let Some(at) = self.request_once(job, by).await.map_err(|e| e.into_store("request_run"))? {
+        // The statement picks a free instant itself; it comes back empty only if a
+        // concurrent request for the same job took that instant. Racers that collided then
+        // pick at random among the first few free instants, so they spread out instead of
+        // colliding again.
+        for attempt in 0..REQUEST_ATTEMPTS {
+            let skip = jitter(attempt);
+            if let Some(at) = self.request_once(job, by, skip).await.map_err(|e| e.into_store("request_run"))? {
                 return Ok(Tick::new(job, instant(at)?));
             }
         }
         Err(StoreError::Invalid(format!(
-            "request_run: no free instant for a manual run of `{job}` among the next {REQUEST_CANDIDATES}"
+            "request_run: {REQUEST_ATTEMPTS} tries found no free instant for a manual run of `{job}` (other requests of it took them); try again"
         )))
     }
 

@@ -24,5 +24,5 @@ mod scheduler;
 pub use command::Command;
 pub use housekeeping::{prune_pass, REGISTRATION_STALE_AFTER};
 pub use job::{handler_fn, FnHandler, Handler, Job, Outcome, RunContext};
-pub use scheduler::{BuildError, Scheduler, SchedulerBuilder, SystemClock};
+pub use scheduler::{BuildError, Scheduler, SchedulerBuilder, SystemClock, CLAIM_AHEAD};
 pub use solocron_core as core;

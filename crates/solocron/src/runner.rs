@@ -91,13 +91,16 @@ impl Heartbeat {
     }
 }
 
-/// Runs a claimed run to its recorded end. `interrupt` fires when shutdown's grace is over.
+/// Runs a claimed run to its recorded end: the handler starts at `start_at` (the instant of
+/// a tick claimed ahead, at most `CLAIM_AHEAD` away), and `interrupt` fires when shutdown's
+/// grace is over.
 pub(crate) async fn execute(
     store: Arc<dyn Store>,
     job: Job,
     lease: Lease,
     trigger: Trigger,
     claim_sent: Instant,
+    start_at: Instant,
     interrupt: CancellationToken,
 ) {
     let policy = job.policy().clone();
@@ -113,12 +116,15 @@ pub(crate) async fn execute(
         cancel: cancel.clone(),
         kill_grace: policy.kill_grace,
     };
+    let mut hb = Heartbeat::new(lease, policy.clone(), claim_sent);
+    // Well inside the first renew interval (lease/3 ≥ 100 ms against CLAIM_AHEAD = 50 ms).
+    debug_assert!(start_at <= hb.next_renew || start_at <= Instant::now());
+    sleep_until(start_at).await;
     let started = Instant::now();
     tracing::info!(
         job = %ctx.job, scheduled_at = %ctx.scheduled_at, node = %ctx.node_id, token = ctx.fencing_token,
         attempt = ctx.attempt, trigger = %trigger, run = %ctx.run_id, "run started"
     );
-    let mut hb = Heartbeat::new(lease, policy.clone(), claim_sent);
     if Instant::now() >= hb.next_renew && !matches!(hb.beat(store.as_ref()).await, Beat::Renewed) {
         // The claim's answer came so late that the lease may be gone: never start unsure.
         let end = RunEnd {

@@ -24,6 +24,12 @@ use crate::runner::execute;
 /// Longest the timer sleeps before looking at the wall clock again (so a clock jump is
 /// noticed within a second). Waking once a second costs nothing measurable.
 const TIMER_SLEEP_MAX: Duration = Duration::from_secs(1);
+/// How long before its instant a scheduled tick is claimed. The claim's round trip (and the
+/// losers' wait on the winner's row) then happens before the instant, and the run starts at
+/// the instant itself instead of one round trip after it. The store's overlap check
+/// (`overlap = "skip"`) is made at claim time, so a previous run ending less than this
+/// before the instant still counts as running.
+pub const CLAIM_AHEAD: Duration = Duration::from_millis(50);
 /// Most jobs handled in one wake-up; the rest go in the next (immediate) round.
 const DUE_JOBS_PER_ROUND_MAX: usize = 10_000;
 /// Most expired runs examined per recovery scan.
@@ -264,7 +270,8 @@ impl Scheduler {
         let outcome = e.claim(std::slice::from_ref(&req)).await?.pop();
         match outcome {
             Some(ClaimOutcome::Won(lease)) => {
-                execute(e.store.clone(), e.jobs[i].clone(), lease, Trigger::Manual, sent, interrupt).await
+                let job = e.jobs[i].clone();
+                execute(e.store.clone(), job, lease, Trigger::Manual, sent, Instant::now(), interrupt).await
             }
             Some(ClaimOutcome::Skipped { .. }) => {}
             Some(ClaimOutcome::Taken) | None => return Ok(None),
@@ -368,25 +375,28 @@ async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
     // rather than missed (a slow round is not an outage).
     let mut healthy = vec![false; e.jobs.len()];
     let mut backoff = Backoff::new(STORE_BACKOFF_MIN, STORE_BACKOFF_MAX);
+    let ahead = chrono::Duration::from_std(CLAIM_AHEAD).expect("small");
     while !shutdown.is_cancelled() {
         let now = e.clock.now();
+        let horizon = now + ahead;
         let mut due = Vec::new();
         while let Some(Reverse((t, i))) = heap.peek().copied() {
-            if t > now || due.len() >= DUE_JOBS_PER_ROUND_MAX {
+            if t > horizon || due.len() >= DUE_JOBS_PER_ROUND_MAX {
                 break;
             }
             heap.pop();
             due.push(i);
         }
         if due.is_empty() {
-            let wait = heap.peek().map_or(TIMER_SLEEP_MAX, |Reverse((t, _))| (*t - now).to_std().unwrap_or_default());
+            let wait =
+                heap.peek().map_or(TIMER_SLEEP_MAX, |Reverse((t, _))| (*t - horizon).to_std().unwrap_or_default());
             tokio::select! {
                 _ = tokio::time::sleep(wait.min(TIMER_SLEEP_MAX)) => {}
                 _ = shutdown.cancelled() => {}
             }
             continue;
         }
-        let failed = claim_due(e, &due, &mut cursors, &healthy, now).await;
+        let failed = claim_due(e, &due, &mut cursors, &healthy, now, horizon).await;
         for &i in &due {
             healthy[i] = !failed.contains(&i);
         }
@@ -408,15 +418,18 @@ async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
     }
 }
 
-/// Plans and claims the due ticks of `due` jobs; returns the jobs whose claim failed
-/// (store unavailable): their cursor stays, so nothing is lost.
+/// Plans and claims the ticks of `due` jobs up to `horizon` (at most [`CLAIM_AHEAD`] past
+/// `now`); returns the jobs whose claim failed (store unavailable): their cursor stays, so
+/// nothing is lost.
 async fn claim_due(
     e: &Arc<Engine>,
     due: &[usize],
     cursors: &mut [DateTime<Utc>],
     healthy: &[bool],
     now: DateTime<Utc>,
+    horizon: DateTime<Utc>,
 ) -> HashSet<usize> {
+    debug_assert!(now <= horizon && (horizon - now).to_std().is_ok_and(|d| d <= CLAIM_AHEAD));
     let mut failed = HashSet::new();
     // After failed claims the store may have restarted and forgotten (Redis without
     // persistence): never look back before its memory began, so a tick that ran just before
@@ -439,7 +452,7 @@ async fn claim_due(
         let job = &e.jobs[i];
         let tolerance_start = now - chrono::Duration::from_std(LATE_TOLERANCE).expect("small");
         let late_from = if healthy[i] { cursors[i].min(tolerance_start) } else { tolerance_start };
-        let mut plan = plan_due(job.schedule(), job.policy(), cursors[i], now, late_from);
+        let mut plan = plan_due(job.schedule(), job.policy(), cursors[i], horizon, late_from);
         if plan.not_examined > 0 {
             tracing::warn!(job = %job.name(), ticks = plan.not_examined, "missed ticks beyond max_catchup were not examined");
         }
@@ -496,7 +509,7 @@ async fn claim_due(
     }
     for &i in due {
         if !failed.contains(&i) {
-            cursors[i] = now;
+            cursors[i] = horizon;
         }
     }
     for (i, ticks) in catch_ups {
@@ -550,7 +563,11 @@ impl Engine {
 
     fn spawn_run(self: &Arc<Self>, job: Job, lease: Lease, trigger: Trigger, sent: Instant) {
         let guard = InFlight::new(&self.in_flight);
-        let fut = execute(self.store.clone(), job, lease, trigger, sent, self.interrupt.clone());
+        // A tick claimed ahead starts at its instant (by this node's clock, never more than
+        // CLAIM_AHEAD from now).
+        let until = (lease.run.tick.scheduled_at - self.clock.now()).to_std().unwrap_or_default();
+        let start_at = Instant::now() + until.min(CLAIM_AHEAD);
+        let fut = execute(self.store.clone(), job, lease, trigger, sent, start_at, self.interrupt.clone());
         self.tracker.spawn(async move {
             let _guard = guard;
             fut.await
@@ -583,7 +600,8 @@ impl Engine {
                 match outcome {
                     ClaimOutcome::Won(lease) => {
                         let _guard = InFlight::new(&e.in_flight);
-                        execute(e.store.clone(), job.clone(), lease, trigger, sent, e.interrupt.clone()).await;
+                        let (store, interrupt) = (e.store.clone(), e.interrupt.clone());
+                        execute(store, job.clone(), lease, trigger, sent, Instant::now(), interrupt).await;
                     }
                     other => e.on_claimed(i, &req, other, sent),
                 }

@@ -177,3 +177,35 @@ async fn while_the_store_is_unavailable_nothing_runs_and_missed_ticks_follow_mis
     ticks.dedup();
     assert_eq!(ticks.len(), seen.len(), "a tick ran twice");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ticks_are_claimed_just_ahead_and_handlers_start_at_their_instant_never_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(&dir).await;
+    // (scheduled instant, handler start)
+    let started: Arc<Mutex<Vec<[DateTime<Utc>; 2]>>> = Arc::default();
+    let log = started.clone();
+    let handler = handler_fn(move |ctx: RunContext| {
+        log.lock().unwrap().push([ctx.scheduled_at, Utc::now()]);
+        async { Ok(()) }
+    });
+    let job = Job::new("punctual", Schedule::parse("* * * * * *", "UTC").unwrap(), handler);
+    let shutdown = CancellationToken::new();
+    let node = Scheduler::builder(store.clone()).node_id("n").job(job).build().unwrap();
+    let task = tokio::spawn(node.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    shutdown.cancel();
+    task.await.unwrap();
+    let started = started.lock().unwrap().clone();
+    assert!(started.len() >= 3, "{started:?}");
+    for [scheduled, at] in &started {
+        assert!(at >= scheduled, "a handler started before its instant: {scheduled} at {at}");
+    }
+    // The claim itself happened before the instant (by the store's clock, same host).
+    let q = HistoryQuery { job: Some("punctual".into()), limit: 100, ..Default::default() };
+    let runs = store.history(&q).await.unwrap();
+    let ahead = runs.iter().filter(|r| r.claimed_at < r.id.tick.scheduled_at).count();
+    assert!(ahead * 2 >= runs.len(), "most ticks should be claimed ahead of their instant: {runs:#?}");
+    let limit = chrono::Duration::from_std(solocron::CLAIM_AHEAD).unwrap() + chrono::Duration::milliseconds(5);
+    assert!(runs.iter().all(|r| r.id.tick.scheduled_at - r.claimed_at <= limit), "claimed too early: {runs:#?}");
+}

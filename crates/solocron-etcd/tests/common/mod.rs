@@ -6,7 +6,6 @@
 //! of its own, killed when the binary exits. If none can be had: skipped, or failed under CI.
 #![allow(dead_code)] // each test binary uses its own part of this module
 
-use std::hash::{BuildHasher, Hasher};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
@@ -14,17 +13,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use etcd_client::{Client, DeleteOptions, GetOptions};
 use solocron_etcd::EtcdStore;
 
 /// Every test prefix starts with this.
 const TEST_ROOT: &str = "/solocron-test/";
-
-/// Prefixes of other runs younger than this are left alone: another `cargo test` may be
-/// using them right now.
-const STALE_AFTER: Duration = Duration::from_secs(600);
 
 /// The default test member's client address.
 const DEFAULT_CLIENT: &str = "127.0.0.1:2379";
@@ -194,18 +189,9 @@ pub fn free_ports(n: usize) -> Vec<u16> {
     listeners.iter().map(|l| l.local_addr().expect("addr").port()).collect()
 }
 
-fn unix_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
-}
-
 /// `/solocron-test/<8 hex of creation second><8 random hex>/`: unique, datable by cleanup.
 pub fn fresh_prefix() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    hasher.write_u32(std::process::id());
-    hasher.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos());
-    format!("{TEST_ROOT}{:08x}{:08x}/", unix_secs() as u32, hasher.finish() as u32)
+    format!("{TEST_ROOT}{}/", solocron_conformance::naming::fresh_tag())
 }
 
 /// The host list of an `etcd://` URL as client endpoints.
@@ -216,7 +202,7 @@ fn endpoints(url: &str) -> Vec<String> {
 }
 
 /// Deletes every key under `prefix`, and (with `stale`) test prefixes older than
-/// [`STALE_AFTER`]; ignores (but prints) failures: cleanup must never fail a test.
+/// [`STALE_AFTER`](solocron_conformance::naming::STALE_AFTER); ignores (but prints) failures: cleanup must never fail a test.
 async fn delete_prefix(url: &str, prefix: &str, stale: bool) {
     let connect = Client::connect(endpoints(url), None);
     let mut client = match tokio::time::timeout(Duration::from_secs(5), connect).await {
@@ -225,13 +211,12 @@ async fn delete_prefix(url: &str, prefix: &str, stale: bool) {
     };
     let mut doomed = vec![prefix.to_owned()];
     if stale {
-        let cutoff = unix_secs().saturating_sub(STALE_AFTER.as_secs());
         let options = GetOptions::new().with_prefix().with_keys_only();
         if let Ok(resp) = client.get(TEST_ROOT, Some(options)).await {
             for kv in resp.kvs() {
                 let key = String::from_utf8_lossy(kv.key());
                 let Some(id) = key.strip_prefix(TEST_ROOT).and_then(|r| r.get(..16)) else { continue };
-                if u64::from_str_radix(&id[..8], 16).is_ok_and(|created| created < cutoff) {
+                if solocron_conformance::naming::is_stale(id) {
                     doomed.push(format!("{TEST_ROOT}{id}/"));
                 }
             }

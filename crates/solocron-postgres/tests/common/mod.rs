@@ -2,9 +2,7 @@
 //! tables and functions that tests leave in the test database.
 #![allow(dead_code)] // each test binary uses its own part of this module
 
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use solocron_core::{Store, StoreError};
 use solocron_postgres::PgStore;
@@ -12,27 +10,14 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::Row;
 use tokio::sync::OnceCell;
 
-/// Prefixes of other runs younger than this are left alone: another `cargo test` may be
-/// using them right now.
-const STALE_AFTER: Duration = Duration::from_secs(600);
-
 /// The test server: `SOLOCRON_TEST_POSTGRES_URL`, or the local trust-auth default.
 pub fn url() -> String {
     std::env::var("SOLOCRON_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
-fn unix_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
-}
-
 /// `solocron_t<8 hex of creation second><8 random hex>_`: unique, and datable by cleanup.
 pub fn fresh_prefix() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    hasher.write_u32(std::process::id());
-    hasher.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos());
-    format!("solocron_t{:08x}{:08x}_", unix_secs() as u32, hasher.finish() as u32)
+    format!("solocron_t{}_", solocron_conformance::naming::fresh_tag())
 }
 
 /// Runs `sql` statements on a short-lived connection, ignoring (but printing) failures:
@@ -53,7 +38,7 @@ async fn execute_all(statements: &[String]) {
 }
 
 /// Drops, once per test binary, what earlier runs left behind: tables and functions of test
-/// prefixes created more than [`STALE_AFTER`] ago.
+/// prefixes created more than [`STALE_AFTER`](solocron_conformance::naming::STALE_AFTER) ago.
 pub async fn drop_stale_once() {
     static ONCE: OnceCell<()> = OnceCell::const_new();
     ONCE.get_or_init(|| async {
@@ -74,12 +59,11 @@ pub async fn drop_stale_once() {
         .await
         .unwrap_or_default();
         pool.close().await;
-        let cutoff = unix_secs().saturating_sub(STALE_AFTER.as_secs());
         let stale: Vec<String> = rows
             .iter()
             .filter(|row| {
                 let name: String = row.get("name");
-                u64::from_str_radix(&name[10..18], 16).is_ok_and(|created| created < cutoff)
+                name.get(10..).is_some_and(solocron_conformance::naming::is_stale)
             })
             .map(|row| row.get("stmt"))
             .collect();

@@ -2,9 +2,7 @@
 //! the keys that tests leave in the test Redis.
 #![allow(dead_code)] // each test binary uses its own part of this module
 
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
@@ -12,28 +10,15 @@ use solocron_core::StoreError;
 use solocron_redis::{RedisStore, DEFAULT_KEY_PREFIX};
 use tokio::sync::OnceCell;
 
-/// Prefixes of other runs younger than this are left alone: another `cargo test` may be
-/// using them right now.
-const STALE_AFTER: Duration = Duration::from_secs(600);
-
 /// The test server: `SOLOCRON_TEST_REDIS_URL`, or the local default.
 pub fn url() -> String {
     std::env::var("SOLOCRON_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
-fn unix_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
-}
-
 /// `{solocron_t<8 hex of creation second><8 random hex>}:`: unique, datable by cleanup,
 /// and a hash tag like the default prefix's.
 pub fn fresh_prefix() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    hasher.write_u32(std::process::id());
-    hasher.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos());
-    format!("{{solocron_t{:08x}{:08x}}}:", unix_secs() as u32, hasher.finish() as u32)
+    format!("{{solocron_t{}}}:", solocron_conformance::naming::fresh_tag())
 }
 
 /// A plain connection to the test server, for what tests do behind the store's back.
@@ -70,17 +55,14 @@ pub async fn forget(prefix: &str) -> redis::RedisResult<usize> {
 }
 
 /// Deletes, once per test binary, the keys of test prefixes created more than
-/// [`STALE_AFTER`] ago (runs that were killed before they could clean up).
+/// [`STALE_AFTER`](solocron_conformance::naming::STALE_AFTER) ago (runs that were killed before they could clean up).
 async fn drop_stale_once() {
     static ONCE: OnceCell<()> = OnceCell::const_new();
     ONCE.get_or_init(|| async {
         let Ok(mut conn) = raw().await else { return };
         let Ok(found) = keys(&mut conn, "{solocron_t*").await else { return };
-        let cutoff = unix_secs().saturating_sub(STALE_AFTER.as_secs());
-        let stale: Vec<&String> = found
-            .iter()
-            .filter(|k| k.get(11..19).and_then(|h| u64::from_str_radix(h, 16).ok()).is_some_and(|t| t < cutoff))
-            .collect();
+        let stale: Vec<&String> =
+            found.iter().filter(|k| k.get(11..).is_some_and(solocron_conformance::naming::is_stale)).collect();
         for chunk in stale.chunks(500) {
             let _: redis::RedisResult<()> = redis::cmd("UNLINK").arg(chunk).query_async(&mut conn).await;
         }
