@@ -33,7 +33,11 @@ fn node_args(url: &str, prefix: &str, id: &str, dir: &std::path::Path) -> NodeAr
         lease_ms: 30_000,
         retry: false,
         announce: false,
-        report: dir.join(format!("{id}-{prefix}.json")).display().to_string(),
+        // etcd prefixes hold slashes: keep the file name flat.
+        report: dir
+            .join(format!("{id}-{}.json", prefix.replace(|c: char| !c.is_ascii_alphanumeric(), "_")))
+            .display()
+            .to_string(),
     }
 }
 
