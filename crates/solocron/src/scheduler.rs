@@ -372,8 +372,10 @@ async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
         }
     }
     // Per job: did its last claim round succeed? Only then are ticks since the cursor late
-    // rather than missed (a slow round is not an outage).
-    let mut healthy = vec![false; e.jobs.len()];
+    // rather than missed (a slow round is not an outage). `None` until the job's first
+    // claim round: ticks that came due after this node started are late, not missed, even
+    // when the first rounds of a huge start (10,000 jobs per round) take a while.
+    let mut healthy: Vec<Option<bool>> = vec![None; e.jobs.len()];
     let mut backoff = Backoff::new(STORE_BACKOFF_MIN, STORE_BACKOFF_MAX);
     let ahead = chrono::Duration::from_std(CLAIM_AHEAD).expect("small");
     while !shutdown.is_cancelled() {
@@ -396,9 +398,9 @@ async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
             }
             continue;
         }
-        let failed = claim_due(e, &due, &mut cursors, &healthy, now, horizon).await;
+        let failed = claim_due(e, &due, &mut cursors, &healthy, [start, now, horizon]).await;
         for &i in &due {
-            healthy[i] = !failed.contains(&i);
+            healthy[i] = Some(!failed.contains(&i));
         }
         for i in due {
             let after = if failed.contains(&i) { now } else { cursors[i] };
@@ -419,25 +421,24 @@ async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
 }
 
 /// Plans and claims the ticks of `due` jobs up to `horizon` (at most [`CLAIM_AHEAD`] past
-/// `now`); returns the jobs whose claim failed (store unavailable): their cursor stays, so
-/// nothing is lost.
+/// `now`; `started` is when this node's timer began); returns the jobs whose claim failed
+/// (store unavailable): their cursor stays, so nothing is lost.
 async fn claim_due(
     e: &Arc<Engine>,
     due: &[usize],
     cursors: &mut [DateTime<Utc>],
-    healthy: &[bool],
-    now: DateTime<Utc>,
-    horizon: DateTime<Utc>,
+    healthy: &[Option<bool>],
+    [started, now, horizon]: [DateTime<Utc>; 3],
 ) -> HashSet<usize> {
     debug_assert!(now <= horizon && (horizon - now).to_std().is_ok_and(|d| d <= CLAIM_AHEAD));
     let mut failed = HashSet::new();
     // After failed claims the store may have restarted and forgotten (Redis without
     // persistence): never look back before its memory began, so a tick that ran just before
     // the restart is not run again. Only asked while some due job is failing (cheap).
-    if due.iter().any(|&i| !healthy[i]) {
+    if due.iter().any(|&i| healthy[i] == Some(false)) {
         match bounded(e.store.memory_since()).await {
             Ok(Some(since)) => {
-                for &i in due.iter().filter(|&&i| !healthy[i]) {
+                for &i in due.iter().filter(|&&i| healthy[i] == Some(false)) {
                     cursors[i] = cursors[i].max(since.min(now));
                 }
             }
@@ -451,7 +452,11 @@ async fn claim_due(
     for &i in due {
         let job = &e.jobs[i];
         let tolerance_start = now - chrono::Duration::from_std(LATE_TOLERANCE).expect("small");
-        let late_from = if healthy[i] { cursors[i].min(tolerance_start) } else { tolerance_start };
+        let late_from = match healthy[i] {
+            Some(true) => cursors[i].min(tolerance_start),
+            Some(false) => tolerance_start,
+            None => tolerance_start.min(started),
+        };
         let mut plan = plan_due(job.schedule(), job.policy(), cursors[i], horizon, late_from);
         if plan.not_examined > 0 {
             tracing::warn!(job = %job.name(), ticks = plan.not_examined, "missed ticks beyond max_catchup were not examined");
