@@ -24,19 +24,24 @@ pub(crate) async fn renew(store: &MySqlStore, lease: &Lease, length: Duration) -
     retrying("cannot renew", || async {
         // Rows *matched* (sqlx sets CLIENT_FOUND_ROWS): a renewal that lands in the same
         // millisecond as the previous one changes nothing but still holds.
-        let matched = sqlx::query(&sql)
-            .bind(length)
-            .bind(&lease.run.tick.job)
-            .bind(lease.run.tick.scheduled_at.timestamp_millis())
-            .bind(i64::from(lease.run.attempt))
-            .bind(&lease.owner)
-            .bind(token_param(lease.fencing_token)?)
-            .execute(&store.pool)
-            .await?
-            .rows_affected();
+        let matched = bind_lease(sqlx::query(&sql).bind(length), lease)?.execute(&store.pool).await?.rows_affected();
         Ok(matched == 1)
     })
     .await
+}
+
+/// Binds a held lease's identity: job, instant, attempt, owner and token, in the order of
+/// the `WHERE` of `renew` and `finish`.
+fn bind_lease<'q>(
+    query: sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+    lease: &'q Lease,
+) -> Result<sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>, Failure> {
+    Ok(query
+        .bind(&lease.run.tick.job)
+        .bind(lease.run.tick.scheduled_at.timestamp_millis())
+        .bind(i64::from(lease.run.attempt))
+        .bind(&lease.owner)
+        .bind(token_param(lease.fencing_token)?))
 }
 
 /// Records a held run's end; one `UPDATE` with no expiry check, so a run whose lease lapsed
@@ -51,20 +56,13 @@ pub(crate) async fn finish(store: &MySqlStore, lease: &Lease, end: &RunEnd) -> R
          WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ? AND state = 'running'",
     );
     retrying("cannot finish", || async {
-        let matched = sqlx::query(&sql)
+        let query = sqlx::query(&sql)
             .bind(end.state.as_str())
             .bind(end.reason.as_deref())
             .bind(end.exit_code)
             .bind(output_tail(&end.output))
-            .bind(started_after)
-            .bind(&lease.run.tick.job)
-            .bind(lease.run.tick.scheduled_at.timestamp_millis())
-            .bind(i64::from(lease.run.attempt))
-            .bind(&lease.owner)
-            .bind(token_param(lease.fencing_token)?)
-            .execute(&store.pool)
-            .await?
-            .rows_affected();
+            .bind(started_after);
+        let matched = bind_lease(query, lease)?.execute(&store.pool).await?.rows_affected();
         Ok(matched == 1)
     })
     .await

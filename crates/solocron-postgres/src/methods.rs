@@ -220,6 +220,20 @@ fn attempt_param(attempt: u32) -> Result<i32, StoreError> {
     i32::try_from(attempt).map_err(|_| StoreError::Invalid(format!("attempt {attempt} is out of range")))
 }
 
+/// Binds a held lease's identity: job, instant, attempt, owner and token, in the order of
+/// the `WHERE` of `renew` and `finish`.
+fn bind_lease<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    lease: &'q Lease,
+) -> Result<sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>, StoreError> {
+    Ok(query
+        .bind(&lease.run.tick.job)
+        .bind(lease.run.tick.scheduled_at.timestamp_millis())
+        .bind(attempt_param(lease.run.attempt)?)
+        .bind(&lease.owner)
+        .bind(token_param(lease.fencing_token)?))
+}
+
 /// Maps a one-statement step's failure.
 fn step(name: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
     move |e| Failure::from(e).into_store(name)
@@ -292,21 +306,16 @@ impl Store for PgStore {
     }
 
     async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-        let changed = sqlx::query(&self.sql(
+        let sql = self.sql(
             "UPDATE {p}runs SET lease_until = {now} + $1
              WHERE job = $2 AND scheduled_at = $3 AND attempt = $4 AND node = $5 AND token = $6
                AND state = 'running' AND lease_until > {now}",
-        ))
-        .bind(millis(length)?)
-        .bind(&lease.run.tick.job)
-        .bind(lease.run.tick.scheduled_at.timestamp_millis())
-        .bind(attempt_param(lease.run.attempt)?)
-        .bind(&lease.owner)
-        .bind(token_param(lease.fencing_token)?)
-        .execute(&self.pool)
-        .await
-        .map_err(step("renew"))?
-        .rows_affected();
+        );
+        let changed = bind_lease(sqlx::query(&sql).bind(millis(length)?), lease)?
+            .execute(&self.pool)
+            .await
+            .map_err(step("renew"))?
+            .rows_affected();
         Ok(changed == 1)
     }
 
@@ -315,26 +324,19 @@ impl Store for PgStore {
         let started_after = end.started_after.map(millis).transpose()?;
         // No expiry check: a run whose lease lapsed but that nobody recovered yet still
         // records its true end. `claimed_at + NULL` is NULL: never started.
-        let changed = sqlx::query(&self.sql(
+        let sql = self.sql(
             "UPDATE {p}runs SET state = $1, reason = $2, exit_code = $3, output = $4, finished_at = {now},
                 lease_until = NULL, started_at = claimed_at + $5
              WHERE job = $6 AND scheduled_at = $7 AND attempt = $8 AND node = $9 AND token = $10
                AND state = 'running'",
-        ))
-        .bind(end.state.as_str())
-        .bind(end.reason.as_deref())
-        .bind(end.exit_code)
-        .bind(output_tail(&end.output))
-        .bind(started_after)
-        .bind(&lease.run.tick.job)
-        .bind(lease.run.tick.scheduled_at.timestamp_millis())
-        .bind(attempt_param(lease.run.attempt)?)
-        .bind(&lease.owner)
-        .bind(token_param(lease.fencing_token)?)
-        .execute(&self.pool)
-        .await
-        .map_err(step("finish"))?
-        .rows_affected();
+        );
+        let query = sqlx::query(&sql)
+            .bind(end.state.as_str())
+            .bind(end.reason.as_deref())
+            .bind(end.exit_code)
+            .bind(output_tail(&end.output))
+            .bind(started_after);
+        let changed = bind_lease(query, lease)?.execute(&self.pool).await.map_err(step("finish"))?.rows_affected();
         Ok(changed == 1)
     }
 

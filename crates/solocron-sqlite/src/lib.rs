@@ -304,6 +304,20 @@ fn token_param(token: u64) -> Result<i64, StoreError> {
     i64::try_from(token).map_err(|_| StoreError::Invalid(format!("fencing token {token} is out of range")))
 }
 
+/// Binds a held lease's identity, in the order of every `WHERE job = ? AND scheduled_at = ?
+/// AND attempt = ? AND node = ? AND token = ?` of `renew` and `finish`.
+fn bind_lease<'q>(
+    query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+    lease: &'q Lease,
+) -> Result<sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>, StoreError> {
+    Ok(query
+        .bind(&lease.run.tick.job)
+        .bind(lease.run.tick.scheduled_at.timestamp_millis())
+        .bind(i64::from(lease.run.attempt))
+        .bind(&lease.owner)
+        .bind(token_param(lease.fencing_token)?))
+}
+
 /// One column of a run row, with decoding failures reported as [`StoreError::Invalid`].
 fn get<'r, T>(row: &'r SqliteRow, column: &str) -> Result<T, StoreError>
 where
@@ -681,23 +695,15 @@ impl Store for SqliteStore {
 
     async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
         let mut tx = self.write_tx().await?;
-        let changed = sqlx::query(concat!(
+        let query = sqlx::query(concat!(
             "UPDATE solocron_runs SET lease_until = ",
             now!(),
             " + ? WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ?
                AND state = 'running' AND lease_until > ",
             now!()
         ))
-        .bind(millis(length)?)
-        .bind(&lease.run.tick.job)
-        .bind(lease.run.tick.scheduled_at.timestamp_millis())
-        .bind(i64::from(lease.run.attempt))
-        .bind(&lease.owner)
-        .bind(token_param(lease.fencing_token)?)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?
-        .rows_affected();
+        .bind(millis(length)?);
+        let changed = bind_lease(query, lease)?.execute(&mut *tx).await.map_err(db_err)?.rows_affected();
         tx.commit().await.map_err(db_err)?;
         debug_assert!(changed <= 1);
         Ok(changed == 1)
@@ -709,7 +715,7 @@ impl Store for SqliteStore {
         let mut tx = self.write_tx().await?;
         // No expiry check: a run whose lease lapsed but that nobody recovered yet still
         // records its true end. `claimed_at + NULL` is NULL: never started.
-        let changed = sqlx::query(concat!(
+        let query = sqlx::query(concat!(
             "UPDATE solocron_runs SET state = ?, reason = ?, exit_code = ?, output = ?, finished_at = ",
             now!(),
             ", lease_until = NULL, started_at = claimed_at + ?
@@ -719,16 +725,8 @@ impl Store for SqliteStore {
         .bind(end.reason.as_deref())
         .bind(end.exit_code)
         .bind(output_tail(&end.output))
-        .bind(started_after)
-        .bind(&lease.run.tick.job)
-        .bind(lease.run.tick.scheduled_at.timestamp_millis())
-        .bind(i64::from(lease.run.attempt))
-        .bind(&lease.owner)
-        .bind(token_param(lease.fencing_token)?)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?
-        .rows_affected();
+        .bind(started_after);
+        let changed = bind_lease(query, lease)?.execute(&mut *tx).await.map_err(db_err)?.rows_affected();
         tx.commit().await.map_err(db_err)?;
         debug_assert!(changed <= 1);
         Ok(changed == 1)
