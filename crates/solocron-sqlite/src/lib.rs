@@ -251,24 +251,25 @@ fn parse_url(url: &str) -> Result<SqliteConnectOptions, StoreError> {
     SqliteConnectOptions::from_str(url).map_err(|e| StoreError::Invalid(format!("bad SQLite URL `{url}`: {e}")))
 }
 
+/// SQLite's primary result code of a database error (the low byte of an extended code).
+fn primary_code(e: &sqlx::Error) -> Option<i64> {
+    let sqlx::Error::Database(d) = e else { return None };
+    d.code()?.parse::<i64>().ok().map(|c| c & 0xff)
+}
+
 /// Whether `e` is SQLite's BUSY or LOCKED: another connection holds a lock we need.
 fn is_busy(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(d)
-        if d.code().and_then(|c| c.parse::<i64>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6)))
+    matches!(primary_code(e), Some(5 | 6))
 }
 
 /// Maps an sqlx error: what a retry may cure (I/O, locks held past the busy timeout, a full
 /// pool or disk, a file that cannot be opened) is `Unavailable`; the rest is `Invalid`.
 fn db_err(e: sqlx::Error) -> StoreError {
-    // Primary SQLite result codes (the low byte of extended codes): BUSY, LOCKED, READONLY,
-    // IOERR, FULL, CANTOPEN.
+    // Primary SQLite result codes: BUSY, LOCKED, READONLY, IOERR, FULL, CANTOPEN.
     const TRANSIENT: [i64; 6] = [5, 6, 8, 10, 13, 14];
     let transient = match &e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(d) => {
-            d.code().and_then(|c| c.parse::<i64>().ok()).is_some_and(|c| TRANSIENT.contains(&(c & 0xff)))
-        }
-        _ => false,
+        _ => primary_code(&e).is_some_and(|c| TRANSIENT.contains(&c)),
     };
     if transient {
         StoreError::Unavailable(e.to_string())
