@@ -2,24 +2,32 @@
 //! optimistic compare-and-swap `Txn`.
 //!
 //! Per chunk: one read (the jobs' guards and pause switches, and whether each tick's record
-//! exists), one round of lease grants (concurrent, one lease per won run), one `Txn` whose
-//! compares are "each new record is absent" and "each job's guard and switch are unchanged
-//! since the read". If another node changed any of them in between, the `Txn` fails as a
-//! whole, its `else` branch returns the same keys re-read, and the chunk is planned again
-//! (bounded). Nothing is ever read-then-written without the compare.
+//! exists) and, at the same time, a keep-alive of the node's shared etcd lease for each
+//! lease length the chunk may need (or a grant, see [`LEASE_SHARE_WINDOW`]); then one `Txn` whose compares are "each new record is
+//! absent" and "each job's guard and switch are unchanged since the read". If another node
+//! changed any of them in between, the `Txn` fails as a whole, its `else` branch returns the
+//! same keys re-read, and the chunk is planned again (bounded). Nothing is ever
+//! read-then-written without the compare. Chunks whose jobs are disjoint are claimed
+//! concurrently, at most [`CHUNKS_IN_FLIGHT`] at once; chunks that share a job go one after
+//! the other (they would only lose compares to each other).
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
+use futures_util::{stream, StreamExt as _, TryStreamExt as _};
 use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, RunId, RunState, StoreError, Tick, Trigger};
 
 use crate::codec::{decode, encode, Guard, StoredControl, StoredRun};
-use crate::etcd::{gets, now_ms, revision, revoke_quietly, single, txn, TXN_OPS_MAX};
+use crate::etcd::{gets, now_ms, revision, single, txn, TXN_OPS_MAX};
 use crate::{lease_secs, EtcdStore, Held};
 
 /// How many times a chunk is planned again after losing a compare to another node.
 const CHUNK_ATTEMPTS: u32 = 24;
+
+/// How many chunks of one batch are in flight at once (when their jobs are disjoint).
+const CHUNKS_IN_FLIGHT: usize = 4;
 
 /// What one request comes to.
 #[derive(Debug, Clone)]
@@ -47,33 +55,50 @@ struct View {
     existing: HashSet<String>,
 }
 
-/// A lease granted for this batch: its id, and the client's clock just before the grant
-/// was sent (etcd starts its TTL later, so `at + length` never outlasts the lease).
+/// A lease for a chunk's won runs: its id, and the client's clock just before the grant or
+/// keep-alive that made it last its full TTL was sent (etcd starts the TTL later, so `at +
+/// length` never outlasts the lease).
 type Granted = (i64, i64);
 
-/// Leases granted for this batch and not (yet) attached to a run, by TTL in seconds.
-#[derive(Debug, Default)]
-struct Spare(HashMap<i64, Vec<Granted>>);
+/// The lease a node attaches its new runs of one TTL to, and when it was granted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SharedLease {
+    id: i64,
+    granted: std::time::Instant,
+}
 
-impl Spare {
-    /// Takes `count` leases of `ttl` seconds, granting what is missing.
-    async fn take(&mut self, store: &EtcdStore, ttl: i64, count: usize) -> Result<Vec<Granted>, StoreError> {
-        let pool = self.0.entry(ttl).or_default();
-        let missing = count.saturating_sub(pool.len());
-        if missing > 0 {
-            let at = now_ms();
-            let ids = crate::etcd::grant_many(&store.client, ttl, missing).await?;
-            pool.extend(ids.into_iter().map(|id| (id, at)));
+/// How long one etcd lease takes new runs. Every claim refreshes it (a keep-alive, sent
+/// with the claim's read), so its age does not matter for safety; a new one from time to
+/// time bounds how long a run whose end could not be recorded stays alive beside its
+/// node's newer runs.
+const LEASE_SHARE_WINDOW: Duration = Duration::from_secs(10);
+
+/// For each TTL in `ttls` (distinct), a lease to attach won runs to, lasting its full TTL
+/// from the returned instant on: the node's shared lease of that TTL refreshed by a
+/// keep-alive, or a new one. One round trip; the requests for several TTLs go at once.
+async fn fresh_leases(store: &EtcdStore, ttls: &[i64]) -> Result<HashMap<i64, Granted>, StoreError> {
+    let one = |ttl: i64| async move {
+        let cached = store.shared.lock().unwrap_or_else(|e| e.into_inner()).get(&ttl).copied();
+        let at = now_ms();
+        if let Some(lease) = cached.filter(|l| l.granted.elapsed() < LEASE_SHARE_WINDOW) {
+            if crate::etcd::keep_alive(&store.client, lease.id).await? {
+                return Ok((ttl, (lease.id, at)));
+            }
         }
-        Ok(pool.split_off(pool.len() - count))
-    }
+        let at = now_ms();
+        let id = crate::etcd::grant(&store.client, ttl).await?;
+        let lease = SharedLease { id, granted: std::time::Instant::now() };
+        store.shared.lock().unwrap_or_else(|e| e.into_inner()).insert(ttl, lease);
+        Ok::<_, StoreError>((ttl, (id, at)))
+    };
+    futures_util::future::try_join_all(ttls.iter().map(|&ttl| one(ttl))).await.map(|v| v.into_iter().collect())
+}
 
-    fn give_back(&mut self, ttl: i64, lease: Granted) {
-        self.0.entry(ttl).or_default().push(lease);
-    }
-
-    async fn revoke(self, store: &EtcdStore) {
-        revoke_quietly(&store.client, self.0.into_values().flatten().map(|(id, _)| id).collect()).await;
+/// Forgets the shared leases of `ttls` (after a failed claim: one may be gone).
+fn forget_leases(store: &EtcdStore, ttls: &[i64]) {
+    let mut shared = store.shared.lock().unwrap_or_else(|e| e.into_inner());
+    for ttl in ttls {
+        shared.remove(ttl);
     }
 }
 
@@ -84,22 +109,55 @@ pub(crate) async fn claim(store: &EtcdStore, requests: &[ClaimRequest]) -> Resul
         .iter()
         .map(|r| ClaimRequest { tick: Tick::new(r.tick.job.clone(), r.tick.scheduled_at), ..r.clone() })
         .collect();
-    let mut spare = Spare::default();
-    let mut outcomes = Vec::with_capacity(requests.len());
+    let mut windows = windows(&requests);
+    let in_flight = if jobs_disjoint(&requests, &windows) {
+        // Nodes racing for the same batch start at different chunks, so that each first
+        // wins chunks of its own instead of all losing compares on the same ones (a chunk
+        // found taken costs only its read).
+        let node = requests.first().map_or("", |r| r.node.as_str());
+        let first = spread(node, windows.len());
+        windows.rotate_left(first);
+        CHUNKS_IN_FLIGHT
+    } else {
+        1
+    };
+    // A failure part-way leaves the chunks already committed won (see the crate docs).
+    let requests = &requests;
+    let mut chunks: Vec<(usize, Vec<ClaimOutcome>)> = stream::iter(windows)
+        .map(|w| async move { claim_chunk(store, &requests[w.clone()]).await.map(|o| (w.start, o)) })
+        .buffer_unordered(in_flight)
+        .try_collect()
+        .await?;
+    chunks.sort_unstable_by_key(|(start, _)| *start);
+    Ok(chunks.into_iter().flat_map(|(_, o)| o).collect())
+}
+
+/// Where in `len` chunks `node` starts: a stable hash of its id (not random, so that a
+/// node's own retries of a batch revisit the same order).
+fn spread(node: &str, len: usize) -> usize {
+    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    usize::try_from(hash % len.max(1) as u64).expect("below len")
+}
+
+/// The batch cut into chunks that each fit one `Txn`.
+fn windows(requests: &[ClaimRequest]) -> Vec<Range<usize>> {
+    let mut windows = Vec::new();
     let mut start = 0;
     while start < requests.len() {
-        let end = window_end(&requests, start);
-        match claim_chunk(store, &requests[start..end], &mut spare).await {
-            Ok(chunk) => outcomes.extend(chunk),
-            Err(e) => {
-                spare.revoke(store).await;
-                return Err(e);
-            }
-        }
+        let end = window_end(requests, start);
+        windows.push(start..end);
         start = end;
     }
-    spare.revoke(store).await;
-    Ok(outcomes)
+    windows
+}
+
+/// Whether no job has ticks in two chunks.
+fn jobs_disjoint(requests: &[ClaimRequest], windows: &[Range<usize>]) -> bool {
+    let mut owner: HashMap<&str, usize> = HashMap::new();
+    windows
+        .iter()
+        .enumerate()
+        .all(|(i, w)| requests[w.clone()].iter().all(|r| *owner.entry(r.tick.job.as_str()).or_insert(i) == i))
 }
 
 /// The end of the chunk starting at `start`: as many requests as fit one `Txn` in the worst
@@ -204,13 +262,24 @@ fn plan(store: &EtcdStore, chunk: &[ClaimRequest], view: &mut View) -> (Vec<Step
 }
 
 /// Plans and commits one chunk, again after each lost compare; its outcomes.
-async fn claim_chunk(
+async fn claim_chunk(store: &EtcdStore, chunk: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+    let ttls = run_ttls(chunk)?;
+    let result = plan_and_commit(store, chunk, &ttls).await;
+    if result.is_err() {
+        forget_leases(store, &ttls);
+    }
+    result
+}
+
+/// The loop of [`claim_chunk`], for a chunk whose runs may need leases of `ttls`.
+async fn plan_and_commit(
     store: &EtcdStore,
     chunk: &[ClaimRequest],
-    spare: &mut Spare,
+    ttls: &[i64],
 ) -> Result<Vec<ClaimOutcome>, StoreError> {
     let (jobs, ops) = read_ops(store, chunk);
-    let mut answers = crate::etcd::read(&store.client, ops).await?;
+    // The leases are made ready while the chunk is read: the claim stays two round trips.
+    let (mut answers, leases) = tokio::try_join!(crate::etcd::read(&store.client, ops), fresh_leases(store, ttls))?;
     for attempt in 0..CHUNK_ATTEMPTS {
         let before = parse_view(&jobs, answers)?;
         let mut after = before.clone();
@@ -218,22 +287,18 @@ async fn claim_chunk(
         if steps.iter().all(|s| matches!(s, Step::Taken)) {
             return Ok(vec![ClaimOutcome::Taken; chunk.len()]);
         }
-        let ttls = win_ttls(chunk, &steps)?;
-        let granted = take_leases(store, spare, &ttls).await?;
-        // The claim's instant: no later than any of its leases' grant, so that every
+        let granted: Vec<Granted> = win_ttls(chunk, &steps)?.iter().map(|t| leases[t]).collect();
+        // The claim's instant: no later than any of its leases' refresh, so that every
         // `lease_until` (an estimate) ends before etcd's TTL can.
         let now = granted.iter().map(|(_, at)| *at).chain([now_ms()]).min().expect("now at least");
-        let leases: Vec<i64> = granted.iter().map(|(id, _)| *id).collect();
-        let commit = Commit { store, chunk, steps: &steps, leases: &leases, now };
+        let won: Vec<i64> = granted.iter().map(|(id, _)| *id).collect();
+        let commit = Commit { store, chunk, steps: &steps, leases: &won, now };
         let request = commit.txn(&before, &after, &depends).or_else(read_ops(store, chunk).1);
         let resp = txn(&store.client, "a claim", request).await?;
         if resp.succeeded() {
             return commit.outcomes(revision(&resp)?);
         }
-        // Lost a compare: nothing was written, so the leases are still free.
-        for (ttl, lease) in ttls.into_iter().zip(granted) {
-            spare.give_back(ttl, lease);
-        }
+        // Lost a compare: nothing was written; plan again from what the `Txn` re-read.
         answers = gets(&resp);
         backoff(attempt).await;
     }
@@ -242,22 +307,21 @@ async fn claim_chunk(
     )))
 }
 
+/// The distinct lease TTLs (whole seconds) of the chunk's requests that may win a run.
+fn run_ttls(chunk: &[ClaimRequest]) -> Result<Vec<i64>, StoreError> {
+    let mut ttls = chunk
+        .iter()
+        .filter(|r| matches!(r.mode, ClaimMode::Run { .. }))
+        .map(|r| lease_secs(r.lease))
+        .collect::<Result<Vec<_>, _>>()?;
+    ttls.sort_unstable();
+    ttls.dedup();
+    Ok(ttls)
+}
+
 /// The lease TTL (whole seconds) of each won step, in order.
 fn win_ttls(chunk: &[ClaimRequest], steps: &[Step]) -> Result<Vec<i64>, StoreError> {
     chunk.iter().zip(steps).filter(|(_, s)| matches!(s, Step::Win(_))).map(|(r, _)| lease_secs(r.lease)).collect()
-}
-
-/// One lease per TTL in `ttls`, in the same order.
-async fn take_leases(store: &EtcdStore, spare: &mut Spare, ttls: &[i64]) -> Result<Vec<Granted>, StoreError> {
-    let mut wanted: HashMap<i64, usize> = HashMap::new();
-    for ttl in ttls {
-        *wanted.entry(*ttl).or_default() += 1;
-    }
-    let mut by_ttl = HashMap::new();
-    for (ttl, count) in wanted {
-        by_ttl.insert(ttl, spare.take(store, ttl, count).await?);
-    }
-    Ok(ttls.iter().map(|ttl| by_ttl.get_mut(ttl).and_then(Vec::pop).expect("taken above")).collect())
 }
 
 /// A short, growing, jittered pause after a lost compare, so that nodes racing in lockstep

@@ -149,30 +149,6 @@ pub(crate) async fn grant(client: &Client, ttl: i64) -> Result<i64, StoreError> 
     Ok(bounded(client, "a lease grant", |mut c| async move { c.lease_grant(ttl, None).await }).await?.id())
 }
 
-/// Grants `count` leases of `ttl` seconds at once (concurrent requests, one round trip of
-/// latency); their ids. On failure, revokes the ones granted.
-pub(crate) async fn grant_many(client: &Client, ttl: i64, count: usize) -> Result<Vec<i64>, StoreError> {
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..count {
-        let client = client.clone();
-        tasks.spawn(async move { grant(&client, ttl).await });
-    }
-    let (mut ids, mut failure) = (Vec::with_capacity(count), None);
-    while let Some(joined) = tasks.join_next().await {
-        match joined.map_err(|e| StoreError::Invalid(format!("lease grant task failed: {e}"))).and_then(|r| r) {
-            Ok(id) => ids.push(id),
-            Err(e) => failure = Some(e),
-        }
-    }
-    match failure {
-        None => Ok(ids),
-        Some(e) => {
-            revoke_quietly(client, ids).await;
-            Err(e)
-        }
-    }
-}
-
 /// Revokes leases this store granted and no longer needs, ignoring failures: a lease with
 /// no key attached is harmless and expires by itself.
 pub(crate) async fn revoke_quietly(client: &Client, ids: Vec<i64>) {

@@ -14,14 +14,23 @@
 //!   the job's guard and pause keys as read just before: if another node changed them in
 //!   between, the whole `Txn` fails, nothing is written, and the step is decided again from
 //!   what the `Txn` re-read (bounded). No step is ever read-then-written without that compare.
-//! - **Leases judged by the server's TTL.** A won run gets its own etcd lease, of its
-//!   length rounded up to whole seconds (etcd's unit; etcd may raise it to its minimum TTL,
-//!   by default 2 s — see below). The run's *alive key* is attached to it in the claim's
-//!   `Txn`. The holder renews with a keep-alive (which etcd refuses once the TTL ran out)
-//!   plus a `Txn` checking its record is still running under its owner and token. When the
-//!   TTL runs out, etcd itself deletes the alive key: a running run without an alive key is
-//!   expired, and only then can [`Store::recover`] act on it, so exactly one node recovers
-//!   it. Expiry is decided by etcd's leader, never by a node's clock.
+//! - **Leases judged by the server's TTL.** A won run's *alive key* is attached, in the
+//!   claim's `Txn`, to an etcd lease of the run's length rounded up to whole seconds (etcd's
+//!   unit; etcd may raise it to its minimum TTL, by default 2 s — see below). The holder
+//!   renews with a keep-alive (which etcd refuses once the TTL ran out) plus a `Txn`
+//!   checking its record is still running under its owner and token. When the TTL runs out,
+//!   etcd itself deletes the alive key: a running run without an alive key is expired, and
+//!   only then can [`Store::recover`] act on it, so exactly one node recovers it. Expiry is
+//!   decided by etcd's leader, never by a node's clock.
+//! - **One lease per node and length.** A node's runs of one length share one etcd lease
+//!   (a new one every 10 s): each claim refreshes it with a keep-alive sent beside its read,
+//!   instead of granting a lease per run (a grant is a consensus write; in a herd of
+//!   thousands of ticks they were most of the claim's cost). A keep-alive for any of the
+//!   runs keeps all of them alive, which changes nothing while their node lives (it renews
+//!   them all) or after it dies or stalls (it renews none). A run's end deletes its alive
+//!   key and leaves the lease to expire. The cost: a run whose end could not be recorded
+//!   (the store unreachable until the engine gave up) stays alive, instead of being
+//!   recovered, while its node keeps renewing other runs on the same lease.
 //! - **Fencing tokens** come from a per-job counter kept in the job's guard key and
 //!   advanced in the same `Txn` as the claim (or the retry), under the guard's compare:
 //!   strictly larger for every later claim of the job, whoever makes it, and never reused
@@ -71,15 +80,16 @@
 //!
 //! ## Cost per step (round trips)
 //!
-//! - claim: per chunk, one read, one round of lease grants (one per won run, sent
-//!   concurrently), one `Txn`; plus one revoke per lease granted but not used. A chunk holds
-//!   as many ticks as fit etcd's 128 operations per `Txn` ([`TXN_OPS_MAX`]): 42 ticks of
-//!   distinct jobs to 63 of one job, so a 1000-tick batch takes 16 to 24 chunks, each atomic
-//!   on its own (a failure part-way leaves earlier chunks' runs won; they expire unrun and
-//!   are recovered).
+//! - claim: per chunk, one read together with a keep-alive of the node's lease per lease
+//!   length (a grant instead when it is older than 10 s), then one `Txn`. A chunk holds as many ticks as fit etcd's 128 operations per
+//!   `Txn` ([`TXN_OPS_MAX`]): 42 ticks of distinct jobs to 63 of one job, so a 1000-tick
+//!   batch takes 16 to 24 chunks, each atomic on its own (a failure part-way leaves earlier
+//!   chunks' runs won; they expire unrun and are recovered). Chunks of disjoint jobs are
+//!   sent 8 at a time, each node starting at a different chunk.
 //! - renew: a keep-alive and a `Txn` (a read first if this store instance did not claim or
-//!   last renew the run; a lease grant and revoke if the length's whole seconds change).
-//! - finish: a read, a `Txn`, a revoke. recover: a read, (a grant for a retry), a `Txn`.
+//!   last renew the run; a lease grant if the length's whole seconds change).
+//! - finish: a read, a `Txn` (which deletes the alive key; the lease, perhaps shared, is
+//!   left to expire). recover: a read, (a grant for a retry), a `Txn`.
 //! - expired: one read of every job guard and alive key, one of the candidate records.
 //! - history: filters are applied here over pages of 500 records read newest first in
 //!   key order, within the `since`/`until` window, at one revision; at most
@@ -170,6 +180,8 @@ pub struct EtcdStore {
     user: Option<String>,
     /// Runs this instance claimed or renewed, as last written: lets a renewal skip a read.
     held: Mutex<HashMap<RunId, Held>>,
+    /// The etcd lease new runs of each TTL are attached to (see `claim`).
+    shared: Mutex<HashMap<i64, claim::SharedLease>>,
 }
 
 /// A running record as this store last wrote it, at `revision`.
@@ -220,6 +232,7 @@ impl EtcdStore {
             keys: Keys::new(key_prefix),
             client: connect_client(&endpoints, options).await?,
             held: Mutex::new(HashMap::new()),
+            shared: Mutex::new(HashMap::new()),
         };
         // The client connects lazily: one linearizable read proves a member answers and the
         // cluster has a leader.

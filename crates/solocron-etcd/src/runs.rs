@@ -121,10 +121,10 @@ async fn renew_held(store: &EtcdStore, held: Held, ttl: i64, length: Duration) -
         Compare::lease(alive_key, CompareOp::Equal, old),
     ];
     let resp = txn(&store.client, "a renewal", Txn::new().when(compares).and_then(puts)).await?;
+    // The old lease may be shared with other runs of the same claim: it is left to expire.
     let (unused, renewed) = match (resp.succeeded(), moving) {
-        (true, true) => (Some(old), true),
         (false, true) => (Some(new), false),
-        (succeeded, false) => (None, succeeded),
+        (succeeded, _) => (None, succeeded),
     };
     if let Some(unused) = unused {
         revoke_quietly(&store.client, vec![unused]).await;
@@ -137,7 +137,8 @@ async fn renew_held(store: &EtcdStore, held: Held, ttl: i64, length: Duration) -
 }
 
 /// Records a run's end (see [`solocron_core::Store::finish`]): a read and one `Txn` (plus
-/// a retry per lost compare), then the run's etcd lease is revoked.
+/// a retry per lost compare) that also deletes the run's alive key. The etcd lease is not
+/// revoked: other runs of the same claim may share it; it expires once nobody renews it.
 pub(crate) async fn finish(store: &EtcdStore, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
     assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
     let (run_key, guard_key) = (store.keys.run(&lease.run), store.keys.guard(&lease.run.tick.job));
@@ -150,7 +151,6 @@ pub(crate) async fn finish(store: &EtcdStore, lease: &Lease, end: &RunEnd) -> Re
             return Ok(false);
         }
         let (mut guard, guard_rev) = stored_guard(answers[1].as_ref(), &lease.run.tick.job)?;
-        let lease_id = record.lease_id;
         let now = now_ms();
         record.end(end.state, end.reason.clone(), now);
         record.exit_code = end.exit_code;
@@ -170,7 +170,6 @@ pub(crate) async fn finish(store: &EtcdStore, lease: &Lease, end: &RunEnd) -> Re
         match commit(store, "a finish", request, reads()).await? {
             Ok(_) => {
                 store.forget(&lease.run);
-                revoke_quietly(&store.client, lease_id.into_iter().collect()).await;
                 return Ok(true);
             }
             Err(fresh) => answers = fresh,

@@ -106,6 +106,77 @@ async fn a_batch_of_300_ticks_over_30_jobs_is_won_whole_with_tokens_increasing_p
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_racing_for_400_ticks_of_distinct_jobs_split_them_exactly_once_in_request_order() {
+    // 400 distinct jobs make 10 chunks, claimed several at a time, each node starting at a
+    // different chunk; every node must still answer in request order.
+    let Some(ns) = common::Namespace::new().await else { return };
+    let stores: Vec<Arc<EtcdStore>> =
+        vec![Arc::new(ns.migrated().await), Arc::new(ns.migrated().await), Arc::new(ns.migrated().await)];
+    let barrier = Arc::new(Barrier::new(stores.len()));
+    let mut tasks = Vec::new();
+    for (n, store) in stores.iter().enumerate() {
+        let (store, barrier) = (store.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let node = format!("node-{n}");
+            let batch: Vec<ClaimRequest> =
+                (0..400).map(|i| run(tick(&format!("job-{i}"), 0), &node, Duration::from_secs(60))).collect();
+            barrier.wait().await;
+            let outcomes = store.claim(&batch).await.expect("claim");
+            assert_eq!(outcomes.len(), batch.len());
+            batch.into_iter().zip(outcomes).collect::<Vec<_>>()
+        }));
+    }
+    let mut winners: HashMap<String, String> = HashMap::new();
+    for task in tasks {
+        for (request, outcome) in task.await.expect("task") {
+            match outcome {
+                ClaimOutcome::Won(lease) => {
+                    assert_eq!(lease.run.tick, request.tick, "outcomes in request order");
+                    assert_eq!(lease.fencing_token, 1);
+                    let previous = winners.insert(request.tick.job.clone(), request.node.clone());
+                    assert!(previous.is_none(), "{} won by {previous:?} and {}", request.tick.job, request.node);
+                }
+                ClaimOutcome::Taken => {}
+                other => panic!("expected Won or Taken, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(winners.len(), 400, "every tick won once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runs_sharing_a_nodes_lease_end_alone_and_expire_together_when_the_node_stops_renewing() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let (a, b) = (ns.migrated().await, ns.migrated().await);
+    let length = Duration::from_secs(2);
+    // Separate claims of one node within seconds: their alive keys share one etcd lease.
+    let first = won(&a, run(tick("first", 0), "a", length)).await;
+    let second = won(&a, run(tick("second", 0), "a", length)).await;
+    let third = won(&a, run(tick("third", 0), "a", length)).await;
+    // One ends: the lease it shares is not revoked, the others stay held past the TTL.
+    assert!(a.finish(&first, &succeeded()).await.expect("finish"));
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(4) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(a.renew(&second, length).await.expect("renew"), "a sibling's end does not end this run");
+        assert!(a.renew(&third, length).await.expect("renew"));
+        assert!(b.expired(10).await.expect("expired").is_empty(), "renewed runs never expire");
+    }
+    // The node stops renewing: both lapse, by etcd's TTL, and are recovered once each.
+    wait_expired(&b, &second, Duration::from_secs(10)).await;
+    wait_expired(&b, &third, Duration::from_secs(10)).await;
+    let abandon = RecoverAction::Abandon { reason: "node gone".into() };
+    for lease in [&second, &third] {
+        assert_eq!(b.recover(&lease.run, &abandon).await.expect("recover"), RecoverOutcome::Abandoned);
+        assert!(!a.renew(lease, length).await.expect("renew"), "the old owner lost the run");
+    }
+    // A later claim of the node gets a live lease again (a new one: the old one expired).
+    let fourth = won(&a, run(tick("fourth", 0), "a", length)).await;
+    assert!(a.renew(&fourth, length).await.expect("renew"));
+    assert!(a.finish(&fourth, &succeeded()).await.expect("finish"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lease_left_unrenewed_expires_on_the_server_and_is_recovered_once() {
     let Some(ns) = common::Namespace::new().await else { return };
     let (a, b) = (ns.migrated().await, ns.migrated().await);
