@@ -1,7 +1,7 @@
 //! Command jobs: a process started directly (no shell unless the argv names one), in its
 //! own process group so that stopping it stops its children too.
 
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -13,6 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::timeout;
 
 use crate::job::{Handler, Outcome, RunContext};
+use crate::spawn::Spawned;
 
 /// Longest output line forwarded to the log; the record keeps the tail regardless.
 const LOG_LINE_BYTES_MAX: usize = 1024;
@@ -25,7 +26,9 @@ const PIPE_DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// The process gets `SOLOCRON_JOB`, `SOLOCRON_SCHEDULED_AT`, `SOLOCRON_FENCING_TOKEN`,
 /// `SOLOCRON_NODE_ID`, `SOLOCRON_RUN_ID`, `SOLOCRON_ATTEMPT`. Its stdout and stderr are
 /// logged line by line and their last 4 KiB kept. To stop it, its process group gets
-/// SIGTERM, then SIGKILL after `kill_grace`. It also gets SIGKILL if the node dies.
+/// SIGTERM, then SIGKILL after `kill_grace`. It also gets SIGKILL if the node dies. The
+/// program is looked up in `PATH` unless it contains a `/`; like `posix_spawn`, a script
+/// needs its `#!` line (there is no fallback to `/bin/sh`).
 ///
 /// ```
 /// let cmd = solocron::Command::new(["/bin/echo", "hello"]).unwrap();
@@ -47,36 +50,20 @@ impl Command {
         (!argv.is_empty()).then_some(Command { argv })
     }
 
-    fn spawn(&self, ctx: &RunContext) -> std::io::Result<tokio::process::Child> {
-        let mut cmd = tokio::process::Command::new(&self.argv[0]);
-        cmd.args(&self.argv[1..])
-            .env("SOLOCRON_JOB", &ctx.job)
-            .env("SOLOCRON_SCHEDULED_AT", ctx.scheduled_at.to_rfc3339_opts(SecondsFormat::Millis, true))
-            .env("SOLOCRON_FENCING_TOKEN", ctx.fencing_token.to_string())
-            .env("SOLOCRON_NODE_ID", &ctx.node_id)
-            .env("SOLOCRON_RUN_ID", &ctx.run_id)
-            .env("SOLOCRON_ATTEMPT", ctx.attempt.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        let parent = nix::unistd::getpid();
-        // SAFETY: prctl and getppid are async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                // A job must not outlive a node that was SIGKILLed: its lease will lapse and
-                // another node may re-run the tick. (This reaches the job's own process, not
-                // processes it forks in turn: see ARCHITECTURE.md.)
-                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
-                if nix::unistd::getppid() != parent {
-                    // The node died between fork and prctl.
-                    return Err(std::io::Error::other("node exited while starting the job"));
-                }
-                Ok(())
-            });
-        }
-        cmd.spawn()
+    fn spawn(&self, ctx: &RunContext) -> std::io::Result<Spawned> {
+        let env = [
+            ("SOLOCRON_JOB", ctx.job.clone()),
+            ("SOLOCRON_SCHEDULED_AT", ctx.scheduled_at.to_rfc3339_opts(SecondsFormat::Millis, true)),
+            ("SOLOCRON_FENCING_TOKEN", ctx.fencing_token.to_string()),
+            ("SOLOCRON_NODE_ID", ctx.node_id.clone()),
+            ("SOLOCRON_RUN_ID", ctx.run_id.clone()),
+            ("SOLOCRON_ATTEMPT", ctx.attempt.to_string()),
+        ];
+        // Its own process group, and SIGKILL if the node dies: a job must not outlive a
+        // node that was SIGKILLed, since its lease will lapse and another node may re-run
+        // the tick. (This reaches the job's own process, not processes it forks in turn:
+        // see ARCHITECTURE.md.)
+        crate::spawn::spawn(&self.argv, &env)
     }
 }
 
@@ -93,7 +80,7 @@ impl Handler for Command {
                 }
             }
         };
-        let pgid = Pid::from_raw(child.id().expect("a child that was just spawned has a pid") as i32);
+        let pgid = Pid::from_raw(child.pid());
         // If this future is dropped (the engine gave up on it), the whole group goes too.
         let _group = GroupGuard(pgid);
         let tail = Arc::new(Mutex::new(Vec::with_capacity(OUTPUT_TAIL_BYTES_MAX)));
@@ -132,7 +119,7 @@ impl Drop for GroupGuard {
 }
 
 /// SIGTERM to the group, then SIGKILL after the grace.
-async fn stop(child: &mut tokio::process::Child, pgid: Pid, grace: std::time::Duration) -> std::io::Result<ExitStatus> {
+async fn stop(child: &mut Spawned, pgid: Pid, grace: std::time::Duration) -> std::io::Result<ExitStatus> {
     let _ = killpg(pgid, Signal::SIGTERM);
     match timeout(grace, child.wait()).await {
         Ok(status) => status,

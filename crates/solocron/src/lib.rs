@@ -20,6 +20,7 @@ mod housekeeping;
 mod job;
 mod runner;
 mod scheduler;
+mod spawn;
 
 pub use command::Command;
 pub use housekeeping::{prune_pass, REGISTRATION_STALE_AFTER};
