@@ -1,4 +1,4 @@
-//! The claim of a batch of ticks: one transaction of at most 7 round trips, whatever the
+//! The claim of a batch of ticks: one transaction of at most 6 round trips, whatever the
 //! batch's size (see the crate docs for the sequence).
 //!
 //! Why reading first and deciding in memory is safe: every transaction that creates an
@@ -37,6 +37,8 @@ struct Found {
     running: HashMap<String, RunId>,
     /// The skip reason of each paused job (of those claimed by a non-manual `Run`).
     paused: HashMap<String, String>,
+    /// The server's clock (ms) at the read: the batch's `claimed_at`.
+    now: Option<i64>,
 }
 
 /// Claims `requests` in one transaction, retried on lock conflicts.
@@ -71,21 +73,19 @@ async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec
     let mut tx = store.pool.begin().await?;
     lock_fences(store, &mut tx, &jobs).await?;
     let found = read_state(store, &mut tx, requests, &jobs).await?;
+    let now = found.now.ok_or_else(|| invalid("the claim's read returned no clock"))?;
     let (decisions, tokens) = plan(requests, found)?;
     let mut rows: Vec<(&ClaimRequest, &Decision)> =
         requests.iter().zip(&decisions).filter(|(_, d)| !matches!(d, Decision::Taken)).collect();
     // Running rows first: the statement's shape then depends only on how many of each kind
     // there are, so sqlx's prepared-statement cache serves repeated batches.
     rows.sort_by_key(|(_, d)| matches!(d, Decision::Skipped(_)));
-    insert_rows(store, &mut tx, &rows).await?;
-    let claimed_at = match rows.first() {
-        Some((_, Decision::Won { run, .. })) => {
-            write_tokens(store, &mut tx, &tokens).await?;
-            Some(read_claimed_at(store, &mut tx, run).await?)
-        }
-        _ => None,
-    };
+    insert_rows(store, &mut tx, &rows, now).await?;
+    if !tokens.is_empty() {
+        write_tokens(store, &mut tx, &tokens).await?;
+    }
     tx.commit().await?;
+    let claimed_at = Some(instant(now)?);
     requests.iter().zip(decisions).map(|(r, d)| outcome(r, d, claimed_at)).collect()
 }
 
@@ -130,7 +130,8 @@ async fn lock_fences(store: &MySqlStore, conn: &mut MySqlConnection, jobs: &[&st
 }
 
 /// Reads, in one round trip, the counters of `jobs`, the existing records of the batch's
-/// ticks, the running runs of the jobs asked not to overlap, and which jobs are paused.
+/// ticks, the running runs of the jobs asked not to overlap, which jobs are paused, and
+/// the server's clock (under the fence locks: every record the batch writes carries it).
 async fn read_state(
     store: &MySqlStore,
     conn: &mut MySqlConnection,
@@ -200,6 +201,7 @@ fn state_sql(store: &MySqlStore, jobs: usize, instants: usize, overlapping: usiz
             placeholders(pausable)
         ));
     }
+    sql.push_str(" UNION ALL SELECT 'n', '', NOW_MS, 0, NULL, NULL");
     store.sql(&sql)
 }
 
@@ -214,6 +216,7 @@ fn note(found: &mut Found, row: &sqlx::mysql::MySqlRow) -> Result<(), Failure> {
         "t" => {
             found.existing.insert((job, n));
         }
+        "n" => found.now = Some(n),
         "r" => {
             let run = RunId { tick: Tick::new(job.clone(), instant(n)?), attempt: attempt(get(row, "attempt")?)? };
             note_running(&mut found.running, run);
@@ -304,12 +307,14 @@ fn fit_text(mut text: String) -> String {
     text
 }
 
-/// Inserts every new row in one statement; the transaction is retried unless all of them
-/// went in (a record that appeared despite our locks).
+/// Inserts every new row in one statement, claimed at `now` (the server's ms); the
+/// transaction is retried unless all of them went in (a record that appeared despite our
+/// locks).
 async fn insert_rows(
     store: &MySqlStore,
     conn: &mut MySqlConnection,
     rows: &[(&ClaimRequest, &Decision)],
+    now: i64,
 ) -> Result<(), Failure> {
     if rows.is_empty() {
         return Ok(());
@@ -317,8 +322,8 @@ async fn insert_rows(
     let values: Vec<&str> = rows
         .iter()
         .map(|(_, d)| match d {
-            Decision::Won { .. } => "(?, ?, 1, ?, ?, ?, 'running', NULL, NOW_MS, NULL, NOW_MS + ?, '')",
-            _ => "(?, ?, 1, ?, ?, NULL, 'skipped', ?, NOW_MS, NOW_MS, NULL, '')",
+            Decision::Won { .. } => "(?, ?, 1, ?, ?, ?, 'running', NULL, ?, NULL, ?, '')",
+            _ => "(?, ?, 1, ?, ?, NULL, 'skipped', ?, ?, ?, NULL, '')",
         })
         .collect();
     let sql = store.sql(&format!(
@@ -334,8 +339,10 @@ async fn insert_rows(
             .bind(request.trigger.as_str())
             .bind(request.node.as_str());
         query = match decision {
-            Decision::Won { token, lease_ms, .. } => query.bind(token_param(*token)?).bind(*lease_ms),
-            Decision::Skipped(reason) => query.bind(reason.as_str()),
+            Decision::Won { token, lease_ms, .. } => {
+                query.bind(token_param(*token)?).bind(now).bind(now.saturating_add(*lease_ms))
+            }
+            Decision::Skipped(reason) => query.bind(reason.as_str()).bind(now).bind(now),
             Decision::Taken => unreachable!("taken ticks get no row"),
         };
     }
@@ -371,25 +378,6 @@ async fn write_tokens(
         return Err(invalid(format!("{updated} of {} fence rows updated", jobs.len())));
     }
     Ok(())
-}
-
-/// The instant the batch's insert recorded as `claimed_at`: one statement has one `NOW()`,
-/// so one row tells it for all, and each lease ends exactly `lease_ms` after it, as the
-/// insert computed.
-async fn read_claimed_at(
-    store: &MySqlStore,
-    conn: &mut MySqlConnection,
-    run: &RunId,
-) -> Result<DateTime<Utc>, Failure> {
-    let ms: i64 = sqlx::query_scalar(
-        &store.sql("SELECT claimed_at FROM {p}runs WHERE job = ? AND scheduled_at = ? AND attempt = ?"),
-    )
-    .bind(&run.tick.job)
-    .bind(run.tick.scheduled_at.timestamp_millis())
-    .bind(i64::from(run.attempt))
-    .fetch_one(conn)
-    .await?;
-    instant(ms)
 }
 
 /// The outcome of a decision, given the claim's instant (there is one if anything won).

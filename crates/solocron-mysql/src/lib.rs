@@ -32,14 +32,15 @@
 //! ## The claim, in round trips
 //!
 //! A whole batch (up to [`CLAIM_BATCH_MAX`](solocron_core::CLAIM_BATCH_MAX) requests) is one
-//! transaction of at most 7 round trips, whatever its size: `BEGIN`; one multi-row
+//! transaction of at most 6 round trips, whatever its size: `BEGIN`; one multi-row
 //! `INSERT ... ON DUPLICATE KEY UPDATE token = token` into the fences (creates missing
 //! counters and X-locks every job of the batch, in sorted order); one `UNION ALL` read of the
 //! counters, the batch's existing tick records, the running runs of jobs that must not
-//! overlap and the paused jobs; one multi-row `INSERT IGNORE` of every new run row (its
-//! affected-row count must equal the rows sent, or the transaction is retried); then, only if
-//! some request won, an `UPDATE` of the counters and a read of the new rows' `claimed_at`
-//! (MySQL 8 has no `INSERT ... RETURNING`); `COMMIT`. The outcome of each request is decided
+//! overlap, the paused jobs and the server's clock (every row the batch writes is claimed at
+//! that instant, so no read-back is needed: MySQL 8 has no `INSERT ... RETURNING`); one
+//! multi-row `INSERT IGNORE` of every new run row (its affected-row count must equal the rows
+//! sent, or the transaction is retried); then, only if some request won, an `UPDATE` of the
+//! counters; `COMMIT`. The outcome of each request is decided
 //! in memory, in request order, from what the locked read returned, so two requests of one
 //! batch see each other exactly as if they had been claimed one after the other. Each
 //! statement is prepared once per connection and shape (sqlx caches it): a batch of a size
@@ -48,8 +49,9 @@
 //! ## MySQL 8 and MariaDB: what differs, and what this crate does about it
 //!
 //! - **RETURNING**: MariaDB has `INSERT ... RETURNING` (10.5+) and `DELETE ... RETURNING`;
-//!   MySQL 8 has neither. Everything here reads back with a separate `SELECT` inside the same
-//!   transaction, which works on both.
+//!   MySQL 8 has neither. Nothing here relies on them: a claim writes the server clock it
+//!   read under its locks, and other steps read back with a separate `SELECT` inside the
+//!   same transaction, which works on both.
 //! - **The clock**: `NOW(6)` is the *statement's* start time on both (constant for all rows
 //!   of one statement, so every row of a batch insert has the same `claimed_at`, and a
 //!   statement that waited for a row lock judges expiry as of when it started). Both keep
