@@ -279,7 +279,9 @@ async fn plan_and_commit(
 ) -> Result<Vec<ClaimOutcome>, StoreError> {
     let (jobs, ops) = read_ops(store, chunk);
     // The leases are made ready while the chunk is read: the claim stays two round trips.
-    let (mut answers, leases) = tokio::try_join!(crate::etcd::read(&store.client, ops), fresh_leases(store, ttls))?;
+    // The same reads serve as every try's `else` branch.
+    let (mut answers, leases) =
+        tokio::try_join!(crate::etcd::read(&store.client, ops.clone()), fresh_leases(store, ttls))?;
     for attempt in 0..CHUNK_ATTEMPTS {
         let before = parse_view(&jobs, answers)?;
         let mut after = before.clone();
@@ -293,7 +295,7 @@ async fn plan_and_commit(
         let now = granted.iter().map(|(_, at)| *at).chain([now_ms()]).min().expect("now at least");
         let won: Vec<i64> = granted.iter().map(|(id, _)| *id).collect();
         let commit = Commit { store, chunk, steps: &steps, leases: &won, now };
-        let request = commit.txn(&before, &after, &depends).or_else(read_ops(store, chunk).1);
+        let request = commit.txn(&before, &after, &depends).or_else(ops.clone());
         let resp = txn(&store.client, "a claim", request).await?;
         if resp.succeeded() {
             return commit.outcomes(revision(&resp)?);

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    output_tail, HistoryQuery, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, StoreError, Trigger,
-    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    HistoryQuery, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, StoreError, Trigger, PRUNE_BATCH_MAX,
+    RECORDS_PAGE_MAX,
 };
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
@@ -24,24 +24,18 @@ pub(crate) async fn renew(store: &MySqlStore, lease: &Lease, length: Duration) -
     retrying("cannot renew", || async {
         // Rows *matched* (sqlx sets CLIENT_FOUND_ROWS): a renewal that lands in the same
         // millisecond as the previous one changes nothing but still holds.
-        let matched = bind_lease(sqlx::query(&sql).bind(length), lease)?.execute(&store.pool).await?.rows_affected();
+        let matched = lease_bound(sqlx::query(&sql).bind(length), lease)?.execute(&store.pool).await?.rows_affected();
         Ok(matched == 1)
     })
     .await
 }
 
-/// Binds a held lease's identity: job, instant, attempt, owner and token, in the order of
-/// the `WHERE` of `renew` and `finish`.
-fn bind_lease<'q>(
+/// [`solocron_sql::bind_lease`] with this crate's error.
+fn lease_bound<'q>(
     query: sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
     lease: &'q Lease,
 ) -> Result<sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>, Failure> {
-    Ok(query
-        .bind(&lease.run.tick.job)
-        .bind(lease.run.tick.scheduled_at.timestamp_millis())
-        .bind(i64::from(lease.run.attempt))
-        .bind(&lease.owner)
-        .bind(token_param(lease.fencing_token)?))
+    solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt)).map_err(Failure::Store)
 }
 
 /// Records a held run's end; one `UPDATE` with no expiry check, so a run whose lease lapsed
@@ -56,13 +50,8 @@ pub(crate) async fn finish(store: &MySqlStore, lease: &Lease, end: &RunEnd) -> R
          WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ? AND state = 'running'",
     );
     retrying("cannot finish", || async {
-        let query = sqlx::query(&sql)
-            .bind(end.state.as_str())
-            .bind(end.reason.as_deref())
-            .bind(end.exit_code)
-            .bind(output_tail(&end.output))
-            .bind(started_after);
-        let matched = bind_lease(query, lease)?.execute(&store.pool).await?.rows_affected();
+        let query = solocron_sql::bind_end(sqlx::query(&sql), end, started_after);
+        let matched = lease_bound(query, lease)?.execute(&store.pool).await?.rows_affected();
         Ok(matched == 1)
     })
     .await

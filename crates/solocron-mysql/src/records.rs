@@ -58,9 +58,9 @@ pub(crate) fn instant(ms: i64) -> Result<DateTime<Utc>, Failure> {
     DateTime::from_timestamp_millis(ms).ok_or_else(|| invalid(format!("stored instant {ms} ms is out of range")))
 }
 
-/// A fencing token as stored (tokens come from a counter starting at 1).
+/// [`solocron_sql::token_param`] with this crate's error.
 pub(crate) fn token_param(token: u64) -> Result<i64, Failure> {
-    i64::try_from(token).map_err(|_| invalid(format!("fencing token {token} is out of range")))
+    solocron_sql::token_param(token).map_err(Failure::Store)
 }
 
 /// A stored fencing token.

@@ -7,16 +7,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    output_tail, ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction,
-    RecoverOutcome, Registration, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick, PRUNE_BATCH_MAX,
-    RECORDS_PAGE_MAX,
+    ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
+    Registration, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Postgres, QueryBuilder};
 
 use crate::claim::{outcomes, Batch};
 use crate::error::{retrying, Failure, Res};
-use crate::records::{get, instant, millis, record, run_id, token, token_param, RUN_COLUMNS};
+use crate::records::{get, instant, millis, record, run_id, token, RUN_COLUMNS};
 use crate::schema::{MIGRATIONS, SCHEMA_VERSION};
 use crate::PgStore;
 
@@ -220,20 +219,6 @@ fn attempt_param(attempt: u32) -> Result<i32, StoreError> {
     i32::try_from(attempt).map_err(|_| StoreError::Invalid(format!("attempt {attempt} is out of range")))
 }
 
-/// Binds a held lease's identity: job, instant, attempt, owner and token, in the order of
-/// the `WHERE` of `renew` and `finish`.
-fn bind_lease<'q>(
-    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    lease: &'q Lease,
-) -> Result<sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>, StoreError> {
-    Ok(query
-        .bind(&lease.run.tick.job)
-        .bind(lease.run.tick.scheduled_at.timestamp_millis())
-        .bind(attempt_param(lease.run.attempt)?)
-        .bind(&lease.owner)
-        .bind(token_param(lease.fencing_token)?))
-}
-
 /// Maps a one-statement step's failure.
 fn step(name: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
     move |e| Failure::from(e).into_store(name)
@@ -311,11 +296,15 @@ impl Store for PgStore {
              WHERE job = $2 AND scheduled_at = $3 AND attempt = $4 AND node = $5 AND token = $6
                AND state = 'running' AND lease_until > {now}",
         );
-        let changed = bind_lease(sqlx::query(&sql).bind(millis(length)?), lease)?
-            .execute(&self.pool)
-            .await
-            .map_err(step("renew"))?
-            .rows_affected();
+        let changed = solocron_sql::bind_lease(
+            sqlx::query(&sql).bind(millis(length)?),
+            lease,
+            attempt_param(lease.run.attempt)?,
+        )?
+        .execute(&self.pool)
+        .await
+        .map_err(step("renew"))?
+        .rows_affected();
         Ok(changed == 1)
     }
 
@@ -330,13 +319,12 @@ impl Store for PgStore {
              WHERE job = $6 AND scheduled_at = $7 AND attempt = $8 AND node = $9 AND token = $10
                AND state = 'running'",
         );
-        let query = sqlx::query(&sql)
-            .bind(end.state.as_str())
-            .bind(end.reason.as_deref())
-            .bind(end.exit_code)
-            .bind(output_tail(&end.output))
-            .bind(started_after);
-        let changed = bind_lease(query, lease)?.execute(&self.pool).await.map_err(step("finish"))?.rows_affected();
+        let query = solocron_sql::bind_end(sqlx::query(&sql), end, started_after);
+        let changed = solocron_sql::bind_lease(query, lease, attempt_param(lease.run.attempt)?)?
+            .execute(&self.pool)
+            .await
+            .map_err(step("finish"))?
+            .rows_affected();
         Ok(changed == 1)
     }
 

@@ -30,11 +30,6 @@ pub(crate) fn instant(ms: i64) -> Result<DateTime<Utc>, StoreError> {
         .ok_or_else(|| StoreError::Invalid(format!("stored instant {ms} ms is out of range")))
 }
 
-/// A fencing token as stored (tokens come from a counter starting at 1).
-pub(crate) fn token_param(token: u64) -> Result<i64, StoreError> {
-    i64::try_from(token).map_err(|_| StoreError::Invalid(format!("fencing token {token} is out of range")))
-}
-
 /// A stored fencing token, which the counter only ever makes positive.
 pub(crate) fn token(stored: i64) -> Result<u64, StoreError> {
     u64::try_from(stored)
@@ -94,7 +89,7 @@ mod tests {
     fn absurd_durations_and_tokens_are_refused() {
         assert_eq!(millis(Duration::from_millis(1500)).unwrap(), 1500);
         assert!(millis(Duration::from_secs(u64::MAX)).is_err());
-        assert!(token_param(u64::MAX).is_err());
+        assert!(solocron_sql::token_param(u64::MAX).is_err());
         assert!(token(0).is_err() && token(-3).is_err());
         assert_eq!(token(7).unwrap(), 7);
     }

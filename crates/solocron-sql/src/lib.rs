@@ -4,8 +4,83 @@
 //! query builder. A store crate depends on this; nothing else does.
 #![warn(missing_docs)]
 
-use solocron_core::HistoryQuery;
+use solocron_core::{output_tail, HistoryQuery, Lease, RunEnd, StoreError};
+use sqlx::query::Query;
 use sqlx::{Database, Encode, QueryBuilder, Type};
+
+/// A fencing token as the signed 64-bit integer column every SQL store keeps it in.
+///
+/// ```
+/// assert_eq!(solocron_sql::token_param(7).unwrap(), 7);
+/// assert!(solocron_sql::token_param(u64::MAX).is_err());
+/// ```
+pub fn token_param(token: u64) -> Result<i64, StoreError> {
+    i64::try_from(token).map_err(|_| StoreError::Invalid(format!("fencing token {token} is out of range")))
+}
+
+/// Binds a held lease's identity — job, instant (ms), `attempt` (in the store's column
+/// type), owner and token — in the order of the `WHERE job = ? AND scheduled_at = ? AND
+/// attempt = ? AND node = ? AND token = ?` of `renew` and `finish`.
+///
+/// ```
+/// use chrono::DateTime;
+/// use solocron_core::{Lease, RunId, Tick};
+/// let at = DateTime::UNIX_EPOCH;
+/// let run = RunId { tick: Tick::new("backup", at), attempt: 1 };
+/// let lease = Lease { run, owner: "n1".into(), fencing_token: 7, claimed_at: at, lease_until: at };
+/// let query = sqlx::query::<sqlx::Sqlite>("UPDATE runs SET state = 'lost' WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ?");
+/// let query = solocron_sql::bind_lease(query, &lease, i64::from(lease.run.attempt)).unwrap();
+/// # let _ = query;
+/// ```
+pub fn bind_lease<'q, DB, A>(
+    query: Query<'q, DB, <DB as Database>::Arguments<'q>>,
+    lease: &'q Lease,
+    attempt: A,
+) -> Result<Query<'q, DB, <DB as Database>::Arguments<'q>>, StoreError>
+where
+    DB: Database,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    i64: Encode<'q, DB> + Type<DB>,
+    A: 'q + Encode<'q, DB> + Type<DB>,
+{
+    Ok(query
+        .bind(lease.run.tick.job.as_str())
+        .bind(lease.run.tick.scheduled_at.timestamp_millis())
+        .bind(attempt)
+        .bind(lease.owner.as_str())
+        .bind(token_param(lease.fencing_token)?))
+}
+
+/// Binds a run's end — state, reason, exit code, output tail, and `started_after` (ms after
+/// the claim, in the store's integer type) — in the order of the `SET` of every store's
+/// `finish`; [`bind_lease`] then binds its `WHERE`.
+///
+/// ```
+/// use solocron_core::{RunEnd, RunState};
+/// let end = RunEnd { state: RunState::Succeeded, reason: None, exit_code: Some(0), output: "ok".into(), started_after: None };
+/// let query = sqlx::query::<sqlx::Sqlite>("UPDATE runs SET state = ?, reason = ?, exit_code = ?, output = ?, started_at = claimed_at + ?");
+/// let query = solocron_sql::bind_end(query, &end, None::<i64>);
+/// # let _ = query;
+/// ```
+pub fn bind_end<'q, DB, S>(
+    query: Query<'q, DB, <DB as Database>::Arguments<'q>>,
+    end: &'q RunEnd,
+    started_after: Option<S>,
+) -> Query<'q, DB, <DB as Database>::Arguments<'q>>
+where
+    DB: Database,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    Option<&'q str>: Encode<'q, DB> + Type<DB>,
+    Option<i32>: Encode<'q, DB> + Type<DB>,
+    Option<S>: 'q + Encode<'q, DB> + Type<DB>,
+{
+    query
+        .bind(end.state.as_str())
+        .bind(end.reason.as_deref())
+        .bind(end.exit_code)
+        .bind(output_tail(&end.output))
+        .bind(started_after)
+}
 
 /// Appends a [`HistoryQuery`]'s filters, the newest-first order and its limit to a builder
 /// that holds `SELECT … FROM <runs> WHERE <something true>`.

@@ -46,7 +46,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    output_tail, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction,
+    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction,
     RecoverOutcome, Registration, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick, Trigger,
     PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
@@ -300,25 +300,6 @@ fn instant(ms: i64) -> Result<DateTime<Utc>, StoreError> {
         .ok_or_else(|| StoreError::Invalid(format!("stored instant {ms} ms is out of range")))
 }
 
-/// A fencing token as stored (tokens come from a counter starting at 1).
-fn token_param(token: u64) -> Result<i64, StoreError> {
-    i64::try_from(token).map_err(|_| StoreError::Invalid(format!("fencing token {token} is out of range")))
-}
-
-/// Binds a held lease's identity, in the order of every `WHERE job = ? AND scheduled_at = ?
-/// AND attempt = ? AND node = ? AND token = ?` of `renew` and `finish`.
-fn bind_lease<'q>(
-    query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
-    lease: &'q Lease,
-) -> Result<sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>, StoreError> {
-    Ok(query
-        .bind(&lease.run.tick.job)
-        .bind(lease.run.tick.scheduled_at.timestamp_millis())
-        .bind(i64::from(lease.run.attempt))
-        .bind(&lease.owner)
-        .bind(token_param(lease.fencing_token)?))
-}
-
 /// One column of a run row, with decoding failures reported as [`StoreError::Invalid`].
 fn get<'r, T>(row: &'r SqliteRow, column: &str) -> Result<T, StoreError>
 where
@@ -453,7 +434,7 @@ async fn start_run(
     let Some(row) = row else { return Ok(None) };
     let token = next_token(conn, job).await?;
     let updated = sqlx::query("UPDATE solocron_runs SET token = ? WHERE job = ? AND scheduled_at = ? AND attempt = ?")
-        .bind(token_param(token)?)
+        .bind(solocron_sql::token_param(token)?)
         .bind(job)
         .bind(at)
         .bind(i64::from(id.attempt))
@@ -704,7 +685,11 @@ impl Store for SqliteStore {
             now!()
         ))
         .bind(millis(length)?);
-        let changed = bind_lease(query, lease)?.execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+        let changed = solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt))?
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?
+            .rows_affected();
         tx.commit().await.map_err(db_err)?;
         debug_assert!(changed <= 1);
         Ok(changed == 1)
@@ -716,18 +701,21 @@ impl Store for SqliteStore {
         let mut tx = self.write_tx().await?;
         // No expiry check: a run whose lease lapsed but that nobody recovered yet still
         // records its true end. `claimed_at + NULL` is NULL: never started.
-        let query = sqlx::query(concat!(
-            "UPDATE solocron_runs SET state = ?, reason = ?, exit_code = ?, output = ?, finished_at = ",
-            now!(),
-            ", lease_until = NULL, started_at = claimed_at + ?
+        let query = solocron_sql::bind_end(
+            sqlx::query(concat!(
+                "UPDATE solocron_runs SET state = ?, reason = ?, exit_code = ?, output = ?, finished_at = ",
+                now!(),
+                ", lease_until = NULL, started_at = claimed_at + ?
              WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ? AND state = 'running'"
-        ))
-        .bind(end.state.as_str())
-        .bind(end.reason.as_deref())
-        .bind(end.exit_code)
-        .bind(output_tail(&end.output))
-        .bind(started_after);
-        let changed = bind_lease(query, lease)?.execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+            )),
+            end,
+            started_after,
+        );
+        let changed = solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt))?
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?
+            .rows_affected();
         tx.commit().await.map_err(db_err)?;
         debug_assert!(changed <= 1);
         Ok(changed == 1)
