@@ -75,6 +75,9 @@ impl Store for Counting {
         self.hit();
         self.inner.set_paused(j, p, b, r).await
     }
+    fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
+        self.inner.request_watch()
+    }
     async fn controls(&self) -> Result<Vec<JobControl>, StoreError> {
         self.hit();
         self.inner.controls().await

@@ -147,6 +147,7 @@ macro_rules! conformance_tests {
             register_keeps_first_seen_advances_last_seen_and_lists_every_nodes_definition,
             a_paused_job_records_its_scheduled_ticks_skipped_but_runs_manual_ones,
             manual_requests_get_unique_off_second_ticks_and_stay_pending_until_claimed,
+            a_request_made_elsewhere_wakes_the_request_watch,
             unlock_abandons_the_jobs_running_runs_and_fences_out_their_holders,
             // Schema.
             migrate_is_safe_when_many_nodes_start_at_once,

@@ -34,8 +34,8 @@ pub use run::{output_tail, RunId, RunRecord, RunState, Tick, Trigger, OUTPUT_TAI
 pub use schedule::{Schedule, ScheduleError, TICKS_ENUMERATED_MAX};
 pub use store::{
     ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction,
-    RecoverOutcome, Registration, RunEnd, RunRequest, Store, StoreError, CLAIM_BATCH_MAX, PRUNE_BATCH_MAX,
-    RECORDS_PAGE_MAX,
+    RecoverOutcome, Registration, RequestWatch, RunEnd, RunRequest, Store, StoreError, CLAIM_BATCH_MAX,
+    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 
 /// The source of wall-clock time for schedule decisions; tests inject their own.

@@ -223,6 +223,36 @@ impl HistoryQuery {
     }
 }
 
+/// A store's way to tell a node that manual run requests may have been added (an etcd
+/// watch, PostgreSQL `LISTEN`, a file change), so that nodes need not ask the store for
+/// them twice a second. Made by [`Store::request_watch`]; the engine still reads the
+/// requests now and then without a hint, in case one was lost.
+///
+/// # Example
+///
+/// A watch that wakes its node whenever it is polled, as a store without notifications
+/// could (the engine then reads the requests after every call):
+///
+/// ```
+/// use solocron_core::RequestWatch;
+///
+/// struct Always;
+///
+/// #[async_trait::async_trait]
+/// impl RequestWatch for Always {
+///     async fn changed(&mut self) {}
+/// }
+/// ```
+#[async_trait]
+pub trait RequestWatch: Send {
+    /// Returns when a run request may have been added since the previous call returned:
+    /// it must not miss one, and may wake without one. A watch that had to be (re)made
+    /// returns once it is in place, since requests added meanwhile went unseen. Cancel-safe:
+    /// a call dropped before it returned loses nothing. A watch that fails waits (a
+    /// bounded backoff) before it returns, so that a broken store is not read in a loop.
+    async fn changed(&mut self);
+}
+
 /// The coordination store: a set of atomic steps.
 ///
 /// Implementations must guarantee, each in one atomic step:
@@ -283,6 +313,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Asks for one manual run of `job` now; returns its tick (see [`RunRequest`]).
     async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError>;
+
+    /// A watch that tells of new run requests, for stores that can be told; `None` (the
+    /// default): nodes read [`Store::pending_requests`] every half second instead.
+    fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
+        None
+    }
 
     /// Manual run requests whose tick has no run record yet, oldest first, at most `limit`.
     async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError>;

@@ -130,6 +130,7 @@ mod codec;
 mod etcd;
 mod keys;
 mod runs;
+mod watch;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -141,7 +142,7 @@ use chrono::{DateTime, Utc};
 use etcd_client::{Client, ConnectOptions};
 use solocron_core::{
     ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
-    Registration, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
 
 pub use admin::HISTORY_SCAN_MAX;
@@ -408,6 +409,10 @@ impl Store for EtcdStore {
 
     async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError> {
         admin::request_run(self, job, by).await
+    }
+
+    fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
+        Some(Box::new(watch::EtcdRequestWatch::new(self.client.clone(), self.keys.family("request"))))
     }
 
     async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError> {

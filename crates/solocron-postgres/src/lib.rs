@@ -67,6 +67,7 @@ mod methods;
 mod records;
 mod schema;
 mod url;
+mod watch;
 
 use std::fmt;
 use std::time::Duration;

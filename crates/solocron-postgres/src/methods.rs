@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
     ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
-    Registration, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick, PRUNE_BATCH_MAX,
+    RECORDS_PAGE_MAX,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Postgres, QueryBuilder};
@@ -188,14 +189,16 @@ impl PgStore {
     /// took it in between.
     async fn request_once(&self, job: &str, by: &str, skip: i64) -> Res<Option<i64>> {
         let at: Option<i64> = sqlx::query_scalar(&self.sql(
-            "INSERT INTO {p}requests (job, requested_at, requested_by)
+            // The notice wakes every node's request watch when the request commits.
+            "WITH ins AS (INSERT INTO {p}requests (job, requested_at, requested_by)
              SELECT $1, c.at, $2 FROM (
                  SELECT b.base + n AS at FROM (SELECT {now} AS base) b, generate_series(0, 2 * $3) AS n
                  WHERE (b.base + n) % 1000 <> 0 ORDER BY 1 LIMIT $3
              ) c
              WHERE NOT EXISTS (SELECT 1 FROM {p}requests q WHERE q.job = $1 AND q.requested_at = c.at)
              ORDER BY c.at OFFSET $4 LIMIT 1
-             ON CONFLICT (job, requested_at) DO NOTHING RETURNING requested_at",
+             ON CONFLICT (job, requested_at) DO NOTHING RETURNING requested_at)
+             SELECT ins.requested_at FROM ins, pg_notify('{p}requests', '')",
         ))
         .bind(job)
         .bind(by)
@@ -434,6 +437,10 @@ impl Store for PgStore {
         Err(StoreError::Invalid(format!(
             "request_run: {REQUEST_ATTEMPTS} tries found no free instant for a manual run of `{job}` (other requests of it took them); try again"
         )))
+    }
+
+    fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
+        Some(Box::new(crate::watch::PgRequestWatch::new(&self.pool, &self.prefix)))
     }
 
     async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError> {

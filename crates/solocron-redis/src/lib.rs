@@ -157,6 +157,7 @@
 
 mod decode;
 mod scripts;
+mod watch;
 
 use std::fmt;
 use std::time::Duration;
@@ -167,8 +168,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, ScriptInvocation, Value};
 use solocron_core::{
     output_tail, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction,
-    RecoverOutcome, Registration, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick, PRUNE_BATCH_MAX,
-    RECORDS_PAGE_MAX,
+    RecoverOutcome, Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 
 use decode::{convert, instant, invalid};
@@ -211,6 +212,8 @@ const REQUEST_SLOTS_MAX: usize = 100;
 #[derive(Clone)]
 pub struct RedisStore {
     conn: ConnectionManager,
+    /// For the request watch's own (subscribed) connection.
+    client: redis::Client,
     prefix: String,
     /// `<prefix>epoch`: the key every script declares (see `lua/prelude.lua`).
     epoch_key: String,
@@ -242,10 +245,16 @@ impl RedisStore {
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_number_of_retries(RECONNECT_RETRIES)
             .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_with_config(client, config)
+        let conn = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(|e| redis_error(e, &format!("cannot connect to {description}")))?;
-        Ok(RedisStore { conn, prefix: key_prefix.to_owned(), epoch_key: format!("{key_prefix}epoch"), description })
+        Ok(RedisStore {
+            conn,
+            client,
+            prefix: key_prefix.to_owned(),
+            epoch_key: format!("{key_prefix}epoch"),
+            description,
+        })
     }
 
     /// The key prefix this store's keys start with.
@@ -565,6 +574,10 @@ impl Store for RedisStore {
         call.arg(job).arg(by).arg(REQUEST_SLOTS_MAX);
         let at: i64 = convert(self.run(&call, "request_run").await?, "requested instant")?;
         Ok(Tick::new(job, instant(at)?))
+    }
+
+    fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
+        Some(Box::new(watch::RedisRequestWatch::new(self.client.clone(), format!("{}requests", self.prefix))))
     }
 
     async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError> {

@@ -39,6 +39,8 @@
 //! ```
 #![warn(missing_docs)]
 
+mod watch;
+
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
@@ -47,7 +49,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
     ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction,
-    RecoverOutcome, Registration, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick, Trigger,
+    RecoverOutcome, Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick, Trigger,
     PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 use sqlx::sqlite::{
@@ -869,6 +871,10 @@ impl Store for SqliteStore {
         Err(StoreError::Invalid(format!(
             "{REQUEST_SLOTS_MAX} manual runs of `{job}` already requested around this instant; try again"
         )))
+    }
+
+    fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
+        Some(Box::new(watch::FileWatch::new(&self.path)))
     }
 
     async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError> {

@@ -18,8 +18,13 @@ const REGISTRY_REFRESH: Duration = Duration::from_secs(5 * 60);
 /// A registration not confirmed for this long is stale: it no longer counts for drift
 /// (three missed refreshes).
 pub const REGISTRATION_STALE_AFTER: Duration = Duration::from_secs(15 * 60);
-/// How often a node looks for manual run requests ("picked up within a second").
+/// How often a node looks for manual run requests ("picked up within a second") when its
+/// store cannot tell it of new ones.
 const REQUEST_POLL: Duration = Duration::from_millis(500);
+/// How often it looks anyway when the store has a [`solocron_core::RequestWatch`] (in case
+/// a hint was lost), and the least time between two looks however often the watch wakes.
+const REQUEST_BACKSTOP: Duration = Duration::from_secs(10);
+const REQUEST_LOOK_GAP_MIN: Duration = Duration::from_millis(50);
 /// Most manual requests picked up per poll.
 const REQUESTS_PER_POLL_MAX: usize = 100;
 /// First prune this long after start (not at once: a fleet restarting together would all
@@ -64,13 +69,26 @@ async fn warn_drift(e: &Engine, mine: &[solocron_core::JobDefinition], warned: &
     }
 }
 
-/// Claims manual run requests (`solocron trigger`) for the jobs this node knows.
+/// Claims manual run requests (`solocron trigger`) for the jobs this node knows: whenever
+/// the store's watch hints at one, and every [`REQUEST_BACKSTOP`]; or, for stores without a
+/// watch, every [`REQUEST_POLL`].
 pub(crate) async fn requests_loop(e: Arc<Engine>, shutdown: CancellationToken) {
+    let mut watch = e.store.request_watch();
+    let every = if watch.is_some() { REQUEST_BACKSTOP } else { REQUEST_POLL };
+    let mut looked = Instant::now();
     loop {
+        let hinted = async {
+            match watch.as_mut() {
+                Some(w) => w.changed().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            _ = tokio::time::sleep(REQUEST_POLL) => {}
+            _ = tokio::time::sleep_until(looked + every) => {}
+            _ = hinted => tokio::time::sleep_until(looked + REQUEST_LOOK_GAP_MIN).await,
             _ = shutdown.cancelled() => return,
         }
+        looked = Instant::now();
         if let Err(err) = claim_requests(&e).await {
             tracing::debug!(error = %err, "cannot read manual run requests");
         }

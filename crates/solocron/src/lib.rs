@@ -21,6 +21,7 @@ mod job;
 mod runner;
 mod scheduler;
 mod spawn;
+mod wallclock;
 
 pub use command::Command;
 pub use housekeeping::{prune_pass, REGISTRATION_STALE_AFTER};

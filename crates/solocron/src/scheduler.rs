@@ -21,9 +21,12 @@ use crate::housekeeping;
 use crate::job::Job;
 use crate::runner::execute;
 
-/// Longest the timer sleeps before looking at the wall clock again (so a clock jump is
-/// noticed within a second). Waking once a second costs nothing measurable.
-const TIMER_SLEEP_MAX: Duration = Duration::from_secs(1);
+/// Longest the timer sleeps before looking at the wall clock again, with the system clock
+/// (whose steps the kernel announces, see `wallclock.rs`) and with a clock given by the
+/// caller or when the announcement is unavailable (so a jump is noticed within a second).
+/// Idle, the wake-ups were a third of a node's CPU at one per second.
+const TIMER_SLEEP_MAX: Duration = Duration::from_secs(60);
+const TIMER_SLEEP_MAX_UNANNOUNCED: Duration = Duration::from_secs(1);
 /// How long before its instant a scheduled tick is claimed. The claim's round trip (and the
 /// losers' wait on the winner's row) then happens before the instant, and the run starts at
 /// the instant itself instead of one round trip after it. The store's overlap check
@@ -91,6 +94,8 @@ pub struct SchedulerBuilder {
     store: Arc<dyn Store>,
     node_id: String,
     clock: Arc<dyn Clock>,
+    /// `clock` is [`SystemClock`], whose steps the kernel announces.
+    system_clock: bool,
     jobs: Vec<Job>,
     shutdown_grace: Duration,
     max_concurrent_runs: usize,
@@ -121,6 +126,7 @@ impl SchedulerBuilder {
     /// The wall clock used for schedules (default: the system clock). Leases never use it.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self.system_clock = false;
         self
     }
 
@@ -170,6 +176,7 @@ impl SchedulerBuilder {
                 store: self.store,
                 node: self.node_id,
                 clock: self.clock,
+                system_clock: self.system_clock,
                 jobs: self.jobs,
                 by_name,
                 history_retention: self.history_retention,
@@ -211,6 +218,7 @@ pub(crate) struct Engine {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) node: String,
     clock: Arc<dyn Clock>,
+    system_clock: bool,
     pub(crate) jobs: Vec<Job>,
     pub(crate) by_name: HashMap<String, usize>,
     history_retention: Option<Duration>,
@@ -232,6 +240,7 @@ impl Scheduler {
             store,
             node_id: default_node_id(),
             clock: Arc::new(SystemClock),
+            system_clock: true,
             jobs: Vec::new(),
             shutdown_grace: Duration::from_secs(30),
             max_concurrent_runs: 1024,
@@ -378,6 +387,15 @@ async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
     let mut healthy: Vec<Option<bool>> = vec![None; e.jobs.len()];
     let mut backoff = Backoff::new(STORE_BACKOFF_MIN, STORE_BACKOFF_MAX);
     let ahead = chrono::Duration::from_std(CLAIM_AHEAD).expect("small");
+    let mut steps = if e.system_clock {
+        crate::wallclock::ClockSteps::new()
+            .inspect_err(
+                |err| tracing::warn!(error = %err, "cannot watch the wall clock for steps; looking at it every second"),
+            )
+            .ok()
+    } else {
+        None
+    };
     while !shutdown.is_cancelled() {
         let now = e.clock.now();
         let horizon = now + ahead;
@@ -390,10 +408,19 @@ async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
             due.push(i);
         }
         if due.is_empty() {
-            let wait =
-                heap.peek().map_or(TIMER_SLEEP_MAX, |Reverse((t, _))| (*t - horizon).to_std().unwrap_or_default());
+            let most = if steps.is_some() { TIMER_SLEEP_MAX } else { TIMER_SLEEP_MAX_UNANNOUNCED };
+            let wait = heap.peek().map_or(most, |Reverse((t, _))| (*t - horizon).to_std().unwrap_or_default());
             tokio::select! {
-                _ = tokio::time::sleep(wait.min(TIMER_SLEEP_MAX)) => {}
+                _ = tokio::time::sleep(wait.min(most)) => {}
+                stepped = async { steps.as_mut().expect("only polled when present").stepped().await }, if steps.is_some() => {
+                    match stepped {
+                        Ok(()) => tracing::info!("the wall clock was set; looking at the schedule again"),
+                        Err(err) => {
+                            tracing::warn!(error = %err, "cannot watch the wall clock any more; looking at it every second");
+                            steps = None;
+                        }
+                    }
+                }
                 _ = shutdown.cancelled() => {}
             }
             continue;

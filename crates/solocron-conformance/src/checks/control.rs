@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DurationRound, TimeDelta};
-use solocron_core::{ClaimOutcome, ClaimRequest, JobControl, RunId, RunState, Tick, Trigger};
+use solocron_core::{ClaimOutcome, ClaimRequest, JobControl, RequestWatch, RunId, RunState, Tick, Trigger};
 
 use super::support::{
     all, assert_between, claim, find, first, now, race, run, skip, stores, succeeded, tick, won, Handle, LONG_LEASE,
@@ -94,6 +94,40 @@ pub async fn manual_requests_get_unique_off_second_ticks_and_stay_pending_until_
         store.pending_requests(100).await.expect("pending_requests").into_iter().map(|r| r.tick).collect();
     let expected: HashSet<Tick> = pending[..1].iter().chain(&pending[4..]).map(|r| r.tick.clone()).collect();
     assert_eq!(still, expected, "claimed requests are no longer pending, the others are");
+}
+
+/// How long a request watch may take to wake for a request made by another store.
+const WATCH_WAKE_MAX: Duration = Duration::from_secs(2);
+
+/// A store's request watch (if it has one) returns at once when first called, then wakes
+/// for a request that another instance (another process) makes, each time, and lets an
+/// idle node sleep otherwise.
+pub async fn a_request_made_elsewhere_wakes_the_request_watch(f: &impl StoreFactory) {
+    let (watcher, requester) = (f.open().await, f.open().await);
+    let Some(mut watch) = watcher.request_watch() else { return };
+    let first = tokio::time::timeout(WATCH_WAKE_MAX, watch.changed()).await;
+    assert!(first.is_ok(), "the first call returns once the watch is in place");
+    quiet(watch.as_mut()).await;
+    for round in 0..3 {
+        let requested = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            requester.request_run("sync", "carol").await.expect("request_run")
+        };
+        let (woke, _) = tokio::join!(tokio::time::timeout(WATCH_WAKE_MAX, watch.changed()), requested);
+        assert!(woke.is_ok(), "round {round}: a request did not wake the watch within {WATCH_WAKE_MAX:?}");
+        quiet(watch.as_mut()).await;
+    }
+}
+
+/// Waits until the watch stays quiet for half a second: it may wake a few times after
+/// writes (spuriously), but an idle store must let an idle node sleep.
+async fn quiet(watch: &mut dyn RequestWatch) {
+    for _ in 0..10 {
+        if tokio::time::timeout(Duration::from_millis(500), watch.changed()).await.is_err() {
+            return;
+        }
+    }
+    panic!("the request watch keeps waking although nobody makes requests");
 }
 
 /// Requests [`REQUESTS_EACH`] manual runs of `backup` from every store at once; who asked

@@ -10,6 +10,8 @@ for _ = 1, tonumber(ARGV[4]) do
     redis.call('ZADD', REQ, int(at), member)
     redis.call('ZADD', REQPEND, int(at), member)
     redis.call('HSET', REQBY, member, by)
+    -- Wakes the nodes' request watches (see watch.rs); a message nobody hears is fine.
+    redis.call('PUBLISH', P .. 'requests', '')
     return int(at)
   end
   at = at + 1
