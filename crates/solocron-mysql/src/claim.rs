@@ -1,5 +1,5 @@
-//! The claim of a batch of ticks: one transaction of at most 6 round trips, whatever the
-//! batch's size (see the crate docs for the sequence).
+//! The claim of a batch of ticks: one transaction of 2 round trips, whatever the batch's
+//! size (see the crate docs for the sequence).
 //!
 //! Why reading first and deciding in memory is safe: every transaction that creates an
 //! attempt-1 row or a `running` row of a job (a claim, a retry by recovery) first takes
@@ -7,17 +7,17 @@
 //! holds the fence locks of all its jobs, nothing it reads about those jobs (existing tick
 //! records, running runs, the counters) can change before it commits, except running runs
 //! ending, which only makes an overlap skip conservative. The primary key stays the final
-//! arbiter: the `INSERT IGNORE` must insert every row it was sent, or the transaction is
-//! rolled back and retried.
+//! arbiter: the `INSERT` fails on a record that exists, and the transaction is rolled back
+//! and retried.
 
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, RunId, StoreError, Tick, Trigger, CLAIM_BATCH_MAX};
-use sqlx::mysql::MySqlArguments;
-use sqlx::query::Query;
-use sqlx::{MySql, MySqlConnection};
+use sqlx::mysql::{MySqlQueryResult, MySqlRow};
+use sqlx::pool::PoolConnection;
+use sqlx::{Executor, MySql, MySqlConnection};
 
 use crate::error::{invalid, retrying, Failure};
 use crate::records::{
@@ -50,7 +50,7 @@ pub(crate) async fn claim(store: &MySqlStore, requests: &[ClaimRequest]) -> Resu
     retrying("cannot claim", || claim_once(store, requests)).await
 }
 
-/// Refuses what `INSERT IGNORE` would silently truncate, and oversized batches (whose
+/// Refuses what a non-strict server would silently truncate, and oversized batches (whose
 /// statements would pass MySQL's 65,535-placeholder limit).
 fn check(requests: &[ClaimRequest]) -> Result<(), Failure> {
     if requests.len() > CLAIM_BATCH_MAX {
@@ -67,26 +67,127 @@ fn check(requests: &[ClaimRequest]) -> Result<(), Failure> {
     Ok(())
 }
 
-/// One try at the whole batch.
+/// One try at the whole batch, in two round trips: `START TRANSACTION`, the fence locks
+/// and the state read; then the inserts, the counters and `COMMIT`. Each round trip is one
+/// multi-statement text query, its values written into the SQL as literals (strings as
+/// hex, which no input can break out of): prepared statements would cost a round trip
+/// each. A statement that fails stops the rest of its round trip, so nothing after a
+/// failed insert commits.
 async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, Failure> {
     let jobs = sorted_jobs(requests);
-    let mut tx = store.pool.begin().await?;
-    lock_fences(store, &mut tx, &jobs).await?;
-    let found = read_state(store, &mut tx, requests, &jobs).await?;
+    let mut tx = OpenTransaction { conn: store.pool.acquire().await?, open: true };
+    let first = format!("START TRANSACTION; {}; {}", lock_fences_sql(store, &jobs), state_read(store, requests, &jobs));
+    let read = read_rows(&mut tx.conn, &first).await;
+    let rows = match read {
+        Ok(rows) => rows,
+        Err(e) => return Err(tx.roll_back(e.into()).await),
+    };
+    let found = found(&rows, jobs.len())?;
     let now = found.now.ok_or_else(|| invalid("the claim's read returned no clock"))?;
     let (decisions, tokens) = plan(requests, found)?;
     let mut rows: Vec<(&ClaimRequest, &Decision)> =
         requests.iter().zip(&decisions).filter(|(_, d)| !matches!(d, Decision::Taken)).collect();
-    // Running rows first: the statement's shape then depends only on how many of each kind
-    // there are, so sqlx's prepared-statement cache serves repeated batches.
     rows.sort_by_key(|(_, d)| matches!(d, Decision::Skipped(_)));
-    insert_rows(store, &mut tx, &rows, now).await?;
-    if !tokens.is_empty() {
-        write_tokens(store, &mut tx, &tokens).await?;
+    let mut second = String::new();
+    if !rows.is_empty() {
+        second.push_str(&insert_sql(store, &rows, now)?);
+        second.push_str("; ");
     }
-    tx.commit().await?;
+    if !tokens.is_empty() {
+        second.push_str(&tokens_sql(store, &tokens)?);
+        second.push_str("; ");
+    }
+    second.push_str("COMMIT");
+    let written = execute(&mut tx.conn, &second).await;
+    let written = match written {
+        Ok(done) => done.rows_affected(),
+        Err(e) if is_duplicate(&e) => {
+            return Err(tx.roll_back(Failure::Conflict(format!("a record appeared despite the locks: {e}"))).await)
+        }
+        Err(e) => return Err(tx.roll_back(e.into()).await),
+    };
+    tx.open = false;
+    // Committed. The count (inserted plus updated rows) can only be off if the locks failed.
+    let expected = (rows.len() + tokens.len()) as u64;
+    if written != expected {
+        return Err(invalid(format!("the claim wrote {written} rows, expected {expected}")));
+    }
     let claimed_at = Some(instant(now)?);
     requests.iter().zip(decisions).map(|(r, d)| outcome(r, d, claimed_at)).collect()
+}
+
+/// A connection inside a transaction begun by hand. Dropped while still open (the claim's
+/// future cancelled, or a rollback that failed), the connection is closed rather than
+/// returned to the pool, and the server rolls the transaction back.
+struct OpenTransaction {
+    conn: PoolConnection<MySql>,
+    open: bool,
+}
+
+impl OpenTransaction {
+    /// Rolls back after `failure`, which it returns.
+    async fn roll_back(mut self, failure: Failure) -> Failure {
+        if execute(&mut self.conn, "ROLLBACK").await.is_ok() {
+            self.open = false;
+        }
+        failure
+    }
+}
+
+impl Drop for OpenTransaction {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+/// The rows of a multi-statement text query (a `&str` query has no arguments, so sqlx
+/// sends it as text, unprepared).
+async fn read_rows(conn: &mut MySqlConnection, sql: &str) -> Result<Vec<MySqlRow>, sqlx::Error> {
+    conn.fetch_all(sql).await
+}
+
+/// Runs a multi-statement text query; its rows affected, summed.
+async fn execute(conn: &mut MySqlConnection, sql: &str) -> Result<MySqlQueryResult, sqlx::Error> {
+    conn.execute(sql).await
+}
+
+/// MySQL's 1062, duplicate key.
+fn is_duplicate(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1062))
+}
+
+/// A value written into SQL text.
+enum Literal<'a> {
+    Text(&'a str),
+    Int(i64),
+}
+
+/// `sql` with each `?` replaced by the next of `values`, in order (the templates here have
+/// no `?` anywhere else). Text becomes `_utf8mb4 X'…'`: hex digits cannot end the literal
+/// or escape it, whatever the text holds and whatever the server's SQL mode.
+fn inline(sql: &str, values: &[Literal]) -> String {
+    let mut out = String::with_capacity(sql.len() + values.len() * 24);
+    let mut values = values.iter();
+    for c in sql.chars() {
+        if c != '?' {
+            out.push(c);
+            continue;
+        }
+        match values.next().expect("a value for every placeholder") {
+            Literal::Int(n) => out.push_str(&n.to_string()),
+            Literal::Text(t) => {
+                out.push_str("_utf8mb4 X'");
+                for b in t.bytes() {
+                    out.push_str(&format!("{b:02X}"));
+                }
+                out.push('\'');
+            }
+        }
+    }
+    assert!(values.next().is_none(), "more values than placeholders");
+    out
 }
 
 /// The batch's distinct jobs, in the order the server sorts them in the fences' primary
@@ -116,28 +217,18 @@ fn collation_order(a: &str, b: &str) -> Ordering {
 /// `ON DUPLICATE KEY UPDATE` takes the exclusive lock at once; `INSERT IGNORE` then
 /// `SELECT ... FOR UPDATE` would take a shared lock first, and two batches upgrading their
 /// shared locks on one row deadlock.
-async fn lock_fences(store: &MySqlStore, conn: &mut MySqlConnection, jobs: &[&str]) -> Result<(), Failure> {
+fn lock_fences_sql(store: &MySqlStore, jobs: &[&str]) -> String {
     let sql = store.sql(&format!(
         "INSERT INTO {{p}}fences (job, token) VALUES {} ON DUPLICATE KEY UPDATE token = token",
         repeated("(?, 0)", jobs.len())
     ));
-    let mut query = sqlx::query(&sql);
-    for job in jobs {
-        query = query.bind(*job);
-    }
-    query.execute(conn).await?;
-    Ok(())
+    inline(&sql, &jobs.iter().map(|j| Literal::Text(j)).collect::<Vec<_>>())
 }
 
-/// Reads, in one round trip, the counters of `jobs`, the existing records of the batch's
-/// ticks, the running runs of the jobs asked not to overlap, which jobs are paused, and
-/// the server's clock (under the fence locks: every record the batch writes carries it).
-async fn read_state(
-    store: &MySqlStore,
-    conn: &mut MySqlConnection,
-    requests: &[ClaimRequest],
-    jobs: &[&str],
-) -> Result<Found, Failure> {
+/// The read, under the fence locks, of the counters of `jobs`, the existing records of the
+/// batch's ticks, the running runs of the jobs asked not to overlap, which jobs are paused,
+/// and the server's clock (every record the batch writes carries it).
+fn state_read(store: &MySqlStore, requests: &[ClaimRequest], jobs: &[&str]) -> String {
     let jobs_where = |wanted: fn(&ClaimRequest) -> bool| {
         let mut jobs: Vec<&str> = requests.iter().filter(|r| wanted(r)).map(|r| r.tick.job.as_str()).collect();
         jobs.sort_unstable();
@@ -150,30 +241,30 @@ async fn read_state(
     instants.sort_unstable();
     instants.dedup();
     let sql = state_sql(store, jobs.len(), instants.len(), overlapping.len(), pausable.len());
-    let mut query = bind_all(bind_all(sqlx::query(&sql), jobs), jobs);
-    for at in &instants {
-        query = query.bind(*at);
+    fn text<'a>(list: &[&'a str]) -> Vec<Literal<'a>> {
+        list.iter().map(|j| Literal::Text(j)).collect()
     }
-    query = bind_all(bind_all(query, &overlapping), &pausable);
+    let mut values = text(jobs);
+    values.extend(text(jobs));
+    values.extend(instants.iter().map(|&at| Literal::Int(at)));
+    values.extend(text(&overlapping));
+    values.extend(text(&pausable));
+    inline(&sql, &values)
+}
+
+/// What the rows of [`state_read`] say.
+fn found(rows: &[sqlx::mysql::MySqlRow], jobs: usize) -> Result<Found, Failure> {
     let mut found = Found::default();
-    for row in query.fetch_all(conn).await? {
-        note(&mut found, &row)?;
+    for row in rows {
+        note(&mut found, row)?;
     }
-    if found.tokens.len() != jobs.len() {
+    if found.tokens.len() != jobs {
         return Err(invalid("a fence row the claim just locked is missing"));
     }
     Ok(found)
 }
 
-/// `query` with each of `values` bound in turn.
-fn bind_all<'q>(mut query: Query<'q, MySql, MySqlArguments>, values: &[&'q str]) -> Query<'q, MySql, MySqlArguments> {
-    for value in values {
-        query = query.bind(*value);
-    }
-    query
-}
-
-/// The `UNION ALL` read of [`read_state`]; each row's `kind` says what it is.
+/// The `UNION ALL` read of [`state_read`]; each row's `kind` says what it is.
 ///
 /// Tick records are looked up as `job IN (...) AND scheduled_at IN (...)`, a superset of
 /// the batch's ticks that the caller filters: the optimizer turns it into primary-key
@@ -205,7 +296,7 @@ fn state_sql(store: &MySqlStore, jobs: usize, instants: usize, overlapping: usiz
     store.sql(&sql)
 }
 
-/// Records one row of the [`read_state`] read.
+/// Records one row of the [`state_read`] read.
 fn note(found: &mut Found, row: &sqlx::mysql::MySqlRow) -> Result<(), Failure> {
     let job = text(row, "job")?;
     let n: i64 = get(row, "n")?;
@@ -295,7 +386,7 @@ fn decide(request: &ClaimRequest, tick: Tick, found: &mut Found) -> Result<Decis
 }
 
 /// `text` cut (on a character boundary) to what a `TEXT` column holds: a pause reason is
-/// built from two stored texts, and `INSERT IGNORE` would cut it anyway.
+/// built from two stored texts, and the column would refuse (or cut) it.
 fn fit_text(mut text: String) -> String {
     if text.len() > TEXT_BYTES_MAX {
         let mut end = TEXT_BYTES_MAX;
@@ -307,19 +398,10 @@ fn fit_text(mut text: String) -> String {
     text
 }
 
-/// Inserts every new row in one statement, claimed at `now` (the server's ms); the
-/// transaction is retried unless all of them went in (a record that appeared despite our
-/// locks).
-async fn insert_rows(
-    store: &MySqlStore,
-    conn: &mut MySqlConnection,
-    rows: &[(&ClaimRequest, &Decision)],
-    now: i64,
-) -> Result<(), Failure> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let values: Vec<&str> = rows
+/// Inserts every new row in one statement, claimed at `now` (the server's ms). A plain
+/// `INSERT`: a record that appeared despite the locks fails it, and the try starts over.
+fn insert_sql(store: &MySqlStore, rows: &[(&ClaimRequest, &Decision)], now: i64) -> Result<String, Failure> {
+    let shapes: Vec<&str> = rows
         .iter()
         .map(|(_, d)| match d {
             Decision::Won { .. } => "(?, ?, 1, ?, ?, ?, 'running', NULL, ?, NULL, ?, '')",
@@ -327,57 +409,44 @@ async fn insert_rows(
         })
         .collect();
     let sql = store.sql(&format!(
-        "INSERT IGNORE INTO {{p}}runs (job, scheduled_at, attempt, `trigger`, node, token, state, reason,
+        "INSERT INTO {{p}}runs (job, scheduled_at, attempt, `trigger`, node, token, state, reason,
          claimed_at, finished_at, lease_until, output) VALUES {}",
-        values.join(", ")
+        shapes.join(", ")
     ));
-    let mut query = sqlx::query(&sql);
+    let mut values = Vec::with_capacity(rows.len() * 7);
     for (request, decision) in rows {
-        query = query
-            .bind(request.tick.job.as_str())
-            .bind(request.tick.scheduled_at.timestamp_millis())
-            .bind(request.trigger.as_str())
-            .bind(request.node.as_str());
-        query = match decision {
-            Decision::Won { token, lease_ms, .. } => {
-                query.bind(token_param(*token)?).bind(now).bind(now.saturating_add(*lease_ms))
-            }
-            Decision::Skipped(reason) => query.bind(reason.as_str()).bind(now).bind(now),
+        values.extend([
+            Literal::Text(&request.tick.job),
+            Literal::Int(request.tick.scheduled_at.timestamp_millis()),
+            Literal::Text(request.trigger.as_str()),
+            Literal::Text(&request.node),
+        ]);
+        match decision {
+            Decision::Won { token, lease_ms, .. } => values.extend([
+                Literal::Int(token_param(*token)?),
+                Literal::Int(now),
+                Literal::Int(now.saturating_add(*lease_ms)),
+            ]),
+            Decision::Skipped(reason) => values.extend([Literal::Text(reason), Literal::Int(now), Literal::Int(now)]),
             Decision::Taken => unreachable!("taken ticks get no row"),
-        };
+        }
     }
-    let inserted = query.execute(conn).await?.rows_affected();
-    if inserted != rows.len() as u64 {
-        return Err(Failure::Conflict(format!("{inserted} of {} run records inserted", rows.len())));
-    }
-    Ok(())
+    Ok(inline(&sql, &values))
 }
 
 /// Writes back each job's counter: the last token the batch handed out.
-async fn write_tokens(
-    store: &MySqlStore,
-    conn: &mut MySqlConnection,
-    tokens: &HashMap<String, u64>,
-) -> Result<(), Failure> {
-    let jobs: Vec<(&String, i64)> =
-        tokens.iter().map(|(job, t)| Ok((job, token_param(*t)?))).collect::<Result<_, Failure>>()?;
+fn tokens_sql(store: &MySqlStore, tokens: &HashMap<String, u64>) -> Result<String, Failure> {
     let sql = store.sql(&format!(
         "UPDATE {{p}}fences SET token = CASE job {} END WHERE job IN {}",
-        vec!["WHEN ? THEN ?"; jobs.len()].join(" "),
-        placeholders(jobs.len())
+        vec!["WHEN ? THEN ?"; tokens.len()].join(" "),
+        placeholders(tokens.len())
     ));
-    let mut query = sqlx::query(&sql);
-    for (job, token) in &jobs {
-        query = query.bind(job.as_str()).bind(*token);
+    let mut values = Vec::with_capacity(tokens.len() * 3);
+    for (job, token) in tokens {
+        values.extend([Literal::Text(job), Literal::Int(token_param(*token)?)]);
     }
-    for (job, _) in &jobs {
-        query = query.bind(job.as_str());
-    }
-    let updated = query.execute(conn).await?.rows_affected();
-    if updated != jobs.len() as u64 {
-        return Err(invalid(format!("{updated} of {} fence rows updated", jobs.len())));
-    }
-    Ok(())
+    values.extend(tokens.keys().map(|job| Literal::Text(job)));
+    Ok(inline(&sql, &values))
 }
 
 /// The outcome of a decision, given the claim's instant (there is one if anything won).
@@ -414,6 +483,12 @@ mod tests {
         let requests: Vec<_> = ["b", "a\t", "a", "B", "b"].iter().map(|j| request(j)).collect();
         // PAD SPACE: "a" is "a " to the server, after "a\t".
         assert_eq!(sorted_jobs(&requests), vec!["B", "a\t", "a", "b"]);
+    }
+
+    #[test]
+    fn values_are_written_in_as_numbers_and_hex_text() {
+        let sql = inline("INSERT INTO t VALUES (?, ?, '')", &[Literal::Text("a'\\?é"), Literal::Int(-42)]);
+        assert_eq!(sql, "INSERT INTO t VALUES (_utf8mb4 X'61275C3FC3A9', -42, '')");
     }
 
     #[test]

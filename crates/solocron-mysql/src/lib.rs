@@ -12,8 +12,9 @@
 //!   is forced to `'+00:00'`; nodes only send lease *lengths*. Hosts with skewed clocks
 //!   therefore agree on every lease. Instants are `BIGINT` milliseconds since the epoch.
 //! - **Exactly once among any number of hosts.** Attempt 1 of a tick is created only by an
-//!   `INSERT IGNORE` into the primary key `(job, scheduled_at, attempt)` whose affected-row
-//!   count is checked, so one claimer wins and every other one reads `Taken`.
+//!   `INSERT` into the primary key `(job, scheduled_at, attempt)`, which fails (and the
+//!   claim with it) if the record exists, so one claimer wins and every other one reads
+//!   `Taken`.
 //! - **Claims of one job are serialized** by an exclusive row lock on the job's fencing
 //!   counter (`{prefix}fences`), taken before anything about the job is read; a batch locks
 //!   its jobs in sorted order, so concurrent batches do not deadlock on them. Every writer
@@ -32,19 +33,24 @@
 //! ## The claim, in round trips
 //!
 //! A whole batch (up to [`CLAIM_BATCH_MAX`](solocron_core::CLAIM_BATCH_MAX) requests) is one
-//! transaction of at most 6 round trips, whatever its size: `BEGIN`; one multi-row
-//! `INSERT ... ON DUPLICATE KEY UPDATE token = token` into the fences (creates missing
-//! counters and X-locks every job of the batch, in sorted order); one `UNION ALL` read of the
-//! counters, the batch's existing tick records, the running runs of jobs that must not
-//! overlap, the paused jobs and the server's clock (every row the batch writes is claimed at
-//! that instant, so no read-back is needed: MySQL 8 has no `INSERT ... RETURNING`); one
-//! multi-row `INSERT IGNORE` of every new run row (its affected-row count must equal the rows
-//! sent, or the transaction is retried); then, only if some request won, an `UPDATE` of the
-//! counters; `COMMIT`. The outcome of each request is decided
-//! in memory, in request order, from what the locked read returned, so two requests of one
-//! batch see each other exactly as if they had been claimed one after the other. Each
-//! statement is prepared once per connection and shape (sqlx caches it): a batch of a size
-//! a connection has not seen yet costs one more round trip per new statement.
+//! transaction of **2 round trips**, whatever its size. The first sends `START TRANSACTION`;
+//! one multi-row `INSERT ... ON DUPLICATE KEY UPDATE token = token` into the fences (creates
+//! missing counters and X-locks every job of the batch, in sorted order); and one `UNION ALL`
+//! read of the counters, the batch's existing tick records, the running runs of jobs that
+//! must not overlap, the paused jobs and the server's clock (every row the batch writes is
+//! claimed at that instant, so no read-back is needed: MySQL 8 has no `INSERT ... RETURNING`).
+//! The outcome of each request is decided in memory, in request order, from what the locked
+//! read returned, so two requests of one batch see each other exactly as if they had been
+//! claimed one after the other. The second sends one multi-row `INSERT` of every new run row,
+//! then (if some request won) an `UPDATE` of the counters, and `COMMIT`.
+//!
+//! Each round trip is one multi-statement text query with its values written in as literals
+//! (text as `_utf8mb4 X'…'` hex, which no input can break out of, whatever the SQL mode):
+//! with prepared statements every statement would be a round trip of its own (a claim took
+//! 6, and 2.8× the time of a bare insert). The server stops a multi-statement query at its
+//! first error, so a failed insert never reaches the `COMMIT`: the claim rolls back and is
+//! tried again. A claim cancelled between the two round trips closes its connection instead
+//! of returning it to the pool, and the server rolls the transaction back.
 //!
 //! ## MySQL 8 and MariaDB: what differs, and what this crate does about it
 //!

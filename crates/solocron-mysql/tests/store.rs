@@ -358,3 +358,68 @@ async fn eight_pools_claiming_overlapping_batches_in_different_orders_never_fail
     }
     eprintln!("15 rounds of 8 racing 20-tick batches: {:?}", started.elapsed());
 }
+
+/// Claims are sent as SQL text with their values written in: names and reasons that hold
+/// quotes, backslashes, placeholders, comment and statement separators, and non-ASCII
+/// text are stored and read back exactly, and change nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn names_with_sql_syntax_in_them_are_stored_as_written() {
+    let Some(ns) = support::namespace().await else { return };
+    let store = &ns.stores(1).await[0];
+    let names = ["it's", "back\\slash", "q?mark", "semi; DROP TABLE x; --", "é日本\u{1F600}", "\"dq\" /* c */", "%_"];
+    let mut batch: Vec<ClaimRequest> =
+        names.iter().map(|n| run(tick(n, 1), n, Duration::from_secs(60), false)).collect();
+    let mut skip = run(tick("it's", 2), "node'; --", Duration::from_secs(60), false);
+    skip.mode = ClaimMode::Skip { reason: "why? 'because' \\ ; --".into() };
+    batch.push(skip);
+    let outcomes = store.claim(&batch).await.expect("claim");
+    for (request, outcome) in batch.iter().zip(&outcomes) {
+        match (&request.mode, outcome) {
+            (ClaimMode::Skip { reason }, ClaimOutcome::Skipped { reason: got }) => assert_eq!(got, reason),
+            (ClaimMode::Run { .. }, ClaimOutcome::Won(lease)) => {
+                assert_eq!((&lease.run.tick, lease.owner.as_str()), (&request.tick, request.node.as_str()))
+            }
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    let history = store.history(&HistoryQuery::default()).await.expect("history");
+    assert_eq!(history.len(), batch.len());
+    for request in &batch {
+        let record = history.iter().find(|r| r.id.tick == request.tick).expect("a record of every tick");
+        assert_eq!(record.node, request.node);
+        if let ClaimMode::Skip { reason } = &request.mode {
+            assert_eq!(record.reason.as_deref(), Some(reason.as_str()));
+        }
+    }
+    assert_eq!(store.claim(&batch).await.expect("claim"), vec![ClaimOutcome::Taken; batch.len()]);
+}
+
+/// What the claim's second round trip relies on: the server stops a multi-statement query
+/// at the first statement that fails, so the `COMMIT` after a failed insert never runs; the
+/// rollback then leaves nothing, and the connection goes on working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_statement_stops_the_rest_of_a_multi_statement_query() {
+    use sqlx::{Connection, Executor, Row};
+    let Some(ns) = support::namespace().await else { return };
+    let table = format!("{}multi", ns.prefix);
+    let mut conn = sqlx::MySqlConnection::connect(&support::url()).await.expect("connect");
+    conn.execute(format!("CREATE TABLE {table} (id INT PRIMARY KEY)").as_str()).await.expect("create");
+    conn.execute(format!("INSERT INTO {table} VALUES (1)").as_str()).await.expect("insert");
+    let failed = conn
+        .execute(
+            format!("START TRANSACTION; INSERT INTO {table} VALUES (2); INSERT INTO {table} VALUES (1); COMMIT")
+                .as_str(),
+        )
+        .await;
+    assert!(failed.is_err(), "the duplicate must fail the query");
+    conn.execute("ROLLBACK").await.expect("rollback");
+    let ids: Vec<i32> = conn
+        .fetch_all(format!("SELECT id FROM {table} ORDER BY id").as_str())
+        .await
+        .expect("select")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(ids, [1], "the row before the failure was not committed");
+    conn.execute(format!("DROP TABLE {table}").as_str()).await.expect("drop");
+}
