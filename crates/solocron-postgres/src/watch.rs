@@ -30,6 +30,10 @@ impl PgRequestWatch {
     /// Connects and `LISTEN`s: a request committed after this returns is notified.
     async fn make(&self) -> Result<PgListener, sqlx::Error> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
+        // A lost connection ends this listener (see `changed`) instead of being remade
+        // inside `try_recv`, where a cancelled call would lose the news that notices were
+        // missed.
+        listener.eager_reconnect(false);
         listener.listen(&self.channel).await?;
         Ok(listener)
     }
@@ -52,8 +56,9 @@ impl RequestWatch for PgRequestWatch {
         match listener.try_recv().await {
             // A burst of requests wakes the node once.
             Ok(Some(_)) => while listener.next_buffered().is_some() {},
-            // The connection was lost and made again: notices in between are gone.
-            Ok(None) => {}
+            // The connection was lost: notices from now until a new listener is in place go
+            // unheard, so the next call makes one and then returns (and the node reads).
+            Ok(None) => self.listener = None,
             Err(err) => {
                 tracing::debug!(error = %err, "listening for run requests failed; listening again");
                 self.listener = None;

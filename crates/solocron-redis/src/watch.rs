@@ -21,11 +21,12 @@ pub(crate) struct RedisRequestWatch {
     client: redis::Client,
     channel: String,
     messages: Option<PubSubStream>,
+    warned: bool,
 }
 
 impl RedisRequestWatch {
     pub(crate) fn new(client: redis::Client, channel: String) -> RedisRequestWatch {
-        RedisRequestWatch { client, channel, messages: None }
+        RedisRequestWatch { client, channel, messages: None, warned: false }
     }
 
     /// Connects and subscribes: a request published after this returns is heard.
@@ -48,9 +49,15 @@ impl RequestWatch for RedisRequestWatch {
     async fn changed(&mut self) {
         let Some(messages) = self.messages.as_mut() else {
             match self.make().await {
-                Ok(messages) => self.messages = Some(messages),
+                Ok(messages) => {
+                    self.messages = Some(messages);
+                    self.warned = false;
+                }
                 Err(err) => {
-                    tracing::debug!(error = %err, "cannot subscribe to run requests; reading them every second");
+                    if !std::mem::replace(&mut self.warned, true) {
+                        tracing::warn!(error = %err, channel = %self.channel,
+                            "cannot subscribe to run requests (an ACL without channel rights?); reading them every second");
+                    }
                     tokio::time::sleep(RETRY_AFTER).await;
                 }
             }

@@ -278,3 +278,27 @@ async fn an_unreachable_server_is_unavailable_and_bad_settings_are_invalid() {
     let store = ns.store().await;
     assert!(store.describe().ends_with(&format!(" (keys {}*)", ns.prefix)), "{}", store.describe());
 }
+
+/// A user whose ACL grants keys and commands but no pub/sub channels (Redis 7's default for
+/// new users) can still request runs: the wake-up message is best-effort, the request is
+/// written once and no error tells the operator to try again (which would run it twice).
+#[tokio::test]
+async fn a_user_without_channel_rights_requests_runs_without_an_error() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.store().await;
+    store.migrate().await.expect("migrate");
+    let mut conn = common::raw().await.expect("connect");
+    let user = format!("solocron_t_{}", solocron_conformance::naming::fresh_tag());
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", &user, "on", ">pw", "~*", "+@all", "resetchannels"][..])
+        .query_async(&mut conn)
+        .await
+        .expect("create a user");
+    let url = common::url().replacen("redis://", &format!("redis://{user}:pw@"), 1);
+    let limited = RedisStore::connect(&url, &ns.prefix).await.expect("connect as the limited user");
+    let requested = limited.request_run("backup", "op").await;
+    let pending = store.pending_requests(10).await.expect("pending");
+    let _: () = redis::cmd("ACL").arg(&["DELUSER", &user][..]).query_async(&mut conn).await.expect("delete the user");
+    let tick = requested.expect("the request succeeds although the wake-up cannot be published");
+    assert_eq!(pending.iter().map(|r| &r.tick).collect::<Vec<_>>(), [&tick], "written once");
+}

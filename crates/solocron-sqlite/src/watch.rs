@@ -17,6 +17,9 @@ use tokio::time::Instant;
 /// Least time between two wakes: while jobs run, the files change all the time, and the
 /// requests are then read no more often than a poll would.
 const WAKE_GAP_MIN: Duration = Duration::from_millis(500);
+/// How long after a write the watch wakes: a commit writes its WAL frames, then marks them
+/// committed in shared memory (no event); a read in between would not see the request.
+const COMMIT_SETTLE: Duration = Duration::from_millis(20);
 /// Bytes read from inotify at once (an event is at most 16 + 256 bytes).
 const EVENT_BUFFER: usize = 4096;
 
@@ -32,6 +35,8 @@ pub(crate) struct FileWatch {
 
 impl FileWatch {
     pub(crate) fn new(db: &Path) -> FileWatch {
+        // SQLite writes the WAL beside the file a symbolic link points to.
+        let db = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_owned());
         let dir = db.parent().unwrap_or(Path::new("/")).to_owned();
         let name = db.file_name().unwrap_or_default().to_owned();
         let mut wal = name.clone();
@@ -62,6 +67,7 @@ impl FileWatch {
                 }
             }
         }
+        tokio::time::sleep(COMMIT_SETTLE).await;
         // Whatever else is already queued belongs to this wake.
         while let Some(Some(Ok(_))) = self.events.as_mut().and_then(|e| e.next().now_or_never()) {}
     }

@@ -16,8 +16,10 @@ use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use tokio::io::unix::AsyncFd;
 
-/// 2200-01-01T00:00:00Z: the armed instant, never reached (within the kernel's range).
-const FAR_FUTURE_SECS: i64 = 7_258_118_400;
+/// How far ahead of the wall clock the timer is armed: it is re-armed at every step, so it
+/// expires (one spurious wake) only after a year without one. Relative to now, so a clock
+/// set beyond any fixed date cannot make it fire at once, again and again.
+const ARMED_AHEAD_SECS: i64 = 365 * 86_400;
 
 /// Wakes when the wall clock was set.
 pub(crate) struct ClockSteps {
@@ -49,7 +51,7 @@ impl ClockSteps {
         loop {
             let mut ready = self.fd.readable().await?;
             match ready.get_inner().0.wait() {
-                // Canceled by a step (or, never in practice, expired): arm again for the next.
+                // Canceled by a step (or expired, after a year): arm again for the next.
                 Ok(()) => {
                     arm(&ready.get_inner().0)?;
                     return Ok(());
@@ -62,7 +64,8 @@ impl ClockSteps {
 }
 
 fn arm(timer: &TimerFd) -> io::Result<()> {
-    let at = Expiration::OneShot(TimeSpec::new(FAR_FUTURE_SECS, 0));
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME)?;
+    let at = Expiration::OneShot(TimeSpec::new(now.tv_sec().saturating_add(ARMED_AHEAD_SECS), 0));
     timer.set(at, TimerSetTimeFlags::TFD_TIMER_ABSTIME | TimerSetTimeFlags::TFD_TIMER_CANCEL_ON_SET)?;
     Ok(())
 }

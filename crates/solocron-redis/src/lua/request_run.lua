@@ -10,8 +10,10 @@ for _ = 1, tonumber(ARGV[4]) do
     redis.call('ZADD', REQ, int(at), member)
     redis.call('ZADD', REQPEND, int(at), member)
     redis.call('HSET', REQBY, member, by)
-    -- Wakes the nodes' request watches (see watch.rs); a message nobody hears is fine.
-    redis.call('PUBLISH', P .. 'requests', '')
+    -- Wakes the nodes' request watches (see watch.rs). pcall: the request is written, and a
+    -- user whose ACL denies the channel must not get an error for it (and retry, making a
+    -- second request); nodes then find it by their periodic read.
+    redis.pcall('PUBLISH', P .. 'requests', '')
     return int(at)
   end
   at = at + 1
