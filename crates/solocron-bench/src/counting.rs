@@ -75,6 +75,9 @@ impl Store for Counting {
         self.hit();
         self.inner.set_paused(j, p, b, r).await
     }
+    fn expiry_lag(&self) -> Duration {
+        self.inner.expiry_lag()
+    }
     fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
         self.inner.request_watch()
     }

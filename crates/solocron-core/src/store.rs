@@ -314,6 +314,14 @@ pub trait Store: Send + Sync + 'static {
     /// Asks for one manual run of `job` now; returns its tick (see [`RunRequest`]).
     async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError>;
 
+    /// How long after a lease's end the store may still report the run as alive (etcd
+    /// expires leases in a periodic scan: up to 500 ms). Nodes look for expired runs that
+    /// much more often, so a dead node's work moves on as soon after its lease as on a store
+    /// that expires exactly. Default: zero.
+    fn expiry_lag(&self) -> Duration {
+        Duration::ZERO
+    }
+
     /// A watch that tells of new run requests, for stores that can be told; `None` (the
     /// default): nodes read [`Store::pending_requests`] every half second instead.
     fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {

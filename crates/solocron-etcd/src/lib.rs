@@ -156,6 +156,9 @@ pub const DEFAULT_KEY_PREFIX: &str = "/solocron/";
 
 /// How long connecting (and the first request, which checks the cluster answers) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How late etcd may see a lease run out: its leader revokes expired leases in a scan
+/// every 500 ms.
+const EXPIRY_LAG: Duration = Duration::from_millis(500);
 
 /// Longest lease etcd grants: 9,000,000,000 s (its `MaxLeaseTTL`).
 const LEASE_SECS_MAX: i64 = 9_000_000_000;
@@ -409,6 +412,10 @@ impl Store for EtcdStore {
 
     async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError> {
         admin::request_run(self, job, by).await
+    }
+
+    fn expiry_lag(&self) -> Duration {
+        EXPIRY_LAG
     }
 
     fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {

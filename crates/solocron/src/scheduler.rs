@@ -144,7 +144,7 @@ impl SchedulerBuilder {
     }
 
     /// How often to look for runs whose lease expired (default: a third of the shortest
-    /// lease, within 200 ms..10 s).
+    /// lease less the store's [`Store::expiry_lag`], within 200 ms..10 s).
     pub fn recovery_interval(mut self, every: Duration) -> Self {
         self.recovery_interval = Some(every);
         self
@@ -169,8 +169,11 @@ impl SchedulerBuilder {
             }
         }
         let shortest = self.jobs.iter().map(|j| j.policy().lease).min().unwrap_or(RECOVERY_INTERVAL_MAX * 3);
+        // A run is seen expired at most a scan interval after the store sees it expired, and
+        // that is up to the store's lag after the lease's end: together, within a third.
+        let default_interval = (shortest / 3).saturating_sub(self.store.expiry_lag());
         let recovery_interval =
-            self.recovery_interval.unwrap_or(shortest / 3).clamp(RECOVERY_INTERVAL_MIN, RECOVERY_INTERVAL_MAX);
+            self.recovery_interval.unwrap_or(default_interval).clamp(RECOVERY_INTERVAL_MIN, RECOVERY_INTERVAL_MAX);
         Ok(Scheduler {
             engine: Arc::new(Engine {
                 store: self.store,
