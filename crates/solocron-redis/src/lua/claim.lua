@@ -63,7 +63,8 @@ local function claim_one(job, at, trigger, node, lease_ms, mode, reason)
       return record_skip(job, at, trigger, node, 'overlap: previous run ' .. display(running) .. ' still running')
     end
   end
-  return start_run(job, at, 1, trigger, node, lease_ms) or {'taken'}
+  -- Checked absent at the top (and nothing above wrote it).
+  return start_run(job, at, 1, trigger, node, lease_ms, true)
 end
 
 local outcomes = {}

@@ -43,9 +43,13 @@ local function split_id(id)
   return job, at, tonumber(attempt)
 end
 
+-- Whether this call found the layout version in place (see `remember`).
+local schema_found = false
+
 -- An error message if the prefix holds a layout this code does not understand.
 local function schema_mismatch()
   local version = redis.call('GET', SCHEMA)
+  schema_found = version == SCHEMA_VERSION
   if version and version ~= SCHEMA_VERSION then
     return 'ERR solocron: the keys under ' .. P .. ' have layout version ' .. version ..
       '; this solocron understands version ' .. SCHEMA_VERSION
@@ -54,8 +58,11 @@ local function schema_mismatch()
 end
 
 -- Marks when the present memory began, unless it is already marked. After a restart that
--- lost every key, the first call that writes marks the restart's instant.
+-- lost every key, the first call that writes marks the restart's instant. The two keys are
+-- only ever written together, here, so a layout version found by `schema_mismatch` in
+-- this call means the epoch is there too.
 local function remember()
+  if schema_found then return end
   redis.call('SET', SCHEMA, SCHEMA_VERSION, 'NX')
   redis.call('SET', EPOCH, int(NOW), 'NX')
 end
@@ -113,10 +120,10 @@ end
 
 -- Creates attempt `attempt` of the tick as running for `node`, unless it exists;
 -- {'won', token, claimed_at, lease_until}, or nil.
-local function start_run(job, at, attempt, trigger, node, lease_ms)
+local function start_run(job, at, attempt, trigger, node, lease_ms, known_absent)
   local id = run_id(job, at, attempt)
   local key = run_key(id)
-  if redis.call('EXISTS', key) == 1 then return nil end
+  if not known_absent and redis.call('EXISTS', key) == 1 then return nil end
   local token = next_token(job)
   local lease_until = int(NOW + tonumber(lease_ms))
   redis.call('HSET', key, 'job', job, 'at', at, 'att', int(attempt), 'trig', trigger, 'node', node,
