@@ -1,4 +1,4 @@
-//! Opens the store a configuration names. The only place that knows every concrete store.
+//! Opens the store a configuration names (password put in), through `solocron-stores`.
 
 use std::sync::Arc;
 

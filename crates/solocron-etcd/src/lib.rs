@@ -85,7 +85,7 @@
 //!   `Txn` ([`TXN_OPS_MAX`]): 42 ticks of distinct jobs to 63 of one job, so a 1000-tick
 //!   batch takes 16 to 24 chunks, each atomic on its own (a failure part-way leaves earlier
 //!   chunks' runs won; they expire unrun and are recovered). Chunks of disjoint jobs are
-//!   sent 8 at a time, each node starting at a different chunk.
+//!   sent 4 at a time, each node starting at a different chunk.
 //! - renew: a keep-alive and a `Txn` (a read first if this store instance did not claim or
 //!   last renew the run; a lease grant if the length's whole seconds change).
 //! - finish: a read, a `Txn` (which deletes the alive key; the lease, perhaps shared, is

@@ -12,6 +12,7 @@
 
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, RunId, StoreError, Tick, Trigger, CLAIM_BATCH_MAX};
@@ -177,12 +178,16 @@ fn inline(sql: &str, values: &[Literal]) -> String {
             out.push(c);
             continue;
         }
+        // Written straight into `out` (no allocation per value or byte: a herd's batches
+        // hold thousands of them).
         match values.next().expect("a value for every placeholder") {
-            Literal::Int(n) => out.push_str(&n.to_string()),
+            Literal::Int(n) => write!(out, "{n}").expect("writing to a String"),
             Literal::Text(t) => {
+                const HEX: &[u8; 16] = b"0123456789ABCDEF";
                 out.push_str("_utf8mb4 X'");
                 for b in t.bytes() {
-                    out.push_str(&format!("{b:02X}"));
+                    out.push(char::from(HEX[usize::from(b >> 4)]));
+                    out.push(char::from(HEX[usize::from(b & 0xF)]));
                 }
                 out.push('\'');
             }
