@@ -27,6 +27,8 @@ fn three_nodes_run_every_tick_exactly_once() {
     three_nodes_exactly_once(None, 22);
 }
 
+/// A run of 4 s whose end is written by a process the job started (a grandchild of the
+/// node): a SIGKILLed node must take it down too, or it would finish beside the retry.
 fn long_job(on_crash: &str) -> String {
     format!(
         r#"
@@ -36,7 +38,7 @@ schedule = "{}"
 lease = "2s"
 on_crash = "{on_crash}"
 max_attempts = 3
-command = ["/bin/sh", "-c", "{} >> $DIR/starts.txt; sleep 4; {} >> $DIR/ends.txt"]
+command = ["/bin/sh", "-c", "{} >> $DIR/starts.txt; (sleep 4; {} >> $DIR/ends.txt) & wait"]
 "#,
         once_in(3),
         RECORD.replace('"', "\\\""),
@@ -93,6 +95,7 @@ fn sigkill_of_the_holder_with_abandon_is_recorded_and_not_rerun() {
     std::thread::sleep(Duration::from_secs(3));
     f.stop_all();
     assert_eq!(f.lines("starts.txt").len(), 1, "abandoned runs are not re-run");
+    assert_eq!(f.lines("ends.txt"), Vec::<String>::new(), "what the killed node's job started died with it");
     assert_eq!(f.history("long").len(), 1);
 }
 

@@ -11,11 +11,11 @@
 //! and retried.
 
 use std::cmp::Ordering;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use chrono::{DateTime, TimeDelta, Utc};
-use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, RunId, StoreError, Tick, Trigger, CLAIM_BATCH_MAX};
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, StoreError, Tick, CLAIM_BATCH_MAX};
+use solocron_sql::plan::{self, Decision, Found, Wanted};
 use sqlx::mysql::{MySqlQueryResult, MySqlRow};
 use sqlx::pool::PoolConnection;
 use sqlx::{Executor, MySql, MySqlConnection};
@@ -26,21 +26,6 @@ use crate::records::{
 };
 use crate::records::{token_param, TEXT_BYTES_MAX};
 use crate::MySqlStore;
-
-/// What the locked read of [`read_state`] found about the batch's jobs.
-#[derive(Default)]
-struct Found {
-    /// Each job's fencing counter (the last token handed out).
-    tokens: HashMap<String, u64>,
-    /// Ticks (job, ms) that have a record (attempt 1).
-    existing: HashSet<(String, i64)>,
-    /// The newest running run of each job asked to not overlap.
-    running: HashMap<String, RunId>,
-    /// The skip reason of each paused job (of those claimed by a non-manual `Run`).
-    paused: HashMap<String, String>,
-    /// The server's clock (ms) at the read: the batch's `claimed_at`.
-    now: Option<i64>,
-}
 
 /// Claims `requests` in one transaction, retried on lock conflicts.
 pub(crate) async fn claim(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
@@ -83,9 +68,14 @@ async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec
         Ok(rows) => rows,
         Err(e) => return Err(tx.roll_back(e.into()).await),
     };
-    let found = found(&rows, jobs.len())?;
-    let now = found.now.ok_or_else(|| invalid("the claim's read returned no clock"))?;
-    let (decisions, tokens) = plan(requests, found)?;
+    let (found, now) = found(&rows, jobs.len())?;
+    let now = now.ok_or_else(|| invalid("the claim's read returned no clock"))?;
+    let (mut decisions, tokens) = plan::plan(requests, found);
+    for decision in &mut decisions {
+        if let Decision::Skipped(reason) = decision {
+            fit_text(reason);
+        }
+    }
     let mut rows: Vec<(&ClaimRequest, &Decision)> =
         requests.iter().zip(&decisions).filter(|(_, d)| !matches!(d, Decision::Taken)).collect();
     rows.sort_by_key(|(_, d)| matches!(d, Decision::Skipped(_)));
@@ -99,6 +89,8 @@ async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec
         second.push_str("; ");
     }
     second.push_str("COMMIT");
+    // Checked before the commit: once committed, the won runs must be run.
+    let claimed_at = instant(now)?;
     let written = execute(&mut tx.conn, &second).await;
     let written = match written {
         Ok(done) => done.rows_affected(),
@@ -115,8 +107,7 @@ async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec
         tracing::error!(written, expected, "a claim wrote an unexpected number of rows; its locks did not hold");
         debug_assert_eq!(written, expected, "rows written by a claim");
     }
-    let claimed_at = Some(instant(now)?);
-    requests.iter().zip(decisions).map(|(r, d)| outcome(r, d, claimed_at)).collect()
+    Ok(requests.iter().zip(decisions).map(|(r, d)| outcome(r, d, claimed_at)).collect())
 }
 
 /// A connection inside a transaction begun by hand. Dropped while still open (the claim's
@@ -236,39 +227,30 @@ fn lock_fences_sql(store: &MySqlStore, jobs: &[&str]) -> String {
 /// batch's ticks, the running runs of the jobs asked not to overlap, which jobs are paused,
 /// and the server's clock (every record the batch writes carries it).
 fn state_read(store: &MySqlStore, requests: &[ClaimRequest], jobs: &[&str]) -> String {
-    let jobs_where = |wanted: fn(&ClaimRequest) -> bool| {
-        let mut jobs: Vec<&str> = requests.iter().filter(|r| wanted(r)).map(|r| r.tick.job.as_str()).collect();
-        jobs.sort_unstable();
-        jobs.dedup();
-        jobs
-    };
-    let overlapping = jobs_where(|r| matches!(r.mode, ClaimMode::Run { skip_if_running: true }));
-    let pausable = jobs_where(|r| matches!(r.mode, ClaimMode::Run { .. }) && r.trigger != Trigger::Manual);
-    let mut instants: Vec<i64> = requests.iter().map(|r| r.tick.scheduled_at.timestamp_millis()).collect();
-    instants.sort_unstable();
-    instants.dedup();
-    let sql = state_sql(store, jobs.len(), instants.len(), overlapping.len(), pausable.len());
+    let wanted = Wanted::of(requests);
+    let sql = state_sql(store, jobs.len(), wanted.instants.len(), wanted.overlapping.len(), wanted.pausable.len());
     fn text<'a>(list: &[&'a str]) -> Vec<Literal<'a>> {
         list.iter().map(|j| Literal::Text(j)).collect()
     }
     let mut values = text(jobs);
     values.extend(text(jobs));
-    values.extend(instants.iter().map(|&at| Literal::Int(at)));
-    values.extend(text(&overlapping));
-    values.extend(text(&pausable));
+    values.extend(wanted.instants.iter().map(|&at| Literal::Int(at)));
+    values.extend(text(&wanted.overlapping));
+    values.extend(text(&wanted.pausable));
     inline(&sql, &values)
 }
 
-/// What the rows of [`state_read`] say.
-fn found(rows: &[sqlx::mysql::MySqlRow], jobs: usize) -> Result<Found, Failure> {
-    let mut found = Found::default();
+/// What the rows of [`state_read`] say, and the server's clock (ms) at the read: the
+/// batch's `claimed_at`.
+fn found(rows: &[sqlx::mysql::MySqlRow], jobs: usize) -> Result<(Found, Option<i64>), Failure> {
+    let (mut found, mut now) = (Found::default(), None);
     for row in rows {
-        note(&mut found, row)?;
+        note(&mut found, &mut now, row)?;
     }
     if found.tokens.len() != jobs {
         return Err(invalid("a fence row the claim just locked is missing"));
     }
-    Ok(found)
+    Ok((found, now))
 }
 
 /// The `UNION ALL` read of [`state_read`]; each row's `kind` says what it is.
@@ -304,7 +286,7 @@ fn state_sql(store: &MySqlStore, jobs: usize, instants: usize, overlapping: usiz
 }
 
 /// Records one row of the [`state_read`] read.
-fn note(found: &mut Found, row: &sqlx::mysql::MySqlRow) -> Result<(), Failure> {
+fn note(found: &mut Found, now: &mut Option<i64>, row: &sqlx::mysql::MySqlRow) -> Result<(), Failure> {
     let job = text(row, "job")?;
     let n: i64 = get(row, "n")?;
     match text(row, "kind")?.as_str() {
@@ -314,87 +296,20 @@ fn note(found: &mut Found, row: &sqlx::mysql::MySqlRow) -> Result<(), Failure> {
         "t" => {
             found.existing.insert((job, n));
         }
-        "n" => found.now = Some(n),
+        "n" => *now = Some(n),
         "r" => {
-            let run = RunId { tick: Tick::new(job.clone(), instant(n)?), attempt: attempt(get(row, "attempt")?)? };
-            note_running(&mut found.running, run);
+            let run = RunId { tick: Tick::new(job, instant(n)?), attempt: attempt(get(row, "attempt")?)? };
+            found.note_running(run);
         }
-        "p" => {
-            let mut reason = format!("paused by {}", text(row, "who")?);
-            if let Some(why) = opt_text(row, "why")? {
-                reason = format!("{reason}: {why}");
-            }
-            found.paused.insert(job, reason);
-        }
+        "p" => found.note_paused(job, &text(row, "who")?, opt_text(row, "why")?.as_deref()),
         other => return Err(invalid(format!("unexpected row kind `{other}`"))),
     }
     Ok(())
 }
 
-/// Keeps `run` as its job's running run if it is the newest (the one an overlap names).
-fn note_running(running: &mut HashMap<String, RunId>, run: RunId) {
-    let newer = |old: &RunId| (&run.tick.scheduled_at, run.attempt) > (&old.tick.scheduled_at, old.attempt);
-    if running.get(&run.tick.job).is_none_or(newer) {
-        running.insert(run.tick.job.clone(), run);
-    }
-}
-
-/// What became of one request, before the commit tells a won claim's instant.
-enum Decision {
-    /// A record of the tick exists.
-    Taken,
-    /// Recorded `skipped` with this reason.
-    Skipped(String),
-    /// Recorded `running` for the request's node, with this token and lease length.
-    Won { run: RunId, token: u64, lease_ms: i64 },
-}
-
-/// Decides every request in order, as if each were claimed after the previous ones; also
-/// returns the last token of each job that won.
-fn plan(requests: &[ClaimRequest], mut found: Found) -> Result<(Vec<Decision>, HashMap<String, u64>), Failure> {
-    let mut decisions = Vec::with_capacity(requests.len());
-    let mut won = HashMap::new();
-    for request in requests {
-        let tick = Tick::new(request.tick.job.clone(), request.tick.scheduled_at);
-        if !found.existing.insert((tick.job.clone(), tick.scheduled_at.timestamp_millis())) {
-            decisions.push(Decision::Taken);
-            continue;
-        }
-        let decision = decide(request, tick, &mut found)?;
-        if let Decision::Won { run, token, .. } = &decision {
-            won.insert(run.tick.job.clone(), *token);
-        }
-        decisions.push(decision);
-    }
-    Ok((decisions, won))
-}
-
-/// The decision for a request whose tick has no record yet.
-fn decide(request: &ClaimRequest, tick: Tick, found: &mut Found) -> Result<Decision, Failure> {
-    let skip_if_running = match &request.mode {
-        ClaimMode::Skip { reason } => return Ok(Decision::Skipped(reason.clone())),
-        ClaimMode::Run { skip_if_running } => *skip_if_running,
-    };
-    if request.trigger != Trigger::Manual {
-        if let Some(reason) = found.paused.get(&tick.job) {
-            return Ok(Decision::Skipped(fit_text(reason.clone())));
-        }
-    }
-    if skip_if_running {
-        if let Some(running) = found.running.get(&tick.job) {
-            return Ok(Decision::Skipped(format!("overlap: previous run {running} still running")));
-        }
-    }
-    let counter = found.tokens.get_mut(&tick.job).ok_or_else(|| invalid("no fence row for a claimed job"))?;
-    *counter += 1;
-    let run = RunId { tick, attempt: 1 };
-    note_running(&mut found.running, run.clone());
-    Ok(Decision::Won { run, token: *counter, lease_ms: millis(request.lease)? })
-}
-
 /// `text` cut (on a character boundary) to what a `TEXT` column holds: a pause reason is
 /// built from two stored texts, and the column would refuse (or cut) it.
-fn fit_text(mut text: String) -> String {
+fn fit_text(text: &mut String) {
     if text.len() > TEXT_BYTES_MAX {
         let mut end = TEXT_BYTES_MAX;
         while !text.is_char_boundary(end) {
@@ -402,7 +317,6 @@ fn fit_text(mut text: String) -> String {
         }
         text.truncate(end);
     }
-    text
 }
 
 /// Inserts every new row in one statement, claimed at `now` (the server's ms). A plain
@@ -429,10 +343,10 @@ fn insert_sql(store: &MySqlStore, rows: &[(&ClaimRequest, &Decision)], now: i64)
             Literal::Text(&request.node),
         ]);
         match decision {
-            Decision::Won { token, lease_ms, .. } => values.extend([
+            Decision::Won { token, lease, .. } => values.extend([
                 Literal::Int(token_param(*token)?),
                 Literal::Int(now),
-                Literal::Int(now.saturating_add(*lease_ms)),
+                Literal::Int(now.saturating_add(millis(*lease)?)),
             ]),
             Decision::Skipped(reason) => values.extend([Literal::Text(reason), Literal::Int(now), Literal::Int(now)]),
             Decision::Taken => unreachable!("taken ticks get no row"),
@@ -456,27 +370,20 @@ fn tokens_sql(store: &MySqlStore, tokens: &HashMap<String, u64>) -> Result<Strin
     Ok(inline(&sql, &values))
 }
 
-/// The outcome of a decision, given the claim's instant (there is one if anything won).
-fn outcome(
-    request: &ClaimRequest,
-    decision: Decision,
-    claimed_at: Option<DateTime<Utc>>,
-) -> Result<ClaimOutcome, Failure> {
-    Ok(match decision {
-        Decision::Taken => ClaimOutcome::Taken,
-        Decision::Skipped(reason) => ClaimOutcome::Skipped { reason },
-        Decision::Won { run, token, lease_ms } => {
-            let claimed_at = claimed_at.ok_or_else(|| invalid("a won claim has no claim instant"))?;
-            let lease_until = claimed_at + TimeDelta::milliseconds(lease_ms);
-            tracing::debug!(%run, node = %request.node, token, "run claimed");
-            ClaimOutcome::Won(Lease { run, owner: request.node.clone(), fencing_token: token, claimed_at, lease_until })
-        }
-    })
+/// The outcome of a decision, claimed at `claimed_at`.
+fn outcome(request: &ClaimRequest, decision: Decision, claimed_at: chrono::DateTime<chrono::Utc>) -> ClaimOutcome {
+    let outcome = plan::outcome(request, decision, claimed_at);
+    if let ClaimOutcome::Won(lease) = &outcome {
+        tracing::debug!(run = %lease.run, node = %request.node, token = lease.fencing_token, "run claimed");
+    }
+    outcome
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::DateTime;
+    use solocron_core::Trigger;
 
     #[test]
     fn jobs_lock_in_the_servers_order() {
@@ -500,7 +407,8 @@ mod tests {
 
     #[test]
     fn pause_reasons_fit_their_column() {
-        let long = fit_text("é".repeat(TEXT_BYTES_MAX));
+        let mut long = "é".repeat(TEXT_BYTES_MAX);
+        fit_text(&mut long);
         assert!(long.len() <= TEXT_BYTES_MAX && long.len() > TEXT_BYTES_MAX - 2);
     }
 }

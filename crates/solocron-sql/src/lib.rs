@@ -4,6 +4,8 @@
 //! query builder. A store crate depends on this; nothing else does.
 #![warn(missing_docs)]
 
+pub mod plan;
+
 use solocron_core::{output_tail, HistoryQuery, Lease, RunEnd, StoreError};
 use sqlx::query::Query;
 use sqlx::{Database, Encode, QueryBuilder, Type};

@@ -6,9 +6,11 @@
 //! not share the file between hosts (their clocks differ, and network file systems do not
 //! honour SQLite's locks); use a server store for a fleet of hosts.
 //!
-//! Each [`Store`] method is one `BEGIN IMMEDIATE` transaction (or one read), so concurrent
-//! processes serialize on SQLite's write lock and wait up to the busy timeout instead of
-//! failing. Every comparison with "now" (lease expiry) uses SQLite's own clock, and all
+//! Each [`Store`] method is one `BEGIN IMMEDIATE` transaction, or one statement where one
+//! suffices (a read, or a renewal's or a finish's `UPDATE`), so concurrent processes
+//! serialize on SQLite's write lock and wait up to the busy timeout instead of failing. A
+//! claim decides its whole batch from one read ([`solocron_sql::plan`]), so it holds the
+//! lock for a few statements however many ticks it claims. Every comparison with "now" (lease expiry) uses SQLite's own clock, and all
 //! instants are stored as integer milliseconds since the Unix epoch (UTC).
 //!
 //! ```
@@ -48,8 +50,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction,
-    RecoverOutcome, Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick, Trigger,
+    ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
+    Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick, Trigger,
     PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 use sqlx::sqlite::{
@@ -74,6 +76,8 @@ macro_rules! columns {
         r#"job, scheduled_at, attempt, "trigger", node, token, state, reason, claimed_at, started_at, finished_at, lease_until, exit_code, output"#
     };
 }
+
+mod claim;
 
 /// The schema version this crate writes and understands. Version 1 lacked the jobs,
 /// registry and requests tables; [`SCHEMA`] adds them, so migrating a version 1 database
@@ -361,49 +365,6 @@ fn record(row: &SqliteRow) -> Result<RunRecord, StoreError> {
     })
 }
 
-/// Records attempt 1 of `tick` as `skipped` unless a record of it exists; the outcome.
-async fn record_skip(
-    conn: &mut SqliteConnection,
-    request: &ClaimRequest,
-    tick: &Tick,
-    reason: &str,
-) -> Result<ClaimOutcome, StoreError> {
-    let inserted = sqlx::query(concat!(
-        r#"INSERT INTO solocron_runs (job, scheduled_at, attempt, "trigger", node, state, reason, claimed_at, finished_at)
-           VALUES (?, ?, 1, ?, ?, 'skipped', ?, "#,
-        now!(),
-        ", ",
-        now!(),
-        ") ON CONFLICT (job, scheduled_at, attempt) DO NOTHING"
-    ))
-    .bind(&tick.job)
-    .bind(tick.scheduled_at.timestamp_millis())
-    .bind(request.trigger.as_str())
-    .bind(&request.node)
-    .bind(reason)
-    .execute(conn)
-    .await
-    .map_err(db_err)?
-    .rows_affected();
-    debug_assert!(inserted <= 1);
-    Ok(if inserted == 1 { ClaimOutcome::Skipped { reason: reason.to_owned() } } else { ClaimOutcome::Taken })
-}
-
-/// The newest run of `job` that is `running`, if any: its lease may have expired, but
-/// until someone recovers it nobody can say it stopped.
-async fn live_run(conn: &mut SqliteConnection, job: &str) -> Result<Option<RunId>, StoreError> {
-    let row = sqlx::query(
-        "SELECT job, scheduled_at, attempt FROM solocron_runs
-         WHERE job = ? AND state = 'running'
-         ORDER BY scheduled_at DESC, attempt DESC LIMIT 1",
-    )
-    .bind(job)
-    .fetch_optional(conn)
-    .await
-    .map_err(db_err)?;
-    row.as_ref().map(run_id).transpose()
-}
-
 /// Creates `id` as `running` for `node` unless it exists, and hands it the job's next
 /// fencing token; the lease, or `None` if a record of `id` already exists.
 async fn start_run(
@@ -468,51 +429,6 @@ async fn next_token(conn: &mut SqliteConnection, job: &str) -> Result<u64, Store
     .map_err(db_err)?;
     assert!(token > 0, "fencing tokens start at 1 and only grow, got {token}");
     Ok(token as u64)
-}
-
-/// Why `job` is paused (`"paused by <who>[: <reason>]"`), or `None` if it is not.
-async fn paused_reason(conn: &mut SqliteConnection, job: &str) -> Result<Option<String>, StoreError> {
-    let row = sqlx::query("SELECT changed_by, reason FROM solocron_jobs WHERE job = ? AND paused <> 0")
-        .bind(job)
-        .fetch_optional(conn)
-        .await
-        .map_err(db_err)?;
-    let Some(row) = row else { return Ok(None) };
-    let by: String = get_in(&row, "solocron_jobs", "changed_by")?;
-    Ok(Some(match get_in::<Option<String>>(&row, "solocron_jobs", "reason")? {
-        Some(reason) => format!("paused by {by}: {reason}"),
-        None => format!("paused by {by}"),
-    }))
-}
-
-/// Claims one tick inside the batch's transaction.
-async fn claim_one(conn: &mut SqliteConnection, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-    // Normalize to the millisecond precision the store keeps, so the lease names the run
-    // exactly as history will.
-    let tick = Tick::new(request.tick.job.clone(), request.tick.scheduled_at);
-    let skip_if_running = match &request.mode {
-        ClaimMode::Skip { reason } => return record_skip(conn, request, &tick, reason).await,
-        ClaimMode::Run { skip_if_running } => *skip_if_running,
-    };
-    // No race between these reads and the inserts below: the transaction holds the write
-    // lock. If the tick's own record exists, the insert in `record_skip` finds it: `Taken`.
-    // An operator's manual run is the way to run a paused job once, so it ignores the pause.
-    if request.trigger != Trigger::Manual {
-        if let Some(reason) = paused_reason(conn, &tick.job).await? {
-            return record_skip(conn, request, &tick, &reason).await;
-        }
-    }
-    if skip_if_running {
-        if let Some(running) = live_run(conn, &tick.job).await? {
-            let reason = format!("overlap: previous run {running} still running");
-            return record_skip(conn, request, &tick, &reason).await;
-        }
-    }
-    let id = RunId { tick, attempt: 1 };
-    Ok(match start_run(conn, &id, request.trigger, &request.node, request.lease).await? {
-        Some(lease) => ClaimOutcome::Won(lease),
-        None => ClaimOutcome::Taken,
-    })
 }
 
 /// A registration from a row of `solocron_registry`.
@@ -663,22 +579,13 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-        if requests.is_empty() {
-            return Ok(Vec::new());
-        }
-        // The whole batch in one transaction: one lock round per poll, and all-or-nothing
-        // if any statement fails (the transaction rolls back when dropped).
-        let mut tx = self.write_tx().await?;
-        let mut outcomes = Vec::with_capacity(requests.len());
-        for request in requests {
-            outcomes.push(claim_one(&mut tx, request).await?);
-        }
-        tx.commit().await.map_err(db_err)?;
-        Ok(outcomes)
+        claim::claim(self, requests).await
     }
 
     async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-        let mut tx = self.write_tx().await?;
+        // One statement, so no explicit transaction: in autocommit SQLite takes the write
+        // lock (waiting in the busy handler) for the statement alone, instead of across
+        // the round trips of `BEGIN IMMEDIATE` and `COMMIT` while other nodes wait for it.
         let query = sqlx::query(concat!(
             "UPDATE solocron_runs SET lease_until = ",
             now!(),
@@ -688,11 +595,10 @@ impl Store for SqliteStore {
         ))
         .bind(millis(length)?);
         let changed = solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt))?
-            .execute(&mut *tx)
+            .execute(&self.pool)
             .await
             .map_err(db_err)?
             .rows_affected();
-        tx.commit().await.map_err(db_err)?;
         debug_assert!(changed <= 1);
         Ok(changed == 1)
     }
@@ -700,9 +606,9 @@ impl Store for SqliteStore {
     async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
         assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
         let started_after = end.started_after.map(millis).transpose()?;
-        let mut tx = self.write_tx().await?;
-        // No expiry check: a run whose lease lapsed but that nobody recovered yet still
-        // records its true end. `claimed_at + NULL` is NULL: never started.
+        // One statement in autocommit, as in `renew`. No expiry check: a run whose lease
+        // lapsed but that nobody recovered yet still records its true end.
+        // `claimed_at + NULL` is NULL: never started.
         let query = solocron_sql::bind_end(
             sqlx::query(concat!(
                 "UPDATE solocron_runs SET state = ?, reason = ?, exit_code = ?, output = ?, finished_at = ",
@@ -714,11 +620,10 @@ impl Store for SqliteStore {
             started_after,
         );
         let changed = solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt))?
-            .execute(&mut *tx)
+            .execute(&self.pool)
             .await
             .map_err(db_err)?
             .rows_affected();
-        tx.commit().await.map_err(db_err)?;
         debug_assert!(changed <= 1);
         Ok(changed == 1)
     }

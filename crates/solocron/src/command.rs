@@ -26,9 +26,11 @@ const PIPE_DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// The process gets `SOLOCRON_JOB`, `SOLOCRON_SCHEDULED_AT`, `SOLOCRON_FENCING_TOKEN`,
 /// `SOLOCRON_NODE_ID`, `SOLOCRON_RUN_ID`, `SOLOCRON_ATTEMPT`. Its stdout and stderr are
 /// logged line by line and their last 4 KiB kept. To stop it, its process group gets
-/// SIGTERM, then SIGKILL after `kill_grace`. It also gets SIGKILL if the node dies. The
-/// program is looked up in `PATH` unless it contains a `/`; like `posix_spawn`, a script
-/// needs its `#!` line (there is no fallback to `/bin/sh`).
+/// SIGTERM, then SIGKILL after `kill_grace`; when it exits, what is left of its group is
+/// killed. If the node dies, the process gets SIGKILL from the kernel and the rest of its
+/// group from the node's guardian process. The program is looked up in `PATH` unless it
+/// contains a `/`; like `posix_spawn`, a script needs its `#!` line (there is no fallback
+/// to `/bin/sh`).
 ///
 /// ```
 /// let cmd = solocron::Command::new(["/bin/echo", "hello"]).unwrap();
@@ -59,10 +61,9 @@ impl Command {
             ("SOLOCRON_RUN_ID", ctx.run_id.clone()),
             ("SOLOCRON_ATTEMPT", ctx.attempt.to_string()),
         ];
-        // Its own process group, and SIGKILL if the node dies: a job must not outlive a
-        // node that was SIGKILLed, since its lease will lapse and another node may re-run
-        // the tick. (This reaches the job's own process, not processes it forks in turn:
-        // see ARCHITECTURE.md.)
+        // Its own process group, SIGKILL if the node dies, and the group killed by the
+        // guardian then: a job must not outlive a node that was SIGKILLed, since its lease
+        // will lapse and another node may re-run the tick.
         crate::spawn::spawn(&self.argv, &env)
     }
 }
@@ -80,9 +81,8 @@ impl Handler for Command {
                 }
             }
         };
+        // If this future is dropped (the engine gave up on it), `child` kills the group.
         let pgid = Pid::from_raw(child.pid());
-        // If this future is dropped (the engine gave up on it), the whole group goes too.
-        let _group = GroupGuard(pgid);
         let tail = Arc::new(Mutex::new(Vec::with_capacity(OUTPUT_TAIL_BYTES_MAX)));
         let readers = [
             child.stdout.take().map(|s| tokio::spawn(pump(s, tail.clone(), ctx.run_id.clone()))),
@@ -92,8 +92,7 @@ impl Handler for Command {
             status = child.wait() => status,
             _ = ctx.cancel.cancelled() => stop(&mut child, pgid, ctx.kill_grace).await,
         };
-        // Leftovers of the group (a backgrounded grandchild) go with the job.
-        let _ = killpg(pgid, Signal::SIGKILL);
+        // Leftovers of the group (a backgrounded grandchild) went with the job, in `wait`.
         // Both pipes drain at once, within one PIPE_DRAIN_WAIT.
         let drain_until = tokio::time::Instant::now() + PIPE_DRAIN_WAIT;
         for r in readers.into_iter().flatten() {
@@ -106,15 +105,6 @@ impl Handler for Command {
             Ok(st) => Outcome { success: st.success(), exit_code: exit_code(st), output },
             Err(e) => Outcome { success: false, exit_code: None, output: format!("{output}\nwait failed: {e}") },
         }
-    }
-}
-
-/// Kills the job's process group when dropped.
-struct GroupGuard(Pid);
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        let _ = killpg(self.0, Signal::SIGKILL);
     }
 }
 

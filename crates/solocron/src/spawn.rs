@@ -40,6 +40,8 @@ struct ChildPlan {
     stdin: RawFd,
     stdout: RawFd,
     stderr: RawFd,
+    /// Whether the child gets SIGKILL when the node dies.
+    death_signal: bool,
     parent: libc::pid_t,
     /// The spawning thread's signal mask, restored in the parent after the `clone`.
     mask: libc::sigset_t,
@@ -47,7 +49,24 @@ struct ChildPlan {
     error: AtomicI32,
 }
 
-/// A started process: its own process group (its pid), a pidfd to wait on, its output.
+/// The standard streams of a process to start.
+pub(crate) struct ChildIo {
+    pub(crate) stdin: OwnedFd,
+    pub(crate) stdout: OwnedFd,
+    pub(crate) stderr: OwnedFd,
+}
+
+/// Whether a started process dies with the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeathSignal {
+    /// SIGKILL when the node dies (`PR_SET_PDEATHSIG`): every job.
+    Kill,
+    /// Lives on (the guardian, which must act once the node is gone).
+    None,
+}
+
+/// A started job: its own process group (its pid), a pidfd to wait on, its output. The
+/// guardian knows its group from the start until its leader is reaped.
 #[derive(Debug)]
 pub(crate) struct Spawned {
     pid: libc::pid_t,
@@ -58,16 +77,46 @@ pub(crate) struct Spawned {
     reaped: bool,
 }
 
-/// Starts `argv[0]` (looked up in `PATH` unless it has a `/`) with `argv`, the node's
-/// environment plus `env`, stdin from `/dev/null`, stdout and stderr to pipes, in a new
-/// process group, with SIGKILL as its death signal.
+/// Starts a job: `argv[0]` (looked up in `PATH` unless it has a `/`) with `argv`, the
+/// node's environment plus `env`, stdin from `/dev/null`, stdout and stderr to pipes, in
+/// a new process group, with SIGKILL as its death signal, and its group known to the
+/// node's [guardian](crate::guardian).
 pub(crate) fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Spawned> {
-    assert!(!argv.is_empty(), "a command has a program");
-    let path = resolve(OsStr::new(&argv[0]))?;
-    let stdin = OwnedFd::from(std::fs::File::open("/dev/null")?);
     let (out_read, out_write) = pipe()?;
     let (err_read, err_write) = pipe()?;
+    let stdin = OwnedFd::from(std::fs::File::open("/dev/null")?);
+    let io = ChildIo { stdin, stdout: out_write, stderr: err_write };
+    let (pid, pidfd) = start(argv, env, io, DeathSignal::Kill)?;
+    crate::guardian::watch(pid);
+    let watched = (|| {
+        // SAFETY: the Spawned owns the pidfd until it is dropped, and never swaps it.
+        let pidfd = unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }?;
+        Ok::<_, io::Error>((pidfd, pipe::Receiver::from_owned_fd(out_read)?, pipe::Receiver::from_owned_fd(err_read)?))
+    })();
+    match watched {
+        Ok((pidfd, stdout, stderr)) => {
+            Ok(Spawned { pid, pidfd, stdout: Some(stdout), stderr: Some(stderr), reaped: false })
+        }
+        Err(e) => {
+            // SAFETY: signalling the group of our own unreaped child.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            crate::guardian::forget(pid);
+            reap_blocking(pid);
+            Err(e)
+        }
+    }
+}
 
+/// Starts `argv` as [`spawn`] describes, with `io` as its standard streams (closed here
+/// once the child has them): its pid, which is also its process group's id, and a pidfd.
+pub(crate) fn start(
+    argv: &[String],
+    env: &[(&str, String)],
+    io: ChildIo,
+    death: DeathSignal,
+) -> io::Result<(libc::pid_t, OwnedFd)> {
+    assert!(!argv.is_empty(), "a command has a program");
+    let path = resolve(OsStr::new(&argv[0]))?;
     let args: Vec<CString> = argv.iter().map(|a| cstring(a.as_bytes())).collect::<io::Result<_>>()?;
     let mut vars: Vec<(OsString, OsString)> =
         std::env::vars_os().filter(|(k, _)| !env.iter().any(|(name, _)| OsStr::new(name) == k)).collect();
@@ -88,9 +137,10 @@ pub(crate) fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Spawn
         envp: pointers(&envs),
         _argv: args,
         _envp: envs,
-        stdin: stdin.as_raw_fd(),
-        stdout: out_write.as_raw_fd(),
-        stderr: err_write.as_raw_fd(),
+        stdin: io.stdin.as_raw_fd(),
+        stdout: io.stdout.as_raw_fd(),
+        stderr: io.stderr.as_raw_fd(),
+        death_signal: death == DeathSignal::Kill,
         // SAFETY: getpid cannot fail.
         parent: unsafe { libc::getpid() },
         // SAFETY: an all-zero sigset_t is a valid (empty) set; it is overwritten below.
@@ -137,29 +187,14 @@ pub(crate) fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Spawn
     }
     // SAFETY: the kernel gave us this descriptor with CLONE_PIDFD; nothing else owns it.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    drop((stdin, out_write, err_write));
+    drop(io);
     let error = plan.error.load(Ordering::SeqCst);
     if error != 0 {
         // The child exited without exec: reap it, report why.
         reap_blocking(pid);
         return Err(io::Error::from_raw_os_error(error));
     }
-    let watched = (|| {
-        // SAFETY: the Spawned owns the pidfd until it is dropped, and never swaps it.
-        let pidfd = unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }?;
-        Ok::<_, io::Error>((pidfd, pipe::Receiver::from_owned_fd(out_read)?, pipe::Receiver::from_owned_fd(err_read)?))
-    })();
-    match watched {
-        Ok((pidfd, stdout, stderr)) => {
-            Ok(Spawned { pid, pidfd, stdout: Some(stdout), stderr: Some(stderr), reaped: false })
-        }
-        Err(e) => {
-            // SAFETY: signalling our own unreaped child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            reap_blocking(pid);
-            Err(e)
-        }
-    }
+    Ok((pid, pidfd))
 }
 
 impl Spawned {
@@ -168,32 +203,57 @@ impl Spawned {
         self.pid
     }
 
-    /// Waits for the process to exit and reaps it.
+    /// Waits for the process to exit, kills what is left of its process group (a
+    /// backgrounded grandchild), tells the guardian, and reaps it. The group is killed
+    /// before the reap: until then the leader's pid, and so the group's id, cannot be
+    /// reused by a stranger.
     pub(crate) async fn wait(&mut self) -> io::Result<ExitStatus> {
         loop {
             let mut ready = self.pidfd.readable().await?;
-            let mut status: libc::c_int = 0;
-            // SAFETY: waitpid on our own child, with a valid status pointer.
-            let got = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
-            match got {
-                0 => ready.clear_ready(),
-                p if p == self.pid => {
+            // SAFETY: an all-zero siginfo_t is valid; waitid fills it.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+            // SAFETY: waitid on our own child, with a valid siginfo pointer.
+            if unsafe { libc::waitid(libc::P_PID, self.pid as libc::id_t, &mut info, flags) } != 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::ECHILD) {
+                    // Reaped by someone else (SIGCHLD ignored, or a waitpid(-1) of the
+                    // embedding program): the status is gone, the pid no longer ours.
                     self.reaped = true;
-                    return Ok(ExitStatus::from_raw(status));
+                    crate::guardian::forget(self.pid);
                 }
-                _ => {
-                    let e = io::Error::last_os_error();
-                    if e.raw_os_error() == Some(libc::ECHILD) {
-                        // Reaped by someone else (SIGCHLD ignored, or a waitpid(-1) of
-                        // the embedding program): the status is gone, the pid not ours.
-                        self.reaped = true;
-                    }
-                    if e.kind() != io::ErrorKind::Interrupted {
-                        return Err(e);
-                    }
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            // SAFETY: filled by waitid for an exited child; 0 if none has exited.
+            if unsafe { info.si_pid() } == 0 {
+                ready.clear_ready();
+                continue;
+            }
+            self.end_group();
+            let mut status: libc::c_int = 0;
+            // SAFETY: waitpid on our own child, which has exited: it returns at once.
+            while unsafe { libc::waitpid(self.pid, &mut status, 0) } < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    self.reaped = e.raw_os_error() == Some(libc::ECHILD);
+                    return Err(e);
                 }
             }
+            self.reaped = true;
+            return Ok(ExitStatus::from_raw(status));
         }
+    }
+
+    /// SIGKILLs the process group and delists it from the guardian. Only while the leader
+    /// is unreaped (its pid still names this group).
+    fn end_group(&self) {
+        assert!(!self.reaped, "a group is ended before its leader is reaped");
+        // SAFETY: signalling the group of our own unreaped child.
+        unsafe { libc::kill(-self.pid, libc::SIGKILL) };
+        crate::guardian::forget(self.pid);
     }
 }
 
@@ -202,8 +262,8 @@ impl Drop for Spawned {
         if self.reaped {
             return;
         }
-        // Dropped before it exited (the engine gave up on the run): kill it through its
-        // pidfd (never a reused pid) and reap it off the async threads.
+        // Dropped before it exited (the engine gave up on the run): kill its group (the
+        // leader's pidfd too, in case it left the group) and reap it off the async threads.
         // SAFETY: a pidfd we own; no siginfo.
         unsafe {
             libc::syscall(
@@ -214,6 +274,7 @@ impl Drop for Spawned {
                 0,
             );
         }
+        self.end_group();
         let pid = self.pid;
         if std::thread::Builder::new().name("solocron-reap".into()).spawn(move || reap_blocking(pid)).is_err() {
             tracing::warn!(pid, "cannot start a thread to reap a killed job; it stays a zombie until the node exits");
@@ -222,7 +283,7 @@ impl Drop for Spawned {
 }
 
 /// Waits for child `pid` to exit, retrying interrupted waits.
-fn reap_blocking(pid: libc::pid_t) {
+pub(crate) fn reap_blocking(pid: libc::pid_t) {
     let mut status = 0;
     // SAFETY: waitpid on our own child, with a valid status pointer.
     while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
@@ -297,14 +358,16 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         if libc::setpgid(0, 0) != 0 {
             return fail(plan);
         }
-        let (kill, zero) = (libc::SIGKILL as libc::c_ulong, 0 as libc::c_ulong);
-        if libc::prctl(libc::PR_SET_PDEATHSIG, kill, zero, zero, zero) != 0 {
-            return fail(plan);
-        }
-        if libc::getppid() != plan.parent {
-            // The node died between the clone and the prctl.
-            plan.error.store(libc::ESRCH, Ordering::SeqCst);
-            libc::_exit(127);
+        if plan.death_signal {
+            let (kill, zero) = (libc::SIGKILL as libc::c_ulong, 0 as libc::c_ulong);
+            if libc::prctl(libc::PR_SET_PDEATHSIG, kill, zero, zero, zero) != 0 {
+                return fail(plan);
+            }
+            if libc::getppid() != plan.parent {
+                // The node died between the clone and the prctl.
+                plan.error.store(libc::ESRCH, Ordering::SeqCst);
+                libc::_exit(127);
+            }
         }
         for (fd, target) in [(plan.stdin, 0), (plan.stdout, 1), (plan.stderr, 2)] {
             let ok =
@@ -369,6 +432,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_spawned_program_gets_its_args_env_and_own_group_and_reports_its_exit() {
+        let _serial = crate::guardian::TEST_SERIAL.lock().await;
         let argv: Vec<String> =
             ["sh", "-c", "echo \"$1 $SOLOCRON_TEST\"; ps -o pgid= -p $$ | tr -d ' ' >&2; exit 3", "sh", "hello"]
                 .map(String::from)
@@ -383,8 +447,33 @@ mod tests {
         assert_eq!(status.code(), Some(3));
     }
 
+    /// Whether `pid` is a live process (a zombie is not).
+    fn alive(pid: i32) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()).is_some_and(|state| state != "Z")
+    }
+
+    #[tokio::test]
+    async fn what_is_left_of_the_group_dies_with_its_leader_and_the_guardian_forgets_it() {
+        let _serial = crate::guardian::TEST_SERIAL.lock().await;
+        let argv: Vec<String> = ["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"].map(String::from).into();
+        let mut child = spawn(&argv, &[]).expect("spawn");
+        let mut out = String::new();
+        child.stdout.take().unwrap().read_to_string(&mut out).await.unwrap();
+        let grandchild: i32 = out.trim().parse().expect("the background pid");
+        assert!(alive(grandchild), "the background sleep runs while its shell does");
+        assert!(child.wait().await.expect("wait").success());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while alive(grandchild) {
+            assert!(std::time::Instant::now() < deadline, "the grandchild outlived its group's leader");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(!crate::guardian::listed(child.pid()), "the guardian still lists an ended group");
+    }
+
     #[tokio::test]
     async fn a_missing_program_is_not_found_and_a_non_executable_one_is_refused() {
+        let _serial = crate::guardian::TEST_SERIAL.lock().await;
         let err = spawn(&["no-such-program-solocron".into()], &[]).expect_err("missing");
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
         let dir = tempfile::tempdir().expect("dir");
@@ -396,6 +485,7 @@ mod tests {
 
     #[tokio::test]
     async fn signals_reach_the_program_with_default_actions_and_sigpipe_is_not_ignored() {
+        let _serial = crate::guardian::TEST_SERIAL.lock().await;
         // Rust ignores SIGPIPE; the program must not inherit that.
         let argv: Vec<String> = ["sh", "-c", "grep SigIgn /proc/self/status"].map(String::from).into();
         let mut child = spawn(&argv, &[]).expect("spawn");

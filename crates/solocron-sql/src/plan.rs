@@ -1,0 +1,262 @@
+//! Deciding a batch of claims in memory, from one locked read of the batch's state: the
+//! part of a claim that SQLite and MySQL share (PostgreSQL decides inside one statement).
+//!
+//! A store locks what the batch's decisions depend on (SQLite: the database's write lock;
+//! MySQL: the jobs' fence rows), reads what [`Wanted`] lists into a [`Found`], calls
+//! [`plan`], and writes the rows of the [`Decision`]s and the jobs' new counters before
+//! it commits. Nothing it read can change before the commit, so deciding in memory is as
+//! safe as deciding statement by statement, and costs a few statements per batch instead
+//! of a few per tick.
+//!
+//! ```
+//! use std::time::Duration;
+//! use solocron_core::{ClaimMode, ClaimRequest, Tick, Trigger};
+//! use solocron_sql::plan::{plan, Decision, Found};
+//!
+//! let request = |at: &str| ClaimRequest {
+//!     tick: Tick::new("backup", at.parse().unwrap()),
+//!     trigger: Trigger::Schedule,
+//!     node: "n1".into(),
+//!     lease: Duration::from_secs(30),
+//!     mode: ClaimMode::Run { skip_if_running: true },
+//! };
+//! let batch = [request("2026-01-01T00:00:00Z"), request("2026-01-01T00:01:00Z")];
+//! let mut found = Found::default();
+//! found.tokens.insert("backup".into(), 41);
+//! let (decisions, counters) = plan(&batch, found);
+//! assert!(matches!(&decisions[0], Decision::Won { token: 42, .. }));
+//! // The second tick sees the first one running.
+//! assert!(matches!(&decisions[1], Decision::Skipped(reason) if reason.starts_with("overlap")));
+//! assert_eq!(counters["backup"], 42);
+//! ```
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, RunId, Tick, Trigger};
+
+/// Longest lease, in ms, that [`outcome`] adds as it is (~292 years): `TimeDelta` holds
+/// at most `i64::MAX` ms, and the stores refuse leases over 100 years anyway.
+const MS_MAX: i64 = i64::MAX / 1_000_000;
+
+/// What a batch's locked read must cover, each list sorted and without repeats.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Wanted<'a> {
+    /// Every job of the batch: its fencing counter, and its ticks' records.
+    pub jobs: Vec<&'a str>,
+    /// Every instant (ms) of the batch: records are looked up as `job IN jobs AND
+    /// scheduled_at IN instants` (a superset the plan filters).
+    pub instants: Vec<i64>,
+    /// Jobs asked not to overlap: their `running` runs.
+    pub overlapping: Vec<&'a str>,
+    /// Jobs claimed by a non-manual run: whether they are paused, by whom and why.
+    pub pausable: Vec<&'a str>,
+}
+
+impl<'a> Wanted<'a> {
+    /// What `requests` depend on.
+    pub fn of(requests: &'a [ClaimRequest]) -> Wanted<'a> {
+        let jobs_where = |wanted: fn(&ClaimRequest) -> bool| {
+            let mut jobs: Vec<&str> = requests.iter().filter(|r| wanted(r)).map(|r| r.tick.job.as_str()).collect();
+            jobs.sort_unstable();
+            jobs.dedup();
+            jobs
+        };
+        let mut instants: Vec<i64> = requests.iter().map(|r| r.tick.scheduled_at.timestamp_millis()).collect();
+        instants.sort_unstable();
+        instants.dedup();
+        Wanted {
+            jobs: jobs_where(|_| true),
+            instants,
+            overlapping: jobs_where(|r| matches!(r.mode, ClaimMode::Run { skip_if_running: true })),
+            pausable: jobs_where(|r| matches!(r.mode, ClaimMode::Run { .. }) && r.trigger != Trigger::Manual),
+        }
+    }
+}
+
+/// What the locked read found about the batch's jobs.
+#[derive(Debug, Default, Clone)]
+pub struct Found {
+    /// Each job's fencing counter (the last token handed out; absent: none yet, 0).
+    pub tokens: HashMap<String, u64>,
+    /// Ticks (job, ms) that have a record (attempt 1); may hold ticks not in the batch.
+    pub existing: HashSet<(String, i64)>,
+    /// The newest running run of each job asked not to overlap (read), and of each job
+    /// the batch won a run of (noted by [`plan`]).
+    pub running: HashMap<String, RunId>,
+    /// Why each paused job is paused: `paused by <who>[: <why>]`.
+    pub paused: HashMap<String, String>,
+}
+
+impl Found {
+    /// Keeps `run` as its job's running run if it is the newest (the one an overlap names).
+    pub fn note_running(&mut self, run: RunId) {
+        let newer = |old: &RunId| (&run.tick.scheduled_at, run.attempt) > (&old.tick.scheduled_at, old.attempt);
+        if self.running.get(&run.tick.job).is_none_or(newer) {
+            self.running.insert(run.tick.job.clone(), run);
+        }
+    }
+
+    /// Notes that `job` is paused by `who`, for `why` if given.
+    pub fn note_paused(&mut self, job: String, who: &str, why: Option<&str>) {
+        let reason = match why {
+            Some(why) => format!("paused by {who}: {why}"),
+            None => format!("paused by {who}"),
+        };
+        self.paused.insert(job, reason);
+    }
+}
+
+/// What becomes of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// A record of the tick exists: nothing is written.
+    Taken,
+    /// Recorded `skipped` with this reason.
+    Skipped(String),
+    /// Recorded `running` for the request's node, with this token and lease length.
+    Won {
+        /// The run (attempt 1 of the tick).
+        run: RunId,
+        /// Its fencing token.
+        token: u64,
+        /// How long its lease lasts from the claim's instant.
+        lease: Duration,
+    },
+}
+
+/// Decides every request in order, as if each were claimed after the previous ones (a
+/// repeated tick is taken, a second won tick of a job gets the next token, an overlap sees
+/// the batch's own wins). Also returns each winning job's new counter (its last token).
+pub fn plan(requests: &[ClaimRequest], mut found: Found) -> (Vec<Decision>, HashMap<String, u64>) {
+    let mut decisions = Vec::with_capacity(requests.len());
+    let mut counters = HashMap::new();
+    for request in requests {
+        let tick = Tick::new(request.tick.job.clone(), request.tick.scheduled_at);
+        if !found.existing.insert((tick.job.clone(), tick.scheduled_at.timestamp_millis())) {
+            decisions.push(Decision::Taken);
+            continue;
+        }
+        let decision = decide(request, tick, &mut found);
+        if let Decision::Won { run, token, .. } = &decision {
+            counters.insert(run.tick.job.clone(), *token);
+        }
+        decisions.push(decision);
+    }
+    (decisions, counters)
+}
+
+/// The decision for a request whose tick has no record yet.
+fn decide(request: &ClaimRequest, tick: Tick, found: &mut Found) -> Decision {
+    let skip_if_running = match &request.mode {
+        ClaimMode::Skip { reason } => return Decision::Skipped(reason.clone()),
+        ClaimMode::Run { skip_if_running } => *skip_if_running,
+    };
+    // An operator's manual run is the way to run a paused job once: it ignores the pause.
+    if request.trigger != Trigger::Manual {
+        if let Some(reason) = found.paused.get(&tick.job) {
+            return Decision::Skipped(reason.clone());
+        }
+    }
+    if skip_if_running {
+        if let Some(running) = found.running.get(&tick.job) {
+            return Decision::Skipped(format!("overlap: previous run {running} still running"));
+        }
+    }
+    let counter = found.tokens.entry(tick.job.clone()).or_insert(0);
+    *counter += 1;
+    let token = *counter;
+    let run = RunId { tick, attempt: 1 };
+    found.note_running(run.clone());
+    Decision::Won { run, token, lease: request.lease }
+}
+
+/// The outcome of `decision`, claimed at `claimed_at` (the instant the batch's rows carry).
+pub fn outcome(request: &ClaimRequest, decision: Decision, claimed_at: DateTime<Utc>) -> ClaimOutcome {
+    match decision {
+        Decision::Taken => ClaimOutcome::Taken,
+        Decision::Skipped(reason) => ClaimOutcome::Skipped { reason },
+        Decision::Won { run, token, lease } => {
+            // Whole milliseconds, as the stores keep instants.
+            let ms = TimeDelta::milliseconds(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX).min(MS_MAX));
+            let lease_until = claimed_at.checked_add_signed(ms).unwrap_or(DateTime::<Utc>::MAX_UTC);
+            ClaimOutcome::Won(Lease { run, owner: request.node.clone(), fencing_token: token, claimed_at, lease_until })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(job: &str, secs: i64, mode: ClaimMode, trigger: Trigger) -> ClaimRequest {
+        ClaimRequest {
+            tick: Tick::new(job, DateTime::from_timestamp(secs, 0).unwrap()),
+            trigger,
+            node: "n1".into(),
+            lease: Duration::from_secs(10),
+            mode,
+        }
+    }
+
+    const RUN: ClaimMode = ClaimMode::Run { skip_if_running: false };
+
+    #[test]
+    fn existing_and_repeated_ticks_are_taken_and_tokens_count_on_from_the_stored_counter() {
+        let batch = [
+            request("a", 60, RUN, Trigger::Schedule),
+            request("a", 60, RUN, Trigger::Schedule),
+            request("a", 120, RUN, Trigger::Schedule),
+            request("b", 60, RUN, Trigger::Schedule),
+        ];
+        let mut found = Found::default();
+        found.tokens.insert("a".into(), 7);
+        found.existing.insert(("b".into(), 60_000));
+        let (decisions, counters) = plan(&batch, found);
+        let tokens: Vec<Option<u64>> =
+            decisions.iter().map(|d| if let Decision::Won { token, .. } = d { Some(*token) } else { None }).collect();
+        assert_eq!(tokens, [Some(8), None, Some(9), None]);
+        assert_eq!((&decisions[1], &decisions[3]), (&Decision::Taken, &Decision::Taken));
+        assert_eq!(counters, HashMap::from([("a".to_owned(), 9)]));
+    }
+
+    #[test]
+    fn a_pause_skips_all_but_manual_runs_and_an_overlap_names_the_newest_running_run() {
+        let exclusive = ClaimMode::Run { skip_if_running: true };
+        let batch = [
+            request("p", 60, RUN, Trigger::Schedule),
+            request("p", 61, RUN, Trigger::Manual),
+            request("x", 60, exclusive.clone(), Trigger::Schedule),
+        ];
+        let mut found = Found::default();
+        found.note_paused("p".into(), "ops", Some("maintenance"));
+        let old = |secs, attempt| RunId { tick: Tick::new("x", DateTime::from_timestamp(secs, 0).unwrap()), attempt };
+        found.note_running(old(10, 3));
+        found.note_running(old(30, 1));
+        found.note_running(old(20, 1));
+        let (decisions, _) = plan(&batch, found);
+        assert_eq!(decisions[0], Decision::Skipped("paused by ops: maintenance".into()));
+        assert!(matches!(decisions[1], Decision::Won { token: 1, .. }));
+        assert_eq!(decisions[2], Decision::Skipped(format!("overlap: previous run {} still running", old(30, 1))));
+    }
+
+    #[test]
+    fn the_read_covers_each_job_and_instant_once() {
+        let batch = [
+            request("b", 60, ClaimMode::Run { skip_if_running: true }, Trigger::Schedule),
+            request("a", 60, RUN, Trigger::Manual),
+            request("b", 120, ClaimMode::Skip { reason: "late".into() }, Trigger::Schedule),
+        ];
+        let wanted = Wanted::of(&batch);
+        assert_eq!(
+            wanted,
+            Wanted {
+                jobs: vec!["a", "b"],
+                instants: vec![60_000, 120_000],
+                overlapping: vec!["b"],
+                pausable: vec!["b"]
+            }
+        );
+    }
+}
