@@ -14,16 +14,14 @@ use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, StoreError, Tick, CLAIM_BATCH_MAX};
-use solocron_sql::plan::{self, Decision, Found, Wanted};
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, StoreError, CLAIM_BATCH_MAX};
+use solocron_sql::plan::{self, Decision, Found, StateRow, Wanted};
 use sqlx::mysql::{MySqlQueryResult, MySqlRow};
 use sqlx::pool::PoolConnection;
 use sqlx::{Executor, MySql, MySqlConnection};
 
 use crate::error::{invalid, retrying, Failure};
-use crate::records::{
-    attempt, check_name, check_text, get, instant, millis, opt_text, placeholders, repeated, text, token,
-};
+use crate::records::{check_name, check_text, get, instant, millis, opt_text, placeholders, repeated, text};
 use crate::records::{token_param, TEXT_BYTES_MAX};
 use crate::MySqlStore;
 
@@ -68,8 +66,8 @@ async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec
         Ok(rows) => rows,
         Err(e) => return Err(tx.roll_back(e.into()).await),
     };
-    let (found, now) = found(&rows, jobs.len())?;
-    let now = now.ok_or_else(|| invalid("the claim's read returned no clock"))?;
+    let found = found(&rows, jobs.len())?;
+    let now = found.now.ok_or_else(|| invalid("the claim's read returned no clock"))?;
     let (mut decisions, tokens) = plan::plan(requests, found);
     for decision in &mut decisions {
         if let Decision::Skipped(reason) = decision {
@@ -240,17 +238,26 @@ fn state_read(store: &MySqlStore, requests: &[ClaimRequest], jobs: &[&str]) -> S
     inline(&sql, &values)
 }
 
-/// What the rows of [`state_read`] say, and the server's clock (ms) at the read: the
-/// batch's `claimed_at`.
-fn found(rows: &[sqlx::mysql::MySqlRow], jobs: usize) -> Result<(Found, Option<i64>), Failure> {
-    let (mut found, mut now) = (Found::default(), None);
+/// What the rows of [`state_read`] say (the server's clock at the read included).
+fn found(rows: &[sqlx::mysql::MySqlRow], jobs: usize) -> Result<Found, Failure> {
+    let mut found = Found::default();
     for row in rows {
-        note(&mut found, &mut now, row)?;
+        let who = opt_text(row, "who")?;
+        let kind = text(row, "kind")?;
+        let row = StateRow {
+            kind,
+            job: text(row, "job")?,
+            n: get(row, "n")?,
+            attempt: get(row, "attempt")?,
+            who,
+            why: opt_text(row, "why")?,
+        };
+        found.note_row(row)?;
     }
     if found.tokens.len() != jobs {
         return Err(invalid("a fence row the claim just locked is missing"));
     }
-    Ok((found, now))
+    Ok(found)
 }
 
 /// The `UNION ALL` read of [`state_read`]; each row's `kind` says what it is.
@@ -283,28 +290,6 @@ fn state_sql(store: &MySqlStore, jobs: usize, instants: usize, overlapping: usiz
     }
     sql.push_str(" UNION ALL SELECT 'n', '', NOW_MS, 0, NULL, NULL");
     store.sql(&sql)
-}
-
-/// Records one row of the [`state_read`] read.
-fn note(found: &mut Found, now: &mut Option<i64>, row: &sqlx::mysql::MySqlRow) -> Result<(), Failure> {
-    let job = text(row, "job")?;
-    let n: i64 = get(row, "n")?;
-    match text(row, "kind")?.as_str() {
-        "f" => {
-            found.tokens.insert(job, token(n)?);
-        }
-        "t" => {
-            found.existing.insert((job, n));
-        }
-        "n" => *now = Some(n),
-        "r" => {
-            let run = RunId { tick: Tick::new(job, instant(n)?), attempt: attempt(get(row, "attempt")?)? };
-            found.note_running(run);
-        }
-        "p" => found.note_paused(job, &text(row, "who")?, opt_text(row, "why")?.as_deref()),
-        other => return Err(invalid(format!("unexpected row kind `{other}`"))),
-    }
-    Ok(())
 }
 
 /// `text` cut (on a character boundary) to what a `TEXT` column holds: a pause reason is
@@ -383,7 +368,7 @@ fn outcome(request: &ClaimRequest, decision: Decision, claimed_at: chrono::DateT
 mod tests {
     use super::*;
     use chrono::DateTime;
-    use solocron_core::Trigger;
+    use solocron_core::{Tick, Trigger};
 
     #[test]
     fn jobs_lock_in_the_servers_order() {

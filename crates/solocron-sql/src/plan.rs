@@ -34,7 +34,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, RunId, Tick, Trigger};
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, RunId, StoreError, Tick, Trigger};
 
 /// Longest lease, in ms, that [`outcome`] adds as it is (~292 years): `TimeDelta` holds
 /// at most `i64::MAX` ms, and the stores refuse leases over 100 years anyway.
@@ -87,6 +87,26 @@ pub struct Found {
     pub running: HashMap<String, RunId>,
     /// Why each paused job is paused: `paused by <who>[: <why>]`.
     pub paused: HashMap<String, String>,
+    /// The store's clock (ms) at the read: the instant the batch's records carry.
+    pub now: Option<i64>,
+}
+
+/// One row of a store's `UNION ALL` state read, its columns decoded as they come.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateRow {
+    /// `f` a job's counter (`n`), `t` an existing tick (`n` its instant), `r` a running
+    /// run (`n` its instant, `attempt`), `p` a paused job (`who`, `why`), `n` the clock (`n`).
+    pub kind: String,
+    /// The job (empty for the clock).
+    pub job: String,
+    /// A counter, an instant (ms) or the clock, by `kind`.
+    pub n: i64,
+    /// A running run's attempt (0 for other kinds).
+    pub attempt: i64,
+    /// Who paused the job.
+    pub who: Option<String>,
+    /// Why, if they said.
+    pub why: Option<String>,
 }
 
 impl Found {
@@ -105,6 +125,37 @@ impl Found {
             None => format!("paused by {who}"),
         };
         self.paused.insert(job, reason);
+    }
+
+    /// Notes what one row of the state read says.
+    pub fn note_row(&mut self, row: StateRow) -> Result<(), StoreError> {
+        let invalid = |what: String| StoreError::Invalid(format!("the claim's read: {what}"));
+        let StateRow { kind, job, n, attempt, who, why } = row;
+        match kind.as_str() {
+            "f" => {
+                let token = u64::try_from(n).map_err(|_| invalid(format!("fencing token {n} is negative")))?;
+                self.tokens.insert(job, token);
+            }
+            "t" => {
+                self.existing.insert((job, n));
+            }
+            "r" => {
+                let at = DateTime::from_timestamp_millis(n)
+                    .ok_or_else(|| invalid(format!("instant {n} ms is out of range")))?;
+                let attempt = u32::try_from(attempt)
+                    .ok()
+                    .filter(|a| *a >= 1)
+                    .ok_or_else(|| invalid(format!("attempt {attempt} is not a positive attempt")))?;
+                self.note_running(RunId { tick: Tick::new(job, at), attempt });
+            }
+            "p" => {
+                let who = who.ok_or_else(|| invalid(format!("paused job `{job}` has no `changed_by`")))?;
+                self.note_paused(job, &who, why.as_deref());
+            }
+            "n" => self.now = Some(n),
+            other => return Err(invalid(format!("unexpected row kind `{other}`"))),
+        }
+        Ok(())
     }
 }
 
@@ -239,6 +290,35 @@ mod tests {
         assert_eq!(decisions[0], Decision::Skipped("paused by ops: maintenance".into()));
         assert!(matches!(decisions[1], Decision::Won { token: 1, .. }));
         assert_eq!(decisions[2], Decision::Skipped(format!("overlap: previous run {} still running", old(30, 1))));
+    }
+
+    #[test]
+    fn rows_of_the_read_are_noted_by_kind_and_bad_ones_refused() {
+        let row = |kind: &str, job: &str, n, attempt, who: Option<&str>| StateRow {
+            kind: kind.into(),
+            job: job.into(),
+            n,
+            attempt,
+            who: who.map(Into::into),
+            why: None,
+        };
+        let mut found = Found::default();
+        for r in [
+            row("f", "a", 4, 0, None),
+            row("t", "a", 60_000, 1, None),
+            row("r", "a", 60_000, 2, None),
+            row("p", "b", 0, 0, Some("ops")),
+            row("n", "", 99, 0, None),
+        ] {
+            found.note_row(r).unwrap();
+        }
+        assert_eq!((found.tokens["a"], found.now), (4, Some(99)));
+        assert!(found.existing.contains(&("a".to_owned(), 60_000)));
+        assert_eq!(found.running["a"].attempt, 2);
+        assert_eq!(found.paused["b"], "paused by ops");
+        assert!(found.note_row(row("f", "a", -1, 0, None)).is_err(), "a negative counter");
+        assert!(found.note_row(row("r", "a", 0, 0, None)).is_err(), "attempt 0");
+        assert!(found.note_row(row("x", "a", 0, 0, None)).is_err(), "an unknown kind");
     }
 
     #[test]

@@ -15,8 +15,8 @@
 
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
-use solocron_core::{ClaimOutcome, ClaimRequest, RunId, StoreError, Tick, CLAIM_BATCH_MAX};
-use solocron_sql::plan::{self, Decision, Found, Wanted};
+use solocron_core::{ClaimOutcome, ClaimRequest, StoreError, CLAIM_BATCH_MAX};
+use solocron_sql::plan::{self, Decision, Found, StateRow, Wanted};
 
 use crate::{db_err, get_in, instant, millis, SqliteStore};
 
@@ -95,37 +95,19 @@ async fn read_state(conn: &mut SqliteConnection, wanted: &Wanted<'_>) -> Result<
     }
     sql.push(concat!(" UNION ALL SELECT 'n', '', ", now!(), ", 0, NULL, NULL"));
     let rows = sql.build().persistent(false).fetch_all(conn).await.map_err(db_err)?;
-    let (mut found, mut now) = (Found::default(), None);
+    let mut found = Found::default();
     const READ: &str = "the claim's read";
     for row in &rows {
-        let job: String = get_in(row, READ, "job")?;
-        let n: i64 = get_in(row, READ, "n")?;
-        match get_in::<String>(row, READ, "kind")?.as_str() {
-            "f" => {
-                let token = u64::try_from(n)
-                    .map_err(|_| StoreError::Invalid(format!("solocron_fences.token {n} is negative")))?;
-                found.tokens.insert(job, token);
-            }
-            "t" => {
-                found.existing.insert((job, n));
-            }
-            "r" => {
-                let attempt: i64 = get_in(row, READ, "attempt")?;
-                let attempt = u32::try_from(attempt).ok().filter(|a| *a >= 1).ok_or_else(|| {
-                    StoreError::Invalid(format!("solocron_runs.attempt {attempt} is not a positive attempt"))
-                })?;
-                found.note_running(RunId { tick: Tick::new(job, instant(n)?), attempt });
-            }
-            "p" => {
-                let who: String = get_in(row, READ, "who")?;
-                let why: Option<String> = get_in(row, READ, "why")?;
-                found.note_paused(job, &who, why.as_deref());
-            }
-            "n" => now = Some(n),
-            other => return Err(StoreError::Invalid(format!("{READ}: unexpected row kind `{other}`"))),
-        }
+        found.note_row(StateRow {
+            kind: get_in(row, READ, "kind")?,
+            job: get_in(row, READ, "job")?,
+            n: get_in(row, READ, "n")?,
+            attempt: get_in(row, READ, "attempt")?,
+            who: get_in(row, READ, "who")?,
+            why: get_in(row, READ, "why")?,
+        })?;
     }
-    let now = now.ok_or_else(|| StoreError::Invalid(format!("{READ} returned no clock")))?;
+    let now = found.now.ok_or_else(|| StoreError::Invalid(format!("{READ} returned no clock")))?;
     Ok((found, now))
 }
 
