@@ -20,6 +20,7 @@ use sqlx::mysql::{MySqlQueryResult, MySqlRow};
 use sqlx::pool::PoolConnection;
 use sqlx::{Executor, MySql, MySqlConnection};
 
+use crate::claim_one::claim_one;
 use crate::error::{invalid, retrying, Failure};
 use crate::records::{check_name, check_text, get, instant, millis, opt_text, placeholders, repeated, text};
 use crate::records::{token_param, TEXT_BYTES_MAX};
@@ -31,6 +32,9 @@ pub(crate) async fn claim(store: &MySqlStore, requests: &[ClaimRequest]) -> Resu
         return Ok(Vec::new());
     }
     check(requests).map_err(|f| f.into_store("cannot claim"))?;
+    if let [one] = requests {
+        return retrying("cannot claim", || async { Ok(vec![claim_one(store, one).await?]) }).await;
+    }
     retrying("cannot claim", || claim_once(store, requests)).await
 }
 
@@ -111,14 +115,14 @@ async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec
 /// A connection inside a transaction begun by hand. Dropped while still open (the claim's
 /// future cancelled, or a rollback that failed), the connection is closed rather than
 /// returned to the pool, and the server rolls the transaction back.
-struct OpenTransaction {
-    conn: PoolConnection<MySql>,
-    open: bool,
+pub(crate) struct OpenTransaction {
+    pub(crate) conn: PoolConnection<MySql>,
+    pub(crate) open: bool,
 }
 
 impl OpenTransaction {
     /// Rolls back after `failure`, which it returns.
-    async fn roll_back(mut self, failure: Failure) -> Failure {
+    pub(crate) async fn roll_back(mut self, failure: Failure) -> Failure {
         if execute(&mut self.conn, "ROLLBACK").await.is_ok() {
             self.open = false;
         }
@@ -136,7 +140,7 @@ impl Drop for OpenTransaction {
 
 /// The rows of a multi-statement text query (a `&str` query has no arguments, so sqlx
 /// sends it as text, unprepared).
-async fn read_rows(conn: &mut MySqlConnection, sql: &str) -> Result<Vec<MySqlRow>, sqlx::Error> {
+pub(crate) async fn read_rows(conn: &mut MySqlConnection, sql: &str) -> Result<Vec<MySqlRow>, sqlx::Error> {
     conn.fetch_all(sql).await
 }
 
@@ -151,7 +155,8 @@ fn is_duplicate(e: &sqlx::Error) -> bool {
 }
 
 /// A value written into SQL text.
-enum Literal<'a> {
+#[derive(Clone)]
+pub(crate) enum Literal<'a> {
     Text(&'a str),
     Int(i64),
 }
@@ -159,7 +164,7 @@ enum Literal<'a> {
 /// `sql` with each `?` replaced by the next of `values`, in order (the templates here have
 /// no `?` anywhere else). Text becomes `_utf8mb4 X'…'`: hex digits cannot end the literal
 /// or escape it, whatever the text holds and whatever the server's SQL mode.
-fn inline(sql: &str, values: &[Literal]) -> String {
+pub(crate) fn inline(sql: &str, values: &[Literal]) -> String {
     let mut out = String::with_capacity(sql.len() + values.len() * 24);
     let mut values = values.iter();
     for c in sql.chars() {

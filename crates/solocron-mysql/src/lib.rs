@@ -150,6 +150,7 @@
 #![warn(missing_docs)]
 
 mod claim;
+mod claim_one;
 mod control;
 mod error;
 mod methods;

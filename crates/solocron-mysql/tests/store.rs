@@ -92,7 +92,9 @@ async fn eight_pools_racing_for_one_tick_yield_exactly_one_winner() {
     eprintln!("10 rounds of 8 racing claims: {:?}", started.elapsed());
     let records = stores[0].history(&HistoryQuery::default()).await.expect("history");
     let tokens: Vec<u64> = records.iter().rev().map(|r| r.fencing_token.expect("a token")).collect();
-    assert_eq!(tokens, (1..=10).collect::<Vec<_>>(), "one token per won tick, in order");
+    // A one-tick claim advances the counter before it knows it wins: the losers' leave gaps.
+    assert_eq!(tokens.len(), 10, "one record per tick: {tokens:?}");
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens grow with the ticks: {tokens:?}");
 }
 
 /// 1000 requests: ten ticks of each of 100 jobs, the jobs interleaved.
