@@ -150,7 +150,7 @@ async fn execute(conn: &mut MySqlConnection, sql: &str) -> Result<MySqlQueryResu
 }
 
 /// MySQL's 1062, duplicate key.
-fn is_duplicate(e: &sqlx::Error) -> bool {
+pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1062))
 }
 

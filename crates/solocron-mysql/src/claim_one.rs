@@ -21,7 +21,7 @@ use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, Tick, Trigger}
 use solocron_sql::plan::{self, Decision};
 use sqlx::mysql::MySqlRow;
 
-use crate::claim::{inline, read_rows, Literal, OpenTransaction};
+use crate::claim::{inline, is_duplicate, read_rows, Literal, OpenTransaction};
 use crate::error::{invalid, Failure};
 use crate::records::{get, instant, millis, opt_text, token, TEXT_BYTES_MAX};
 use crate::MySqlStore;
@@ -36,6 +36,9 @@ pub(crate) async fn claim_one(store: &MySqlStore, request: &ClaimRequest) -> Res
     let mut tx = OpenTransaction { conn: store.pool.acquire().await?, open: true };
     let rows = match read_rows(&mut tx.conn, &sql).await {
         Ok(rows) => rows,
+        Err(e) if is_duplicate(&e) => {
+            return Err(tx.roll_back(Failure::Conflict(format!("a record appeared despite the lock: {e}"))).await)
+        }
         Err(e) => return Err(tx.roll_back(e.into()).await),
     };
     // Every statement ran (the server stops at the first that fails), `COMMIT` included.

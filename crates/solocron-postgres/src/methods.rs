@@ -39,6 +39,11 @@ fn jitter(attempt: i64) -> i64 {
     (h.finish() % (attempt as u64 + 1).min(REQUEST_CANDIDATES as u64 / 4)) as i64
 }
 
+/// The smallest batch claimed by `{p}claim_taken_first` (ticks found taken answered before
+/// any lock; see the schema): a herd's chunks, which other nodes may have claimed already.
+/// Shorter batches skip its extra read, which costs a one-tick claim a third of its time.
+const TAKEN_FIRST_MIN: usize = 256;
+
 /// The page size of reads: `limit` capped at [`RECORDS_PAGE_MAX`].
 fn page(limit: usize) -> i64 {
     limit.min(RECORDS_PAGE_MAX) as i64
@@ -78,7 +83,11 @@ impl PgStore {
     }
 
     async fn claim_once(&self, batch: &Batch, requests: &[ClaimRequest]) -> Res<Vec<ClaimOutcome>> {
-        let sql = self.sql("SELECT * FROM {p}claim($1, $2, $3, $4, $5, $6, $7)");
+        let sql = if requests.len() >= TAKEN_FIRST_MIN {
+            self.sql("SELECT * FROM {p}claim_taken_first($1, $2, $3, $4, $5, $6, $7)")
+        } else {
+            self.sql("SELECT * FROM {p}claim($1, $2, $3, $4, $5, $6, $7)")
+        };
         let rows = batch.send(&self.pool, &sql).await?;
         Ok(outcomes(requests, &rows)?)
     }

@@ -118,6 +118,73 @@ async fn a_batch_of_1000_ticks_over_100_jobs_is_won_in_one_call_with_tokens_risi
     assert!(again.iter().all(|o| *o == ClaimOutcome::Taken));
 }
 
+/// A large batch whose ticks are partly claimed already (another node's chunk of a herd)
+/// is answered in request order: the claimed ticks taken without waiting for their jobs'
+/// locks, the rest decided as in a short batch (tokens, skips, pauses, overlaps).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_large_batch_partly_claimed_elsewhere_answers_every_request_in_order() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let other = ns.open().await;
+    // Another node already won every third of 300 ticks of 30 jobs (all of job-000's,
+    // job-003's, ...).
+    let batch: Vec<ClaimRequest> = (0..10)
+        .flat_map(|minute| (0..30).map(move |job| run(tick(&format!("job-{job:03}"), minute), "a", LONG_LEASE, false)))
+        .collect();
+    let elsewhere: Vec<ClaimRequest> =
+        batch.iter().step_by(3).map(|r| ClaimRequest { node: "b".into(), ..r.clone() }).collect();
+    assert!(other.claim(&elsewhere).await.unwrap().iter().all(|o| matches!(o, ClaimOutcome::Won(_))));
+    store.set_paused("job-001", true, "ops", Some("disk")).await.unwrap();
+    let mut batch = batch;
+    batch[4].mode = ClaimMode::Skip { reason: "missed".into() };
+    // job-005's tick at minute 0 (request 5) is won first, so minute 1's overlaps it.
+    batch[35].mode = ClaimMode::Run { skip_if_running: true };
+    let outcomes = store.claim(&batch).await.unwrap();
+    assert_eq!(outcomes.len(), batch.len());
+    let mut last_token: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for (k, (request, outcome)) in batch.iter().zip(&outcomes).enumerate() {
+        let job = request.tick.job.as_str();
+        match outcome {
+            _ if k % 3 == 0 => assert_eq!(*outcome, ClaimOutcome::Taken, "{k}: claimed by b"),
+            ClaimOutcome::Skipped { reason } if k == 4 => assert_eq!(reason, "missed"),
+            ClaimOutcome::Skipped { reason } if k == 35 => {
+                assert!(reason.starts_with("overlap: previous run job-005@"))
+            }
+            ClaimOutcome::Skipped { reason } if job == "job-001" => assert_eq!(reason, "paused by ops: disk"),
+            ClaimOutcome::Won(lease) => {
+                assert_eq!(lease.run, RunId { tick: request.tick.clone(), attempt: 1 }, "{k}: in request order");
+                let floor = last_token.get(job).copied().unwrap_or(0);
+                assert!(lease.fencing_token > floor, "{k}: tokens rise per job");
+                last_token.insert(job, lease.fencing_token);
+            }
+            other => panic!("{k} {request:?}: {other:?}"),
+        }
+    }
+    let records = store.history(&HistoryQuery { limit: 1000, ..HistoryQuery::default() }).await.unwrap();
+    assert_eq!(records.len(), batch.len(), "one record per tick");
+}
+
+/// A schema of version 1 (before `{p}claim_taken_first`) is brought to version 2 by
+/// `migrate`, and large batches are claimed on it.
+#[tokio::test]
+async fn a_version_1_schema_is_migrated_to_version_2() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let pool = sqlx::PgPool::connect(&common::url()).await.unwrap();
+    let p = &ns.prefix;
+    sqlx::query(&format!("DROP FUNCTION {p}claim_taken_first")).execute(&pool).await.unwrap();
+    sqlx::query(&format!("UPDATE {p}schema SET version = 1")).execute(&pool).await.unwrap();
+    let batch: Vec<ClaimRequest> =
+        (0..300).map(|job| run(tick(&format!("job-{job:03}"), 0), "a", LONG_LEASE, false)).collect();
+    assert!(store.claim(&batch).await.is_err(), "the function of version 2 is missing");
+    store.migrate().await.expect("migrate from version 1");
+    let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
+    assert_eq!(version, 2);
+    assert!(store.claim(&batch).await.unwrap().iter().all(|o| matches!(o, ClaimOutcome::Won(_))));
+    assert!(store.claim(&batch).await.unwrap().iter().all(|o| *o == ClaimOutcome::Taken));
+    pool.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_nodes_claiming_different_ticks_of_one_job_never_both_run_it() {
     // The READ COMMITTED overlap race: without the per-job lock both would see "nothing

@@ -528,7 +528,9 @@ async fn claim_due(
     // otherwise queue their `finish` calls ahead of the next chunk's claim (a 10,000-tick
     // herd then started its last runs seconds late).
     let mut answered = Vec::with_capacity(batch.len());
-    for chunk in batch.chunks(CLAIM_BATCH_MAX) {
+    let jobs: Vec<usize> = batch.iter().map(|(i, _)| *i).collect();
+    for range in chunk_order(&jobs, CLAIM_BATCH_MAX, &e.node, horizon.timestamp_millis()) {
+        let chunk = &batch[range];
         let requests: Vec<ClaimRequest> = chunk.iter().map(|(_, r)| r.clone()).collect();
         let sent = Instant::now();
         match e.claim(&requests).await {
@@ -553,6 +555,34 @@ async fn claim_due(
         }
     }
     failed
+}
+
+/// The chunks of at most `max` requests that a round's batch (the job of each request, in
+/// order) is claimed in, in the order this node claims them. When no job has requests in
+/// two chunks, each node starts at a different chunk (a hash of its id and the round), so
+/// that racing nodes first win chunks of their own instead of queueing on the same rows
+/// and then finding each other's chunks already taken (cheap). A job split across chunks
+/// keeps them in order, so its ticks are claimed oldest first and their tokens grow with
+/// their instants.
+fn chunk_order(jobs: &[usize], max: usize, node: &str, round: i64) -> Vec<std::ops::Range<usize>> {
+    assert!(max > 0, "a chunk holds at least one request");
+    let mut chunks: Vec<_> = (0..jobs.len()).step_by(max).map(|start| start..(start + max).min(jobs.len())).collect();
+    let mut owner: HashMap<usize, usize> = HashMap::with_capacity(jobs.len());
+    let split = jobs.iter().enumerate().any(|(k, j)| *owner.entry(*j).or_insert(k / max) != k / max);
+    if chunks.len() > 1 && !split {
+        // FNV-1a over the node's id and the round's instant, then mixed (splitmix64's
+        // finalizer), since FNV's low bits barely differ between ids like `n1`, `n2`.
+        let mut hash = node
+            .bytes()
+            .chain(round.to_le_bytes())
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        hash = (hash ^ (hash >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        hash = (hash ^ (hash >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        hash ^= hash >> 31;
+        let first = usize::try_from(hash % chunks.len() as u64).expect("below the chunk count");
+        chunks.rotate_left(first);
+    }
+    chunks
 }
 
 pub(crate) fn run_mode(job: &Job) -> ClaimMode {
@@ -785,5 +815,31 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_order;
+
+    #[test]
+    fn nodes_start_at_different_chunks_but_never_reorder_a_jobs_ticks() {
+        let distinct: Vec<usize> = (0..10_000).collect();
+        let starts: std::collections::HashSet<usize> =
+            (0..8).map(|n| chunk_order(&distinct, 1000, &format!("node-{n}"), 0)[0].start).collect();
+        assert!(starts.len() > 3, "8 nodes start at {starts:?}");
+        for node in ["a", "b"] {
+            let order = chunk_order(&distinct, 1000, node, 7);
+            let mut covered: Vec<usize> = order.iter().flat_map(|r| r.clone()).collect();
+            covered.sort_unstable();
+            assert_eq!(covered, distinct, "every request once");
+            assert!(order.iter().all(|r| r.len() == 1000));
+            assert_eq!(order, chunk_order(&distinct, 1000, node, 7), "stable for a node and round");
+        }
+        // Job 5 has ticks at the end of chunk 0 and the start of chunk 1: no rotation.
+        let split = [1, 2, 3, 5, 5, 6, 7, 8];
+        assert_eq!(chunk_order(&split, 4, "a", 0), vec![0..4, 4..8]);
+        assert_eq!(chunk_order(&split[..3], 4, "a", 0), vec![0..3], "one chunk");
+        assert!(chunk_order(&[], 4, "a", 0).is_empty());
     }
 }

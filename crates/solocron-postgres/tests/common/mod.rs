@@ -77,6 +77,7 @@ pub async fn drop_prefix(prefix: &str) {
     let tables = ["runs", "fences", "jobs", "registry", "requests", "schema"].map(|t| format!("{prefix}{t}"));
     execute_all(&[
         format!("DROP TABLE IF EXISTS {} CASCADE", tables.join(", ")),
+        format!("DROP FUNCTION IF EXISTS {prefix}claim_taken_first"),
         format!("DROP FUNCTION IF EXISTS {prefix}claim"),
     ])
     .await;

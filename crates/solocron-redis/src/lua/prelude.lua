@@ -67,11 +67,12 @@ local function remember()
   redis.call('SET', EPOCH, int(NOW), 'NX')
 end
 
--- Adds a new record to the history indexes; a record of the tick ends its manual request.
+-- Adds a new record to the history indexes; a record of the tick ends its manual request
+-- (only manual ticks have one: their instants never fall on a whole second).
 local function index(id, job, at)
   redis.call('ZADD', HIST, at, id)
   redis.call('ZADD', job_hist(job), at, id)
-  redis.call('ZREM', REQPEND, at .. ':' .. job)
+  if tonumber(at) % 1000 ~= 0 then redis.call('ZREM', REQPEND, at .. ':' .. job) end
 end
 
 local function unindex_running(id, job)
@@ -110,9 +111,10 @@ local function next_token(job)
   local token
   if counter and here and redis.call('HGET', FENCE_BY, job) == here then
     token = counter + 1
-  else
-    token = math.max((counter or 0) + 1, NOW_US)
+    redis.call('HSET', FENCES, job, int(token))
+    return int(token)
   end
+  token = math.max((counter or 0) + 1, NOW_US)
   redis.call('HSET', FENCES, job, int(token))
   if here then redis.call('HSET', FENCE_BY, job, here) else redis.call('HDEL', FENCE_BY, job) end
   return int(token)
