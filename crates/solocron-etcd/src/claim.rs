@@ -7,7 +7,17 @@
 //! absent" and "each job's guard and switch are unchanged since the read". If another node
 //! changed any of them in between, the `Txn` fails as a whole, its `else` branch returns the
 //! same keys re-read, and the chunk is planned again (bounded). Nothing is ever
-//! read-then-written without the compare. Chunks whose jobs are disjoint are claimed
+//! read-then-written without the compare.
+//!
+//! **One round trip for short chunks.** A chunk of at most [`GUESS_MAX`] ticks whose jobs
+//! this instance has seen (in an earlier claim's read or commit, or its own finish) skips the
+//! read: it is planned from those remembered guards and switches, at their revisions, with
+//! every record assumed absent ([`Known`]), and its keep-alives go beside the `Txn` instead
+//! of beside a read. The `Txn`'s compares are the same, so a stale guess can only fail it:
+//! its `else` branch is the read, and the chunk is planned again from that as above. The
+//! winner of a tick then pays one round trip instead of two; a node that loses the tick
+//! pays a failed `Txn` (a Raft entry) where it paid a read, which is why long chunks, where
+//! racing nodes mostly find ticks taken, keep the read. Chunks whose jobs are disjoint are claimed
 //! concurrently, at most [`CHUNKS_IN_FLIGHT`] at once; chunks that share a job go one after
 //! the other (they would only lose compares to each other).
 
@@ -28,6 +38,13 @@ const CHUNK_ATTEMPTS: u32 = 24;
 
 /// How many chunks of one batch are in flight at once (when their jobs are disjoint).
 const CHUNKS_IN_FLIGHT: usize = 4;
+
+/// The longest chunk claimed from what this instance remembers, without a read first (see
+/// the module docs): the one-tick claims of spread-out schedules, not a herd's chunks.
+const GUESS_MAX: usize = 8;
+
+/// Most jobs whose guard and switch an instance remembers; beyond, it forgets them all.
+const KNOWN_MAX: usize = 100_000;
 
 /// What one request comes to.
 #[derive(Debug, Clone)]
@@ -55,9 +72,51 @@ struct View {
     existing: HashSet<String>,
 }
 
-/// A lease for a chunk's won runs: its id, and the client's clock just before the grant or
-/// keep-alive that made it last its full TTL was sent (etcd starts the TTL later, so `at +
-/// length` never outlasts the lease).
+/// What this instance last saw of jobs' guards and switches, each at its revision: a guess
+/// that lets a short claim skip its read. Never trusted: every claim compares the revisions
+/// it planned from, so a stale entry costs a failed `Txn` and a re-plan, never a wrong
+/// decision.
+#[derive(Debug, Default)]
+pub(crate) struct Known(std::sync::Mutex<HashMap<String, JobView>>);
+
+impl Known {
+    /// A view of `jobs` from memory, with no record known to exist; `None` unless every
+    /// job is remembered.
+    fn guess(&self, jobs: &[String]) -> Option<View> {
+        let known = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let jobs = jobs.iter().map(|j| Some((j.clone(), known.get(j)?.clone()))).collect::<Option<_>>()?;
+        Some(View { jobs, existing: HashSet::new() })
+    }
+
+    /// Remembers the jobs of `view` as they were read.
+    fn learn(&self, view: &View) {
+        self.learn_jobs(view.jobs.iter().map(|(j, v)| (j.clone(), v.clone())));
+    }
+
+    fn learn_jobs(&self, jobs: impl IntoIterator<Item = (String, JobView)>) {
+        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for (job, view) in jobs {
+            if known.len() >= KNOWN_MAX && !known.contains_key(&job) {
+                known.clear();
+            }
+            known.insert(job, view);
+        }
+    }
+
+    /// Remembers a guard this instance wrote at `revision` (a finish), if its job is known.
+    pub(crate) fn learn_guard(&self, guard: &Guard, revision: i64) {
+        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(view) = known.get_mut(&guard.job) {
+            view.guard = guard.clone();
+            view.guard_rev = revision;
+        }
+    }
+}
+
+/// A lease for a chunk's won runs: its id, and the instant its runs' leases count from:
+/// the client's clock just before the grant or keep-alive that made it last its full TTL
+/// was sent (etcd starts the TTL later, so `at + TTL` never outlasts the lease), or, for a
+/// keep-alive reused within [`REUSE_WINDOW`], the claim's own instant.
 type Granted = (i64, i64);
 
 /// The lease a node attaches its new runs of one TTL to, and when it was granted.
@@ -65,6 +124,28 @@ type Granted = (i64, i64);
 pub(crate) struct SharedLease {
     id: i64,
     granted: std::time::Instant,
+    /// When the last grant or keep-alive that etcd confirmed was sent.
+    confirmed: std::time::Instant,
+}
+
+impl SharedLease {
+    /// Young enough to take new runs.
+    fn young(&self) -> bool {
+        self.granted.elapsed() < LEASE_SHARE_WINDOW
+    }
+
+    /// Confirmed so recently that a claim may attach runs to it without another keep-alive
+    /// (see [`REUSE_WINDOW`]).
+    fn reusable(&self) -> bool {
+        self.young() && self.confirmed.elapsed() < REUSE_WINDOW
+    }
+
+    /// Confirmed within half its TTL: it surely lives until a keep-alive sent now arrives,
+    /// so the keep-alive may go beside the claim's `Txn` instead of before it.
+    fn alive_for_sure(&self, ttl: i64) -> bool {
+        let half = Duration::from_millis(u64::try_from(ttl).unwrap_or(0).saturating_mul(500));
+        self.young() && self.confirmed.elapsed() < half
+    }
 }
 
 /// How long one etcd lease takes new runs. Every claim refreshes it (a keep-alive, sent
@@ -73,25 +154,85 @@ pub(crate) struct SharedLease {
 /// node's newer runs.
 const LEASE_SHARE_WINDOW: Duration = Duration::from_secs(10);
 
+/// A claim this soon after the last confirmed keep-alive (or grant) of the node's shared
+/// lease attaches its runs without sending another: a burst of claims (catch-ups, manual
+/// runs, one-tick claims back to back) shares one keep-alive. The run's etcd lease then
+/// counts from that keep-alive, at most this much before the claim: `lease_until` (an
+/// estimate, counted from the claim) may be up to these 5 ms late when the length is whole
+/// seconds, and the engine's own deadline (90% of the length from when the claim was sent)
+/// keeps all but these 5 ms of its margin. A keep-alive beside every one-tick claim cost
+/// ~0.2 of the claim / raw ratio (BENCHMARKS.md, 2026-11-24).
+const REUSE_WINDOW: Duration = Duration::from_millis(5);
+
 /// For each TTL in `ttls` (distinct), a lease to attach won runs to, lasting its full TTL
-/// from the returned instant on: the node's shared lease of that TTL refreshed by a
-/// keep-alive, or a new one. One round trip; the requests for several TTLs go at once.
+/// from the returned instant on: the node's shared lease of that TTL, reused, refreshed by
+/// a keep-alive, or a new one. At most one round trip; the requests for several TTLs go at
+/// once.
 async fn fresh_leases(store: &EtcdStore, ttls: &[i64]) -> Result<HashMap<i64, Granted>, StoreError> {
     let one = |ttl: i64| async move {
         let cached = store.shared.lock().unwrap_or_else(|e| e.into_inner()).get(&ttl).copied();
-        let at = now_ms();
-        if let Some(lease) = cached.filter(|l| l.granted.elapsed() < LEASE_SHARE_WINDOW) {
-            if crate::etcd::keep_alive(&store.client, lease.id).await? {
+        if let Some(lease) = cached.filter(SharedLease::reusable) {
+            return Ok((ttl, (lease.id, now_ms())));
+        }
+        if let Some(lease) = cached.filter(SharedLease::young) {
+            if let Some(at) = keep_alive(store, ttl, lease.id).await? {
                 return Ok((ttl, (lease.id, at)));
             }
         }
-        let at = now_ms();
+        let (at, sent) = (now_ms(), std::time::Instant::now());
         let id = crate::etcd::grant(&store.client, ttl).await?;
-        let lease = SharedLease { id, granted: std::time::Instant::now() };
+        let lease = SharedLease { id, granted: sent, confirmed: sent };
         store.shared.lock().unwrap_or_else(|e| e.into_inner()).insert(ttl, lease);
         Ok::<_, StoreError>((ttl, (id, at)))
     };
     futures_util::future::try_join_all(ttls.iter().map(|&ttl| one(ttl))).await.map(|v| v.into_iter().collect())
+}
+
+/// One keep-alive of the shared lease `id` of `ttl`: the client's clock just before it was
+/// sent if etcd refreshed the lease to its full TTL, `None` (and the lease forgotten) if
+/// the lease is gone.
+async fn keep_alive(store: &EtcdStore, ttl: i64, id: i64) -> Result<Option<i64>, StoreError> {
+    let (at, sent) = (now_ms(), std::time::Instant::now());
+    let alive = crate::etcd::keep_alive(&store.client, id).await?;
+    let mut shared = store.shared.lock().unwrap_or_else(|e| e.into_inner());
+    match shared.get_mut(&ttl).filter(|l| l.id == id) {
+        Some(lease) if alive => lease.confirmed = lease.confirmed.max(sent),
+        Some(_) => drop(shared.remove(&ttl)),
+        None => {}
+    }
+    Ok(alive.then_some(at))
+}
+
+/// The leases of a claim planned without a read: for each TTL in `ttls`, the node's shared
+/// lease, if each is reusable as it is or alive for sure (see [`SharedLease`]); with the
+/// ones of the latter kind, which need a keep-alive beside the `Txn`.
+fn ready_leases(store: &EtcdStore, ttls: &[i64]) -> Option<(HashMap<i64, Granted>, HashMap<i64, i64>)> {
+    let shared = store.shared.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut leases, mut beside) = (HashMap::new(), HashMap::new());
+    for &ttl in ttls {
+        let lease = shared.get(&ttl)?;
+        if lease.reusable() {
+            leases.insert(ttl, (lease.id, now_ms()));
+        } else if lease.alive_for_sure(ttl) {
+            leases.insert(ttl, (lease.id, now_ms()));
+            beside.insert(ttl, lease.id);
+        } else {
+            return None;
+        }
+    }
+    Some((leases, beside))
+}
+
+/// Keep-alives of the leases `beside` (see [`ready_leases`]), or an error if any is gone
+/// (runs attached to it may already have expired, so none may be reported won).
+async fn refresh(store: &EtcdStore, beside: &HashMap<i64, i64>) -> Result<(), StoreError> {
+    let one = |(&ttl, &id): (&i64, &i64)| async move {
+        match keep_alive(store, ttl, id).await? {
+            Some(_) => Ok(()),
+            None => Err(StoreError::Unavailable("the node's etcd lease expired while claiming; try again".into())),
+        }
+    };
+    futures_util::future::try_join_all(beside.iter().map(one)).await.map(drop)
 }
 
 /// Forgets the shared leases of `ttls` (after a failed claim: one may be gone).
@@ -278,12 +419,21 @@ async fn plan_and_commit(
     ttls: &[i64],
 ) -> Result<Vec<ClaimOutcome>, StoreError> {
     let (jobs, ops) = read_ops(store, chunk);
-    // The leases are made ready while the chunk is read: the claim stays two round trips.
     // The same reads serve as every try's `else` branch.
-    let (mut answers, leases) =
-        tokio::try_join!(crate::etcd::read(&store.client, ops.clone()), fresh_leases(store, ttls))?;
+    let guess = (chunk.len() <= GUESS_MAX).then(|| store.known.guess(&jobs)).flatten();
+    let (mut before, leases, mut beside) = match guess.zip(ready_leases(store, ttls)) {
+        // One round trip: plan from memory; the keep-alives go beside the `Txn`.
+        Some((view, (leases, beside))) => (view, leases, Some(beside).filter(|b| !b.is_empty())),
+        // Two: the leases are made ready while the chunk is read.
+        None => {
+            let (answers, leases) =
+                tokio::try_join!(crate::etcd::read(&store.client, ops.clone()), fresh_leases(store, ttls))?;
+            let view = parse_view(&jobs, answers)?;
+            store.known.learn(&view);
+            (view, leases, None)
+        }
+    };
     for attempt in 0..CHUNK_ATTEMPTS {
-        let before = parse_view(&jobs, answers)?;
         let mut after = before.clone();
         let (steps, depends) = plan(store, chunk, &mut after);
         if steps.iter().all(|s| matches!(s, Step::Taken)) {
@@ -291,17 +441,38 @@ async fn plan_and_commit(
         }
         let granted: Vec<Granted> = win_ttls(chunk, &steps)?.iter().map(|t| leases[t]).collect();
         // The claim's instant: no later than any of its leases' refresh, so that every
-        // `lease_until` (an estimate) ends before etcd's TTL can.
+        // `lease_until` (an estimate) ends before etcd's TTL can (but for a reused
+        // keep-alive's few milliseconds, see `REUSE_WINDOW`).
         let now = granted.iter().map(|(_, at)| *at).chain([now_ms()]).min().expect("now at least");
         let won: Vec<i64> = granted.iter().map(|(id, _)| *id).collect();
         let commit = Commit { store, chunk, steps: &steps, leases: &won, now };
         let request = commit.txn(&before, &after, &depends).or_else(ops.clone());
-        let resp = txn(&store.client, "a claim", request).await?;
+        let resp = match beside.take() {
+            Some(beside) => {
+                let (resp, refreshed) = tokio::join!(txn(&store.client, "a claim", request), refresh(store, &beside));
+                // A keep-alive sent with the `Txn` refreshes from a later instant than the
+                // one planned with (the earlier, safe one is kept).
+                let resp = resp?;
+                refreshed?;
+                resp
+            }
+            None => txn(&store.client, "a claim", request).await?,
+        };
         if resp.succeeded() {
-            return commit.outcomes(revision(&resp)?);
+            let revision = revision(&resp)?;
+            store.known.learn_jobs(depends.iter().map(|job| {
+                let mut view = after.jobs[job].clone();
+                if steps.iter().zip(chunk).any(|(s, r)| matches!(s, Step::Win(_)) && r.tick.job == *job) {
+                    view.guard_rev = revision;
+                }
+                (job.clone(), view)
+            }));
+            return commit.outcomes(revision);
         }
-        // Lost a compare: nothing was written; plan again from what the `Txn` re-read.
-        answers = gets(&resp);
+        // Lost a compare (or guessed stale): nothing was written; plan again from what the
+        // `Txn` re-read.
+        before = parse_view(&jobs, gets(&resp))?;
+        store.known.learn(&before);
         backoff(attempt).await;
     }
     Err(StoreError::Unavailable(format!(

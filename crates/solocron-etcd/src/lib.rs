@@ -23,7 +23,8 @@
 //!   only then can [`Store::recover`] act on it, so exactly one node recovers it. Expiry is
 //!   decided by etcd's leader, never by a node's clock.
 //! - **One lease per node and length.** A node's runs of one length share one etcd lease
-//!   (a new one every 10 s): each claim refreshes it with a keep-alive sent beside its read,
+//!   (a new one every 10 s): each claim refreshes it with a keep-alive sent beside its read
+//!   or its `Txn` (claims within 5 ms of a confirmed keep-alive share it),
 //!   instead of granting a lease per run (a grant is a consensus write; in a herd of
 //!   thousands of ticks they were most of the claim's cost). A keep-alive for any of the
 //!   runs keeps all of them alive, which changes nothing while their node lives (it renews
@@ -81,7 +82,11 @@
 //! ## Cost per step (round trips)
 //!
 //! - claim: per chunk, one read together with a keep-alive of the node's lease per lease
-//!   length (a grant instead when it is older than 10 s), then one `Txn`. A chunk holds as many ticks as fit etcd's 128 operations per
+//!   length (a grant instead when it is older than 10 s; nothing when one was confirmed in
+//!   the last 5 ms), then one `Txn`. A chunk of at most 8 ticks whose jobs this instance has
+//!   seen before skips the read (**one round trip**, the keep-alive beside the `Txn`): it is
+//!   planned from the guards and switches last seen, and the `Txn`'s compares, the same as
+//!   after a read, send it back to the read path if anything changed. A chunk holds as many ticks as fit etcd's 128 operations per
 //!   `Txn` ([`TXN_OPS_MAX`]): 42 ticks of distinct jobs to 63 of one job, so a 1000-tick
 //!   batch takes 16 to 24 chunks, each atomic on its own (a failure part-way leaves earlier
 //!   chunks' runs won; they expire unrun and are recovered). Chunks of disjoint jobs are
@@ -186,6 +191,8 @@ pub struct EtcdStore {
     held: Mutex<HashMap<RunId, Held>>,
     /// The etcd lease new runs of each TTL are attached to (see `claim`).
     shared: Mutex<HashMap<i64, claim::SharedLease>>,
+    /// Jobs' guards and switches as last seen: lets a short claim skip its read.
+    known: claim::Known,
 }
 
 /// A running record as this store last wrote it, at `revision`.
@@ -237,6 +244,7 @@ impl EtcdStore {
             client: connect_client(&endpoints, options).await?,
             held: Mutex::new(HashMap::new()),
             shared: Mutex::new(HashMap::new()),
+            known: claim::Known::default(),
         };
         // The client connects lazily: one linearizable read proves a member answers and the
         // cluster has a leader.

@@ -168,7 +168,8 @@ pub(crate) async fn finish(store: &EtcdStore, lease: &Lease, end: &RunEnd) -> Re
                 TxnOp::delete(store.keys.alive(&lease.run), None),
             ]);
         match commit(store, "a finish", request, reads()).await? {
-            Ok(_) => {
+            Ok(revision) => {
+                store.known.learn_guard(&guard, revision);
                 store.forget(&lease.run);
                 return Ok(true);
             }

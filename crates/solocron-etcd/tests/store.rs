@@ -255,3 +255,41 @@ async fn an_unreachable_cluster_is_unavailable_and_credentials_are_masked() {
         Err(e) => assert!(!e.to_string().contains("hunter2"), "{e}"),
     }
 }
+
+/// A short claim plans from what its instance last saw of the job, without a read: when
+/// another instance has since won a tick, paused the job or ended a run, that memory is
+/// stale, and the claim must still decide from the store's state (the `Txn`'s compares
+/// fail and it plans again from the re-read): overlap seen, pause seen, tokens rising.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_from_stale_memory_still_sees_the_other_instances_changes() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let (a, b) = (ns.migrated().await, ns.migrated().await);
+    let skip_if_running = |t: Tick, node: &str| ClaimRequest {
+        mode: ClaimMode::Run { skip_if_running: true },
+        ..run(t, node, Duration::from_secs(60))
+    };
+    // a knows the job: no run in progress, token 1 (then a's run ends).
+    let first = won(&a, skip_if_running(tick("job", 0), "a")).await;
+    assert!(a.finish(&first, &succeeded()).await.unwrap());
+    // b wins the next tick: a's memory says nothing runs.
+    let second = won(&b, skip_if_running(tick("job", 1), "b")).await;
+    assert!(second.fencing_token > first.fencing_token);
+    match a.claim(&[skip_if_running(tick("job", 2), "a")]).await.unwrap().remove(0) {
+        ClaimOutcome::Skipped { reason } => assert!(reason.starts_with("overlap: previous run job@"), "{reason}"),
+        other => panic!("b's run is in progress: {other:?}"),
+    }
+    // b's run ends and b pauses the job: a's memory has the run and no pause.
+    assert!(b.finish(&second, &succeeded()).await.unwrap());
+    b.set_paused("job", true, "ops", Some("disk")).await.unwrap();
+    match a.claim(&[skip_if_running(tick("job", 3), "a")]).await.unwrap().remove(0) {
+        ClaimOutcome::Skipped { reason } => assert_eq!(reason, "paused by ops: disk"),
+        other => panic!("the job is paused: {other:?}"),
+    }
+    // Resumed by b: a wins with a token above b's, and a tick b already won is taken.
+    b.set_paused("job", false, "ops", None).await.unwrap();
+    let third = won(&a, skip_if_running(tick("job", 4), "a")).await;
+    assert!(third.fencing_token > second.fencing_token, "{} after {}", third.fencing_token, second.fencing_token);
+    assert!(a.finish(&third, &succeeded()).await.unwrap());
+    won(&b, skip_if_running(tick("job", 5), "b")).await;
+    assert_eq!(a.claim(&[skip_if_running(tick("job", 5), "a")]).await.unwrap(), vec![ClaimOutcome::Taken]);
+}
