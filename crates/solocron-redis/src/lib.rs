@@ -66,7 +66,6 @@
 //! | `{solocron}:expiry` | sorted set | ids of running runs, scored by `lease_until` ([`Store::expired`]) |
 //! | `{solocron}:jrun:<job>` | sorted set | ids of the job's running runs (overlap check, unlock) |
 //! | `{solocron}:fences` | hash | job → last fencing token |
-//! | `{solocron}:fenceby` | hash | job → the server (run id and replication id) that handed it out |
 //! | `{solocron}:ctl:<job>` / `…ctls` | hash / set | a job's pause switch / the jobs ever switched |
 //! | `{solocron}:reg:<len(job)>:<job>:<node>` / `…regs` | hash / sorted set | a registration / their ids by `last_seen` |
 //! | `{solocron}:req` / `…reqpend` / `…reqby` | sorted sets / hash | manual requests (`<ms>:<job>`), those with no record yet, who asked |
@@ -106,15 +105,17 @@
 //!
 //! ## Fencing tokens
 //!
-//! While one server answers, a job's token is its counter plus one. The first token of a
-//! job from any other server, or after the counter was lost, is at least Redis's clock in
-//! microseconds (`max(counter + 1, now µs)`): larger than every token handed out before,
-//! even tokens the present server never heard of. "Another server" is recognized by
-//! Redis's `run_id` (new at every start of the process) and `master_replid` (new at every
-//! promotion), read with `INFO` inside the claim. This relies on two things: the server
-//! clock does not go back (across restarts and failovers, by more than the outage lasted),
-//! and no job ever took more than one token per microsecond on average. If `INFO` is not
-//! allowed (renamed command, ACL), every token is taken from the clock.
+//! A job's token is its counter plus one, but never less than Redis's clock in
+//! microseconds (`max(counter + 1, now µs)`). Every token is thus at least its server's
+//! clock when it was handed out, so a counter that lags behind tokens already handed out
+//! (lost in a restart, rolled back to a snapshot, or missing on a promoted replica) still
+//! yields a larger token, even than tokens the present server never heard of; and the
+//! counter keeps tokens rising if the clock steps back on a server that lost nothing. This
+//! relies on two things: the server clock does not go back across restarts and failovers
+//! by more than the outage lasted, and no job ever takes more than one token per
+//! microsecond on average. (Earlier versions took the counter alone while the same server
+//! answered, recognized through `INFO`, and kept a `fenceby` hash for it; the floor makes
+//! both unnecessary, and a leftover `fenceby` key is ignored.)
 //!
 //! ## Amnesia: a Redis that restarts without persistence
 //!

@@ -115,8 +115,10 @@ fn assert_overlap_reason(outcome: &ClaimOutcome) {
 }
 
 /// Fencing tokens grow strictly per job across claims by different nodes, a crash retry
-/// and the pruning of the records that held earlier tokens; each job has its own counter,
-/// so other jobs' claims do not advance it.
+/// and the pruning of the records that held earlier tokens, and another job's claims in
+/// between change nothing to that. Tokens need not be dense: the contract is "larger than
+/// every earlier token of the job" (MySQL leaves gaps for lost claims; Redis floors its
+/// tokens at its clock in microseconds).
 pub async fn fencing_tokens_strictly_increase_per_job_across_claims_and_recoveries(f: &impl StoreFactory) {
     let t = timing(f);
     let [a, b] = <[Handle; 2]>::try_from(stores(f, 2).await).ok().expect("two stores");
@@ -142,7 +144,7 @@ pub async fn fencing_tokens_strictly_increase_per_job_across_claims_and_recoveri
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "backup's tokens: {tokens:?}");
     assert_eq!(find(&a, &retried.run).await.fencing_token, Some(retried.fencing_token));
     let sync_next = won(&b, run(tick("sync", 1), "b", LONG_LEASE, false)).await;
-    assert_eq!(sync_next.fencing_token, sync_first.fencing_token + 1, "backup's claims advanced sync's counter");
+    assert!(sync_next.fencing_token > sync_first.fencing_token, "sync's tokens: {sync_first:?} then {sync_next:?}");
 }
 
 /// A misfire skip records the tick `skipped` with its reason and trigger (no token, no

@@ -13,7 +13,7 @@ local NOW_US = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local NOW = math.floor(NOW_US / 1000)
 
 local EPOCH, SCHEMA = P .. 'epoch', P .. 'schema'
-local HIST, EXPIRY, FENCES, FENCE_BY = P .. 'hist', P .. 'expiry', P .. 'fences', P .. 'fenceby'
+local HIST, EXPIRY, FENCES = P .. 'hist', P .. 'expiry', P .. 'fences'
 local CTLS, REGS = P .. 'ctls', P .. 'regs'
 local REQ, REQBY, REQPEND = P .. 'req', P .. 'reqby', P .. 'reqpend'
 local function run_key(id) return P .. 'run:' .. id end
@@ -80,43 +80,18 @@ local function unindex_running(id, job)
   redis.call('ZREM', job_running(job), id)
 end
 
--- Who answers: this Redis process (run_id) serving as this primary (master_replid). The
--- first changes whenever Redis restarts, the second whenever a replica is promoted; false
--- if INFO is not allowed here (renamed, or denied by an ACL).
-local server_identity = nil
-local function server()
-  if server_identity == nil then
-    server_identity = false
-    -- One section per call: INFO takes several sections at once only since Redis 7.
-    local server_info, replication_info = redis.pcall('INFO', 'server'), redis.pcall('INFO', 'replication')
-    if type(server_info) == 'string' and type(replication_info) == 'string' then
-      local run_id = string.match(server_info, 'run_id:(%x+)')
-      local replid = string.match(replication_info, 'master_replid:(%x+)')
-      if run_id and replid then server_identity = run_id .. ':' .. replid end
-    end
-  end
-  return server_identity
-end
-
--- The job's next fencing token. While the same server answers, it is the job's counter
--- plus one. The first token of a job from a server that did not hand out its previous one
--- (a new job, a Redis restarted with all or part of its data lost, a promoted replica that
--- missed the last increments) is at least the server's clock in microseconds: larger than
--- every token handed out before, even those this server never heard of, as long as the
--- clock did not go back and no job ever took more than one token per microsecond on
--- average. Tokens stay below 2^53, exact in Lua's doubles, until the year 2255.
+-- The job's next fencing token: its counter plus one, but never less than the server's
+-- clock in microseconds. The clock floor keeps tokens rising where the counter lags behind
+-- tokens already handed out (a Redis restarted with its data lost or rolled back to a
+-- snapshot, a promoted replica that missed the last increments): every token was at
+-- least its server's clock when handed out, so a later clock reading is larger, as long as
+-- the clock did not go back by more than the outage lasted and no job ever took more than
+-- one token per microsecond on average. The counter keeps them rising when the clock
+-- steps back on a server that lost nothing. Tokens stay below 2^53, exact in Lua's
+-- doubles, until the year 2255.
 local function next_token(job)
-  local counter = tonumber(redis.call('HGET', FENCES, job))
-  local here = server()
-  local token
-  if counter and here and redis.call('HGET', FENCE_BY, job) == here then
-    token = counter + 1
-    redis.call('HSET', FENCES, job, int(token))
-    return int(token)
-  end
-  token = math.max((counter or 0) + 1, NOW_US)
+  local token = math.max((tonumber(redis.call('HGET', FENCES, job)) or 0) + 1, NOW_US)
   redis.call('HSET', FENCES, job, int(token))
-  if here then redis.call('HSET', FENCE_BY, job, here) else redis.call('HDEL', FENCE_BY, job) end
   return int(token)
 end
 
