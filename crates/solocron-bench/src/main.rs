@@ -10,6 +10,7 @@
 
 mod counting;
 mod fleet;
+mod floor;
 mod node;
 mod raw;
 mod scenarios;
