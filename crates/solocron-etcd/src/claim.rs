@@ -3,8 +3,9 @@
 //!
 //! Per chunk: one read (the jobs' guards and pause switches, and whether each tick's record
 //! exists) and, at the same time, a keep-alive of the node's shared etcd lease for each
-//! lease length the chunk may need (or a grant, see [`LEASE_SHARE_WINDOW`]); then one `Txn` whose compares are "each new record is
-//! absent" and "each job's guard and switch are unchanged since the read". If another node
+//! lease length the chunk may need (or a grant, see [`LEASE_SHARE_WINDOW`]; or nothing
+//! within [`REUSE_WINDOW`] of a confirmed one); then one `Txn` whose compares are "each new
+//! record is absent" and "each job's guard and switch are unchanged since the read". If another node
 //! changed any of them in between, the `Txn` fails as a whole, its `else` branch returns the
 //! same keys re-read, and the chunk is planned again (bounded). Nothing is ever
 //! read-then-written without the compare.
@@ -149,9 +150,9 @@ impl SharedLease {
 }
 
 /// How long one etcd lease takes new runs. Every claim refreshes it (a keep-alive, sent
-/// with the claim's read), so its age does not matter for safety; a new one from time to
-/// time bounds how long a run whose end could not be recorded stays alive beside its
-/// node's newer runs.
+/// beside the claim's read or `Txn`, or one confirmed within [`REUSE_WINDOW`]), so its age
+/// does not matter for safety; a new one from time to time bounds how long a run whose end
+/// could not be recorded stays alive beside its node's newer runs.
 const LEASE_SHARE_WINDOW: Duration = Duration::from_secs(10);
 
 /// A claim this soon after the last confirmed keep-alive (or grant) of the node's shared
@@ -223,16 +224,12 @@ fn ready_leases(store: &EtcdStore, ttls: &[i64]) -> Option<(HashMap<i64, Granted
     Some((leases, beside))
 }
 
-/// Keep-alives of the leases `beside` (see [`ready_leases`]), or an error if any is gone
-/// (runs attached to it may already have expired, so none may be reported won).
-async fn refresh(store: &EtcdStore, beside: &HashMap<i64, i64>) -> Result<(), StoreError> {
-    let one = |(&ttl, &id): (&i64, &i64)| async move {
-        match keep_alive(store, ttl, id).await? {
-            Some(_) => Ok(()),
-            None => Err(StoreError::Unavailable("the node's etcd lease expired while claiming; try again".into())),
-        }
-    };
-    futures_util::future::try_join_all(beside.iter().map(one)).await.map(drop)
+/// Keep-alives of the leases `beside` (see [`ready_leases`]): whether etcd refreshed every
+/// one (false: one is gone, and runs attached to it may already have expired).
+async fn refresh(store: &EtcdStore, beside: &HashMap<i64, i64>) -> Result<bool, StoreError> {
+    let one = |(&ttl, &id): (&i64, &i64)| async move { keep_alive(store, ttl, id).await.map(|at| at.is_some()) };
+    let alive = futures_util::future::try_join_all(beside.iter().map(one)).await?;
+    Ok(alive.into_iter().all(|a| a))
 }
 
 /// Forgets the shared leases of `ttls` (after a failed claim: one may be gone).
@@ -421,7 +418,7 @@ async fn plan_and_commit(
     let (jobs, ops) = read_ops(store, chunk);
     // The same reads serve as every try's `else` branch.
     let guess = (chunk.len() <= GUESS_MAX).then(|| store.known.guess(&jobs)).flatten();
-    let (mut before, leases, mut beside) = match guess.zip(ready_leases(store, ttls)) {
+    let (mut before, mut leases, mut beside) = match guess.zip(ready_leases(store, ttls)) {
         // One round trip: plan from memory; the keep-alives go beside the `Txn`.
         Some((view, (leases, beside))) => (view, leases, Some(beside).filter(|b| !b.is_empty())),
         // Two: the leases are made ready while the chunk is read.
@@ -450,10 +447,26 @@ async fn plan_and_commit(
         let resp = match beside.take() {
             Some(beside) => {
                 let (resp, refreshed) = tokio::join!(txn(&store.client, "a claim", request), refresh(store, &beside));
-                // A keep-alive sent with the `Txn` refreshes from a later instant than the
-                // one planned with (the earlier, safe one is kept).
                 let resp = resp?;
-                refreshed?;
+                // No run is reported won before etcd confirmed its lease's keep-alive (sent
+                // after the instant its `lease_until` counts from). A `Txn` that wrote runs
+                // cannot be undone, so a keep-alive lost in transit is sent once more rather
+                // than leaving them unrun until recovered.
+                let refreshed = match refreshed {
+                    Err(_) if resp.succeeded() => refresh(store, &beside).await,
+                    other => other,
+                };
+                match (resp.succeeded(), refreshed) {
+                    (_, Ok(true)) => {}
+                    (true, Ok(false)) => {
+                        return Err(StoreError::Unavailable(
+                            "the node's etcd lease expired while claiming; try again".into(),
+                        ))
+                    }
+                    (true, Err(e)) => return Err(e),
+                    // Nothing was written: plan again on leases made sure of.
+                    (false, _) => leases = fresh_leases(store, ttls).await?,
+                }
                 resp
             }
             None => txn(&store.client, "a claim", request).await?,

@@ -54,7 +54,9 @@
 //! ticks) and [`Store::now`] come from **this process's clock**, and prune's cutoff too.
 //! `lease_until` is an estimate: this clock just before the lease was granted or kept
 //! alive, plus the length, so it ends no later than etcd's TTL (which starts when etcd
-//! receives the request and is the length rounded up). Nothing that decides who holds a run
+//! receives the request and is the length rounded up); a claim that reuses a keep-alive
+//! confirmed in the 5 ms before it counts from its own instant, so its estimate may end up
+//! to 5 ms after the TTL when the length is whole seconds. Nothing that decides who holds a run
 //! reads these instants. Consequences:
 //!
 //! - Lease precision is etcd's: whole-second TTLs, at least the cluster's minimum TTL

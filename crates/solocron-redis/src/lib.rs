@@ -106,8 +106,9 @@
 //! ## Fencing tokens
 //!
 //! A job's token is its counter plus one, but never less than Redis's clock in
-//! microseconds (`max(counter + 1, now µs)`). Every token is thus at least its server's
-//! clock when it was handed out, so a counter that lags behind tokens already handed out
+//! microseconds (`max(counter + 1, now µs)`). Tokens thus never run ahead of the clock
+//! (while no job takes more than one token per microsecond on average), so a later clock
+//! reading is larger than every token handed out before: a counter that lags behind them
 //! (lost in a restart, rolled back to a snapshot, or missing on a promoted replica) still
 //! yields a larger token, even than tokens the present server never heard of; and the
 //! counter keeps tokens rising if the clock steps back on a server that lost nothing. This

@@ -81,14 +81,13 @@ local function unindex_running(id, job)
 end
 
 -- The job's next fencing token: its counter plus one, but never less than the server's
--- clock in microseconds. The clock floor keeps tokens rising where the counter lags behind
--- tokens already handed out (a Redis restarted with its data lost or rolled back to a
--- snapshot, a promoted replica that missed the last increments): every token was at
--- least its server's clock when handed out, so a later clock reading is larger, as long as
--- the clock did not go back by more than the outage lasted and no job ever took more than
--- one token per microsecond on average. The counter keeps them rising when the clock
--- steps back on a server that lost nothing. Tokens stay below 2^53, exact in Lua's
--- doubles, until the year 2255.
+-- clock in microseconds. Tokens never run ahead of the clock (as long as no job takes more
+-- than one token per microsecond on average), so a later clock reading is larger than
+-- every token handed out before, even where the counter lags behind them (a Redis
+-- restarted with its data lost or rolled back to a snapshot, a promoted replica that
+-- missed the last increments), provided the clock did not go back by more than the outage
+-- lasted. The counter keeps tokens rising when the clock steps back on a server that lost
+-- nothing. Tokens stay below 2^53, exact in Lua's doubles, until the year 2255.
 local function next_token(job)
   local token = math.max((tonumber(redis.call('HGET', FENCES, job)) or 0) + 1, NOW_US)
   redis.call('HSET', FENCES, job, int(token))
