@@ -23,20 +23,24 @@ pub(crate) fn now_ms() -> i64 {
 /// Maps an etcd client error: what a retry may cure (transport, unavailable member, no
 /// leader, deadline, overload) is `Unavailable`; the rest is `Invalid`.
 pub(crate) fn etcd_err(e: etcd_client::Error) -> StoreError {
+    if transient(&e) {
+        StoreError::Unavailable(format!("etcd: {e}"))
+    } else {
+        StoreError::Invalid(format!("etcd: {e}"))
+    }
+}
+
+/// Whether a retry may cure `e` (see [`etcd_err`]).
+fn transient(e: &etcd_client::Error) -> bool {
     use etcd_client::Error as E;
     // gRPC codes: CANCELLED 1, UNKNOWN 2 (tonic's transport failures), DEADLINE_EXCEEDED 4,
     // RESOURCE_EXHAUSTED 8 ("too many requests"), ABORTED 10, UNAVAILABLE 14.
     const TRANSIENT: [i32; 6] = [1, 2, 4, 8, 10, 14];
-    let transient = match &e {
+    match e {
         // The keep-alive stream closing unanswered is the connection dropping.
         E::TransportError(_) | E::IoError(_) | E::WatchError(_) => true,
         E::GRpcStatus(status) => TRANSIENT.contains(&(status.code() as i32)),
         _ => false,
-    };
-    if transient {
-        StoreError::Unavailable(format!("etcd: {e}"))
-    } else {
-        StoreError::Invalid(format!("etcd: {e}"))
     }
 }
 
@@ -57,7 +61,26 @@ fn never_sent(e: &etcd_client::Error) -> bool {
 
 /// Runs one call to etcd within [`CALL_TIMEOUT`], sending it again (to any endpoint) while
 /// it did not reach a member. `call` gets a client of its own for each try.
-pub(crate) async fn bounded<T, F, Fut>(client: &Client, what: &str, mut call: F) -> Result<T, StoreError>
+pub(crate) async fn bounded<T, F, Fut>(client: &Client, what: &str, call: F) -> Result<T, StoreError>
+where
+    F: FnMut(Client) -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    bounded_as(client, what, false, call).await
+}
+
+/// Like [`bounded`], for a call that changes nothing (a read): it is also sent again after
+/// any failure a retry may cure, such as the reset of a connection to a member that just
+/// died (the next try goes to another endpoint), within the same bounds.
+pub(crate) async fn bounded_read<T, F, Fut>(client: &Client, what: &str, call: F) -> Result<T, StoreError>
+where
+    F: FnMut(Client) -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    bounded_as(client, what, true, call).await
+}
+
+async fn bounded_as<T, F, Fut>(client: &Client, what: &str, read_only: bool, mut call: F) -> Result<T, StoreError>
 where
     F: FnMut(Client) -> Fut,
     Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -66,7 +89,7 @@ where
         let mut retries = 0;
         loop {
             match call(client.clone()).await {
-                Err(e) if retries < UNSENT_RETRIES && never_sent(&e) => retries += 1,
+                Err(e) if retries < UNSENT_RETRIES && (never_sent(&e) || (read_only && transient(&e))) => retries += 1,
                 result => return result,
             }
         }
@@ -93,7 +116,7 @@ pub(crate) async fn range(
     start: &str,
     options: GetOptions,
 ) -> Result<GetResponse, StoreError> {
-    bounded(client, what, |mut c| {
+    bounded_read(client, what, |mut c| {
         let (start, options) = (start.to_owned(), options.clone());
         async move { c.get(start, Some(options)).await }
     })
@@ -133,7 +156,12 @@ pub(crate) async fn read(client: &Client, ops: Vec<TxnOp>) -> Result<Vec<Vec<Key
     let mut ops = ops.into_iter().peekable();
     while ops.peek().is_some() {
         let chunk: Vec<TxnOp> = ops.by_ref().take(TXN_OPS_MAX).collect();
-        let resp = txn(client, "a read", Txn::new().and_then(chunk)).await?;
+        let request = Txn::new().and_then(chunk);
+        let resp = bounded_read(client, "a read", |mut c| {
+            let request = request.clone();
+            async move { c.txn(request).await }
+        })
+        .await?;
         out.extend(gets(&resp));
     }
     Ok(out)
