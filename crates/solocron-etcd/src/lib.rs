@@ -45,7 +45,9 @@
 //!   so expiries come late after a leader change, never early. A keep-alive served by a
 //!   deposed leader cannot make a renewal succeed: the renewal's `Txn` needs the quorum.
 //!   With several endpoints in the URL, calls are balanced over them; a call that could not
-//!   reach a member (a dead one) is sent again at once, as it was never applied.
+//!   reach a member (a dead one) is sent again at once, as it was never applied; a read,
+//!   which changes nothing, is also sent again after a connection reset or any other
+//!   failure a retry may cure.
 //!
 //! ## What etcd lacks: a clock
 //!
