@@ -17,6 +17,30 @@ use crate::run::{RunId, RunRecord, RunState, Tick, Trigger};
 
 /// Most requests one [`Store::claim`] call carries; the engine splits larger batches.
 pub const CLAIM_BATCH_MAX: usize = 1000;
+/// Where `node` starts among `len` chunks of a batch that several nodes claim at once: a
+/// stable hash of its id and `salt` (the round's instant, say), below `len`. Nodes that
+/// start at different chunks first win chunks of their own instead of queueing on the same
+/// rows, and then find the others' chunks already taken; a node's own retry of a batch
+/// (same `salt`) revisits the same order. FNV-1a, then splitmix64's finalizer, since FNV's
+/// low bits barely differ between ids like `n1` and `n2`.
+///
+/// ```
+/// let start = solocron_core::spread_start("node-a", 1_700_000_000_000, 10);
+/// assert!(start < 10);
+/// assert_eq!(start, solocron_core::spread_start("node-a", 1_700_000_000_000, 10));
+/// assert_eq!(solocron_core::spread_start("node-a", 0, 0), 0);
+/// ```
+pub fn spread_start(node: &str, salt: i64, len: usize) -> usize {
+    let mut hash = node
+        .bytes()
+        .chain(salt.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    hash = (hash ^ (hash >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    hash = (hash ^ (hash >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    hash ^= hash >> 31;
+    usize::try_from(hash % len.max(1) as u64).expect("below len")
+}
+
 /// Most records one [`Store::expired`] or [`Store::history`] call returns.
 pub const RECORDS_PAGE_MAX: usize = 10_000;
 /// Most records one [`Store::prune`] call deletes.

@@ -212,14 +212,13 @@ fn ready_leases(store: &EtcdStore, ttls: &[i64]) -> Option<(HashMap<i64, Granted
     let (mut leases, mut beside) = (HashMap::new(), HashMap::new());
     for &ttl in ttls {
         let lease = shared.get(&ttl)?;
-        if lease.reusable() {
-            leases.insert(ttl, (lease.id, now_ms()));
-        } else if lease.alive_for_sure(ttl) {
-            leases.insert(ttl, (lease.id, now_ms()));
-            beside.insert(ttl, lease.id);
-        } else {
+        if !lease.reusable() && !lease.alive_for_sure(ttl) {
             return None;
         }
+        if !lease.reusable() {
+            beside.insert(ttl, lease.id);
+        }
+        leases.insert(ttl, (lease.id, now_ms()));
     }
     Some((leases, beside))
 }
@@ -253,7 +252,7 @@ pub(crate) async fn claim(store: &EtcdStore, requests: &[ClaimRequest]) -> Resul
         // wins chunks of its own instead of all losing compares on the same ones (a chunk
         // found taken costs only its read).
         let node = requests.first().map_or("", |r| r.node.as_str());
-        let first = spread(node, windows.len());
+        let first = solocron_core::spread_start(node, 0, windows.len());
         windows.rotate_left(first);
         CHUNKS_IN_FLIGHT
     } else {
@@ -268,13 +267,6 @@ pub(crate) async fn claim(store: &EtcdStore, requests: &[ClaimRequest]) -> Resul
         .await?;
     chunks.sort_unstable_by_key(|(start, _)| *start);
     Ok(chunks.into_iter().flat_map(|(_, o)| o).collect())
-}
-
-/// Where in `len` chunks `node` starts: a stable hash of its id (not random, so that a
-/// node's own retries of a batch revisit the same order).
-fn spread(node: &str, len: usize) -> usize {
-    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-    usize::try_from(hash % len.max(1) as u64).expect("below len")
 }
 
 /// The batch cut into chunks that each fit one `Txn`.

@@ -567,20 +567,13 @@ async fn claim_due(
 fn chunk_order(jobs: &[usize], max: usize, node: &str, round: i64) -> Vec<std::ops::Range<usize>> {
     assert!(max > 0, "a chunk holds at least one request");
     let mut chunks: Vec<_> = (0..jobs.len()).step_by(max).map(|start| start..(start + max).min(jobs.len())).collect();
-    let mut owner: HashMap<usize, usize> = HashMap::with_capacity(jobs.len());
-    let split = jobs.iter().enumerate().any(|(k, j)| *owner.entry(*j).or_insert(k / max) != k / max);
-    if chunks.len() > 1 && !split {
-        // FNV-1a over the node's id and the round's instant, then mixed (splitmix64's
-        // finalizer), since FNV's low bits barely differ between ids like `n1`, `n2`.
-        let mut hash = node
-            .bytes()
-            .chain(round.to_le_bytes())
-            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-        hash = (hash ^ (hash >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        hash = (hash ^ (hash >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        hash ^= hash >> 31;
-        let first = usize::try_from(hash % chunks.len() as u64).expect("below the chunk count");
-        chunks.rotate_left(first);
+    if chunks.len() > 1 {
+        let mut owner: HashMap<usize, usize> = HashMap::with_capacity(jobs.len());
+        let split = jobs.iter().enumerate().any(|(k, j)| *owner.entry(*j).or_insert(k / max) != k / max);
+        if !split {
+            let first = solocron_core::spread_start(node, round, chunks.len());
+            chunks.rotate_left(first);
+        }
     }
     chunks
 }
