@@ -47,6 +47,10 @@ impl Store for Counting {
         self.hit();
         self.inner.finish(l, e).await
     }
+    async fn finish_all(&self, e: &[Ending]) -> Result<Vec<bool>, StoreError> {
+        self.hit();
+        self.inner.finish_all(e).await
+    }
     async fn expired(&self, n: usize) -> Result<Vec<RunRecord>, StoreError> {
         self.hit();
         self.inner.expired(n).await

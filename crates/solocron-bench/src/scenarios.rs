@@ -139,6 +139,8 @@ pub fn herd(c: &Ctx, jobs: usize, nodes: usize) -> anyhow::Result<(f64, f64, f64
         .collect();
     let reps = reports(procs, Duration::from_secs(120));
     let rt = tokio::runtime::Handle::current();
+    let unended = std::thread::scope(|s| s.spawn(|| rt.block_on(left_running(&url, &prefix))).join())
+        .map_err(|_| anyhow::anyhow!("reading the herd's records panicked"))??;
     std::thread::scope(|s| s.spawn(|| rt.block_on(cleanup(&url, &prefix))).join()).ok();
     if reps.len() != nodes {
         return Err(Missed(format!("only {} of {nodes} nodes reported", reps.len())).into());
@@ -150,10 +152,26 @@ pub fn herd(c: &Ctx, jobs: usize, nodes: usize) -> anyhow::Result<(f64, f64, f64
         // nodes on 2 cores) do not run a tick that is already past with catchup = 0.
         return Err(Missed(format!("{ran} of {jobs} ran: nodes not ready before the instant")).into());
     }
+    // Every node drained before it reported: each run it started must have recorded its end.
+    anyhow::ensure!(
+        unended == 0,
+        "herd {jobs} jobs × {nodes} nodes: {unended} runs still `running` after their nodes drained (ends not recorded)"
+    );
     let last = all.iter().map(|s| s.2).max().unwrap_or(0) - at.timestamp_millis();
     let per = |k: &str| reps.iter().map(|r| r[k].as_f64().unwrap_or(0.0) / jobs as f64).fold(0.0, f64::max);
     let rss = reps.iter().map(|r| r["rss_hwm_kb"].as_f64().unwrap_or(0.0)).fold(0.0, f64::max) / 1024.0;
     Ok((last as f64, per("claims"), per("calls"), rss))
+}
+
+/// How many runs of the namespace are still `running`.
+async fn left_running(url: &str, prefix: &str) -> anyhow::Result<usize> {
+    let store = solocron_stores::open(url, prefix).await.map_err(anyhow::Error::msg)?;
+    let q = solocron_core::HistoryQuery {
+        state: Some(solocron_core::RunState::Running),
+        limit: solocron_core::RECORDS_PAGE_MAX,
+        ..Default::default()
+    };
+    Ok(store.history(&q).await?.len())
 }
 
 /// 2. Thundering herd: J jobs due at once, N nodes.

@@ -136,6 +136,8 @@ macro_rules! conformance_tests {
             leases_are_judged_by_the_store_clock_not_the_nodes,
             expired_lists_oldest_lease_first_up_to_the_limit,
             the_owner_finishes_once_with_its_end_output_tail_and_start,
+            a_batch_of_ends_records_each_as_finish_would,
+            a_batch_of_ends_racing_claims_of_the_same_jobs_leaves_only_live_runs_running,
             a_lapsed_run_nobody_recovered_still_records_its_end,
             // Recovery.
             exactly_one_of_many_recoverers_abandons_an_expired_run_only_after_expiry,

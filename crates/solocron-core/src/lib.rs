@@ -33,9 +33,9 @@ pub use policy::{
 pub use run::{output_tail, RunId, RunRecord, RunState, Tick, Trigger, OUTPUT_TAIL_BYTES_MAX};
 pub use schedule::{Schedule, ScheduleError, TICKS_ENUMERATED_MAX};
 pub use store::{
-    spread_start, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction,
-    RecoverOutcome, Registration, RequestWatch, RunEnd, RunRequest, Store, StoreError, CLAIM_BATCH_MAX,
-    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    spread_start, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease,
+    RecoverAction, RecoverOutcome, Registration, RequestWatch, RunEnd, RunRequest, Store, StoreError, CLAIM_BATCH_MAX,
+    FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 
 /// The source of wall-clock time for schedule decisions; tests inject their own.

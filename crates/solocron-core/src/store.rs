@@ -48,7 +48,7 @@ pub const PRUNE_BATCH_MAX: usize = 10_000;
 
 /// A store operation that failed. The engine treats every such error as "no permission":
 /// it runs nothing it has not claimed, and retries with bounded backoff.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The store could not be reached, or the connection broke.
     #[error("store unavailable: {0}")]
@@ -135,6 +135,19 @@ pub struct RunEnd {
     /// to `claimed_at` to record `started_at`. `None` if the job never started.
     pub started_after: Option<Duration>,
 }
+
+/// One run's end to record, for [`Store::finish_all`]: the lease that proves the run is
+/// held, and how it ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ending {
+    /// The owner's lease.
+    pub lease: Lease,
+    /// How the run ended.
+    pub end: RunEnd,
+}
+
+/// Most endings one [`Store::finish_all`] call takes; callers split longer lists.
+pub const FINISH_BATCH_MAX: usize = 256;
 
 /// What to do with a `running` run whose lease expired (its owner died or stalled).
 #[derive(Debug, Clone, PartialEq)]
@@ -306,6 +319,24 @@ pub trait Store: Send + Sync + 'static {
     /// Records the run's end. `Ok(false)`: the run was already ended by someone else
     /// (recovered or unlocked); the record keeps that end.
     async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError>;
+
+    /// Records several runs' ends (at most [`FINISH_BATCH_MAX`]) in as few round trips as
+    /// the store can: one answer per ending, in order, each what [`Store::finish`] would
+    /// have answered. On `Err`, any of them may or may not be recorded; sending them again
+    /// is safe (one already recorded then answers `false`). When thousands of runs end at
+    /// once (a herd), one call per end would queue behind the store's few connections until
+    /// the owners' leases ran out.
+    ///
+    /// The default calls [`Store::finish`] once per ending; stores that can do better
+    /// (one transaction, one statement, one pipeline) override it.
+    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+        assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
+        let mut answers = Vec::with_capacity(endings.len());
+        for e in endings {
+            answers.push(self.finish(&e.lease, &e.end).await?);
+        }
+        Ok(answers)
+    }
 
     /// `running` runs whose lease has expired by the store's clock, oldest first, at most `limit`.
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError>;

@@ -150,7 +150,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use etcd_client::{Client, ConnectOptions};
 use solocron_core::{
-    ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
+    ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
     Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
 
@@ -386,6 +386,10 @@ impl Store for EtcdStore {
 
     async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
         runs::finish(self, lease, end).await
+    }
+
+    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+        runs::finish_all(self, endings).await
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

@@ -3,12 +3,13 @@
 //! guard) or the lease of the run's alive key, so that exactly one of several racing nodes
 //! succeeds; a lost compare re-reads (the `Txn`'s `else` branch) and decides again, bounded.
 
-use std::collections::HashSet;
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
 use solocron_core::{
-    output_tail, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, RunState, StoreError, Trigger,
+    output_tail, Ending, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, RunState, StoreError, Trigger,
     RECORDS_PAGE_MAX,
 };
 
@@ -151,11 +152,7 @@ pub(crate) async fn finish(store: &EtcdStore, lease: &Lease, end: &RunEnd) -> Re
             return Ok(false);
         }
         let (mut guard, guard_rev) = stored_guard(answers[1].as_ref(), &lease.run.tick.job)?;
-        let now = now_ms();
-        record.end(end.state, end.reason.clone(), now);
-        record.exit_code = end.exit_code;
-        record.output = output_tail(&end.output).to_owned();
-        record.started_at = end.started_after.map(|d| record.claimed_at.saturating_add(millis(d)));
+        end_record(&mut record, end, now_ms());
         guard.remove(&lease.run);
         let request = Txn::new()
             .when(vec![
@@ -177,6 +174,95 @@ pub(crate) async fn finish(store: &EtcdStore, lease: &Lease, end: &RunEnd) -> Re
         }
     }
     Err(contended("finish"))
+}
+
+/// Writes the owner's `end` into its run's record.
+fn end_record(record: &mut StoredRun, end: &RunEnd, now: i64) {
+    record.end(end.state, end.reason.clone(), now);
+    record.exit_code = end.exit_code;
+    record.output = output_tail(&end.output).to_owned();
+    record.started_at = end.started_after.map(|d| record.claimed_at.saturating_add(millis(d)));
+}
+
+/// Ends per `Txn` of a batch: a compare and two writes (record, alive key) each, plus a
+/// compare and a write per job's guard.
+const FINISH_CHUNK: usize = TXN_OPS_MAX / 3;
+
+/// Records a batch of ends (see [`solocron_core::Store::finish_all`]), in chunks of
+/// [`FINISH_CHUNK`]: per chunk one read of the records and guards, and one `Txn` comparing
+/// every revision it read. If another node changed any of them in between, the chunk's
+/// ends go one by one through [`finish`] (each decided again on fresh reads).
+pub(crate) async fn finish_all(store: &EtcdStore, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+    let mut answers = Vec::with_capacity(endings.len());
+    for chunk in endings.chunks(FINISH_CHUNK) {
+        answers.extend(finish_chunk(store, chunk).await?);
+    }
+    Ok(answers)
+}
+
+async fn finish_chunk(store: &EtcdStore, chunk: &[Ending]) -> Result<Vec<bool>, StoreError> {
+    let mut jobs: Vec<&str> = chunk.iter().map(|e| e.lease.run.tick.job.as_str()).collect();
+    jobs.sort_unstable();
+    jobs.dedup();
+    let run_keys: Vec<String> = chunk.iter().map(|e| store.keys.run(&e.lease.run)).collect();
+    let mut reads: Vec<TxnOp> = run_keys.iter().map(|k| get(k.clone())).collect();
+    reads.extend(jobs.iter().map(|j| get(store.keys.guard(j))));
+    let found = read_keys(store, reads).await?;
+    let (records, guard_kvs) = found.split_at(chunk.len());
+    let now = now_ms();
+    let mut guards: BTreeMap<&str, (Guard, i64)> = BTreeMap::new();
+    let (mut compares, mut writes, mut ended) = (Vec::new(), Vec::new(), vec![false; chunk.len()]);
+    let mut seen = HashSet::new();
+    for (i, (e, kv)) in chunk.iter().zip(records).enumerate() {
+        let Some((mut record, record_rev)) = stored_run(kv.as_ref())? else { continue };
+        if !record.held_by(&e.lease.owner, e.lease.fencing_token) {
+            store.forget(&e.lease.run);
+            continue;
+        }
+        // The same end twice: the second answers as a second `finish` would.
+        if !seen.insert(&run_keys[i]) {
+            continue;
+        }
+        let job = e.lease.run.tick.job.as_str();
+        let (guard, _) = match guards.entry(job) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => {
+                let at = jobs.binary_search(&job).expect("every job of the chunk was read");
+                v.insert(stored_guard(guard_kvs[at].as_ref(), job)?)
+            }
+        };
+        guard.remove(&e.lease.run);
+        end_record(&mut record, &e.end, now);
+        compares.push(Compare::mod_revision(run_keys[i].clone(), CompareOp::Equal, record_rev));
+        writes.push(TxnOp::put(run_keys[i].clone(), encode(&record), None));
+        writes.push(TxnOp::delete(store.keys.alive(&e.lease.run), None));
+        ended[i] = true;
+    }
+    if compares.is_empty() {
+        return Ok(ended);
+    }
+    for (job, (guard, guard_rev)) in &guards {
+        compares.push(Compare::mod_revision(store.keys.guard(job), CompareOp::Equal, *guard_rev));
+        writes.push(TxnOp::put(store.keys.guard(job), encode(guard), None));
+    }
+    debug_assert!(compares.len() <= TXN_OPS_MAX && writes.len() <= TXN_OPS_MAX);
+    let resp = txn(&store.client, "a batch of finishes", Txn::new().when(compares).and_then(writes)).await?;
+    if !resp.succeeded() {
+        tracing::debug!(ends = chunk.len(), "a batch of finishes lost a compare; recording them one by one");
+        let mut answers = Vec::with_capacity(chunk.len());
+        for e in chunk {
+            answers.push(finish(store, &e.lease, &e.end).await?);
+        }
+        return Ok(answers);
+    }
+    let revision = revision(&resp)?;
+    for (guard, _) in guards.values() {
+        store.known.learn_guard(guard, revision);
+    }
+    for (e, _) in chunk.iter().zip(&ended).filter(|(_, ended)| **ended) {
+        store.forget(&e.lease.run);
+    }
+    Ok(ended)
 }
 
 /// Running runs whose etcd lease is gone (see [`solocron_core::Store::expired`]): one read

@@ -159,6 +159,19 @@ pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
 pub(crate) enum Literal<'a> {
     Text(&'a str),
     Int(i64),
+    Null,
+}
+
+impl<'a> Literal<'a> {
+    /// `NULL` for `None`.
+    pub(crate) fn text_or_null(text: Option<&'a str>) -> Literal<'a> {
+        text.map_or(Literal::Null, Literal::Text)
+    }
+
+    /// `NULL` for `None`.
+    pub(crate) fn int_or_null(n: Option<i64>) -> Literal<'a> {
+        n.map_or(Literal::Null, Literal::Int)
+    }
 }
 
 /// `sql` with each `?` replaced by the next of `values`, in order (the templates here have
@@ -176,6 +189,7 @@ pub(crate) fn inline(sql: &str, values: &[Literal]) -> String {
         // hold thousands of them).
         match values.next().expect("a value for every placeholder") {
             Literal::Int(n) => write!(out, "{n}").expect("writing to a String"),
+            Literal::Null => out.push_str("NULL"),
             Literal::Text(t) => {
                 const HEX: &[u8; 16] = b"0123456789ABCDEF";
                 out.push_str("_utf8mb4 X'");
@@ -391,8 +405,9 @@ mod tests {
 
     #[test]
     fn values_are_written_in_as_numbers_and_hex_text() {
-        let sql = inline("INSERT INTO t VALUES (?, ?, '')", &[Literal::Text("a'\\?é"), Literal::Int(-42)]);
-        assert_eq!(sql, "INSERT INTO t VALUES (_utf8mb4 X'61275C3FC3A9', -42, '')");
+        let sql =
+            inline("INSERT INTO t VALUES (?, ?, '', ?)", &[Literal::Text("a'\\?é"), Literal::Int(-42), Literal::Null]);
+        assert_eq!(sql, "INSERT INTO t VALUES (_utf8mb4 X'61275C3FC3A9', -42, '', NULL)");
     }
 
     #[test]

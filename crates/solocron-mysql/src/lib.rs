@@ -164,7 +164,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
+    ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
     Registration, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
@@ -321,6 +321,10 @@ impl Store for MySqlStore {
 
     async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
         methods::finish(self, lease, end).await
+    }
+
+    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+        methods::finish_all(self, endings).await
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

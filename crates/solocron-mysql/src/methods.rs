@@ -3,12 +3,15 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures_util::TryStreamExt;
 use solocron_core::{
-    HistoryQuery, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, StoreError, Trigger, PRUNE_BATCH_MAX,
-    RECORDS_PAGE_MAX,
+    output_tail, Ending, HistoryQuery, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, StoreError,
+    Trigger, FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
-use sqlx::{MySql, MySqlConnection, QueryBuilder};
+use sqlx::mysql::MySqlQueryResult;
+use sqlx::{Executor, MySql, MySqlConnection, QueryBuilder};
 
+use crate::claim::{inline, Literal, OpenTransaction};
 use crate::error::{invalid, retrying, Failure};
 use crate::records::{check_name, get, instant, millis, record, token, token_param, COLUMNS};
 use crate::MySqlStore;
@@ -38,23 +41,77 @@ fn lease_bound<'q>(
     solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt)).map_err(Failure::Store)
 }
 
-/// Records a held run's end; one `UPDATE` with no expiry check, so a run whose lease lapsed
-/// but that nobody recovered yet still records its true end.
+/// The `UPDATE` that records a held run's end: the end's five values, then the lease's
+/// five. No expiry check, so a run whose lease lapsed but that nobody recovered yet still
+/// records its true end. `claimed_at + NULL` is NULL: never started.
+const FINISH_SQL: &str = "UPDATE {p}runs SET state = ?, reason = ?, exit_code = ?, output = ?, finished_at = NOW_MS,
+         lease_until = NULL, started_at = claimed_at + ?
+     WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ? AND state = 'running'";
+
+/// Records a held run's end; one `UPDATE`.
 pub(crate) async fn finish(store: &MySqlStore, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
     assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
     let started_after = end.started_after.map(millis).transpose().map_err(|f| f.into_store("cannot finish"))?;
-    // `claimed_at + NULL` is NULL: never started.
-    let sql = store.sql(
-        "UPDATE {p}runs SET state = ?, reason = ?, exit_code = ?, output = ?, finished_at = NOW_MS,
-             lease_until = NULL, started_at = claimed_at + ?
-         WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ? AND state = 'running'",
-    );
+    let sql = store.sql(FINISH_SQL);
     retrying("cannot finish", || async {
         let query = solocron_sql::bind_end(sqlx::query(&sql), end, started_after);
         let matched = lease_bound(query, lease)?.execute(&store.pool).await?.rows_affected();
         Ok(matched == 1)
     })
     .await
+}
+
+/// Records several held runs' ends in one round trip: `START TRANSACTION`, one `UPDATE` per
+/// end (as [`finish`]'s, values written in as literals) and `COMMIT`, as one multi-statement
+/// text query whose per-statement counts say which runs ended. A failing statement stops
+/// the rest, and the transaction is rolled back: nothing of a failed batch commits.
+pub(crate) async fn finish_all(store: &MySqlStore, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+    assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
+    if endings.is_empty() {
+        return Ok(Vec::new());
+    }
+    let template = store.sql(FINISH_SQL);
+    let mut sql = String::from("START TRANSACTION");
+    for e in endings {
+        sql.push_str("; ");
+        sql.push_str(&finish_literal(&template, e).map_err(|f| f.into_store("cannot finish"))?);
+    }
+    sql.push_str("; COMMIT");
+    retrying("cannot finish", || async {
+        let mut tx = OpenTransaction { conn: store.pool.acquire().await?, open: true };
+        let results: Result<Vec<MySqlQueryResult>, sqlx::Error> =
+            tx.conn.execute_many(sql.as_str()).try_collect().await;
+        let results = match results {
+            Ok(results) => results,
+            Err(e) => return Err(tx.roll_back(e.into()).await),
+        };
+        tx.open = false;
+        // START TRANSACTION, one count per end, COMMIT.
+        if results.len() != endings.len() + 2 {
+            return Err(invalid(format!("{} results for {} ends", results.len(), endings.len())));
+        }
+        Ok(results[1..=endings.len()].iter().map(|r| r.rows_affected() == 1).collect())
+    })
+    .await
+}
+
+/// [`FINISH_SQL`] (as the store spells it) with one end's values written in.
+fn finish_literal(template: &str, e: &Ending) -> Result<String, Failure> {
+    assert!(e.end.state.is_terminal(), "a run cannot finish as `{}`", e.end.state);
+    let (lease, end) = (&e.lease, &e.end);
+    let values = [
+        Literal::Text(end.state.as_str()),
+        Literal::text_or_null(end.reason.as_deref()),
+        Literal::int_or_null(end.exit_code.map(i64::from)),
+        Literal::Text(output_tail(&end.output)),
+        Literal::int_or_null(end.started_after.map(millis).transpose()?),
+        Literal::Text(&lease.run.tick.job),
+        Literal::Int(lease.run.tick.scheduled_at.timestamp_millis()),
+        Literal::Int(i64::from(lease.run.attempt)),
+        Literal::Text(&lease.owner),
+        Literal::Int(token_param(lease.fencing_token)?),
+    ];
+    Ok(inline(template, &values))
 }
 
 /// Running runs whose lease expired, oldest expiry first.

@@ -7,9 +7,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
-    Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick, PRUNE_BATCH_MAX,
-    RECORDS_PAGE_MAX,
+    output_tail, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction,
+    RecoverOutcome, Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Postgres, QueryBuilder};
@@ -227,6 +227,41 @@ impl PgStore {
     }
 }
 
+/// A batch of ends as one array per column, for `finish_all`'s `unnest`.
+#[derive(Default)]
+struct FinishColumns<'a> {
+    i: Vec<i32>,
+    job: Vec<&'a str>,
+    scheduled_at: Vec<i64>,
+    attempt: Vec<i32>,
+    node: Vec<&'a str>,
+    token: Vec<i64>,
+    state: Vec<&'static str>,
+    reason: Vec<Option<&'a str>>,
+    exit_code: Vec<Option<i32>>,
+    output: Vec<&'a str>,
+    started_after: Vec<Option<i64>>,
+}
+
+impl<'a> FinishColumns<'a> {
+    fn push(&mut self, i: usize, e: &'a Ending) -> Result<(), StoreError> {
+        assert!(e.end.state.is_terminal(), "a run cannot finish as `{}`", e.end.state);
+        let i = i32::try_from(i).map_err(|_| StoreError::Invalid(format!("end {i} is out of range")))?;
+        self.i.push(i);
+        self.job.push(&e.lease.run.tick.job);
+        self.scheduled_at.push(e.lease.run.tick.scheduled_at.timestamp_millis());
+        self.attempt.push(attempt_param(e.lease.run.attempt)?);
+        self.node.push(&e.lease.owner);
+        self.token.push(solocron_sql::token_param(e.lease.fencing_token)?);
+        self.state.push(e.end.state.as_str());
+        self.reason.push(e.end.reason.as_deref());
+        self.exit_code.push(e.end.exit_code);
+        self.output.push(output_tail(&e.end.output));
+        self.started_after.push(e.end.started_after.map(millis).transpose()?);
+        Ok(())
+    }
+}
+
 fn attempt_param(attempt: u32) -> Result<i32, StoreError> {
     i32::try_from(attempt).map_err(|_| StoreError::Invalid(format!("attempt {attempt} is out of range")))
 }
@@ -338,6 +373,52 @@ impl Store for PgStore {
             .map_err(step("finish"))?
             .rows_affected();
         Ok(changed == 1)
+    }
+
+    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+        assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
+        if endings.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One statement for the batch: `finish`'s `UPDATE` joined to the ends as arrays,
+        // answering the positions of the runs it ended.
+        let sql = self.sql(
+            "UPDATE {p}runs AS r SET state = e.state, reason = e.reason, exit_code = e.exit_code,
+                output = e.output, finished_at = {now}, lease_until = NULL,
+                started_at = r.claimed_at + e.started_after
+             FROM unnest($1::int[], $2::text[], $3::bigint[], $4::int[], $5::text[], $6::bigint[],
+                         $7::text[], $8::text[], $9::int[], $10::text[], $11::bigint[])
+               AS e(i, job, scheduled_at, attempt, node, token, state, reason, exit_code, output, started_after)
+             WHERE r.job = e.job AND r.scheduled_at = e.scheduled_at AND r.attempt = e.attempt
+               AND r.node = e.node AND r.token = e.token AND r.state = 'running'
+             RETURNING e.i",
+        );
+        let mut cols = FinishColumns::default();
+        for (i, e) in endings.iter().enumerate() {
+            cols.push(i, e)?;
+        }
+        let ended: Vec<i32> = sqlx::query_scalar(&sql)
+            .bind(cols.i)
+            .bind(cols.job)
+            .bind(cols.scheduled_at)
+            .bind(cols.attempt)
+            .bind(cols.node)
+            .bind(cols.token)
+            .bind(cols.state)
+            .bind(cols.reason)
+            .bind(cols.exit_code)
+            .bind(cols.output)
+            .bind(cols.started_after)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(step("finish"))?;
+        let mut answers = vec![false; endings.len()];
+        for i in ended {
+            let slot = usize::try_from(i).ok().and_then(|i| answers.get_mut(i));
+            *slot.ok_or_else(|| StoreError::Invalid(format!("finish answered position {i} of {}", endings.len())))? =
+                true;
+        }
+        Ok(answers)
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

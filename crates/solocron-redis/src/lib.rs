@@ -169,9 +169,9 @@ use chrono::{DateTime, Utc};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, ScriptInvocation, Value};
 use solocron_core::{
-    output_tail, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction,
-    RecoverOutcome, Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
-    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    output_tail, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease,
+    RecoverAction, RecoverOutcome, Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError,
+    Tick, FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 
 use decode::{convert, instant, invalid};
@@ -276,6 +276,20 @@ impl RedisStore {
     async fn run(&self, call: &ScriptInvocation<'_>, operation: &str) -> Result<Value, StoreError> {
         let mut conn = self.conn.clone();
         call.invoke_async(&mut conn).await.map_err(|e| redis_error(e, &format!("{operation} on {}", self.description)))
+    }
+
+    /// The `finish` script's call for one end.
+    fn finish_call(&self, lease: &Lease, end: &RunEnd) -> Result<ScriptInvocation<'static>, StoreError> {
+        assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
+        let started_after = end.started_after.map(millis).transpose()?;
+        let mut call = self.invocation(&SCRIPTS.finish);
+        Self::lease_args(&mut call, lease);
+        call.arg(end.state.as_str())
+            .arg(optional(end.reason.as_deref()))
+            .arg(optional(end.exit_code))
+            .arg(output_tail(&end.output))
+            .arg(optional(started_after));
+        Ok(call)
     }
 
     /// The identity of a run and its holder's proof, as renew and finish send them.
@@ -447,17 +461,33 @@ impl Store for RedisStore {
     }
 
     async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-        assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
-        let started_after = end.started_after.map(millis).transpose()?;
-        let mut call = self.invocation(&SCRIPTS.finish);
-        Self::lease_args(&mut call, lease);
-        call.arg(end.state.as_str())
-            .arg(optional(end.reason.as_deref()))
-            .arg(optional(end.exit_code))
-            .arg(output_tail(&end.output))
-            .arg(optional(started_after));
+        let call = self.finish_call(lease, end)?;
         let finished: i64 = convert(self.run(&call, "finish").await?, "finish reply")?;
         Ok(finished == 1)
+    }
+
+    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+        assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
+        if endings.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One pipeline: `SCRIPT LOAD` (a pipeline cannot load a script on `NOSCRIPT` as a
+        // lone call does), then one `finish` per end; each script runs atomically by itself.
+        let calls = endings.iter().map(|e| self.finish_call(&e.lease, &e.end)).collect::<Result<Vec<_>, _>>()?;
+        let mut pipe = redis::pipe();
+        pipe.load_script(&SCRIPTS.finish).ignore();
+        for call in &calls {
+            pipe.invoke_script(call);
+        }
+        let mut conn = self.conn.clone();
+        let finished: Vec<i64> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| redis_error(e, &format!("finish on {}", self.description)))?;
+        if finished.len() != endings.len() {
+            return Err(StoreError::Invalid(format!("finish answered {} of {} ends", finished.len(), endings.len())));
+        }
+        Ok(finished.into_iter().map(|f| f == 1).collect())
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

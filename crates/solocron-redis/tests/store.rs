@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, Lease, RecoverAction, RecoverOutcome, RunEnd, RunState, Store,
-    StoreError, Tick, Trigger,
+    ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, Lease, RecoverAction, RecoverOutcome, RunEnd,
+    RunState, Store, StoreError, Tick, Trigger,
 };
 use solocron_redis::RedisStore;
 use tokio::sync::Barrier;
@@ -228,6 +228,20 @@ async fn a_token_stays_above_the_counter_when_the_servers_clock_went_back() {
     set_counter(&ns.prefix, "backup", ahead).await;
     let a = won(&store, run(tick("backup", 0), "a", false)).await;
     assert_eq!(a.fencing_token, ahead + 1, "the counter, not the clock that went back");
+}
+
+#[tokio::test]
+async fn a_batch_of_ends_after_the_server_forgot_its_scripts_records_every_end() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let leases = [won(&store, run(tick("a", 0), "n", false)).await, won(&store, run(tick("b", 0), "n", false)).await];
+    // A restart or a `SCRIPT FLUSH` drops the loaded scripts; a pipeline must load its own.
+    let mut conn = common::raw().await.expect("connect");
+    let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.expect("script flush");
+    let endings: Vec<Ending> = leases.iter().map(|l| Ending { lease: l.clone(), end: done() }).collect();
+    assert_eq!(store.finish_all(&endings).await.expect("finish_all"), [true, true]);
+    let running = HistoryQuery { state: Some(RunState::Running), ..HistoryQuery::default() };
+    assert!(store.history(&running).await.expect("history").is_empty(), "both runs ended");
 }
 
 #[tokio::test]

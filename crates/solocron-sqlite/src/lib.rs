@@ -50,9 +50,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ClaimOutcome, ClaimRequest, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
+    ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
     Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick, Trigger,
-    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -270,6 +270,28 @@ fn is_busy(e: &sqlx::Error) -> bool {
 
 /// Maps an sqlx error: what a retry may cure (I/O, locks held past the busy timeout, a full
 /// pool or disk, a file that cannot be opened) is `Unavailable`; the rest is `Invalid`.
+/// The `UPDATE` that records a held run's end. No expiry check: a run whose lease lapsed
+/// but that nobody recovered yet still records its true end. `claimed_at + NULL` is NULL:
+/// never started.
+fn finish_query<'q>(
+    lease: &'q Lease,
+    end: &'q RunEnd,
+) -> Result<sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>, StoreError> {
+    assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
+    let started_after = end.started_after.map(millis).transpose()?;
+    let query = solocron_sql::bind_end(
+        sqlx::query(concat!(
+            "UPDATE solocron_runs SET state = ?, reason = ?, exit_code = ?, output = ?, finished_at = ",
+            now!(),
+            ", lease_until = NULL, started_at = claimed_at + ?
+             WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ? AND state = 'running'"
+        )),
+        end,
+        started_after,
+    );
+    solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt))
+}
+
 fn db_err(e: sqlx::Error) -> StoreError {
     // Primary SQLite result codes: BUSY, LOCKED, READONLY, IOERR, FULL, CANTOPEN.
     const TRANSIENT: [i64; 6] = [5, 6, 8, 10, 13, 14];
@@ -604,28 +626,24 @@ impl Store for SqliteStore {
     }
 
     async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-        assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
-        let started_after = end.started_after.map(millis).transpose()?;
-        // One statement in autocommit, as in `renew`. No expiry check: a run whose lease
-        // lapsed but that nobody recovered yet still records its true end.
-        // `claimed_at + NULL` is NULL: never started.
-        let query = solocron_sql::bind_end(
-            sqlx::query(concat!(
-                "UPDATE solocron_runs SET state = ?, reason = ?, exit_code = ?, output = ?, finished_at = ",
-                now!(),
-                ", lease_until = NULL, started_at = claimed_at + ?
-             WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ? AND state = 'running'"
-            )),
-            end,
-            started_after,
-        );
-        let changed = solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt))?
-            .execute(&self.pool)
-            .await
-            .map_err(db_err)?
-            .rows_affected();
+        // One statement in autocommit, as in `renew`.
+        let changed = finish_query(lease, end)?.execute(&self.pool).await.map_err(db_err)?.rows_affected();
         debug_assert!(changed <= 1);
         Ok(changed == 1)
+    }
+
+    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+        assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
+        // One transaction: one wait for the write lock and one commit (fsync) for the batch.
+        let mut tx = self.write_tx().await?;
+        let mut answers = Vec::with_capacity(endings.len());
+        for e in endings {
+            let changed = finish_query(&e.lease, &e.end)?.execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+            debug_assert!(changed <= 1);
+            answers.push(changed == 1);
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(answers)
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

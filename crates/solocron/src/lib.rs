@@ -16,6 +16,7 @@
 
 mod backoff;
 mod command;
+mod ends;
 mod guardian;
 mod housekeeping;
 mod job;

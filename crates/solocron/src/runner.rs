@@ -6,22 +6,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use solocron_core::{output_tail, JobPolicy, Lease, RunEnd, RunState, Store, Trigger};
+use solocron_core::{output_tail, Ending, JobPolicy, Lease, RunEnd, RunState, Store, Trigger};
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
+use crate::ends::Ends;
 use crate::job::{Job, Outcome, RunContext};
 
 /// Extra time, beyond the job's kill grace, that a stopped handler gets before it is dropped
 /// (a command also drains its output pipes after the kill: up to 2 × 1 s).
 const STOP_SLACK: Duration = Duration::from_secs(3);
-/// Most end-recording calls in flight at once per process. When thousands of runs end
-/// together (a herd of instant jobs), unbounded `finish` calls would all wait for the
-/// store's few pooled connections and time out; queued here, they go through in order.
-const END_CALLS_MAX: usize = 16;
-static END_CALLS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(END_CALLS_MAX);
-
 /// Longest wait for recording the end of a run whose lease is already lost.
 const LOST_FINISH_WAIT: Duration = Duration::from_secs(2);
 
@@ -94,8 +89,10 @@ impl Heartbeat {
 /// Runs a claimed run to its recorded end: the handler starts at `start_at` (the instant of
 /// a tick claimed ahead, at most `CLAIM_AHEAD` away), and `interrupt` fires when shutdown's
 /// grace is over.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn execute(
     store: Arc<dyn Store>,
+    ends: &Ends,
     job: Job,
     lease: Lease,
     trigger: Trigger,
@@ -134,7 +131,7 @@ pub(crate) async fn execute(
             output: String::new(),
             started_after: None,
         };
-        record_end(store.as_ref(), &hb, &end, true).await;
+        record_end(ends, &hb, end, true).await;
         tracing::warn!(run = %hb.lease.run, "lease not confirmed before start; run recorded lost without starting");
         return;
     }
@@ -142,12 +139,13 @@ pub(crate) async fn execute(
     let task = tokio::spawn(async move { handler.run(ctx).await });
     let (outcome, stop) = supervise(task, &mut hb, store.as_ref(), &policy, started, &cancel, &interrupt).await;
     let end = end_of(outcome, stop, started - claim_sent);
-    record_end(store.as_ref(), &hb, &end, matches!(stop, Some(Stop::Lost(_)))).await;
+    let (state, exit_code, reason) = (end.state, end.exit_code, end.reason.clone());
+    record_end(ends, &hb, end, matches!(stop, Some(Stop::Lost(_)))).await;
     tracing::info!(
         job = %job.name(), scheduled_at = %hb.lease.run.tick.scheduled_at, node = %hb.lease.owner,
-        token = hb.lease.fencing_token, attempt = hb.lease.run.attempt, state = %end.state,
-        duration = %solocron_core::format_duration(started.elapsed()), exit_code = ?end.exit_code,
-        reason = end.reason.as_deref().unwrap_or(""), "run ended"
+        token = hb.lease.fencing_token, attempt = hb.lease.run.attempt, state = %state,
+        duration = %solocron_core::format_duration(started.elapsed()), exit_code = ?exit_code,
+        reason = reason.as_deref().unwrap_or(""), "run ended"
     );
 }
 
@@ -224,31 +222,32 @@ fn end_of(outcome: Option<Outcome>, stop: Option<Stop>, started_after: Duration)
     }
 }
 
-/// Records the end, retrying while the lease may still be ours.
-async fn record_end(store: &dyn Store, hb: &Heartbeat, end: &RunEnd, lost: bool) {
+/// Records the end (through the engine's batches of ends), retrying while the lease may
+/// still be ours.
+async fn record_end(ends: &Ends, hb: &Heartbeat, end: RunEnd, lost: bool) {
     let give_up =
         if lost { Instant::now() + LOST_FINISH_WAIT } else { hb.deadline.max(Instant::now() + LOST_FINISH_WAIT) };
+    let state = end.state;
+    let ending = Ending { lease: hb.lease.clone(), end };
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    let mut tries = 0u32;
     loop {
-        let permit = timeout_at(give_up, END_CALLS.acquire()).await;
-        let answer = match permit {
-            Ok(Ok(_permit)) => timeout_at(give_up, store.finish(&hb.lease, end)).await,
-            _ => {
-                tracing::error!(run = %hb.lease.run, state = %end.state, "could not record the run's end before its lease ran out");
+        tries += 1;
+        match timeout_at(give_up, ends.finish(ending.clone())).await {
+            Ok(Ok(true)) => return,
+            Ok(Ok(false)) if tries > 1 => {
+                tracing::warn!(run = %hb.lease.run, state = %state, "run already ended: by an earlier try whose answer was lost, or by another node");
                 return;
             }
-        };
-        match answer {
-            Ok(Ok(true)) => return,
             Ok(Ok(false)) => {
-                tracing::warn!(run = %hb.lease.run, state = %end.state, "run was already ended by another node; its record stands");
+                tracing::warn!(run = %hb.lease.run, state = %state, "run was already ended by another node; its record stands");
                 return;
             }
             Ok(Err(e)) => tracing::warn!(run = %hb.lease.run, error = %e, "could not record the run's end; retrying"),
             Err(_) => {}
         }
         if Instant::now() + backoff.peek() >= give_up {
-            tracing::error!(run = %hb.lease.run, state = %end.state,
+            tracing::error!(run = %hb.lease.run, state = %state,
                 "could not record the run's end before its lease ran out; another node will recover it by its on_crash policy");
             return;
         }

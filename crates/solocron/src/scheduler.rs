@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backoff::Backoff;
+use crate::ends::Ends;
 use crate::housekeeping;
 use crate::job::Job;
 use crate::runner::execute;
@@ -176,6 +177,7 @@ impl SchedulerBuilder {
             self.recovery_interval.unwrap_or(default_interval).clamp(RECOVERY_INTERVAL_MIN, RECOVERY_INTERVAL_MAX);
         Ok(Scheduler {
             engine: Arc::new(Engine {
+                ends: Ends::new(self.store.clone()),
                 store: self.store,
                 node: self.node_id,
                 clock: self.clock,
@@ -219,6 +221,8 @@ pub struct Scheduler {
 
 pub(crate) struct Engine {
     pub(crate) store: Arc<dyn Store>,
+    /// Where runs' ends go to be recorded in batches.
+    pub(crate) ends: Ends,
     pub(crate) node: String,
     clock: Arc<dyn Clock>,
     system_clock: bool,
@@ -283,7 +287,7 @@ impl Scheduler {
         match outcome {
             Some(ClaimOutcome::Won(lease)) => {
                 let job = e.jobs[i].clone();
-                execute(e.store.clone(), job, lease, Trigger::Manual, sent, Instant::now(), interrupt).await
+                execute(e.store.clone(), &e.ends, job, lease, Trigger::Manual, sent, Instant::now(), interrupt).await
             }
             Some(ClaimOutcome::Skipped { .. }) => {}
             Some(ClaimOutcome::Taken) | None => return Ok(None),
@@ -625,10 +629,10 @@ impl Engine {
         // CLAIM_AHEAD from now).
         let until = (lease.run.tick.scheduled_at - self.clock.now()).to_std().unwrap_or_default();
         let start_at = Instant::now() + until.min(CLAIM_AHEAD);
-        let fut = execute(self.store.clone(), job, lease, trigger, sent, start_at, self.interrupt.clone());
+        let (store, ends, interrupt) = (self.store.clone(), self.ends.clone(), self.interrupt.clone());
         self.tracker.spawn(async move {
             let _guard = guard;
-            fut.await
+            execute(store, &ends, job, lease, trigger, sent, start_at, interrupt).await
         });
     }
 
@@ -659,7 +663,7 @@ impl Engine {
                     ClaimOutcome::Won(lease) => {
                         let _guard = InFlight::new(&e.in_flight);
                         let (store, interrupt) = (e.store.clone(), e.interrupt.clone());
-                        execute(store, job.clone(), lease, trigger, sent, Instant::now(), interrupt).await;
+                        execute(store, &e.ends, job.clone(), lease, trigger, sent, Instant::now(), interrupt).await;
                     }
                     other => e.on_claimed(i, &req, other, sent),
                 }

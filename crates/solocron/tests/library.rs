@@ -209,3 +209,98 @@ async fn ticks_are_claimed_just_ahead_and_handlers_start_at_their_instant_never_
     let limit = chrono::Duration::from_std(solocron::CLAIM_AHEAD).unwrap() + chrono::Duration::milliseconds(5);
     assert!(runs.iter().all(|r| r.id.tick.scheduled_at - r.claimed_at <= limit), "claimed too early: {runs:#?}");
 }
+
+/// A store far away: every call waits `DISTANT_CALL` before it goes through (a remote store
+/// under load, or a link with a long round trip), so that ends recorded one call each queue
+/// behind each other.
+struct Distant(Arc<dyn Store>);
+
+const DISTANT_CALL: Duration = Duration::from_millis(20);
+
+macro_rules! distant {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
+        #[async_trait::async_trait]
+        impl Store for Distant {
+            fn describe(&self) -> String {
+                self.0.describe()
+            }
+            $(async fn $name(&self, $($arg: $ty),*) -> Result<$out, solocron_core::StoreError> {
+                tokio::time::sleep(DISTANT_CALL).await;
+                self.0.$name($($arg),*).await
+            })*
+        }
+    };
+}
+
+use solocron_core::{
+    ClaimOutcome, ClaimRequest, Ending, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome, Registration,
+    RunEnd, RunId, RunRecord, RunRequest, Tick,
+};
+
+distant! {
+    migrate() -> ();
+    claim(requests: &[ClaimRequest]) -> Vec<ClaimOutcome>;
+    renew(lease: &Lease, length: Duration) -> bool;
+    finish(lease: &Lease, end: &RunEnd) -> bool;
+    finish_all(endings: &[Ending]) -> Vec<bool>;
+    expired(limit: usize) -> Vec<RunRecord>;
+    recover(run: &RunId, action: &RecoverAction) -> RecoverOutcome;
+    history(query: &HistoryQuery) -> Vec<RunRecord>;
+    now() -> DateTime<Utc>;
+    register(node: &str, jobs: &[JobDefinition]) -> ();
+    registrations() -> Vec<Registration>;
+    set_paused(job: &str, paused: bool, by: &str, reason: Option<&str>) -> ();
+    controls() -> Vec<JobControl>;
+    request_run(job: &str, by: &str) -> Tick;
+    pending_requests(limit: usize) -> Vec<RunRequest>;
+    unlock(job: &str, reason: &str) -> Vec<RunId>;
+    prune(older_than: Duration, batch: usize) -> u64;
+}
+
+/// 3,000 runs (1 s leases) that start and end at the same instant on one node, through a
+/// store 20 ms away: one `finish` call each would take ~4 s at 16 in flight, past the 2 s
+/// an owner waits after its end once its lease is near its end, and most runs would be
+/// left to recovery. Batched, every run
+/// records its own end, and the node drains with nothing left running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_runs_ending_together_each_record_their_end() {
+    const JOBS: usize = 3_000;
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(Distant(store(&dir).await));
+    // One tick per job, at the next whole second at least 2 s away.
+    let at = Utc::now() + chrono::Duration::seconds(3);
+    let expr = format!("{} {} {} * * *", at.format("%S"), at.format("%M"), at.format("%H"));
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut builder = Scheduler::builder(store.clone())
+        .node_id("n")
+        .shutdown_grace(Duration::from_secs(20))
+        .max_concurrent_runs(JOBS);
+    for i in 0..JOBS {
+        let ran = ran.clone();
+        let handler = handler_fn(move |_ctx: RunContext| {
+            ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async { Ok(()) }
+        });
+        let job = Job::new(format!("job-{i:04}"), Schedule::parse(&expr, "UTC").unwrap(), handler);
+        builder = builder.job(job.with_policy(JobPolicy {
+            lease: Duration::from_secs(1),
+            kill_grace: Duration::from_millis(300),
+            ..JobPolicy::default()
+        }));
+    }
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(builder.build().unwrap().run(shutdown.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while ran.load(std::sync::atomic::Ordering::Relaxed) < JOBS && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shutdown.cancel();
+    task.await.unwrap();
+    assert_eq!(ran.load(std::sync::atomic::Ordering::Relaxed), JOBS, "every job ran once");
+    let all = store.history(&HistoryQuery { limit: JOBS + 10, ..Default::default() }).await.unwrap();
+    let mut states: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &all {
+        *states.entry(r.state.to_string()).or_default() += 1;
+    }
+    assert_eq!(states, BTreeMap::from([("succeeded".to_string(), JOBS)]), "every run recorded its own end");
+}

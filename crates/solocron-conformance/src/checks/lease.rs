@@ -3,10 +3,13 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{output_tail, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunState, Tick};
+use solocron_core::{
+    output_tail, ClaimOutcome, Ending, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunState, Tick,
+    FINISH_BATCH_MAX,
+};
 
 use super::support::{
-    assert_between, find, now, run, succeeded, tick, timing, won, Handle, LENGTH_SLACK, LONG_LEASE, MS,
+    all, assert_between, claim, find, ids, now, run, succeeded, tick, timing, won, Handle, LENGTH_SLACK, LONG_LEASE, MS,
 };
 use crate::StoreFactory;
 
@@ -145,6 +148,115 @@ pub async fn the_owner_finishes_once_with_its_end_output_tail_and_start(f: &impl
     assert!(store.finish(&never_started, &end).await.expect("finish"));
     let record = find(&store, &never_started.run).await;
     assert_eq!((record.state, record.started_at), (RunState::Interrupted, None));
+}
+
+/// A batch of ends (`finish_all`) answers and records each one as `finish` would, in
+/// order: held runs end with their own state, output and start, while a stale token, a
+/// run already ended and a run of another owner change nothing; two runs of one job may
+/// end in the same batch, and a full batch of [`FINISH_BATCH_MAX`] ends every run in it.
+pub async fn a_batch_of_ends_records_each_as_finish_would(f: &impl StoreFactory) {
+    let store = f.open().await;
+    assert!(store.finish_all(&[]).await.expect("finish_all").is_empty());
+    let first = won(&store, run(tick("backup", 0), "a", LONG_LEASE, false)).await;
+    let second = won(&store, run(tick("backup", 1), "a", LONG_LEASE, false)).await;
+    let never_started = won(&store, run(tick("report", 0), "a", LONG_LEASE, false)).await;
+    let ended = won(&store, run(tick("report", 1), "a", LONG_LEASE, false)).await;
+    let other = won(&store, run(tick("cleanup", 0), "b", LONG_LEASE, false)).await;
+    assert!(store.finish(&ended, &succeeded("first")).await.expect("finish"));
+    let failed = RunEnd {
+        state: RunState::Failed,
+        reason: Some("exit code 3".into()),
+        exit_code: Some(3),
+        output: "broke".into(),
+        started_after: Some(Duration::from_millis(1500)),
+    };
+    let interrupted = RunEnd { state: RunState::Interrupted, started_after: None, ..succeeded("") };
+    let endings = [
+        Ending { lease: first.clone(), end: succeeded("one") },
+        Ending { lease: Lease { fencing_token: other.fencing_token + 1, ..other.clone() }, end: succeeded("stale") },
+        Ending { lease: second.clone(), end: failed },
+        Ending { lease: ended.clone(), end: succeeded("again") },
+        Ending { lease: Lease { owner: "a".into(), ..other.clone() }, end: succeeded("stranger") },
+        Ending { lease: never_started.clone(), end: interrupted },
+    ];
+    let before = now(&store).await;
+    let answers = store.finish_all(&endings).await.expect("finish_all");
+    let after = now(&store).await;
+    assert_eq!(answers, [true, false, true, false, false, true], "one answer per ending, in order");
+
+    let record = find(&store, &first.run).await;
+    assert_eq!((record.state, record.output.as_str(), record.lease_until), (RunState::Succeeded, "one", None));
+    assert_eq!(record.started_at, Some(first.claimed_at + chrono::Duration::milliseconds(250)));
+    assert_between(record.finished_at.expect("finished_at"), before, after, "finished_at");
+    let record = find(&store, &second.run).await;
+    assert_eq!((record.state, record.exit_code, record.output.as_str()), (RunState::Failed, Some(3), "broke"));
+    assert_eq!(record.reason.as_deref(), Some("exit code 3"));
+    assert_eq!(record.started_at, Some(second.claimed_at + chrono::Duration::milliseconds(1500)));
+    let record = find(&store, &never_started.run).await;
+    assert_eq!((record.state, record.started_at), (RunState::Interrupted, None));
+    assert_eq!(find(&store, &ended.run).await.output, "first", "the first end stands");
+    let record = find(&store, &other.run).await;
+    assert_eq!((record.state, record.lease_until), (RunState::Running, Some(other.lease_until)), "untouched");
+    assert!(store.renew(&other, LONG_LEASE).await.expect("renew"), "its holder still holds it");
+
+    // A full batch: half as many jobs as runs, so every job ends two runs at once.
+    let requests: Vec<_> = (0..FINISH_BATCH_MAX)
+        .map(|i| run(tick(&format!("herd-{}", i / 2), i as u32 % 2), "c", LONG_LEASE, false))
+        .collect();
+    let leases: Vec<Lease> = store
+        .claim(&requests)
+        .await
+        .expect("claim")
+        .into_iter()
+        .map(|o| match o {
+            ClaimOutcome::Won(lease) => lease,
+            other => panic!("expected Won, got {other:?}"),
+        })
+        .collect();
+    let endings: Vec<_> = leases.iter().map(|l| Ending { lease: l.clone(), end: succeeded("herd") }).collect();
+    let answers = store.finish_all(&endings).await.expect("finish_all");
+    assert_eq!(answers, vec![true; FINISH_BATCH_MAX], "every held run of a full batch ends");
+    let running: Vec<_> = all(&store).await.into_iter().filter(|r| r.state == RunState::Running).collect();
+    assert_eq!(ids(&running), [other.run.to_string()], "only the other owner's run is still running");
+}
+
+/// A batch of ends racing another node's claims of the same jobs ends every run it holds
+/// and nothing else: afterwards only the other node's runs count as running (an overlap
+/// check skips for them and, once they end, runs again).
+pub async fn a_batch_of_ends_racing_claims_of_the_same_jobs_leaves_only_live_runs_running(f: &impl StoreFactory) {
+    let (a, b) = (f.open().await, f.open().await);
+    const JOBS: usize = 60;
+    let job = |i: usize| format!("job-{i:02}");
+    let requests: Vec<_> = (0..JOBS).map(|i| run(tick(&job(i), 0), "a", LONG_LEASE, false)).collect();
+    let mut held = Vec::new();
+    for outcome in a.claim(&requests).await.expect("claim") {
+        match outcome {
+            ClaimOutcome::Won(lease) => held.push(Ending { lease, end: succeeded("a") }),
+            other => panic!("expected Won, got {other:?}"),
+        }
+    }
+    let claims = async {
+        let mut leases = Vec::new();
+        for i in 0..JOBS {
+            leases.push(won(&b, run(tick(&job(i), 1), "b", LONG_LEASE, false)).await);
+        }
+        leases
+    };
+    let (answers, b_leases) = tokio::join!(a.finish_all(&held), claims);
+    assert_eq!(answers.expect("finish_all"), vec![true; JOBS], "every held run ends");
+    let running: Vec<_> = all(&a).await.into_iter().filter(|r| r.state == RunState::Running).collect();
+    let b_runs: Vec<String> = b_leases.iter().rev().map(|l| l.run.to_string()).collect();
+    let mut running = ids(&running);
+    running.sort();
+    let mut expected = b_runs.clone();
+    expected.sort();
+    assert_eq!(running, expected, "only b's runs are running");
+    for (i, lease) in b_leases.iter().enumerate() {
+        let overlap = claim(&a, run(tick(&job(i), 2), "a", LONG_LEASE, true)).await;
+        assert!(matches!(overlap, ClaimOutcome::Skipped { .. }), "{} overlaps b's run: {overlap:?}", job(i));
+        assert!(b.finish(lease, &succeeded("b")).await.expect("finish"));
+        won(&a, run(tick(&job(i), 3), "a", LONG_LEASE, true)).await;
+    }
 }
 
 /// A run whose lease lapsed but that nobody recovered yet still records its true end, and
