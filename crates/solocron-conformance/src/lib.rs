@@ -136,6 +136,7 @@ macro_rules! conformance_tests {
             leases_are_judged_by_the_store_clock_not_the_nodes,
             expired_lists_oldest_lease_first_up_to_the_limit,
             the_owner_finishes_once_with_its_end_output_tail_and_start,
+            an_end_with_a_nul_byte_in_its_output_is_recorded,
             a_batch_of_ends_records_each_as_finish_would,
             a_batch_of_ends_racing_claims_of_the_same_jobs_leaves_only_live_runs_running,
             a_lapsed_run_nobody_recovered_still_records_its_end,

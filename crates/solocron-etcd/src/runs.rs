@@ -190,8 +190,9 @@ const FINISH_CHUNK: usize = TXN_OPS_MAX / 3;
 
 /// Records a batch of ends (see [`solocron_core::Store::finish_all`]), in chunks of
 /// [`FINISH_CHUNK`]: per chunk one read of the records and guards, and one `Txn` comparing
-/// every revision it read. If another node changed any of them in between, the chunk's
-/// ends go one by one through [`finish`] (each decided again on fresh reads).
+/// every revision it read. If another node changed any of them in between (a claim of the
+/// same job changes its guard), the chunk is read and tried again; after
+/// [`FINISH_CHUNK_ATTEMPTS`] lost tries its ends go one by one through [`finish`].
 pub(crate) async fn finish_all(store: &EtcdStore, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
     let mut answers = Vec::with_capacity(endings.len());
     for chunk in endings.chunks(FINISH_CHUNK) {
@@ -200,7 +201,25 @@ pub(crate) async fn finish_all(store: &EtcdStore, endings: &[Ending]) -> Result<
     Ok(answers)
 }
 
+/// Tries of a whole chunk before its ends go one by one.
+const FINISH_CHUNK_ATTEMPTS: u32 = 4;
+
 async fn finish_chunk(store: &EtcdStore, chunk: &[Ending]) -> Result<Vec<bool>, StoreError> {
+    for _ in 0..FINISH_CHUNK_ATTEMPTS {
+        if let Some(answers) = try_chunk(store, chunk).await? {
+            return Ok(answers);
+        }
+    }
+    tracing::debug!(ends = chunk.len(), "a batch of finishes kept losing compares; recording them one by one");
+    let mut answers = Vec::with_capacity(chunk.len());
+    for e in chunk {
+        answers.push(finish(store, &e.lease, &e.end).await?);
+    }
+    Ok(answers)
+}
+
+/// One read and one `Txn` for the chunk; `None` if another node changed a compared key.
+async fn try_chunk(store: &EtcdStore, chunk: &[Ending]) -> Result<Option<Vec<bool>>, StoreError> {
     let mut jobs: Vec<&str> = chunk.iter().map(|e| e.lease.run.tick.job.as_str()).collect();
     jobs.sort_unstable();
     jobs.dedup();
@@ -239,7 +258,7 @@ async fn finish_chunk(store: &EtcdStore, chunk: &[Ending]) -> Result<Vec<bool>, 
         ended[i] = true;
     }
     if compares.is_empty() {
-        return Ok(ended);
+        return Ok(Some(ended));
     }
     for (job, (guard, guard_rev)) in &guards {
         compares.push(Compare::mod_revision(store.keys.guard(job), CompareOp::Equal, *guard_rev));
@@ -248,12 +267,7 @@ async fn finish_chunk(store: &EtcdStore, chunk: &[Ending]) -> Result<Vec<bool>, 
     debug_assert!(compares.len() <= TXN_OPS_MAX && writes.len() <= TXN_OPS_MAX);
     let resp = txn(&store.client, "a batch of finishes", Txn::new().when(compares).and_then(writes)).await?;
     if !resp.succeeded() {
-        tracing::debug!(ends = chunk.len(), "a batch of finishes lost a compare; recording them one by one");
-        let mut answers = Vec::with_capacity(chunk.len());
-        for e in chunk {
-            answers.push(finish(store, &e.lease, &e.end).await?);
-        }
-        return Ok(answers);
+        return Ok(None);
     }
     let revision = revision(&resp)?;
     for (guard, _) in guards.values() {
@@ -262,7 +276,7 @@ async fn finish_chunk(store: &EtcdStore, chunk: &[Ending]) -> Result<Vec<bool>, 
     for (e, _) in chunk.iter().zip(&ended).filter(|(_, ended)| **ended) {
         store.forget(&e.lease.run);
     }
-    Ok(ended)
+    Ok(Some(ended))
 }
 
 /// Running runs whose etcd lease is gone (see [`solocron_core::Store::expired`]): one read

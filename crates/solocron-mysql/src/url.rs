@@ -4,6 +4,7 @@ use std::str::FromStr;
 
 use solocron_core::StoreError;
 use sqlx::mysql::MySqlConnectOptions;
+use sqlx::ConnectOptions;
 
 /// Longest table prefix: the longest table name (`{prefix}registry`) then stays far below
 /// MySQL's 64-character identifier limit, as does the migration lock's name.
@@ -42,7 +43,11 @@ pub(crate) fn parse(url: &str) -> Result<MySqlConnectOptions, StoreError> {
     if options.get_database().is_none_or(str::is_empty) {
         return Err(bad_url(url, "no database named; expected mysql://user[:password]@host:port/database"));
     }
-    let options = options.timezone(Some(String::from("+00:00")));
+    // A multi-statement claim or batch of ends carries its values (job output included)
+    // written into the SQL: sqlx's slow-statement warning would log megabytes of it.
+    let options = options
+        .timezone(Some(String::from("+00:00")))
+        .log_slow_statements(log::LevelFilter::Debug, std::time::Duration::from_secs(1));
     // Unless the URL says otherwise (`statement-cache-capacity=`).
     Ok(if url.contains("statement-cache-capacity=") {
         options

@@ -1,6 +1,7 @@
 //! The [`Store`] implementation: each method one statement, one transaction, or one call
 //! of the claim function.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -227,6 +228,17 @@ impl PgStore {
     }
 }
 
+/// `end` as PostgreSQL can store it: `text` cannot hold a NUL byte (a command's output may
+/// carry one), so each becomes U+FFFD, the replacement character.
+fn storable(end: &RunEnd) -> Cow<'_, RunEnd> {
+    let nul = |t: &str| t.contains('\0');
+    if !nul(&end.output) && !end.reason.as_deref().is_some_and(nul) {
+        return Cow::Borrowed(end);
+    }
+    let clean = |t: &str| t.replace('\0', "\u{FFFD}");
+    Cow::Owned(RunEnd { output: clean(&end.output), reason: end.reason.as_deref().map(clean), ..end.clone() })
+}
+
 /// A batch of ends as one array per column, for `finish_all`'s `unnest`.
 #[derive(Default)]
 struct FinishColumns<'a> {
@@ -244,20 +256,20 @@ struct FinishColumns<'a> {
 }
 
 impl<'a> FinishColumns<'a> {
-    fn push(&mut self, i: usize, e: &'a Ending) -> Result<(), StoreError> {
-        assert!(e.end.state.is_terminal(), "a run cannot finish as `{}`", e.end.state);
+    fn push(&mut self, i: usize, lease: &'a Lease, end: &'a RunEnd) -> Result<(), StoreError> {
+        assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
         let i = i32::try_from(i).map_err(|_| StoreError::Invalid(format!("end {i} is out of range")))?;
         self.i.push(i);
-        self.job.push(&e.lease.run.tick.job);
-        self.scheduled_at.push(e.lease.run.tick.scheduled_at.timestamp_millis());
-        self.attempt.push(attempt_param(e.lease.run.attempt)?);
-        self.node.push(&e.lease.owner);
-        self.token.push(solocron_sql::token_param(e.lease.fencing_token)?);
-        self.state.push(e.end.state.as_str());
-        self.reason.push(e.end.reason.as_deref());
-        self.exit_code.push(e.end.exit_code);
-        self.output.push(output_tail(&e.end.output));
-        self.started_after.push(e.end.started_after.map(millis).transpose()?);
+        self.job.push(&lease.run.tick.job);
+        self.scheduled_at.push(lease.run.tick.scheduled_at.timestamp_millis());
+        self.attempt.push(attempt_param(lease.run.attempt)?);
+        self.node.push(&lease.owner);
+        self.token.push(solocron_sql::token_param(lease.fencing_token)?);
+        self.state.push(end.state.as_str());
+        self.reason.push(end.reason.as_deref());
+        self.exit_code.push(end.exit_code);
+        self.output.push(output_tail(&end.output));
+        self.started_after.push(end.started_after.map(millis).transpose()?);
         Ok(())
     }
 }
@@ -366,7 +378,8 @@ impl Store for PgStore {
              WHERE job = $6 AND scheduled_at = $7 AND attempt = $8 AND node = $9 AND token = $10
                AND state = 'running'",
         );
-        let query = solocron_sql::bind_end(sqlx::query(&sql), end, started_after);
+        let end = storable(end);
+        let query = solocron_sql::bind_end(sqlx::query(&sql), &end, started_after);
         let changed = solocron_sql::bind_lease(query, lease, attempt_param(lease.run.attempt)?)?
             .execute(&self.pool)
             .await
@@ -393,9 +406,10 @@ impl Store for PgStore {
                AND r.node = e.node AND r.token = e.token AND r.state = 'running'
              RETURNING e.i",
         );
+        let ends: Vec<Cow<'_, RunEnd>> = endings.iter().map(|e| storable(&e.end)).collect();
         let mut cols = FinishColumns::default();
-        for (i, e) in endings.iter().enumerate() {
-            cols.push(i, e)?;
+        for (i, (e, end)) in endings.iter().zip(&ends).enumerate() {
+            cols.push(i, &e.lease, end)?;
         }
         let ended: Vec<i32> = sqlx::query_scalar(&sql)
             .bind(cols.i)

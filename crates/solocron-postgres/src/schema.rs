@@ -4,7 +4,7 @@
 //! splice) and `{now}` for the server clock in milliseconds.
 
 /// The schema version this crate writes and understands.
-pub(crate) const SCHEMA_VERSION: i32 = 2;
+pub(crate) const SCHEMA_VERSION: i32 = 3;
 
 /// The store's "now" in SQL: the server clock, in integer milliseconds since the epoch.
 /// `now()` is the start of the current transaction, so one statement (or one transaction)
@@ -13,7 +13,7 @@ pub(crate) const NOW_MS: &str = "floor(extract(epoch FROM now()) * 1000)::bigint
 
 /// The migrations, by the version each one brings the schema to. Later versions append
 /// here; a released step is never edited.
-pub(crate) const MIGRATIONS: &[(i32, &[&str])] = &[(1, V1), (2, V2)];
+pub(crate) const MIGRATIONS: &[(i32, &[&str])] = &[(1, V1), (2, V2), (3, V3)];
 
 const V1: &[&str] = &[
     r#"CREATE TABLE IF NOT EXISTS {p}runs (
@@ -168,6 +168,18 @@ $claim$"#;
 
 /// Version 2: `{p}claim_taken_first`, for large batches.
 const V2: &[&str] = &[CLAIM_TAKEN_FIRST];
+
+/// Version 3: the index of runs by instant also holds the job, so that every lookup of
+/// one run (`job`, `scheduled_at`, `attempt`: renew, finish, the claim's checks) is exact
+/// whichever index the planner picks. With `(scheduled_at, attempt)` alone, a herd's fresh
+/// rows (all of one instant, not yet in the statistics) looked cheap to reach through it,
+/// and each lookup scanned every run of the instant: a batch of 256 ends over a
+/// 100,000-run herd took 818 ms instead of 3 ms. The index is rebuilt inside the migration's
+/// transaction (writes to the runs wait meanwhile: seconds on millions of rows).
+const V3: &[&str] = &[
+    "DROP INDEX IF EXISTS {p}runs_scheduled",
+    "CREATE INDEX IF NOT EXISTS {p}runs_scheduled_job ON {p}runs (scheduled_at, attempt, job)",
+];
 
 /// The claim of a large batch (the same answers as [`CLAIM_FUNCTION`]) in two steps.
 /// First, without locks, one read finds the requests whose tick has a record: they are

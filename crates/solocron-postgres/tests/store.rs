@@ -164,24 +164,70 @@ async fn a_large_batch_partly_claimed_elsewhere_answers_every_request_in_order()
     assert_eq!(records.len(), batch.len(), "one record per tick");
 }
 
-/// A schema of version 1 (before `{p}claim_taken_first`) is brought to version 2 by
-/// `migrate`, and large batches are claimed on it.
+/// A schema of version 1 (before `{p}claim_taken_first` and the job in the index by
+/// instant) is brought to the current version by `migrate`, and large batches are claimed
+/// on it.
 #[tokio::test]
-async fn a_version_1_schema_is_migrated_to_version_2() {
+async fn a_version_1_schema_is_migrated_to_the_current_version() {
     let Some(ns) = Namespace::new().await else { return };
     let store = ns.migrated().await;
     let pool = sqlx::PgPool::connect(&common::url()).await.unwrap();
     let p = &ns.prefix;
-    sqlx::query(&format!("DROP FUNCTION {p}claim_taken_first")).execute(&pool).await.unwrap();
-    sqlx::query(&format!("UPDATE {p}schema SET version = 1")).execute(&pool).await.unwrap();
+    for sql in [
+        format!("DROP FUNCTION {p}claim_taken_first"),
+        format!("DROP INDEX {p}runs_scheduled_job"),
+        format!("CREATE INDEX {p}runs_scheduled ON {p}runs (scheduled_at, attempt)"),
+        format!("UPDATE {p}schema SET version = 1"),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
     let batch: Vec<ClaimRequest> =
         (0..300).map(|job| run(tick(&format!("job-{job:03}"), 0), "a", LONG_LEASE, false)).collect();
     assert!(store.claim(&batch).await.is_err(), "the function of version 2 is missing");
     store.migrate().await.expect("migrate from version 1");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 2);
+    assert_eq!(version, 3);
+    let indexes: Vec<String> =
+        sqlx::query_scalar("SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY indexname")
+            .bind(format!("{p}runs"))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let expected: Vec<String> =
+        ["runs_expiry", "runs_pkey", "runs_running", "runs_scheduled_job"].iter().map(|i| format!("{p}{i}")).collect();
+    assert_eq!(indexes, expected);
     assert!(store.claim(&batch).await.unwrap().iter().all(|o| matches!(o, ClaimOutcome::Won(_))));
     assert!(store.claim(&batch).await.unwrap().iter().all(|o| *o == ClaimOutcome::Taken));
+    pool.close().await;
+}
+
+/// A herd's runs all share one instant, and are newer than the table's statistics. A
+/// lookup of one of them (renew, finish) must still reach it by an index whose condition
+/// holds the job, not scan every run of the instant (818 ms for 256 ends over a
+/// 100,000-run herd when the index by instant lacked the job).
+#[tokio::test]
+async fn a_run_of_a_fresh_herd_is_looked_up_by_an_exact_index() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    for chunk in 0..3 {
+        let batch: Vec<ClaimRequest> = (0..1000)
+            .map(|job| run(tick(&format!("job-{:04}", chunk * 1000 + job), 0), "a", LONG_LEASE, false))
+            .collect();
+        store.claim(&batch).await.unwrap();
+    }
+    let pool = sqlx::PgPool::connect(&common::url()).await.unwrap();
+    let p = &ns.prefix;
+    let at = tick("job-1234", 0).scheduled_at.timestamp_millis();
+    let plan: Vec<String> = sqlx::query_scalar(&format!(
+        "EXPLAIN UPDATE {p}runs SET state = 'succeeded' WHERE job = 'job-1234' AND scheduled_at = {at}
+         AND attempt = 1 AND node = 'a' AND token = 1 AND state = 'running'"
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    let condition = plan.lines().find(|l| l.contains("Index Cond")).unwrap_or_else(|| panic!("no index used:\n{plan}"));
+    assert!(condition.contains("job ="), "the index condition lacks the job:\n{plan}");
     pool.close().await;
 }
 

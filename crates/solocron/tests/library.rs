@@ -212,21 +212,44 @@ async fn ticks_are_claimed_just_ahead_and_handlers_start_at_their_instant_never_
 
 /// A store far away: every call waits `DISTANT_CALL` before it goes through (a remote store
 /// under load, or a link with a long round trip), so that ends recorded one call each queue
-/// behind each other.
-struct Distant(Arc<dyn Store>);
+/// behind each other. It refuses (as `Invalid`, like a value the store cannot hold) any
+/// end whose output holds `refuse`, and a batch that carries one.
+struct Distant {
+    inner: Arc<dyn Store>,
+    refuse: Option<&'static str>,
+}
 
 const DISTANT_CALL: Duration = Duration::from_millis(20);
+
+impl Distant {
+    fn refuses(&self, end: &RunEnd) -> Result<(), StoreError> {
+        match self.refuse {
+            Some(bad) if end.output.contains(bad) => Err(StoreError::Invalid(format!("cannot store `{bad}`"))),
+            _ => Ok(()),
+        }
+    }
+}
 
 macro_rules! distant {
     ($($name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
         #[async_trait::async_trait]
         impl Store for Distant {
             fn describe(&self) -> String {
-                self.0.describe()
+                self.inner.describe()
             }
-            $(async fn $name(&self, $($arg: $ty),*) -> Result<$out, solocron_core::StoreError> {
+            async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
                 tokio::time::sleep(DISTANT_CALL).await;
-                self.0.$name($($arg),*).await
+                self.refuses(end)?;
+                self.inner.finish(lease, end).await
+            }
+            async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+                tokio::time::sleep(DISTANT_CALL).await;
+                endings.iter().try_for_each(|e| self.refuses(&e.end))?;
+                self.inner.finish_all(endings).await
+            }
+            $(async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
+                tokio::time::sleep(DISTANT_CALL).await;
+                self.inner.$name($($arg),*).await
             })*
         }
     };
@@ -234,15 +257,13 @@ macro_rules! distant {
 
 use solocron_core::{
     ClaimOutcome, ClaimRequest, Ending, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome, Registration,
-    RunEnd, RunId, RunRecord, RunRequest, Tick,
+    RunEnd, RunId, RunRecord, RunRequest, StoreError, Tick,
 };
 
 distant! {
     migrate() -> ();
     claim(requests: &[ClaimRequest]) -> Vec<ClaimOutcome>;
     renew(lease: &Lease, length: Duration) -> bool;
-    finish(lease: &Lease, end: &RunEnd) -> bool;
-    finish_all(endings: &[Ending]) -> Vec<bool>;
     expired(limit: usize) -> Vec<RunRecord>;
     recover(run: &RunId, action: &RecoverAction) -> RecoverOutcome;
     history(query: &HistoryQuery) -> Vec<RunRecord>;
@@ -257,6 +278,57 @@ distant! {
     prune(older_than: Duration, batch: usize) -> u64;
 }
 
+/// Runs `jobs` jobs (1 s leases) due once at the same instant on one node over `store`;
+/// job `failing` (if any) fails with `failure` as its output. Returns how many handlers
+/// ran and the count of records per state once the node drained.
+async fn one_herd(
+    store: Arc<dyn Store>,
+    jobs: usize,
+    failing: Option<(usize, &'static str)>,
+) -> (usize, BTreeMap<String, usize>) {
+    // One tick per job, at the next whole second at least 2 s away.
+    let at = Utc::now() + chrono::Duration::seconds(3);
+    let expr = format!("{} {} {} * * *", at.format("%S"), at.format("%M"), at.format("%H"));
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut builder = Scheduler::builder(store.clone())
+        .node_id("n")
+        .shutdown_grace(Duration::from_secs(20))
+        .max_concurrent_runs(jobs);
+    for i in 0..jobs {
+        let ran = ran.clone();
+        let fails = failing.filter(|(f, _)| *f == i).map(|(_, why)| why);
+        let handler = handler_fn(move |_ctx: RunContext| {
+            ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move {
+                match fails {
+                    Some(why) => Err(anyhow::anyhow!(why)),
+                    None => Ok(()),
+                }
+            }
+        });
+        let job = Job::new(format!("job-{i:04}"), Schedule::parse(&expr, "UTC").unwrap(), handler);
+        let policy =
+            JobPolicy { lease: Duration::from_secs(1), kill_grace: Duration::from_millis(300), ..JobPolicy::default() };
+        builder = builder.job(job.with_policy(policy));
+    }
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(builder.build().unwrap().run(shutdown.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while ran.load(std::sync::atomic::Ordering::Relaxed) < jobs && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Past every lease: ends not recorded by then are left to recovery.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    shutdown.cancel();
+    task.await.unwrap();
+    let all = store.history(&HistoryQuery { limit: jobs + 10, ..Default::default() }).await.unwrap();
+    let mut states: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &all {
+        *states.entry(r.state.to_string()).or_default() += 1;
+    }
+    (ran.load(std::sync::atomic::Ordering::Relaxed), states)
+}
+
 /// 3,000 runs (1 s leases) that start and end at the same instant on one node, through a
 /// store 20 ms away: one `finish` call each would take ~4 s at 16 in flight, past the 2 s
 /// an owner waits after its end once its lease is near its end, and most runs would be
@@ -266,41 +338,21 @@ distant! {
 async fn thousands_of_runs_ending_together_each_record_their_end() {
     const JOBS: usize = 3_000;
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(Distant(store(&dir).await));
-    // One tick per job, at the next whole second at least 2 s away.
-    let at = Utc::now() + chrono::Duration::seconds(3);
-    let expr = format!("{} {} {} * * *", at.format("%S"), at.format("%M"), at.format("%H"));
-    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut builder = Scheduler::builder(store.clone())
-        .node_id("n")
-        .shutdown_grace(Duration::from_secs(20))
-        .max_concurrent_runs(JOBS);
-    for i in 0..JOBS {
-        let ran = ran.clone();
-        let handler = handler_fn(move |_ctx: RunContext| {
-            ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            async { Ok(()) }
-        });
-        let job = Job::new(format!("job-{i:04}"), Schedule::parse(&expr, "UTC").unwrap(), handler);
-        builder = builder.job(job.with_policy(JobPolicy {
-            lease: Duration::from_secs(1),
-            kill_grace: Duration::from_millis(300),
-            ..JobPolicy::default()
-        }));
-    }
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(builder.build().unwrap().run(shutdown.clone()));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while ran.load(std::sync::atomic::Ordering::Relaxed) < JOBS && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    shutdown.cancel();
-    task.await.unwrap();
-    assert_eq!(ran.load(std::sync::atomic::Ordering::Relaxed), JOBS, "every job ran once");
-    let all = store.history(&HistoryQuery { limit: JOBS + 10, ..Default::default() }).await.unwrap();
-    let mut states: BTreeMap<String, usize> = BTreeMap::new();
-    for r in &all {
-        *states.entry(r.state.to_string()).or_default() += 1;
-    }
+    let store = Arc::new(Distant { inner: store(&dir).await, refuse: None });
+    let (ran, states) = one_herd(store, JOBS, None).await;
+    assert_eq!(ran, JOBS, "every job ran once");
     assert_eq!(states, BTreeMap::from([("succeeded".to_string(), JOBS)]), "every run recorded its own end");
+}
+
+/// An end the store refuses (a value it cannot hold) fails only itself: the other ends of
+/// its batch are recorded, and the refused run is left to recovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_end_the_store_refuses_fails_only_itself_not_its_batch() {
+    const JOBS: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Distant { inner: store(&dir).await, refuse: Some("unstorable") });
+    let (ran, states) = one_herd(store, JOBS, Some((13, "unstorable output"))).await;
+    assert_eq!(ran, JOBS, "every job ran once");
+    assert_eq!(states.get("succeeded"), Some(&(JOBS - 1)), "every other run recorded its end: {states:?}");
+    assert_eq!(states.get("running").or(states.get("abandoned")), Some(&1), "{states:?}");
 }

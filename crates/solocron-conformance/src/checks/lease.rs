@@ -150,6 +150,25 @@ pub async fn the_owner_finishes_once_with_its_end_output_tail_and_start(f: &impl
     assert_eq!((record.state, record.started_at), (RunState::Interrupted, None));
 }
 
+/// An end whose output and reason hold a NUL byte (a command's output may) is recorded,
+/// alone and in a batch, with the text around the NUL kept.
+pub async fn an_end_with_a_nul_byte_in_its_output_is_recorded(f: &impl StoreFactory) {
+    let store = f.open().await;
+    let alone = won(&store, run(tick("backup", 0), "a", LONG_LEASE, false)).await;
+    let batched = won(&store, run(tick("backup", 1), "a", LONG_LEASE, false)).await;
+    let end = RunEnd { reason: Some("bad\0reason".into()), ..succeeded("before\0after") };
+    assert!(store.finish(&alone, &end).await.expect("finish"));
+    let ending = Ending { lease: batched.clone(), end: end.clone() };
+    assert_eq!(store.finish_all(&[ending]).await.expect("finish_all"), [true]);
+    for lease in [&alone, &batched] {
+        let record = find(&store, &lease.run).await;
+        assert_eq!(record.state, RunState::Succeeded);
+        assert!(record.output.starts_with("before") && record.output.ends_with("after"), "{:?}", record.output);
+        let reason = record.reason.expect("reason");
+        assert!(reason.starts_with("bad") && reason.ends_with("reason"), "{reason:?}");
+    }
+}
+
 /// A batch of ends (`finish_all`) answers and records each one as `finish` would, in
 /// order: held runs end with their own state, output and start, while a stale token, a
 /// run already ended and a run of another owner change nothing; two runs of one job may
