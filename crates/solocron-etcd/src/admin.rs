@@ -11,10 +11,13 @@ use solocron_core::{
 
 use crate::claim::millis;
 use crate::codec::{decode, encode, instant, Guard, StoredControl, StoredRegistration, StoredRequest, StoredRun};
-use crate::etcd::{bounded, get, get_range, now_ms, range, read, single, txn, TXN_OPS_MAX};
+use crate::etcd::{bounded, get, now_ms, range, range_all, read, single, txn, TXN_OPS_MAX};
 use crate::keys::prefix_end;
 use crate::runs::running_records;
 use crate::EtcdStore;
+
+/// Run keys per page of prune's scan for ended records.
+const PRUNE_PAGE: i64 = 1000;
 
 /// The key layout this crate writes and understands (see [`crate::keys`]).
 const LAYOUT_VERSION: &str = "1";
@@ -103,15 +106,15 @@ fn matches(r: &RunRecord, q: &HistoryQuery) -> bool {
 
 /// History of running runs only, from the job guards (which list them) rather than a scan.
 async fn running_history(store: &EtcdStore, query: &HistoryQuery, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
-    let op = match &query.job {
-        Some(job) => get(store.keys.guard(job)),
+    let guards = match &query.job {
+        Some(job) => read(&store.client, vec![get(store.keys.guard(job))]).await?.into_iter().flatten().collect(),
         None => {
             let family = store.keys.family("job");
-            get_range(family.clone(), prefix_end(&family))
+            range_all(&store.client, "a history read", (&family, &prefix_end(&family)), false, 0).await?.0
         }
     };
     let mut ids = Vec::new();
-    for kv in read(&store.client, vec![op]).await?.into_iter().flatten() {
+    for kv in guards {
         ids.extend(decode::<Guard>(kv.value(), "job guard")?.running_ids()?);
     }
     let mut records: Vec<RunRecord> =
@@ -179,10 +182,10 @@ pub(crate) async fn registrations(store: &EtcdStore) -> Result<Vec<Registration>
     Ok(out)
 }
 
-/// Every key-value of a family (small ones: registry, controls).
+/// Every key-value of a family (registry, controls), in pages at one revision.
 async fn read_family(store: &EtcdStore, family: &str) -> Result<Vec<etcd_client::KeyValue>, StoreError> {
     let start = store.keys.family(family);
-    Ok(read(&store.client, vec![get_range(start.clone(), prefix_end(&start))]).await?.into_iter().flatten().collect())
+    Ok(range_all(&store.client, "a read", (&start, &prefix_end(&start)), false, 0).await?.0)
 }
 
 /// Sets a job's pause switch: one put (the last operator wins, as with an upsert). Claims
@@ -296,26 +299,36 @@ pub(crate) async fn prune(store: &EtcdStore, older_than: Duration, batch: usize)
     let batch = batch.min(PRUNE_BATCH_MAX);
     let cutoff = now_ms().saturating_sub(millis(older_than));
     let (guards, runs) = (store.keys.family("job"), store.keys.family("run"));
-    let every_guard = GetOptions::new().with_range(prefix_end(&guards));
-    let guards = range(&store.client, "a prune read", &guards, every_guard).await?;
+    let (guards, at) = range_all(&store.client, "a prune read", (&guards, &prefix_end(&guards)), false, 0).await?;
     let mut running = std::collections::HashSet::new();
-    for kv in guards.kvs() {
+    for kv in &guards {
         for id in decode::<Guard>(kv.value(), "job guard")?.running_ids()? {
             running.insert(store.keys.run(&id).into_bytes());
         }
     }
     // At the guards' revision: a run started since (a retry of an old tick) is not among
-    // the keys read either. Enough keys to find `batch` ended ones among the running.
-    let oldest = GetOptions::new()
-        .with_range(prefix_end(&runs))
-        .with_sort(SortTarget::Key, SortOrder::Descend)
-        .with_keys_only()
-        .with_limit((batch + running.len()).max(1) as i64)
-        .with_revision(guards.header().map_or(0, |h| h.revision()));
-    let old = range(&store.client, "a prune read", &store.keys.runs_before(cutoff), oldest).await?;
-    let old = old.kvs();
-    let doomed: Vec<Vec<u8>> =
-        old.iter().map(|kv| kv.key().to_vec()).filter(|k| !running.contains(k)).take(batch).collect();
+    // the keys read either. Oldest first, in pages (every key of an old range at once can
+    // pass the client's message limit), until `batch` ended ones are found among the running.
+    let (start, mut end) = (store.keys.runs_before(cutoff), prefix_end(&runs));
+    let mut doomed: Vec<Vec<u8>> = Vec::new();
+    let mut scanned = 0;
+    while doomed.len() < batch && scanned < batch + running.len() {
+        let oldest = GetOptions::new()
+            .with_range(end.clone())
+            .with_sort(SortTarget::Key, SortOrder::Descend)
+            .with_keys_only()
+            .with_limit(PRUNE_PAGE)
+            .with_revision(at);
+        let page = range(&store.client, "a prune read", &start, oldest).await?;
+        let keys: Vec<Vec<u8>> = page.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+        scanned += keys.len();
+        let Some(last) = keys.last() else { break };
+        end = String::from_utf8_lossy(last).into_owned();
+        doomed.extend(keys.iter().filter(|k| !running.contains(*k)).take(batch - doomed.len()).cloned());
+        if !page.more() {
+            break;
+        }
+    }
     let mut deleted = 0;
     for chunk in doomed.chunks(TXN_OPS_MAX) {
         let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::delete(k.clone(), None)).collect();

@@ -123,6 +123,48 @@ pub(crate) async fn range(
     .await
 }
 
+/// Keys per page of a read of a whole family (every guard, every alive key, every
+/// registration): under the client's 4 MB message limit even at 8 KB per value. A single
+/// range of 100,000 guards (8.5 MB) was refused.
+const FAMILY_PAGE: i64 = 500;
+/// Most pages one family read takes (5,000,000 keys): a bound, far above any fleet.
+const FAMILY_PAGES_MAX: usize = 10_000;
+
+/// Every key-value in `[start, end)` (keys only if `keys_only`), read in pages of
+/// [`FAMILY_PAGE`] at one revision: `revision`, or the first page's if 0. Returns them in
+/// key order, with the revision they were read at.
+pub(crate) async fn range_all(
+    client: &Client,
+    what: &str,
+    (start, end): (&str, &str),
+    keys_only: bool,
+    revision: i64,
+) -> Result<(Vec<KeyValue>, i64), StoreError> {
+    let (mut out, mut from, mut at) = (Vec::new(), start.to_owned(), revision);
+    for _ in 0..FAMILY_PAGES_MAX {
+        let mut options = GetOptions::new().with_range(end).with_limit(FAMILY_PAGE).with_revision(at);
+        if keys_only {
+            options = options.with_keys_only();
+        }
+        let mut resp = range(client, what, &from, options).await?;
+        if at == 0 {
+            at = resp
+                .header()
+                .map(|h| h.revision())
+                .ok_or_else(|| StoreError::Invalid("etcd answered without a header".into()))?;
+        }
+        let more = resp.more();
+        let kvs = resp.take_kvs();
+        let next = kvs.last().map(|kv| format!("{}\0", String::from_utf8_lossy(kv.key())));
+        out.extend(kvs);
+        match next {
+            Some(next) if more => from = next,
+            _ => return Ok((out, at)),
+        }
+    }
+    Err(StoreError::Invalid(format!("{what}: more than {} keys", FAMILY_PAGE as usize * FAMILY_PAGES_MAX)))
+}
+
 /// The revision at which a response was applied.
 pub(crate) fn revision(resp: &TxnResponse) -> Result<i64, StoreError> {
     resp.header().map(|h| h.revision()).ok_or_else(|| StoreError::Invalid("etcd answered without a header".into()))
@@ -142,11 +184,6 @@ pub(crate) fn gets(resp: &TxnResponse) -> Vec<Vec<KeyValue>> {
 /// A `Get` of one key.
 pub(crate) fn get(key: impl Into<Vec<u8>>) -> TxnOp {
     TxnOp::get(key, None)
-}
-
-/// A `Get` of every key in `[start, end)`.
-pub(crate) fn get_range(start: impl Into<Vec<u8>>, end: impl Into<Vec<u8>>) -> TxnOp {
-    TxnOp::get(start, Some(GetOptions::new().with_range(end)))
 }
 
 /// Reads several keys (or ranges) at one revision: one read-only transaction per

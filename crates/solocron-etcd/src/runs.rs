@@ -7,7 +7,7 @@ use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use solocron_core::{
     output_tail, Ending, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, RunState, StoreError, Trigger,
     RECORDS_PAGE_MAX,
@@ -15,7 +15,7 @@ use solocron_core::{
 
 use crate::claim::{millis, to_lease};
 use crate::codec::{decode, encode, Guard, StoredRun};
-use crate::etcd::{get, get_range, gets, keep_alive, now_ms, read, revision, revoke_quietly, single, txn, TXN_OPS_MAX};
+use crate::etcd::{get, gets, keep_alive, now_ms, range_all, read, revision, revoke_quietly, single, txn, TXN_OPS_MAX};
 use crate::keys::prefix_end;
 use crate::{lease_secs, EtcdStore, Held};
 
@@ -283,10 +283,9 @@ async fn try_chunk(store: &EtcdStore, chunk: &[Ending]) -> Result<Option<Vec<boo
 /// of every job guard and every alive key at one revision, then the candidates' records.
 pub(crate) async fn expired(store: &EtcdStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
     let (guards, alive) = (store.keys.family("job"), store.keys.family("alive"));
-    let alive_keys = TxnOp::get(alive.clone(), Some(GetOptions::new().with_range(prefix_end(&alive)).with_keys_only()));
-    let answers = read(&store.client, vec![get_range(guards.clone(), prefix_end(&guards)), alive_keys]).await?;
-    let mut answers = answers.into_iter();
-    let (guards, alive) = (answers.next().unwrap_or_default(), answers.next().unwrap_or_default());
+    let what = "an expiry read";
+    let (guards, at) = range_all(&store.client, what, (&guards, &prefix_end(&guards)), false, 0).await?;
+    let (alive, _) = range_all(&store.client, what, (&alive, &prefix_end(&alive)), true, at).await?;
     let alive: HashSet<Vec<u8>> = alive.iter().map(|kv| kv.key().to_vec()).collect();
     let mut lapsed = Vec::new();
     for kv in &guards {

@@ -105,6 +105,33 @@ async fn a_batch_of_300_ticks_over_30_jobs_is_won_whole_with_tokens_increasing_p
     assert_eq!(store.history(&running).await.expect("history").len(), 300);
 }
 
+/// 60,000 jobs with a running run each: their guards (~5 MB) no longer fit one etcd
+/// message (4 MB), so the reads of every guard (the expiry scan, running history, prune)
+/// and of every alive key go in pages, and still see every run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_expiry_scan_and_running_history_read_60000_guards_in_pages() {
+    const JOBS: usize = 60_000;
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    // Long names make the guards big enough to pass the limit.
+    let job = |i: usize| format!("a-job-with-a-long-name-to-make-its-guard-bigger-{i:05}");
+    for first in (0..JOBS).step_by(solocron_core::CLAIM_BATCH_MAX) {
+        let batch: Vec<ClaimRequest> = (first..(first + solocron_core::CLAIM_BATCH_MAX).min(JOBS))
+            .map(|i| run(tick(&job(i), 0), "a", Duration::from_secs(60)))
+            .collect();
+        let outcomes = store.claim(&batch).await.expect("claim");
+        assert!(outcomes.iter().all(|o| matches!(o, ClaimOutcome::Won(_))));
+    }
+    assert!(store.expired(10).await.expect("expired").is_empty(), "every lease is live");
+    let running = solocron_core::HistoryQuery {
+        state: Some(RunState::Running),
+        limit: solocron_core::RECORDS_PAGE_MAX,
+        ..Default::default()
+    };
+    assert_eq!(store.history(&running).await.expect("history").len(), solocron_core::RECORDS_PAGE_MAX);
+    assert_eq!(store.prune(Duration::from_secs(3600), 10).await.expect("prune"), 0, "running runs are kept");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_nodes_racing_for_400_ticks_of_distinct_jobs_split_them_exactly_once_in_request_order() {
     // 400 distinct jobs make 10 chunks, claimed several at a time, each node starting at a
