@@ -141,39 +141,9 @@ async fn renew_held(store: &EtcdStore, held: Held, ttl: i64, length: Duration) -
 /// a retry per lost compare) that also deletes the run's alive key. The etcd lease is not
 /// revoked: other runs of the same claim may share it; it expires once nobody renews it.
 pub(crate) async fn finish(store: &EtcdStore, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-    assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
-    let (run_key, guard_key) = (store.keys.run(&lease.run), store.keys.guard(&lease.run.tick.job));
-    let reads = || vec![get(run_key.clone()), get(guard_key.clone())];
-    let mut answers = read_keys(store, reads()).await?;
-    for _ in 0..CAS_ATTEMPTS {
-        let Some((mut record, record_rev)) = stored_run(answers[0].as_ref())? else { return Ok(false) };
-        if !record.held_by(&lease.owner, lease.fencing_token) {
-            store.forget(&lease.run);
-            return Ok(false);
-        }
-        let (mut guard, guard_rev) = stored_guard(answers[1].as_ref(), &lease.run.tick.job)?;
-        end_record(&mut record, end, now_ms());
-        guard.remove(&lease.run);
-        let request = Txn::new()
-            .when(vec![
-                Compare::mod_revision(run_key.clone(), CompareOp::Equal, record_rev),
-                Compare::mod_revision(guard_key.clone(), CompareOp::Equal, guard_rev),
-            ])
-            .and_then(vec![
-                TxnOp::put(run_key.clone(), encode(&record), None),
-                TxnOp::put(guard_key.clone(), encode(&guard), None),
-                TxnOp::delete(store.keys.alive(&lease.run), None),
-            ]);
-        match commit(store, "a finish", request, reads()).await? {
-            Ok(revision) => {
-                store.known.learn_guard(&guard, revision);
-                store.forget(&lease.run);
-                return Ok(true);
-            }
-            Err(fresh) => answers = fresh,
-        }
-    }
-    Err(contended("finish"))
+    let ending = [Ending { lease: lease.clone(), end: end.clone() }];
+    let answers = finish_ends(store, &ending, CAS_ATTEMPTS).await?.ok_or_else(|| contended("finish"))?;
+    Ok(answers[0])
 }
 
 /// Writes the owner's `end` into its run's record.
@@ -205,10 +175,8 @@ pub(crate) async fn finish_all(store: &EtcdStore, endings: &[Ending]) -> Result<
 const FINISH_CHUNK_ATTEMPTS: u32 = 4;
 
 async fn finish_chunk(store: &EtcdStore, chunk: &[Ending]) -> Result<Vec<bool>, StoreError> {
-    for _ in 0..FINISH_CHUNK_ATTEMPTS {
-        if let Some(answers) = try_chunk(store, chunk).await? {
-            return Ok(answers);
-        }
+    if let Some(answers) = finish_ends(store, chunk, FINISH_CHUNK_ATTEMPTS).await? {
+        return Ok(answers);
     }
     tracing::debug!(ends = chunk.len(), "a batch of finishes kept losing compares; recording them one by one");
     let mut answers = Vec::with_capacity(chunk.len());
@@ -218,65 +186,78 @@ async fn finish_chunk(store: &EtcdStore, chunk: &[Ending]) -> Result<Vec<bool>, 
     Ok(answers)
 }
 
-/// One read and one `Txn` for the chunk; `None` if another node changed a compared key.
-async fn try_chunk(store: &EtcdStore, chunk: &[Ending]) -> Result<Option<Vec<bool>>, StoreError> {
+/// Ends the held runs among `chunk` (at most [`FINISH_CHUNK`]): one read of their records
+/// and their jobs' guards, then one `Txn` comparing every revision read, whose `else`
+/// branch reads them again for the next of at most `attempts` tries. `None` if every try
+/// lost a compare to another node.
+async fn finish_ends(store: &EtcdStore, chunk: &[Ending], attempts: u32) -> Result<Option<Vec<bool>>, StoreError> {
+    debug_assert!(chunk.len() <= FINISH_CHUNK);
+    for e in chunk {
+        assert!(e.end.state.is_terminal(), "a run cannot finish as `{}`", e.end.state);
+    }
     let mut jobs: Vec<&str> = chunk.iter().map(|e| e.lease.run.tick.job.as_str()).collect();
     jobs.sort_unstable();
     jobs.dedup();
     let run_keys: Vec<String> = chunk.iter().map(|e| store.keys.run(&e.lease.run)).collect();
-    let mut reads: Vec<TxnOp> = run_keys.iter().map(|k| get(k.clone())).collect();
-    reads.extend(jobs.iter().map(|j| get(store.keys.guard(j))));
-    let found = read_keys(store, reads).await?;
-    let (records, guard_kvs) = found.split_at(chunk.len());
-    let now = now_ms();
-    let mut guards: BTreeMap<&str, (Guard, i64)> = BTreeMap::new();
-    let (mut compares, mut writes, mut ended) = (Vec::new(), Vec::new(), vec![false; chunk.len()]);
-    let mut seen = HashSet::new();
-    for (i, (e, kv)) in chunk.iter().zip(records).enumerate() {
-        let Some((mut record, record_rev)) = stored_run(kv.as_ref())? else { continue };
-        if !record.held_by(&e.lease.owner, e.lease.fencing_token) {
-            store.forget(&e.lease.run);
-            continue;
-        }
-        // The same end twice: the second answers as a second `finish` would.
-        if !seen.insert(&run_keys[i]) {
-            continue;
-        }
-        let job = e.lease.run.tick.job.as_str();
-        let (guard, _) = match guards.entry(job) {
-            Entry::Occupied(o) => o.into_mut(),
-            Entry::Vacant(v) => {
-                let at = jobs.binary_search(&job).expect("every job of the chunk was read");
-                v.insert(stored_guard(guard_kvs[at].as_ref(), job)?)
+    let reads = || {
+        let mut reads: Vec<TxnOp> = run_keys.iter().map(|k| get(k.clone())).collect();
+        reads.extend(jobs.iter().map(|j| get(store.keys.guard(j))));
+        reads
+    };
+    let mut found = read_keys(store, reads()).await?;
+    for _ in 0..attempts {
+        let (records, guard_kvs) = found.split_at(chunk.len());
+        let now = now_ms();
+        let mut guards: BTreeMap<&str, (Guard, i64)> = BTreeMap::new();
+        let (mut compares, mut writes, mut ended) = (Vec::new(), Vec::new(), vec![false; chunk.len()]);
+        let mut seen = HashSet::new();
+        for (i, (e, kv)) in chunk.iter().zip(records).enumerate() {
+            let Some((mut record, record_rev)) = stored_run(kv.as_ref())? else { continue };
+            if !record.held_by(&e.lease.owner, e.lease.fencing_token) {
+                store.forget(&e.lease.run);
+                continue;
             }
-        };
-        guard.remove(&e.lease.run);
-        end_record(&mut record, &e.end, now);
-        compares.push(Compare::mod_revision(run_keys[i].clone(), CompareOp::Equal, record_rev));
-        writes.push(TxnOp::put(run_keys[i].clone(), encode(&record), None));
-        writes.push(TxnOp::delete(store.keys.alive(&e.lease.run), None));
-        ended[i] = true;
+            // The same end twice: the second answers as a second `finish` would.
+            if !seen.insert(&run_keys[i]) {
+                continue;
+            }
+            let job = e.lease.run.tick.job.as_str();
+            let (guard, _) = match guards.entry(job) {
+                Entry::Occupied(o) => o.into_mut(),
+                Entry::Vacant(v) => {
+                    let at = jobs.binary_search(&job).expect("every job of the chunk was read");
+                    v.insert(stored_guard(guard_kvs[at].as_ref(), job)?)
+                }
+            };
+            guard.remove(&e.lease.run);
+            end_record(&mut record, &e.end, now);
+            compares.push(Compare::mod_revision(run_keys[i].clone(), CompareOp::Equal, record_rev));
+            writes.push(TxnOp::put(run_keys[i].clone(), encode(&record), None));
+            writes.push(TxnOp::delete(store.keys.alive(&e.lease.run), None));
+            ended[i] = true;
+        }
+        if compares.is_empty() {
+            return Ok(Some(ended));
+        }
+        for (job, (guard, guard_rev)) in &guards {
+            compares.push(Compare::mod_revision(store.keys.guard(job), CompareOp::Equal, *guard_rev));
+            writes.push(TxnOp::put(store.keys.guard(job), encode(guard), None));
+        }
+        debug_assert!(compares.len() <= TXN_OPS_MAX && writes.len() <= TXN_OPS_MAX);
+        match commit(store, "a finish", Txn::new().when(compares).and_then(writes), reads()).await? {
+            Ok(revision) => {
+                for (guard, _) in guards.values() {
+                    store.known.learn_guard(guard, revision);
+                }
+                for (e, _) in chunk.iter().zip(&ended).filter(|(_, ended)| **ended) {
+                    store.forget(&e.lease.run);
+                }
+                return Ok(Some(ended));
+            }
+            Err(fresh) => found = fresh,
+        }
     }
-    if compares.is_empty() {
-        return Ok(Some(ended));
-    }
-    for (job, (guard, guard_rev)) in &guards {
-        compares.push(Compare::mod_revision(store.keys.guard(job), CompareOp::Equal, *guard_rev));
-        writes.push(TxnOp::put(store.keys.guard(job), encode(guard), None));
-    }
-    debug_assert!(compares.len() <= TXN_OPS_MAX && writes.len() <= TXN_OPS_MAX);
-    let resp = txn(&store.client, "a batch of finishes", Txn::new().when(compares).and_then(writes)).await?;
-    if !resp.succeeded() {
-        return Ok(None);
-    }
-    let revision = revision(&resp)?;
-    for (guard, _) in guards.values() {
-        store.known.learn_guard(guard, revision);
-    }
-    for (e, _) in chunk.iter().zip(&ended).filter(|(_, ended)| **ended) {
-        store.forget(&e.lease.run);
-    }
-    Ok(Some(ended))
+    Ok(None)
 }
 
 /// Running runs whose etcd lease is gone (see [`solocron_core::Store::expired`]): one read

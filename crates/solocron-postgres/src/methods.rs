@@ -368,24 +368,9 @@ impl Store for PgStore {
     }
 
     async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-        assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
-        let started_after = end.started_after.map(millis).transpose()?;
-        // No expiry check: a run whose lease lapsed but that nobody recovered yet still
-        // records its true end. `claimed_at + NULL` is NULL: never started.
-        let sql = self.sql(
-            "UPDATE {p}runs SET state = $1, reason = $2, exit_code = $3, output = $4, finished_at = {now},
-                lease_until = NULL, started_at = claimed_at + $5
-             WHERE job = $6 AND scheduled_at = $7 AND attempt = $8 AND node = $9 AND token = $10
-               AND state = 'running'",
-        );
-        let end = storable(end);
-        let query = solocron_sql::bind_end(sqlx::query(&sql), &end, started_after);
-        let changed = solocron_sql::bind_lease(query, lease, attempt_param(lease.run.attempt)?)?
-            .execute(&self.pool)
-            .await
-            .map_err(step("finish"))?
-            .rows_affected();
-        Ok(changed == 1)
+        // `finish_all`'s one statement, with one end.
+        let answers = self.finish_all(&[Ending { lease: lease.clone(), end: end.clone() }]).await?;
+        Ok(answers == [true])
     }
 
     async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
@@ -393,8 +378,10 @@ impl Store for PgStore {
         if endings.is_empty() {
             return Ok(Vec::new());
         }
-        // One statement for the batch: `finish`'s `UPDATE` joined to the ends as arrays,
-        // answering the positions of the runs it ended.
+        // One statement for the batch: an `UPDATE` joined to the ends as arrays, answering
+        // the positions of the runs it ended. No expiry check: a run whose lease lapsed but
+        // that nobody recovered yet still records its true end. `claimed_at + NULL` is NULL:
+        // never started.
         let sql = self.sql(
             "UPDATE {p}runs AS r SET state = e.state, reason = e.reason, exit_code = e.exit_code,
                 output = e.output, finished_at = {now}, lease_until = NULL,

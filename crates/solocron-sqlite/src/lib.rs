@@ -268,8 +268,6 @@ fn is_busy(e: &sqlx::Error) -> bool {
     matches!(primary_code(e), Some(5 | 6))
 }
 
-/// Maps an sqlx error: what a retry may cure (I/O, locks held past the busy timeout, a full
-/// pool or disk, a file that cannot be opened) is `Unavailable`; the rest is `Invalid`.
 /// The `UPDATE` that records a held run's end. No expiry check: a run whose lease lapsed
 /// but that nobody recovered yet still records its true end. `claimed_at + NULL` is NULL:
 /// never started.
@@ -292,6 +290,8 @@ fn finish_query<'q>(
     solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt))
 }
 
+/// Maps an sqlx error: what a retry may cure (I/O, locks held past the busy timeout, a full
+/// pool or disk, a file that cannot be opened) is `Unavailable`; the rest is `Invalid`.
 fn db_err(e: sqlx::Error) -> StoreError {
     // Primary SQLite result codes: BUSY, LOCKED, READONLY, IOERR, FULL, CANTOPEN.
     const TRANSIENT: [i64; 6] = [5, 6, 8, 10, 13, 14];

@@ -3,7 +3,6 @@
 //!
 //! This is the one function that owns a run's control flow; everything it calls computes.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use solocron_core::{output_tail, Ending, JobPolicy, Lease, RunEnd, RunState, Store, Trigger};
@@ -13,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::ends::Ends;
 use crate::job::{Job, Outcome, RunContext};
+use crate::scheduler::Engine;
 
 /// Extra time, beyond the job's kill grace, that a stopped handler gets before it is dropped
 /// (a command also drains its output pipes after the kill: up to 2 × 1 s).
@@ -89,10 +89,8 @@ impl Heartbeat {
 /// Runs a claimed run to its recorded end: the handler starts at `start_at` (the instant of
 /// a tick claimed ahead, at most `CLAIM_AHEAD` away), and `interrupt` fires when shutdown's
 /// grace is over.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn execute(
-    store: Arc<dyn Store>,
-    ends: &Ends,
+    engine: &Engine,
     job: Job,
     lease: Lease,
     trigger: Trigger,
@@ -122,7 +120,8 @@ pub(crate) async fn execute(
         job = %ctx.job, scheduled_at = %ctx.scheduled_at, node = %ctx.node_id, token = ctx.fencing_token,
         attempt = ctx.attempt, trigger = %trigger, run = %ctx.run_id, "run started"
     );
-    if Instant::now() >= hb.next_renew && !matches!(hb.beat(store.as_ref()).await, Beat::Renewed) {
+    let (store, ends) = (engine.store.as_ref(), &engine.ends);
+    if Instant::now() >= hb.next_renew && !matches!(hb.beat(store).await, Beat::Renewed) {
         // The claim's answer came so late that the lease may be gone: never start unsure.
         let end = RunEnd {
             state: RunState::Lost,
@@ -131,21 +130,20 @@ pub(crate) async fn execute(
             output: String::new(),
             started_after: None,
         };
-        record_end(ends, &hb, end, true).await;
+        record_end(ends, &hb, &end, true).await;
         tracing::warn!(run = %hb.lease.run, "lease not confirmed before start; run recorded lost without starting");
         return;
     }
     let handler = job.handler();
     let task = tokio::spawn(async move { handler.run(ctx).await });
-    let (outcome, stop) = supervise(task, &mut hb, store.as_ref(), &policy, started, &cancel, &interrupt).await;
+    let (outcome, stop) = supervise(task, &mut hb, store, &policy, started, &cancel, &interrupt).await;
     let end = end_of(outcome, stop, started - claim_sent);
-    let (state, exit_code, reason) = (end.state, end.exit_code, end.reason.clone());
-    record_end(ends, &hb, end, matches!(stop, Some(Stop::Lost(_)))).await;
+    record_end(ends, &hb, &end, matches!(stop, Some(Stop::Lost(_)))).await;
     tracing::info!(
         job = %job.name(), scheduled_at = %hb.lease.run.tick.scheduled_at, node = %hb.lease.owner,
-        token = hb.lease.fencing_token, attempt = hb.lease.run.attempt, state = %state,
-        duration = %solocron_core::format_duration(started.elapsed()), exit_code = ?exit_code,
-        reason = reason.as_deref().unwrap_or(""), "run ended"
+        token = hb.lease.fencing_token, attempt = hb.lease.run.attempt, state = %end.state,
+        duration = %solocron_core::format_duration(started.elapsed()), exit_code = ?end.exit_code,
+        reason = end.reason.as_deref().unwrap_or(""), "run ended"
     );
 }
 
@@ -224,30 +222,24 @@ fn end_of(outcome: Option<Outcome>, stop: Option<Stop>, started_after: Duration)
 
 /// Records the end (through the engine's batches of ends), retrying while the lease may
 /// still be ours.
-async fn record_end(ends: &Ends, hb: &Heartbeat, end: RunEnd, lost: bool) {
+async fn record_end(ends: &Ends, hb: &Heartbeat, end: &RunEnd, lost: bool) {
     let give_up =
         if lost { Instant::now() + LOST_FINISH_WAIT } else { hb.deadline.max(Instant::now() + LOST_FINISH_WAIT) };
-    let state = end.state;
-    let ending = Ending { lease: hb.lease.clone(), end };
+    let ending = Ending { lease: hb.lease.clone(), end: end.clone() };
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-    let mut tries = 0u32;
     loop {
-        tries += 1;
         match timeout_at(give_up, ends.finish(ending.clone())).await {
             Ok(Ok(true)) => return,
-            Ok(Ok(false)) if tries > 1 => {
-                tracing::warn!(run = %hb.lease.run, state = %state, "run already ended: by an earlier try whose answer was lost, or by another node");
-                return;
-            }
             Ok(Ok(false)) => {
-                tracing::warn!(run = %hb.lease.run, state = %state, "run was already ended by another node; its record stands");
+                tracing::warn!(run = %hb.lease.run, state = %end.state,
+                    "run already ended (by another node, or by an earlier try whose answer was lost); its record stands");
                 return;
             }
             Ok(Err(e)) => tracing::warn!(run = %hb.lease.run, error = %e, "could not record the run's end; retrying"),
             Err(_) => {}
         }
         if Instant::now() + backoff.peek() >= give_up {
-            tracing::error!(run = %hb.lease.run, state = %state,
+            tracing::error!(run = %hb.lease.run, state = %end.state,
                 "could not record the run's end before its lease ran out; another node will recover it by its on_crash policy");
             return;
         }

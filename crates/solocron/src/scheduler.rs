@@ -287,7 +287,7 @@ impl Scheduler {
         match outcome {
             Some(ClaimOutcome::Won(lease)) => {
                 let job = e.jobs[i].clone();
-                execute(e.store.clone(), &e.ends, job, lease, Trigger::Manual, sent, Instant::now(), interrupt).await
+                execute(e, job, lease, Trigger::Manual, sent, Instant::now(), interrupt).await
             }
             Some(ClaimOutcome::Skipped { .. }) => {}
             Some(ClaimOutcome::Taken) | None => return Ok(None),
@@ -629,10 +629,10 @@ impl Engine {
         // CLAIM_AHEAD from now).
         let until = (lease.run.tick.scheduled_at - self.clock.now()).to_std().unwrap_or_default();
         let start_at = Instant::now() + until.min(CLAIM_AHEAD);
-        let (store, ends, interrupt) = (self.store.clone(), self.ends.clone(), self.interrupt.clone());
+        let (engine, interrupt) = (self.clone(), self.interrupt.clone());
         self.tracker.spawn(async move {
             let _guard = guard;
-            execute(store, &ends, job, lease, trigger, sent, start_at, interrupt).await
+            execute(&engine, job, lease, trigger, sent, start_at, interrupt).await
         });
     }
 
@@ -662,8 +662,7 @@ impl Engine {
                 match outcome {
                     ClaimOutcome::Won(lease) => {
                         let _guard = InFlight::new(&e.in_flight);
-                        let (store, interrupt) = (e.store.clone(), e.interrupt.clone());
-                        execute(store, &e.ends, job.clone(), lease, trigger, sent, Instant::now(), interrupt).await;
+                        execute(&e, job.clone(), lease, trigger, sent, Instant::now(), e.interrupt.clone()).await;
                     }
                     other => e.on_claimed(i, &req, other, sent),
                 }
