@@ -1,5 +1,6 @@
 //! The store's raw minimal operation, for the claim-overhead comparison, and cleanup.
 
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 /// A direct connection doing the store's cheapest "insert if absent".
@@ -15,7 +16,14 @@ pub enum Raw {
 impl Raw {
     pub async fn connect(url: &str, prefix: &str) -> anyhow::Result<Raw> {
         let raw = if url.starts_with("sqlite") {
-            let pool = SqlitePool::connect(url).await?;
+            // The store's own settings (WAL, `synchronous = NORMAL`: no fsync per commit), so
+            // that the comparison is of the operations, not of the durability settings.
+            let options = url
+                .parse::<SqliteConnectOptions>()?
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(std::time::Duration::from_secs(5));
+            let pool = SqlitePool::connect_with(options).await?;
             sqlx::query("CREATE TABLE IF NOT EXISTS bench_raw (k TEXT PRIMARY KEY)").execute(&pool).await?;
             Raw::Sqlite(pool)
         } else if url.starts_with("postgres") {

@@ -3,9 +3,11 @@
 //!
 //! One multi-statement text query: `START TRANSACTION`; an upsert that creates the job's
 //! fence row or advances its counter (taking the row's exclusive lock, as every claim and
-//! retry of the job does before it reads); a `SET` that reads whether the tick has a
-//! record, why it would be skipped (its skip reason, the job's pause, or the newest running
-//! run of a job asked not to overlap), the new token and the server's clock; one
+//! retry of the job does before it reads) and leaves the new token in the session's
+//! `LAST_INSERT_ID()` (`LAST_INSERT_ID(expr)` sets it, so no read of the row is needed); a
+//! `SET` that reads the token, whether the tick has a record, why it would be skipped (its
+//! skip reason, the job's pause, or the newest running run of a job asked not to overlap)
+//! and the server's clock; one
 //! `INSERT ... SELECT ... WHERE NOT taken` of its `running` or `skipped` record; `COMMIT`;
 //! and a `SELECT` of the variables. The reads are safe for the reason given in
 //! [`crate::claim`]: the fence lock is held from before them until the commit.
@@ -57,10 +59,11 @@ fn one_sql(request: &ClaimRequest) -> Result<String, Failure> {
     let won = "@solocron_why IS NULL";
     let sql = format!(
         "START TRANSACTION;
-         INSERT INTO {{p}}fences (job, token) VALUES (?, 1) ON DUPLICATE KEY UPDATE token = token + 1;
-         SET @solocron_taken = EXISTS(SELECT 1 FROM {{p}}runs WHERE job = ? AND scheduled_at = ? AND attempt = 1),
+         INSERT INTO {{p}}fences (job, token) VALUES (?, LAST_INSERT_ID(1))
+             ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1);
+         SET @solocron_token = LAST_INSERT_ID(),
+             @solocron_taken = EXISTS(SELECT 1 FROM {{p}}runs WHERE job = ? AND scheduled_at = ? AND attempt = 1),
              @solocron_why = {why},
-             @solocron_token = (SELECT token FROM {{p}}fences WHERE job = ?),
              @solocron_now = NOW_MS;
          INSERT INTO {{p}}runs (job, scheduled_at, attempt, `trigger`, node, token, state, reason,
              claimed_at, finished_at, lease_until, output)
@@ -75,7 +78,6 @@ fn one_sql(request: &ClaimRequest) -> Result<String, Failure> {
     let mut values = vec![job.clone(), job.clone(), at.clone()];
     values.extend(why_values(request));
     values.extend([
-        job.clone(),
         job,
         at,
         Literal::Text(request.trigger.as_str()),

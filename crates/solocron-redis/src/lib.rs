@@ -1,7 +1,7 @@
 //! # solocron-redis
 //!
-//! The Redis [`Store`] of solocron: a fleet of nodes shares one Redis (7.0 or later), and
-//! every tick runs on exactly one node while that Redis keeps its data.
+//! The Redis [`Store`] of solocron: a fleet of nodes shares one Redis (6.2 or later; tested
+//! on 7.0), and every tick runs on exactly one node while that Redis keeps its data.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -31,15 +31,26 @@
 //!
 //! ## One atomic step per method
 //!
-//! Every [`Store`] method is one Lua script run with `EVALSHA` (or one single command:
-//! `TIME` for [`Store::now`]). Redis runs one script at a time, entirely, so a claim, a
-//! renewal, a recovery or an unlock never interleaves with another node's. Renew, finish,
-//! recover and unlock compare the owner and fencing token (or the state and lease expiry)
-//! inside the same script that writes: there is no read-then-write from the node.
+//! Every [`Store`] method is one call of solocron's Lua code (or one single command:
+//! `TIME` for [`Store::now`]). The code is a Redis Functions library that the store loads
+//! with `FUNCTION LOAD` on its first call, and calls with `FCALL`; where the server refuses
+//! to load it (an ACL without `FUNCTION`, a proxy), the same code runs as one script per
+//! method with `EVALSHA`, at a higher cost per call on the server
+//! ([`RedisStore::calls_library`] says which). Redis runs one function or script at a
+//! time, entirely, so a claim, a renewal, a recovery or an unlock never interleaves with
+//! another node's. Renew, finish, recover and unlock compare the owner and fencing token
+//! (or the state and lease expiry) inside the same call that writes: there is no
+//! read-then-write from the node.
 //!
-//! The store's clock is Redis's: each script reads `TIME` once and uses it as "now" (Redis
-//! 7 replicates a script's effects, not the script, so this is allowed and replicas agree).
-//! Nodes send lease *lengths*, never instants.
+//! The library is named `solocron_<16 hex digits of its code's hash>`, so nodes of
+//! different builds sharing one Redis each load and call their own; a library no node uses
+//! any more stays loaded (a few tens of KB) until removed with `FUNCTION DELETE`. A server
+//! that forgot the library (a restart without persistence, a failover to a replica that
+//! never had it, `FUNCTION FLUSH`) is given it again by the next call.
+//!
+//! The store's clock is Redis's: each call reads `TIME` once and uses it as "now" (Redis
+//! 7 replicates a script's or function's effects, not its code, so this is allowed and
+//! replicas agree). Nodes send lease *lengths*, never instants.
 //!
 //! A batch claim is one script call for the whole batch (up to
 //! [`CLAIM_BATCH_MAX`](solocron_core::CLAIM_BATCH_MAX) requests): one round trip, and one
@@ -150,13 +161,19 @@
 //! ## Errors
 //!
 //! I/O errors, refused connections, timeouts (connect and response: 5 s), `LOADING`,
-//! `BUSY`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `READONLY`, `NOREPLICAS` and `OOM` are
-//! [`StoreError::Unavailable`]: the engine backs off and retries. Script errors, replies of
-//! an unexpected shape and refused credentials are [`StoreError::Invalid`]. `NOSCRIPT`
-//! (after a restart or `SCRIPT FLUSH`) is handled by [`redis::Script`], which loads the
-//! script again. Passwords never appear in [`Store::describe`] or in error messages.
+//! `BUSY`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `READONLY`, `NOREPLICAS`, `OOM` and
+//! `MISCONF` (a failed snapshot stops writes) are [`StoreError::Unavailable`]: the engine
+//! backs off and retries. While the server refuses writes (`OOM` at `maxmemory`,
+//! `MISCONF`, too few replicas), every method that may write fails so, even a call that
+//! would have written nothing (a renewal of a lost lease, say): Redis refuses a function
+//! that may write before it runs. The reads (`expired`, `history`, `registrations`,
+//! `controls`, `pending_requests`) still answer. Script errors, replies of
+//! an unexpected shape and refused credentials are [`StoreError::Invalid`]. An unknown
+//! function or `NOSCRIPT` (after a restart, `FUNCTION FLUSH` or `SCRIPT FLUSH`) is handled
+//! by loading the code again. Passwords never appear in [`Store::describe`] or in error messages.
 #![warn(missing_docs)]
 
+mod call;
 mod decode;
 mod scripts;
 mod watch;
@@ -167,15 +184,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Script, ScriptInvocation, Value};
+use redis::{RedisError, Value};
 use solocron_core::{
     output_tail, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease,
     RecoverAction, RecoverOutcome, Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError,
     Tick, FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 
+use call::{Call, Caller};
 use decode::{convert, instant, invalid};
-use scripts::SCRIPTS;
+use scripts::{Method, CODE};
 
 /// The key prefix used unless configured otherwise. `{solocron}` is the hash tag that keeps
 /// every key of the store in one Redis Cluster slot (see the crate documentation).
@@ -217,8 +235,8 @@ pub struct RedisStore {
     /// For the request watch's own (subscribed) connection.
     client: redis::Client,
     prefix: String,
-    /// `<prefix>epoch`: the key every script declares (see `lua/prelude.lua`).
-    epoch_key: String,
+    /// Sends the calls of the store's Lua code (library or scripts).
+    caller: Caller,
     description: String,
 }
 
@@ -254,9 +272,25 @@ impl RedisStore {
             conn,
             client,
             prefix: key_prefix.to_owned(),
-            epoch_key: format!("{key_prefix}epoch"),
+            caller: Caller::new(format!("{key_prefix}epoch")),
             description,
         })
+    }
+
+    /// Whether this store's calls go to its Redis Functions library (`Some(true)`), or to
+    /// scripts with `EVALSHA` because the server refused to load the library (`Some(false)`;
+    /// a warning said why). `None` before the first call, which decides. Clones share it.
+    ///
+    /// ```no_run
+    /// # async fn f(store: solocron_redis::RedisStore) -> Result<(), solocron_core::StoreError> {
+    /// use solocron_core::Store;
+    /// store.migrate().await?;
+    /// println!("library: {:?}", store.calls_library());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn calls_library(&self) -> Option<bool> {
+        self.caller.calls_library()
     }
 
     /// The key prefix this store's keys start with.
@@ -264,25 +298,25 @@ impl RedisStore {
         &self.prefix
     }
 
-    /// A call of `script`, with the arguments every script takes (the declared key, the
-    /// prefix) already in place.
-    fn invocation(&self, script: &'static Script) -> ScriptInvocation<'static> {
-        let mut call = script.prepare_invoke();
-        call.key(&self.epoch_key).arg(&self.prefix);
-        call
+    /// A call of `method` on this store's keys.
+    fn invocation(&self, method: &'static Method) -> Call {
+        Call::new(method, &self.prefix)
     }
 
     /// Runs `call`; errors say which operation failed on which store.
-    async fn run(&self, call: &ScriptInvocation<'_>, operation: &str) -> Result<Value, StoreError> {
+    async fn run(&self, call: &Call, operation: &str) -> Result<Value, StoreError> {
         let mut conn = self.conn.clone();
-        call.invoke_async(&mut conn).await.map_err(|e| redis_error(e, &format!("{operation} on {}", self.description)))
+        self.caller
+            .send(&mut conn, call)
+            .await
+            .map_err(|e| redis_error(e, &format!("{operation} on {}", self.description)))
     }
 
     /// The `finish` script's call for one end.
-    fn finish_call(&self, lease: &Lease, end: &RunEnd) -> Result<ScriptInvocation<'static>, StoreError> {
+    fn finish_call(&self, lease: &Lease, end: &RunEnd) -> Result<Call, StoreError> {
         assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
         let started_after = end.started_after.map(millis).transpose()?;
-        let mut call = self.invocation(&SCRIPTS.finish);
+        let mut call = self.invocation(&CODE.finish);
         Self::lease_args(&mut call, lease);
         call.arg(end.state.as_str())
             .arg(optional(end.reason.as_deref()))
@@ -293,7 +327,7 @@ impl RedisStore {
     }
 
     /// The identity of a run and its holder's proof, as renew and finish send them.
-    fn lease_args(call: &mut ScriptInvocation<'_>, lease: &Lease) {
+    fn lease_args(call: &mut Call, lease: &Lease) {
         call.arg(&lease.run.tick.job)
             .arg(lease.run.tick.scheduled_at.timestamp_millis())
             .arg(lease.run.attempt)
@@ -349,10 +383,10 @@ fn mask_url(url: &str) -> String {
 
 /// True for errors a retry may cure: the connection, timeouts, a server loading or busy,
 /// a cluster or replication in transition, a full memory.
-fn is_transient(e: &RedisError) -> bool {
+pub(crate) fn is_transient(e: &RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind as Server};
-    const CODES: [&str; 8] =
-        ["BUSY", "LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "NOREPLICAS", "OOM"];
+    const CODES: [&str; 9] =
+        ["BUSY", "LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "NOREPLICAS", "OOM", "MISCONF"];
     e.is_io_error()
         || e.is_timeout()
         || e.is_connection_refusal()
@@ -413,14 +447,14 @@ impl Store for RedisStore {
     async fn migrate(&self) -> Result<(), StoreError> {
         // One script: concurrent migrations take turns, and each later one finds the
         // version and the epoch marked. There are no structures to create.
-        self.run(&self.invocation(&SCRIPTS.migrate), "migrate").await.map(drop)
+        self.run(&self.invocation(&CODE.migrate), "migrate").await.map(drop)
     }
 
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        let mut call = self.invocation(&SCRIPTS.claim);
+        let mut call = self.invocation(&CODE.claim);
         call.arg(requests.len());
         for request in requests {
             let (mode, reason) = mode(&request.mode);
@@ -453,7 +487,7 @@ impl Store for RedisStore {
     }
 
     async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-        let mut call = self.invocation(&SCRIPTS.renew);
+        let mut call = self.invocation(&CODE.renew);
         Self::lease_args(&mut call, lease);
         call.arg(millis(length)?);
         let renewed: i64 = convert(self.run(&call, "renew").await?, "renew reply")?;
@@ -471,23 +505,21 @@ impl Store for RedisStore {
         if endings.is_empty() {
             return Ok(Vec::new());
         }
-        // One pipeline: `SCRIPT LOAD` (a pipeline cannot load a script on `NOSCRIPT` as a
-        // lone call does), then one `finish` per end; each script runs atomically by itself.
+        // One pipeline of one `finish` per end; each runs atomically by itself.
         let calls = endings.iter().map(|e| self.finish_call(&e.lease, &e.end)).collect::<Result<Vec<_>, _>>()?;
-        let mut pipe = redis::pipe();
-        pipe.load_script(&SCRIPTS.finish).ignore();
-        for call in &calls {
-            pipe.invoke_script(call);
-        }
         let mut conn = self.conn.clone();
-        let finished: Vec<i64> = pipe
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| redis_error(e, &format!("finish on {}", self.description)))?;
-        if finished.len() != endings.len() {
-            return Err(StoreError::Invalid(format!("finish answered {} of {} ends", finished.len(), endings.len())));
+        let context = || format!("finish on {}", self.description);
+        let replies = self.caller.send_all(&mut conn, &calls).await.map_err(|e| redis_error(e, &context()))?;
+        if replies.len() != endings.len() {
+            return Err(StoreError::Invalid(format!("finish answered {} of {} ends", replies.len(), endings.len())));
         }
-        Ok(finished.into_iter().map(|f| f == 1).collect())
+        replies
+            .into_iter()
+            .map(|reply| {
+                let finished: i64 = convert(reply.map_err(|e| redis_error(e, &context()))?, "finish reply")?;
+                Ok(finished == 1)
+            })
+            .collect()
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
@@ -495,7 +527,7 @@ impl Store for RedisStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let mut call = self.invocation(&SCRIPTS.expired);
+        let mut call = self.invocation(&CODE.expired);
         call.arg(limit);
         let records = decode::each(self.run(&call, "expired").await?, "expired runs", decode::record)?;
         // A record this version cannot read (written by a newer one, say) must not stop the
@@ -512,7 +544,7 @@ impl Store for RedisStore {
             return Err(StoreError::Invalid(format!("run {run} has no next attempt")));
         }
         let next = RunId { tick: run.tick.clone(), attempt: run.attempt.saturating_add(1) };
-        let mut call = self.invocation(&SCRIPTS.recover);
+        let mut call = self.invocation(&CODE.recover);
         call.arg(&run.tick.job).arg(run.tick.scheduled_at.timestamp_millis()).arg(run.attempt);
         match action {
             RecoverAction::Abandon { reason } => call.arg("abandon").arg(reason).arg(0),
@@ -538,7 +570,7 @@ impl Store for RedisStore {
             0 => RECORDS_PAGE_MAX,
             n => n.min(RECORDS_PAGE_MAX),
         };
-        let mut call = self.invocation(&SCRIPTS.history);
+        let mut call = self.invocation(&CODE.history);
         call.arg(optional(query.job.as_deref()))
             .arg(optional(query.state.map(|s| s.as_str())))
             .arg(optional(query.node.as_deref()))
@@ -571,7 +603,7 @@ impl Store for RedisStore {
         if jobs.is_empty() {
             return Ok(());
         }
-        let mut call = self.invocation(&SCRIPTS.register);
+        let mut call = self.invocation(&CODE.register);
         call.arg(node).arg(jobs.len());
         for job in jobs {
             call.arg(&job.job).arg(&job.schedule).arg(&job.timezone).arg(&job.definition_hash).arg(&job.summary);
@@ -580,7 +612,7 @@ impl Store for RedisStore {
     }
 
     async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
-        let reply = self.run(&self.invocation(&SCRIPTS.registrations), "registrations").await?;
+        let reply = self.run(&self.invocation(&CODE.registrations), "registrations").await?;
         let mut all =
             decode::each(reply, "registrations", decode::registration)?.into_iter().collect::<Result<Vec<_>, _>>()?;
         all.sort_by(|a, b| (&a.definition.job, &a.node).cmp(&(&b.definition.job, &b.node)));
@@ -588,13 +620,13 @@ impl Store for RedisStore {
     }
 
     async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
-        let mut call = self.invocation(&SCRIPTS.set_paused);
+        let mut call = self.invocation(&CODE.set_paused);
         call.arg(job).arg(if paused { "1" } else { "0" }).arg(by).arg(optional(reason));
         self.run(&call, "set_paused").await.map(drop)
     }
 
     async fn controls(&self) -> Result<Vec<JobControl>, StoreError> {
-        let reply = self.run(&self.invocation(&SCRIPTS.controls), "controls").await?;
+        let reply = self.run(&self.invocation(&CODE.controls), "controls").await?;
         let mut all =
             decode::each(reply, "job controls", decode::control)?.into_iter().collect::<Result<Vec<_>, _>>()?;
         all.sort_by(|a, b| a.job.cmp(&b.job));
@@ -602,7 +634,7 @@ impl Store for RedisStore {
     }
 
     async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError> {
-        let mut call = self.invocation(&SCRIPTS.request_run);
+        let mut call = self.invocation(&CODE.request_run);
         call.arg(job).arg(by).arg(REQUEST_SLOTS_MAX);
         let at: i64 = convert(self.run(&call, "request_run").await?, "requested instant")?;
         Ok(Tick::new(job, instant(at)?))
@@ -617,7 +649,7 @@ impl Store for RedisStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let mut call = self.invocation(&SCRIPTS.pending);
+        let mut call = self.invocation(&CODE.pending);
         call.arg(limit);
         let flat: Vec<String> = convert(self.run(&call, "pending_requests").await?, "pending requests")?;
         flat.chunks(2)
@@ -634,7 +666,7 @@ impl Store for RedisStore {
     }
 
     async fn unlock(&self, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-        let mut call = self.invocation(&SCRIPTS.unlock);
+        let mut call = self.invocation(&CODE.unlock);
         call.arg(job).arg(reason);
         let ids: Vec<String> = convert(self.run(&call, "unlock").await?, "unlocked runs")?;
         let runs = ids.iter().map(|id| decode::run_id(id)).collect::<Result<Vec<_>, _>>()?;
@@ -643,13 +675,13 @@ impl Store for RedisStore {
     }
 
     async fn memory_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let reply = self.run(&self.invocation(&SCRIPTS.memory_since), "memory_since").await?;
+        let reply = self.run(&self.invocation(&CODE.memory_since), "memory_since").await?;
         let ms: i64 = convert(reply, "epoch")?;
         Ok(Some(instant(ms)?))
     }
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
-        let mut call = self.invocation(&SCRIPTS.prune);
+        let mut call = self.invocation(&CODE.prune);
         call.arg(millis(older_than)?).arg(batch.min(PRUNE_BATCH_MAX)).arg(PRUNE_BATCH_MAX);
         let deleted: i64 = convert(self.run(&call, "prune").await?, "pruned count")?;
         u64::try_from(deleted).map_err(|e| invalid("pruned count", e))

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use redis::Value;
 use solocron_core::{
     ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, Lease, RecoverAction, RecoverOutcome, RunEnd,
     RunState, Store, StoreError, Tick, Trigger,
@@ -230,18 +231,73 @@ async fn a_token_stays_above_the_counter_when_the_servers_clock_went_back() {
     assert_eq!(a.fencing_token, ahead + 1, "the counter, not the clock that went back");
 }
 
-#[tokio::test]
-async fn a_batch_of_ends_after_the_server_forgot_its_scripts_records_every_end() {
-    let Some(ns) = common::Namespace::new().await else { return };
-    let store = ns.migrated().await;
-    let leases = [won(&store, run(tick("a", 0), "n", false)).await, won(&store, run(tick("b", 0), "n", false)).await];
-    // A restart or a `SCRIPT FLUSH` drops the loaded scripts; a pipeline must load its own.
+/// Deletes every solocron Functions library on the server, as a restart without
+/// persistence, a failover to a replica that never had it, or `FUNCTION FLUSH` would.
+async fn forget_libraries() {
     let mut conn = common::raw().await.expect("connect");
-    let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.expect("script flush");
+    let libraries: Vec<Vec<Value>> =
+        redis::cmd("FUNCTION").arg("LIST").query_async(&mut conn).await.expect("function list");
+    for library in libraries {
+        let name = library.iter().skip_while(|v| **v != Value::BulkString(b"library_name".to_vec())).nth(1);
+        let Some(Value::BulkString(name)) = name else { panic!("a library without a name: {library:?}") };
+        if !name.starts_with(b"solocron_") {
+            continue;
+        }
+        // Another test may have deleted it first.
+        let _: redis::RedisResult<()> = redis::cmd("FUNCTION").arg("DELETE").arg(name).query_async(&mut conn).await;
+    }
+}
+
+/// Claims two runs, makes the server forget the store's code with `forget`, then ends them
+/// in one batch and claims again: every call must succeed.
+async fn outlives_forgotten_code(store: &RedisStore, forget: impl std::future::Future<Output = ()>) {
+    let leases = [won(store, run(tick("a", 0), "n", false)).await, won(store, run(tick("b", 0), "n", false)).await];
+    forget.await;
     let endings: Vec<Ending> = leases.iter().map(|l| Ending { lease: l.clone(), end: done() }).collect();
     assert_eq!(store.finish_all(&endings).await.expect("finish_all"), [true, true]);
     let running = HistoryQuery { state: Some(RunState::Running), ..HistoryQuery::default() };
     assert!(store.history(&running).await.expect("history").is_empty(), "both runs ended");
+    won(store, run(tick("a", 1), "n", false)).await;
+}
+
+#[tokio::test]
+async fn the_store_calls_its_library_and_loads_it_again_after_the_server_forgot_it() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.store().await;
+    assert_eq!(store.calls_library(), None, "nothing called yet");
+    store.migrate().await.expect("migrate");
+    assert_eq!(store.calls_library(), Some(true));
+    outlives_forgotten_code(&store, forget_libraries()).await;
+    forget_libraries().await;
+    store.renew(&won(&store, run(tick("c", 0), "n", false)).await, LONG).await.expect("renew");
+    assert_eq!(store.calls_library(), Some(true), "loaded again, not given up");
+}
+
+/// A user whose ACL denies `FUNCTION` (so the library cannot be loaded) gets the same
+/// behaviour from scripts, and a batch still works after the server forgot its scripts.
+#[tokio::test]
+async fn a_user_who_may_not_load_functions_is_served_by_scripts() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let mut conn = common::raw().await.expect("connect");
+    let user = format!("solocron_t_{}", solocron_conformance::naming::fresh_tag());
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", &user, "on", ">pw", "~*", "&*", "+@all", "-function"][..])
+        .query_async(&mut conn)
+        .await
+        .expect("create a user");
+    let url = common::url().replacen("redis://", &format!("redis://{user}:pw@"), 1);
+    let limited = RedisStore::connect(&url, &ns.prefix).await.expect("connect as the limited user");
+    let migrated = limited.migrate().await;
+    let forget_scripts = async {
+        let mut conn = common::raw().await.expect("connect");
+        let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.expect("script flush");
+    };
+    if migrated.is_ok() {
+        outlives_forgotten_code(&limited, forget_scripts).await;
+    }
+    let _: () = redis::cmd("ACL").arg(&["DELUSER", &user][..]).query_async(&mut conn).await.expect("delete the user");
+    migrated.expect("migrate");
+    assert_eq!(limited.calls_library(), Some(false));
 }
 
 #[tokio::test]

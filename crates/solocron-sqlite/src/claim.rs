@@ -20,6 +20,12 @@ use solocron_sql::plan::{self, Decision, Found, StateRow, Wanted};
 
 use crate::{db_err, get_in, instant, millis, SqliteStore};
 
+/// Batches of at most this many requests keep their statements prepared (sqlx's
+/// per-connection statement cache): a one-tick claim's statements have the same text every
+/// time, and preparing them again each time was a quarter of its time (BENCHMARKS.md,
+/// 2026-11-24 evening). Larger batches' texts vary with their size and are not kept.
+const PREPARED_BATCH_MAX: usize = 8;
+
 /// Records per `INSERT`: 10 bound values each stay below SQLite's limit on a statement's
 /// parameters (32,766 in the bundled SQLite; the read binds at most ~5 per request).
 const ROWS_PER_INSERT: usize = 90;
@@ -38,13 +44,14 @@ pub(crate) async fn claim(store: &SqliteStore, requests: &[ClaimRequest]) -> Res
     }
     // The whole batch in one transaction: one lock round per poll, and all-or-nothing if
     // any statement fails (the transaction rolls back when dropped).
+    let keep = requests.len() <= PREPARED_BATCH_MAX;
     let mut tx = store.write_tx().await?;
-    let (found, now) = read_state(&mut tx, &Wanted::of(requests)).await?;
+    let (found, now) = read_state(&mut tx, &Wanted::of(requests), keep).await?;
     let (decisions, counters) = plan::plan(requests, found);
     let rows: Vec<(&ClaimRequest, &Decision)> =
         requests.iter().zip(&decisions).filter(|(_, d)| !matches!(d, Decision::Taken)).collect();
     for chunk in rows.chunks(ROWS_PER_INSERT) {
-        insert(&mut tx, chunk, now).await?;
+        insert(&mut tx, chunk, now, keep).await?;
     }
     if !counters.is_empty() {
         let mut sql = QueryBuilder::<Sqlite>::new("INSERT INTO solocron_fences (job, token) ");
@@ -52,7 +59,7 @@ pub(crate) async fn claim(store: &SqliteStore, requests: &[ClaimRequest]) -> Res
             row.push_bind(job.as_str()).push_bind(i64::try_from(*token).unwrap_or(i64::MAX));
         });
         sql.push(" ON CONFLICT (job) DO UPDATE SET token = excluded.token");
-        let written = sql.build().persistent(false).execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+        let written = sql.build().persistent(keep).execute(&mut *tx).await.map_err(db_err)?.rows_affected();
         assert_eq!(written, counters.len() as u64, "every winning job's counter written");
     }
     // Checked before the commit: once committed, the won runs must be run.
@@ -70,7 +77,7 @@ pub(crate) async fn claim(store: &SqliteStore, requests: &[ClaimRequest]) -> Res
 
 /// One read of what the batch depends on (`Wanted`), and SQLite's clock (ms): the
 /// instant every record of the batch carries.
-async fn read_state(conn: &mut SqliteConnection, wanted: &Wanted<'_>) -> Result<(Found, i64), StoreError> {
+async fn read_state(conn: &mut SqliteConnection, wanted: &Wanted<'_>, keep: bool) -> Result<(Found, i64), StoreError> {
     let mut sql = QueryBuilder::<Sqlite>::new(
         "SELECT 'f' AS kind, job, token AS n, 0 AS attempt, NULL AS who, NULL AS why FROM solocron_fences WHERE job IN ",
     );
@@ -94,7 +101,7 @@ async fn read_state(conn: &mut SqliteConnection, wanted: &Wanted<'_>) -> Result<
         list(&mut sql, &wanted.pausable);
     }
     sql.push(concat!(" UNION ALL SELECT 'n', '', ", now!(), ", 0, NULL, NULL"));
-    let rows = sql.build().persistent(false).fetch_all(conn).await.map_err(db_err)?;
+    let rows = sql.build().persistent(keep).fetch_all(conn).await.map_err(db_err)?;
     let mut found = Found::default();
     const READ: &str = "the claim's read";
     for row in &rows {
@@ -123,7 +130,12 @@ fn list<'a>(sql: &mut QueryBuilder<'a, Sqlite>, items: &[&'a str]) {
 
 /// Inserts the records of `rows` (none taken), claimed at `now`. A plain `INSERT`: a record
 /// that exists despite the lock fails the transaction.
-async fn insert(conn: &mut SqliteConnection, rows: &[(&ClaimRequest, &Decision)], now: i64) -> Result<(), StoreError> {
+async fn insert(
+    conn: &mut SqliteConnection,
+    rows: &[(&ClaimRequest, &Decision)],
+    now: i64,
+    keep: bool,
+) -> Result<(), StoreError> {
     let mut values = Vec::with_capacity(rows.len());
     for (request, decision) in rows {
         let (token, state, reason, finished, lease_until) = match decision {
@@ -152,7 +164,7 @@ async fn insert(conn: &mut SqliteConnection, rows: &[(&ClaimRequest, &Decision)]
             .push_bind(finished)
             .push_bind(lease_until);
     });
-    let inserted = sql.build().persistent(false).execute(conn).await.map_err(db_err)?.rows_affected();
+    let inserted = sql.build().persistent(keep).execute(conn).await.map_err(db_err)?.rows_affected();
     assert_eq!(inserted, rows.len() as u64, "every new record inserted");
     Ok(())
 }

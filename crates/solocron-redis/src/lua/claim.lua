@@ -1,9 +1,6 @@
 -- claim: ARGV[2] = number of requests, then 7 arguments per request: job, scheduled_at,
 -- trigger, node, lease ms, mode ('run', 'exclusive' = run unless another run of the job is
 -- running, 'skip'), skip reason. One outcome per request, in order.
-local mismatch = schema_mismatch()
-if mismatch then return redis.error_reply(mismatch) end
-remember()
 
 -- Howard Hinnant's days-to-civil: the proleptic Gregorian date of a day since 1970-01-01.
 local function civil(days)
@@ -67,9 +64,14 @@ local function claim_one(job, at, trigger, node, lease_ms, mode, reason)
   return start_run(job, at, 1, trigger, node, lease_ms, true)
 end
 
-local outcomes = {}
-for i = 0, tonumber(ARGV[2]) - 1 do
-  local b = 3 + i * 7
-  outcomes[i + 1] = claim_one(ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6])
+handlers.claim = function(KEYS, ARGV)
+  local mismatch = schema_mismatch()
+  if mismatch then return redis.error_reply(mismatch) end
+  remember()
+  local outcomes = {}
+  for i = 0, tonumber(ARGV[2]) - 1 do
+    local b = 3 + i * 7
+    outcomes[i + 1] = claim_one(ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6])
+  end
+  return outcomes
 end
-return outcomes

@@ -1,5 +1,7 @@
 -- migrate: checks the layout version and marks it, and when the present memory began.
-local mismatch = schema_mismatch()
-if mismatch then return redis.error_reply(mismatch) end
-remember()
-return 1
+handlers.migrate = function(KEYS, ARGV)
+  local mismatch = schema_mismatch()
+  if mismatch then return redis.error_reply(mismatch) end
+  remember()
+  return 1
+end

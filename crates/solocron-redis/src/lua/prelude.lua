@@ -1,26 +1,54 @@
--- Shared head of every solocron script (the crate prepends it to each body).
+-- Shared head of every solocron script: per-call state, key names, the clock, the run
+-- life helpers, and `handlers`, the table each method's file adds its handler to. The crate
+-- loads the head and every method's file as one Redis Functions library (Redis 7+), or,
+-- where the server cannot, sends the head, one method's file and its call as one script
+-- (see scripts.rs). Either way `begin` runs first in every call.
 --
 -- KEYS[1] is the epoch key: declared so that a cluster-aware client or proxy routes the
 -- call to the slot of the prefix's hash tag; every other key is derived from the prefix
 -- (ARGV[1]) and so shares that tag and slot.
 --
 -- Instants are integer milliseconds since the Unix epoch, always from Redis's own clock,
--- read once per call: one script is one atomic step with one "now".
-local P = ARGV[1]
+-- read once per call: one call is one atomic step with one "now".
 local SCHEMA_VERSION = '1'
-local clock = redis.call('TIME')
-local NOW_US = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-local NOW = math.floor(NOW_US / 1000)
 
-local EPOCH, SCHEMA = P .. 'epoch', P .. 'schema'
-local HIST, EXPIRY, FENCES = P .. 'hist', P .. 'expiry', P .. 'fences'
-local CTLS, REGS = P .. 'ctls', P .. 'regs'
-local REQ, REQBY, REQPEND = P .. 'req', P .. 'reqby', P .. 'reqpend'
+-- Set by `begin` at the start of each call (a library's functions run one at a time, so
+-- one call's values are never seen by another).
+local P, NOW_US, NOW
+local EPOCH, SCHEMA, HIST, EXPIRY, FENCES, CTLS, REGS, REQ, REQBY, REQPEND
+-- Whether this call found the layout version in place (see `remember`).
+local schema_found
+
+local function begin(argv)
+  P = argv[1]
+  local clock = redis.call('TIME')
+  NOW_US = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  NOW = math.floor(NOW_US / 1000)
+  EPOCH, SCHEMA = P .. 'epoch', P .. 'schema'
+  HIST, EXPIRY, FENCES = P .. 'hist', P .. 'expiry', P .. 'fences'
+  CTLS, REGS = P .. 'ctls', P .. 'regs'
+  REQ, REQBY, REQPEND = P .. 'req', P .. 'reqby', P .. 'reqpend'
+  schema_found = false
+end
+
+-- Method name -> function(KEYS, ARGV), added by each method's file.
+local handlers = {}
+
 local function run_key(id) return P .. 'run:' .. id end
 local function job_hist(job) return P .. 'jhist:' .. job end
 local function job_running(job) return P .. 'jrun:' .. job end
 local function ctl_key(job) return P .. 'ctl:' .. job end
 local function reg_key(id) return P .. 'reg:' .. id end
+
+-- The hash at key_of(id) of each id, in order, leaving out ids whose hash is gone.
+local function hashes(ids, key_of)
+  local out = {}
+  for _, id in ipairs(ids) do
+    local h = redis.call('HGETALL', key_of(id))
+    if #h > 0 then out[#out + 1] = h end
+  end
+  return out
+end
 
 -- Integers as exact decimal strings: Lua numbers are doubles, and tostring() would print
 -- 1.7953577417e+15 for a microsecond token. Every value stored or returned goes through this.
@@ -42,9 +70,6 @@ local function split_id(id)
   local at, attempt, job = string.match(id, '^(-?%d+):(%d+):(.*)$')
   return job, at, tonumber(attempt)
 end
-
--- Whether this call found the layout version in place (see `remember`).
-local schema_found = false
 
 -- An error message if the prefix holds a layout this code does not understand.
 local function schema_mismatch()

@@ -2,32 +2,34 @@
 -- deleted. Deletes ended records of ticks before now - older, oldest first (never a running
 -- one), requests as old, and registrations not refreshed since then; returns the number of
 -- run records deleted.
-local cutoff = '(' .. int(NOW - tonumber(ARGV[2]))
-local batch, others = tonumber(ARGV[3]), tonumber(ARGV[4])
-local deleted, skipped = 0, 0
-while deleted < batch do
-  -- Running records stay in the index, so the next page starts after the ones skipped.
-  local ids = redis.call('ZRANGEBYSCORE', HIST, '-inf', cutoff, 'LIMIT', skipped, batch - deleted)
-  if #ids == 0 then break end
-  for _, id in ipairs(ids) do
-    local key = run_key(id)
-    if redis.call('HGET', key, 'state') == 'running' then
-      skipped = skipped + 1
-    else
-      redis.call('DEL', key)
-      redis.call('ZREM', HIST, id)
-      redis.call('ZREM', job_hist(split_id(id)), id)
-      deleted = deleted + 1
+handlers.prune = function(KEYS, ARGV)
+  local cutoff = '(' .. int(NOW - tonumber(ARGV[2]))
+  local batch, others = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local deleted, skipped = 0, 0
+  while deleted < batch do
+    -- Running records stay in the index, so the next page starts after the ones skipped.
+    local ids = redis.call('ZRANGEBYSCORE', HIST, '-inf', cutoff, 'LIMIT', skipped, batch - deleted)
+    if #ids == 0 then break end
+    for _, id in ipairs(ids) do
+      local key = run_key(id)
+      if redis.call('HGET', key, 'state') == 'running' then
+        skipped = skipped + 1
+      else
+        redis.call('DEL', key)
+        redis.call('ZREM', HIST, id)
+        redis.call('ZREM', job_hist(split_id(id)), id)
+        deleted = deleted + 1
+      end
     end
   end
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', REQ, '-inf', cutoff, 'LIMIT', 0, others)) do
+    redis.call('ZREM', REQ, member)
+    redis.call('ZREM', REQPEND, member)
+    redis.call('HDEL', REQBY, member)
+  end
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', REGS, '-inf', cutoff, 'LIMIT', 0, others)) do
+    redis.call('DEL', reg_key(id))
+    redis.call('ZREM', REGS, id)
+  end
+  return deleted
 end
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', REQ, '-inf', cutoff, 'LIMIT', 0, others)) do
-  redis.call('ZREM', REQ, member)
-  redis.call('ZREM', REQPEND, member)
-  redis.call('HDEL', REQBY, member)
-end
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', REGS, '-inf', cutoff, 'LIMIT', 0, others)) do
-  redis.call('DEL', reg_key(id))
-  redis.call('ZREM', REGS, id)
-end
-return deleted

@@ -1,8 +1,4 @@
 -- registrations: every registration hash (the caller sorts them by job, node).
-local ids = redis.call('ZRANGE', REGS, 0, -1)
-local out = {}
-for _, id in ipairs(ids) do
-  local r = redis.call('HGETALL', reg_key(id))
-  if #r > 0 then out[#out + 1] = r end
+handlers.registrations = function(KEYS, ARGV)
+  return hashes(redis.call('ZRANGE', REGS, 0, -1), reg_key)
 end
-return out

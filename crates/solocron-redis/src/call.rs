@@ -1,0 +1,196 @@
+//! How a method's code is called: `FCALL` of the library this process loaded, or, where the
+//! server refuses to load it, `EVALSHA` of the method's script (see [`crate::scripts`]).
+//!
+//! The library is loaded by the first call of a process (`FUNCTION LOAD`; a library of the
+//! same name, hence the same code, already there is fine) and again whenever the server
+//! answers that the function is unknown: it restarted without persistence, failed over to
+//! a replica that never had it, or someone ran `FUNCTION FLUSH`. If loading is refused (an
+//! ACL without `FUNCTION`, a proxy that does not forward it), or the function is still
+//! unknown right after loading it (a proxy that sent the load elsewhere), the process uses
+//! the scripts from then on. Both forms run the same code, so they can be mixed freely in
+//! one fleet.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use redis::aio::ConnectionManager;
+use redis::{Cmd, RedisError, RedisResult, ScriptInvocation, ToRedisArgs, Value};
+
+use crate::scripts::{Method, CODE};
+
+/// A call of one method: its code and its arguments after the prefix.
+pub(crate) struct Call {
+    method: &'static Method,
+    /// The arguments, the key prefix first (`ARGV[1]` in every handler).
+    args: Vec<Vec<u8>>,
+}
+
+impl Call {
+    /// A call of `method` for the keys under `prefix`.
+    pub(crate) fn new(method: &'static Method, prefix: &str) -> Call {
+        Call { method, args: vec![prefix.as_bytes().to_vec()] }
+    }
+
+    /// Adds an argument.
+    pub(crate) fn arg<T: ToRedisArgs>(&mut self, value: T) -> &mut Call {
+        value.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// The call as an `FCALL` of the library's function; `key` is the declared key.
+    fn fcall(&self, key: &str) -> Cmd {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&self.method.function).arg(1).arg(key);
+        for arg in &self.args {
+            cmd.arg(arg.as_slice());
+        }
+        cmd
+    }
+
+    /// The call as an invocation of the method's script (`EVALSHA`, loading it on `NOSCRIPT`).
+    fn script(&self, key: &str) -> ScriptInvocation<'static> {
+        let mut invocation = self.method.script.prepare_invoke();
+        invocation.key(key);
+        for arg in &self.args {
+            invocation.arg(arg.as_slice());
+        }
+        invocation
+    }
+}
+
+/// Most loads of the library for one call.
+const LOADS_PER_CALL_MAX: usize = 2;
+
+const UNKNOWN: u8 = 0;
+const LIBRARY: u8 = 1;
+const SCRIPTS: u8 = 2;
+
+/// Sends calls in the form the server takes. Clones share what they learned.
+#[derive(Clone)]
+pub(crate) struct Caller {
+    /// The key every call declares (see `lua/prelude.lua`).
+    key: String,
+    /// [`UNKNOWN`] until the first call, then [`LIBRARY`] or [`SCRIPTS`]. Only ever goes
+    /// from `LIBRARY` to `SCRIPTS`, never back, for the life of the process.
+    form: Arc<AtomicU8>,
+}
+
+impl Caller {
+    pub(crate) fn new(key: String) -> Caller {
+        Caller { key, form: Arc::new(AtomicU8::new(UNKNOWN)) }
+    }
+
+    /// `Some(true)` once calls go to the library, `Some(false)` once they go to scripts,
+    /// `None` before the first call.
+    pub(crate) fn calls_library(&self) -> Option<bool> {
+        match self.form.load(Ordering::Relaxed) {
+            LIBRARY => Some(true),
+            SCRIPTS => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Whether calls go to the library; loads it on the first call.
+    async fn library(&self, conn: &mut ConnectionManager) -> bool {
+        match self.form.load(Ordering::Relaxed) {
+            LIBRARY => true,
+            SCRIPTS => false,
+            _ => self.load(conn).await,
+        }
+    }
+
+    /// Loads the library; false (and the scripts from then on) if the server refuses it. A
+    /// transient failure decides nothing: the call goes as a script this time.
+    async fn load(&self, conn: &mut ConnectionManager) -> bool {
+        let loaded: RedisResult<Value> = redis::cmd("FUNCTION").arg("LOAD").arg(&CODE.library).query_async(conn).await;
+        match loaded {
+            Ok(_) => {}
+            Err(e) if e.detail().is_some_and(|d| d.contains("already exists")) => {}
+            Err(e) if crate::is_transient(&e) => return false,
+            Err(e) => {
+                self.use_scripts(&format!("the server refused to load it: {e}"));
+                return false;
+            }
+        }
+        // Never back from SCRIPTS: another task may have given up on the library meanwhile.
+        let _ = self.form.compare_exchange(UNKNOWN, LIBRARY, Ordering::Relaxed, Ordering::Relaxed);
+        self.form.load(Ordering::Relaxed) == LIBRARY
+    }
+
+    fn use_scripts(&self, why: &str) {
+        if self.form.swap(SCRIPTS, Ordering::Relaxed) != SCRIPTS {
+            tracing::warn!(
+                "not using solocron's Redis Functions library ({why}); calling scripts with EVALSHA instead, \
+                 which costs the server more per call"
+            );
+        }
+    }
+
+    /// Sends one call and returns its reply (a server error reply as `Err`).
+    pub(crate) async fn send(&self, conn: &mut ConnectionManager, call: &Call) -> RedisResult<Value> {
+        if self.library(conn).await {
+            let mut reply = call.fcall(&self.key).query_async(conn).await;
+            // The server forgot the library: load it again. Twice, so that a failover right
+            // after a load (which the new primary may not have had) does not decide.
+            let mut loads = 0;
+            while matches!(&reply, Err(e) if function_unknown(e)) {
+                if loads == LOADS_PER_CALL_MAX {
+                    self.use_scripts("the server did not know its functions right after loading them");
+                    break;
+                }
+                loads += 1;
+                if !self.load(conn).await {
+                    // Refused (the scripts from now on) or a transient failure (this call only).
+                    break;
+                }
+                reply = call.fcall(&self.key).query_async(conn).await;
+            }
+            if !matches!(&reply, Err(e) if function_unknown(e)) {
+                return reply;
+            }
+        }
+        call.script(&self.key).invoke_async(conn).await
+    }
+
+    /// Sends calls of one method in one pipeline (each still runs atomically by itself, not
+    /// all together), and returns one reply per call, in order. `Err` if the pipeline
+    /// failed as a whole (the connection, say); a call's own error is its reply.
+    pub(crate) async fn send_all(
+        &self,
+        conn: &mut ConnectionManager,
+        calls: &[Call],
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
+        let Some(first) = calls.first() else { return Ok(Vec::new()) };
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let library = self.library(conn).await;
+        if library {
+            for call in calls {
+                pipe.add_command(call.fcall(&self.key));
+            }
+        } else {
+            // A pipeline cannot load a script on `NOSCRIPT` as a lone call does: load it first.
+            pipe.load_script(&first.method.script).ignore();
+            for call in calls {
+                pipe.invoke_script(&call.script(&self.key));
+            }
+        }
+        let mut replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
+        // Calls that found their code gone (rare: a restart, a failover or a flush between
+        // the pipeline's calls, or a script load that failed): once more, each on its own,
+        // which loads the code again.
+        for (reply, call) in replies.iter_mut().zip(calls) {
+            if matches!(reply, Err(e) if function_unknown(e) || e.code() == Some("NOSCRIPT")) {
+                *reply = self.send(conn, call).await;
+            }
+        }
+        Ok(replies)
+    }
+}
+
+/// True if the server did not know the called function, or `FCALL` itself (a server
+/// replaced by one older than 7.0: the load then fails, and the scripts take over).
+fn function_unknown(e: &RedisError) -> bool {
+    e.detail()
+        .is_some_and(|d| d.starts_with("Function not found") || d.starts_with("unknown command") && d.contains("FCALL"))
+}
