@@ -1,7 +1,8 @@
 //! The claim of a batch of ticks: one `BEGIN IMMEDIATE` transaction of a few statements,
 //! whatever the batch's size. One read of everything the decisions depend on, the
 //! decisions made in memory ([`solocron_sql::plan`]), then one insert per 90 new records
-//! and one write of the jobs' counters.
+//! (each run inserted with a token advances its job's counter by trigger). A batch of one
+//! tick is claimed in one statement instead ([`crate::claim_one`]).
 //!
 //! Deciding in memory is safe because the transaction holds the database's write lock
 //! from its first statement to its commit: nothing it read can change in between. The
@@ -21,9 +22,10 @@ use solocron_sql::plan::{self, Decision, Found, StateRow, Wanted};
 use crate::{db_err, get_in, instant, millis, SqliteStore};
 
 /// Batches of at most this many requests keep their statements prepared (sqlx's
-/// per-connection statement cache): a one-tick claim's statements have the same text every
-/// time, and preparing them again each time was a quarter of its time (BENCHMARKS.md,
-/// 2026-11-24 evening). Larger batches' texts vary with their size and are not kept.
+/// per-connection statement cache): a small batch's statements have one of a few texts,
+/// and preparing a one-tick claim's again each time was a quarter of its time
+/// (BENCHMARKS.md, 2026-11-24 evening). Larger batches' texts vary with their size and
+/// are not kept.
 const PREPARED_BATCH_MAX: usize = 8;
 
 /// Records per `INSERT`: 10 bound values each stay below SQLite's limit on a statement's
@@ -42,6 +44,9 @@ pub(crate) async fn claim(store: &SqliteStore, requests: &[ClaimRequest]) -> Res
             requests.len()
         )));
     }
+    if let [one] = requests {
+        return Ok(vec![crate::claim_one::claim_one(store, one).await?]);
+    }
     // The whole batch in one transaction: one lock round per poll, and all-or-nothing if
     // any statement fails (the transaction rolls back when dropped).
     let keep = requests.len() <= PREPARED_BATCH_MAX;
@@ -50,18 +55,12 @@ pub(crate) async fn claim(store: &SqliteStore, requests: &[ClaimRequest]) -> Res
     let (decisions, counters) = plan::plan(requests, found);
     let rows: Vec<(&ClaimRequest, &Decision)> =
         requests.iter().zip(&decisions).filter(|(_, d)| !matches!(d, Decision::Taken)).collect();
+    // Each inserted run with a token advances its job's counter (the `solocron_runs_fence`
+    // trigger), so the counters `plan` computed need no statement of their own.
     for chunk in rows.chunks(ROWS_PER_INSERT) {
         insert(&mut tx, chunk, now, keep).await?;
     }
-    if !counters.is_empty() {
-        let mut sql = QueryBuilder::<Sqlite>::new("INSERT INTO solocron_fences (job, token) ");
-        sql.push_values(&counters, |mut row, (job, token)| {
-            row.push_bind(job.as_str()).push_bind(i64::try_from(*token).unwrap_or(i64::MAX));
-        });
-        sql.push(" ON CONFLICT (job) DO UPDATE SET token = excluded.token");
-        let written = sql.build().persistent(keep).execute(&mut *tx).await.map_err(db_err)?.rows_affected();
-        assert_eq!(written, counters.len() as u64, "every winning job's counter written");
-    }
+    debug_assert!(counters.values().all(|t| *t >= 1));
     // Checked before the commit: once committed, the won runs must be run.
     let claimed_at = instant(now)?;
     tx.commit().await.map_err(db_err)?;

@@ -10,8 +10,10 @@
 //! suffices (a read, or a renewal's or a finish's `UPDATE`), so concurrent processes
 //! serialize on SQLite's write lock and wait up to the busy timeout instead of failing. A
 //! claim decides its whole batch from one read ([`solocron_sql::plan`]), so it holds the
-//! lock for a few statements however many ticks it claims. Every comparison with "now" (lease expiry) uses SQLite's own clock, and all
-//! instants are stored as integer milliseconds since the Unix epoch (UTC).
+//! lock for a few statements however many ticks it claims; a claim of one tick is one
+//! statement that decides in SQL. Every comparison with "now" (lease expiry) uses SQLite's
+//! own clock, and all instants are stored as integer milliseconds since the Unix epoch
+//! (UTC).
 //!
 //! ```
 //! use std::time::Duration;
@@ -78,6 +80,7 @@ macro_rules! columns {
 }
 
 mod claim;
+mod claim_one;
 
 /// The schema version this crate writes and understands. Version 1 lacked the jobs,
 /// registry and requests tables; [`SCHEMA`] adds them, so migrating a version 1 database
@@ -161,6 +164,17 @@ const SCHEMA: &[&str] = &[
     )"#,
     // Serves `pending_requests` (oldest first) and the request side of `prune`.
     "CREATE INDEX IF NOT EXISTS solocron_requests_oldest ON solocron_requests (requested_at, job)",
+    // Every run inserted with a token advances its job's fencing counter to at least that
+    // token, within the inserting statement: the one-statement claim (`claim_one`) relies
+    // on it, and batched claims no longer write the counters themselves. Added to version 2
+    // without a new version number: solocron builds that predate it write the counter
+    // themselves, to the same value, and work beside it.
+    r#"CREATE TRIGGER IF NOT EXISTS solocron_runs_fence AFTER INSERT ON solocron_runs
+       WHEN NEW.token IS NOT NULL
+       BEGIN
+           INSERT INTO solocron_fences (job, token) VALUES (NEW.job, NEW.token)
+               ON CONFLICT (job) DO UPDATE SET token = max(token, excluded.token);
+       END"#,
 ];
 
 /// A [`Store`] kept in one SQLite file.
