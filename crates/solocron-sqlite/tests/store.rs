@@ -153,6 +153,41 @@ async fn a_version_1_database_is_upgraded_in_place_keeping_its_runs_and_tokens()
     }
 }
 
+/// A version 2 database written by a build before the `solocron_runs_fence` trigger gets
+/// it at `migrate`, and tokens carry on from the stored counters, through one-tick claims
+/// (which rely on the trigger alone) and batches alike.
+#[tokio::test]
+async fn a_database_from_before_the_fence_trigger_gets_it_and_tokens_carry_on() {
+    let (dir, store) = fresh().await;
+    let pool = raw(&dir).await;
+    sqlx::query("DROP TRIGGER solocron_runs_fence").execute(&pool).await.unwrap();
+    sqlx::query("INSERT INTO solocron_fences VALUES ('backup', 41)").execute(&pool).await.unwrap();
+    store.migrate().await.unwrap();
+    let request = |at: &str| ClaimRequest {
+        tick: Tick::new("backup", at.parse().unwrap()),
+        trigger: Trigger::Schedule,
+        node: "a".into(),
+        lease: std::time::Duration::from_secs(30),
+        mode: ClaimMode::Run { skip_if_running: false },
+    };
+    let tokens = |outcomes: Vec<ClaimOutcome>| -> Vec<u64> {
+        outcomes
+            .into_iter()
+            .map(|o| match o {
+                ClaimOutcome::Won(lease) => lease.fencing_token,
+                other => panic!("expected Won, got {other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(tokens(store.claim(&[request("2026-01-01T00:00:00Z")]).await.unwrap()), [42]);
+    let batch = [request("2026-01-01T00:01:00Z"), request("2026-01-01T00:02:00Z")];
+    assert_eq!(tokens(store.claim(&batch).await.unwrap()), [43, 44]);
+    assert_eq!(tokens(store.claim(&[request("2026-01-01T00:03:00Z")]).await.unwrap()), [45]);
+    let counter: i64 =
+        sqlx::query_scalar("SELECT token FROM solocron_fences WHERE job = 'backup'").fetch_one(&pool).await.unwrap();
+    assert_eq!(counter, 45, "the counter holds the largest token handed out");
+}
+
 #[tokio::test]
 async fn a_node_opening_while_another_migrates_waits_instead_of_failing() {
     let dir = tempfile::tempdir().unwrap();
