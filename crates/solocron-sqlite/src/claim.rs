@@ -23,9 +23,9 @@ use crate::{db_err, get_in, instant, millis, SqliteStore};
 
 /// Batches of at most this many requests keep their statements prepared (sqlx's
 /// per-connection statement cache): a small batch's statements have one of a few texts,
-/// and preparing a one-tick claim's again each time was a quarter of its time
-/// (BENCHMARKS.md, 2026-11-24 evening). Larger batches' texts vary with their size and
-/// are not kept.
+/// and preparing them again each time was a quarter of a one-tick claim's time when those
+/// went through here (BENCHMARKS.md, 2026-11-24 evening). Larger batches' texts vary with
+/// their size and are not kept.
 const PREPARED_BATCH_MAX: usize = 8;
 
 /// Records per `INSERT`: 10 bound values each stay below SQLite's limit on a statement's
