@@ -55,11 +55,8 @@ fn kill_the_holder(f: &mut Fleet) -> (Vec<String>, Instant) {
         wait_for(Duration::from_secs(15), || f.lines("starts.txt").first().cloned()).expect("the job never started");
     let v = fields(&first);
     let holder = f.nodes.iter().position(|n| n.id == v[1]).unwrap();
-    // The node lists the job's group with its guardian just after the job starts, and a
-    // SIGKILL inside that gap (microseconds, but a loaded machine can stretch it) leaves the
-    // group unguarded: a known limit (ARCHITECTURE.md). This test is about what follows a
-    // kill once the job is running, so it lets the node list the group first.
-    std::thread::sleep(Duration::from_millis(300));
+    // At once: the job's process announced its group to the guardian before its program
+    // started, so no moment after the first line is written finds it unguarded.
     f.signal(holder, Signal::SIGKILL);
     (v, Instant::now())
 }

@@ -4,10 +4,11 @@
 //! The death signal (`PR_SET_PDEATHSIG`, set in [`crate::spawn`]) reaches a job's own
 //! process only. Processes it started in turn (`sh -c 'a; b'` forks `a`) would live on
 //! after a SIGKILLed node, and, once the lease lapses and another node retries the tick,
-//! run beside the retry. The guardian closes that: the node tells it each job's process
-//! group as the job starts (`+pgid`) and as it ends (`-pgid`), over a socket that only the
-//! node holds open at its end; when the socket reaches end-of-file (the node is gone,
-//! however it went), the guardian SIGKILLs every group still listed and exits.
+//! run beside the retry. The guardian closes that: each job's process announces its group
+//! (`+pgid`) itself, between `clone` and `execve` (so no moment after the job's program
+//! starts finds it unlisted), and the node delists it (`-pgid`) as it ends, over a socket
+//! that only the node holds open at its end; when the socket reaches end-of-file (the node
+//! is gone, however it went), the guardian SIGKILLs every group still listed and exits.
 //!
 //! Why a `/bin/sh` script: solocron is a library inside programs it does not control, so
 //! it cannot re-execute itself as a helper, and a forked copy of the node would keep the
@@ -24,8 +25,8 @@
 
 use std::collections::BTreeSet;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::Mutex;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The script: a space-delimited list of groups; on end-of-file, SIGKILL each.
@@ -70,38 +71,111 @@ struct Guardian {
     socket: OwnedFd,
 }
 
-/// Lists the process group `pgid` (a job just started): killed if the node dies before
-/// [`forget`]. A failure to reach the guardian is logged; the job runs unguarded.
-pub(crate) fn watch(pgid: libc::pid_t) {
-    assert!(pgid > 0, "a process group id");
-    let mut state = STATE.lock().unwrap_or_else(|e| e.into_inner());
-    if state.groups.len() >= GROUPS_MAX {
-        tracing::warn!(pgid, "{GROUPS_MAX} job process groups listed already; this one is not guarded");
-        return;
+/// The guardian, locked while one job starts: its socket cannot be replaced, nor its
+/// descriptor reused, until the job's process has announced itself (the child writes
+/// `+pid` to [`Listing::socket`] before `execve`, so a node killed at any moment after the
+/// job's program starts leaves its group listed) and the node has recorded it.
+pub(crate) struct Listing {
+    state: MutexGuard<'static, State>,
+}
+
+impl Listing {
+    /// Locks the guardian, starting one if there is none (a failure is logged: the job
+    /// runs unguarded).
+    pub(crate) fn lock() -> Listing {
+        let mut state = STATE.lock().unwrap_or_else(|e| e.into_inner());
+        if state.guardian.is_none() && state.groups.len() < GROUPS_MAX {
+            if let Err(e) = state.tell("") {
+                tracing::warn!(error = %e, "cannot start the guardian process; if this node dies, what its jobs started may outlive it");
+            }
+        }
+        Listing { state }
     }
-    state.groups.insert(pgid);
-    if let Err(e) = state.tell(&format!("+{pgid}\n")) {
-        tracing::warn!(pgid, error = %e, "cannot tell the guardian of a job; if this node dies, what the job started may outlive it");
+
+    /// The socket a starting job announces itself on: `None` without a guardian, or when
+    /// [`GROUPS_MAX`] groups are listed already.
+    pub(crate) fn socket(&self) -> Option<RawFd> {
+        let room = self.state.groups.len() < GROUPS_MAX;
+        self.state.guardian.as_ref().filter(|_| room).map(|g| g.socket.as_raw_fd())
+    }
+
+    /// Records that the job `pgid` started, of whose announcement line (see
+    /// [`announcement`]) its process wrote the first `announced` bytes itself: the node
+    /// sends the rest, if any. A failure to reach the guardian is logged; the job runs
+    /// unguarded.
+    pub(crate) fn started(&mut self, pgid: libc::pid_t, announced: usize) {
+        assert!(pgid > 0, "a process group id");
+        let mut buffer = [0u8; ANNOUNCEMENT_MAX];
+        let line = announcement(pgid, &mut buffer);
+        assert!(announced <= line.len(), "the child writes at most its line");
+        if self.state.groups.len() >= GROUPS_MAX {
+            tracing::warn!(pgid, "{GROUPS_MAX} job process groups listed already; this one is not guarded");
+            return;
+        }
+        self.state.groups.insert(pgid);
+        if announced == line.len() {
+            return;
+        }
+        #[cfg(test)]
+        COMPLETED_BY_NODE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let rest = std::str::from_utf8(&line[announced..]).expect("an announcement is ASCII");
+        if let Err(e) = self.state.tell(rest) {
+            tracing::warn!(pgid, error = %e, "cannot tell the guardian of a job; if this node dies, what the job started may outlive it");
+        }
+    }
+
+    /// Delists `pgid`, as [`forget`] does.
+    pub(crate) fn forget(&mut self, pgid: libc::pid_t) {
+        self.state.forget(pgid);
     }
 }
+
+/// Longest announcement: `+`, a pid (at most 10 digits), a newline.
+pub(crate) const ANNOUNCEMENT_MAX: usize = 12;
+
+/// Writes `+pgid\n`, the line that lists a group, into `buffer`, and returns it. Allocates
+/// nothing: the child of a `clone` calls it.
+pub(crate) fn announcement(pgid: libc::pid_t, buffer: &mut [u8; ANNOUNCEMENT_MAX]) -> &[u8] {
+    let mut digits = [0u8; 10];
+    let (mut n, mut len) = (pgid.unsigned_abs(), 0);
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buffer[0] = b'+';
+    for i in 0..len {
+        buffer[1 + i] = digits[len - 1 - i];
+    }
+    buffer[1 + len] = b'\n';
+    &buffer[..len + 2]
+}
+
+/// How many announcements the node had to complete (its job's process could not write the
+/// whole line itself).
+#[cfg(test)]
+pub(crate) static COMPLETED_BY_NODE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Delists `pgid`: its group has been killed and its leader is about to be reaped. If the
 /// guardian cannot be told, it is replaced by one that never heard of `pgid`: a listed
 /// group whose id may be reused must not stay with a guardian.
 pub(crate) fn forget(pgid: libc::pid_t) {
-    let mut state = STATE.lock().unwrap_or_else(|e| e.into_inner());
-    if !state.groups.remove(&pgid) {
-        return;
-    }
-    if let Err(e) = state.tell(&format!("-{pgid}\n")) {
-        tracing::warn!(pgid, error = %e, "cannot tell the guardian that a job ended");
-    }
+    STATE.lock().unwrap_or_else(|e| e.into_inner()).forget(pgid);
 }
 
 /// Held by the tests that start jobs, and by those that end a guardian on purpose (which
 /// kills every listed group).
 #[cfg(test)]
 pub(crate) static TEST_SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// How many groups the guardian lists.
+#[cfg(test)]
+pub(crate) fn listed_count() -> usize {
+    STATE.lock().unwrap_or_else(|e| e.into_inner()).groups.len()
+}
 
 /// Whether the guardian lists `pgid`.
 #[cfg(test)]
@@ -110,6 +184,16 @@ pub(crate) fn listed(pgid: libc::pid_t) -> bool {
 }
 
 impl State {
+    /// See [`forget`].
+    fn forget(&mut self, pgid: libc::pid_t) {
+        if !self.groups.remove(&pgid) {
+            return;
+        }
+        if let Err(e) = self.tell(&format!("-{pgid}\n")) {
+            tracing::warn!(pgid, error = %e, "cannot tell the guardian that a job ended");
+        }
+    }
+
     /// Sends `line` to the guardian. If there is none, or it does not take the line in
     /// time (gone, stopped, or a send failed part-way), it is killed and a new one is
     /// started and told every listed group, `line` included (already applied to `groups`).
@@ -153,7 +237,7 @@ impl Guardian {
         let argv: Vec<String> = ["/bin/sh", "-c", SCRIPT, "solocron-guardian"].map(String::from).into();
         let null = || std::fs::OpenOptions::new().read(true).write(true).open("/dev/null").map(OwnedFd::from);
         let io = crate::spawn::ChildIo { stdin: guardian_end, stdout: null()?, stderr: null()? };
-        let (pid, _pidfd) = crate::spawn::start(&argv, &[], io, crate::spawn::DeathSignal::None)?;
+        let (pid, _pidfd) = crate::spawn::start(&argv, &[], io, crate::spawn::Kind::Guardian)?;
         tracing::debug!(pid, "guardian started");
         Ok(Guardian { pid, socket: node_end })
     }
@@ -213,6 +297,14 @@ fn send(socket: &OwnedFd, mut bytes: &[u8], wait: Duration) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::io::Write as _;
+
+    #[test]
+    fn an_announcement_is_the_line_the_script_reads() {
+        let mut buffer = [0u8; ANNOUNCEMENT_MAX];
+        for pgid in [1, 7, 10, 4_194_304, libc::pid_t::MAX] {
+            assert_eq!(announcement(pgid, &mut buffer), format!("+{pgid}\n").as_bytes());
+        }
+    }
     use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
     use std::process::{Child, Command, Stdio};
     use std::time::{Duration, Instant};
@@ -258,12 +350,12 @@ mod tests {
         let _serial = TEST_SERIAL.blocking_lock();
         let (mut listed, mut other) = (sleeper(), sleeper());
         let (a, b) = (listed.id() as libc::pid_t, other.id() as libc::pid_t);
-        watch(a);
+        Listing::lock().started(a, 0);
         let first = STATE.lock().unwrap().guardian.as_ref().expect("started").pid;
         // SAFETY: killing the guardian this process started.
         unsafe { libc::kill(first, libc::SIGKILL) };
         std::thread::sleep(Duration::from_millis(100));
-        watch(b);
+        Listing::lock().started(b, 0);
         let second = STATE.lock().unwrap().guardian.take().expect("restarted");
         assert_ne!(second.pid, first, "a new guardian");
         let pid = second.pid;

@@ -19,7 +19,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
@@ -47,6 +47,11 @@ struct ChildPlan {
     mask: libc::sigset_t,
     /// `errno` of the step that failed in the child; 0 while none did.
     error: AtomicI32,
+    /// The guardian's socket, on which the child announces its group before `execve`
+    /// (-1: none).
+    guardian: RawFd,
+    /// How many bytes of its announcement the child wrote.
+    announced: AtomicUsize,
 }
 
 /// The standard streams of a process to start.
@@ -56,13 +61,14 @@ pub(crate) struct ChildIo {
     pub(crate) stderr: OwnedFd,
 }
 
-/// Whether a started process dies with the node.
+/// What a started process is to the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DeathSignal {
-    /// SIGKILL when the node dies (`PR_SET_PDEATHSIG`): every job.
-    Kill,
-    /// Lives on (the guardian, which must act once the node is gone).
-    None,
+pub(crate) enum Kind {
+    /// A job: SIGKILL when the node dies (`PR_SET_PDEATHSIG`), and its group listed with
+    /// the [guardian](crate::guardian) from before its program starts.
+    Job,
+    /// The guardian itself: lives on, since it must act once the node is gone.
+    Guardian,
 }
 
 /// A started job: its own process group (its pid), a pidfd to wait on, its output. The
@@ -80,14 +86,13 @@ pub(crate) struct Spawned {
 /// Starts a job: `argv[0]` (looked up in `PATH` unless it has a `/`) with `argv`, the
 /// node's environment plus `env`, stdin from `/dev/null`, stdout and stderr to pipes, in
 /// a new process group, with SIGKILL as its death signal, and its group known to the
-/// node's [guardian](crate::guardian).
+/// node's [guardian](crate::guardian) from before its program starts.
 pub(crate) fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Spawned> {
     let (out_read, out_write) = pipe()?;
     let (err_read, err_write) = pipe()?;
     let stdin = OwnedFd::from(std::fs::File::open("/dev/null")?);
     let io = ChildIo { stdin, stdout: out_write, stderr: err_write };
-    let (pid, pidfd) = start(argv, env, io, DeathSignal::Kill)?;
-    crate::guardian::watch(pid);
+    let (pid, pidfd) = start(argv, env, io, Kind::Job)?;
     let watched = (|| {
         // SAFETY: the Spawned owns the pidfd until it is dropped, and never swaps it.
         let pidfd = unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }?;
@@ -109,11 +114,14 @@ pub(crate) fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Spawn
 
 /// Starts `argv` as [`spawn`] describes, with `io` as its standard streams (closed here
 /// once the child has them): its pid, which is also its process group's id, and a pidfd.
+/// A [`Kind::Job`]'s child announces its group on the guardian's socket before `execve`,
+/// with the guardian locked from just before the `clone` until the group is recorded as
+/// listed (or delisted again, if `execve` failed).
 pub(crate) fn start(
     argv: &[String],
     env: &[(&str, String)],
     io: ChildIo,
-    death: DeathSignal,
+    kind: Kind,
 ) -> io::Result<(libc::pid_t, OwnedFd)> {
     assert!(!argv.is_empty(), "a command has a program");
     let path = resolve(OsStr::new(&argv[0]))?;
@@ -140,15 +148,19 @@ pub(crate) fn start(
         stdin: io.stdin.as_raw_fd(),
         stdout: io.stdout.as_raw_fd(),
         stderr: io.stderr.as_raw_fd(),
-        death_signal: death == DeathSignal::Kill,
+        death_signal: kind == Kind::Job,
         // SAFETY: getpid cannot fail.
         parent: unsafe { libc::getpid() },
         // SAFETY: an all-zero sigset_t is a valid (empty) set; it is overwritten below.
         mask: unsafe { std::mem::zeroed() },
         error: AtomicI32::new(0),
+        guardian: -1,
+        announced: AtomicUsize::new(0),
     };
     let mut stack = vec![0u8; CHILD_STACK_BYTES];
     let mut pidfd: libc::c_int = -1;
+    let mut listing = (kind == Kind::Job).then(crate::guardian::Listing::lock);
+    plan.guardian = listing.as_ref().and_then(|l| l.socket()).unwrap_or(-1);
     // SAFETY: see `clone_child`. The stack and the plan outlive the child's use of them:
     // with CLONE_VFORK this thread resumes only once the child called execve or exited.
     let pid = unsafe {
@@ -175,6 +187,17 @@ pub(crate) fn start(
         pid
     };
     drop(stack);
+    let error = plan.error.load(Ordering::SeqCst);
+    if let Some(mut listing) = listing.take() {
+        // Unreaped, so its pid, and the group id the guardian may have heard, are ours.
+        let announced = plan.announced.load(Ordering::SeqCst);
+        if error == 0 || announced > 0 {
+            listing.started(pid, announced);
+        }
+        if error != 0 || pidfd < 0 {
+            listing.forget(pid);
+        }
+    }
     if pidfd < 0 {
         // A kernel before 5.2 ignores CLONE_PIDFD.
         // SAFETY: signalling our own unreaped child.
@@ -188,7 +211,6 @@ pub(crate) fn start(
     // SAFETY: the kernel gave us this descriptor with CLONE_PIDFD; nothing else owns it.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     drop(io);
-    let error = plan.error.load(Ordering::SeqCst);
     if error != 0 {
         // The child exited without exec: reap it, report why.
         reap_blocking(pid);
@@ -376,6 +398,15 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
                 return fail(plan);
             }
         }
+        if plan.guardian >= 0 {
+            // Listed from here on: a node killed after this line leaves no group unguarded.
+            // A line this short is written whole or not at all; the node sends what is left.
+            let mut buffer = [0u8; crate::guardian::ANNOUNCEMENT_MAX];
+            let line = crate::guardian::announcement(libc::syscall(libc::SYS_getpid) as libc::pid_t, &mut buffer);
+            let sent =
+                libc::send(plan.guardian, line.as_ptr().cast(), line.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT);
+            plan.announced.store(usize::try_from(sent).unwrap_or(0), Ordering::SeqCst);
+        }
         // The program starts with no signal blocked, as std's spawn does, whatever the
         // embedding program blocks in its own threads.
         let (none, mut ignored): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
@@ -469,6 +500,38 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         assert!(!crate::guardian::listed(child.pid()), "the guardian still lists an ended group");
+    }
+
+    #[tokio::test]
+    async fn each_job_announces_its_own_group_to_the_guardian_before_its_program_starts() {
+        let _serial = crate::guardian::TEST_SERIAL.lock().await;
+        let completed = crate::guardian::COMPLETED_BY_NODE.load(Ordering::SeqCst);
+        let mut children = Vec::new();
+        for _ in 0..20 {
+            children.push(spawn(&["sleep".into(), "30".into()], &[]).expect("spawn"));
+        }
+        for child in &children {
+            assert!(crate::guardian::listed(child.pid()), "a started job's group is listed");
+        }
+        assert_eq!(
+            crate::guardian::COMPLETED_BY_NODE.load(Ordering::SeqCst),
+            completed,
+            "every job's process wrote its whole `+pgid` line before execve; the node wrote none"
+        );
+        drop(children);
+    }
+
+    #[tokio::test]
+    async fn a_program_that_fails_to_start_leaves_no_group_listed() {
+        let _serial = crate::guardian::TEST_SERIAL.lock().await;
+        let before = crate::guardian::listed_count();
+        let dir = tempfile::tempdir().expect("dir");
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, "#!/bin/sh\n").expect("write");
+        for _ in 0..5 {
+            spawn(&[plain.display().to_string()], &[]).expect_err("not executable");
+        }
+        assert_eq!(crate::guardian::listed_count(), before, "an announced group whose execve failed is delisted");
     }
 
     #[tokio::test]
