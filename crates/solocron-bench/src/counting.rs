@@ -43,6 +43,10 @@ impl Store for Counting {
         self.hit();
         self.inner.renew(l, d).await
     }
+    async fn renew_all(&self, r: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+        self.hit();
+        self.inner.renew_all(r).await
+    }
     async fn finish(&self, l: &Lease, e: &RunEnd) -> Result<bool, StoreError> {
         self.hit();
         self.inner.finish(l, e).await

@@ -139,6 +139,7 @@ macro_rules! conformance_tests {
             an_end_with_a_nul_byte_in_its_output_is_recorded,
             a_batch_of_ends_records_each_as_finish_would,
             a_batch_of_ends_racing_claims_of_the_same_jobs_leaves_only_live_runs_running,
+            a_batch_of_renewals_extends_each_lease_as_renew_would,
             a_lapsed_run_nobody_recovered_still_records_its_end,
             // Recovery.
             exactly_one_of_many_recoverers_abandons_an_expired_run_only_after_expiry,

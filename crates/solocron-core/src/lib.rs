@@ -34,8 +34,8 @@ pub use run::{output_tail, RunId, RunRecord, RunState, Tick, Trigger, OUTPUT_TAI
 pub use schedule::{Schedule, ScheduleError, TICKS_ENUMERATED_MAX};
 pub use store::{
     spread_start, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease,
-    RecoverAction, RecoverOutcome, Registration, RequestWatch, RunEnd, RunRequest, Store, StoreError, CLAIM_BATCH_MAX,
-    FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunRequest, Store, StoreError,
+    CLAIM_BATCH_MAX, FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 
 /// The source of wall-clock time for schedule decisions; tests inject their own.

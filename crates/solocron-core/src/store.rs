@@ -149,6 +149,18 @@ pub struct Ending {
 /// Most endings one [`Store::finish_all`] call takes; callers split longer lists.
 pub const FINISH_BATCH_MAX: usize = 256;
 
+/// One lease to extend, for [`Store::renew_all`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Renewal {
+    /// The owner's lease.
+    pub lease: Lease,
+    /// The new length, from the store's now.
+    pub length: Duration,
+}
+
+/// Most renewals one [`Store::renew_all`] call takes; callers split longer lists.
+pub const RENEW_BATCH_MAX: usize = 256;
+
 /// What to do with a `running` run whose lease expired (its owner died or stalled).
 #[derive(Debug, Clone, PartialEq)]
 pub enum RecoverAction {
@@ -334,6 +346,24 @@ pub trait Store: Send + Sync + 'static {
         let mut answers = Vec::with_capacity(endings.len());
         for e in endings {
             answers.push(self.finish(&e.lease, &e.end).await?);
+        }
+        Ok(answers)
+    }
+
+    /// Extends several leases (at most [`RENEW_BATCH_MAX`]) in as few round trips as the
+    /// store can: one answer per renewal, in order, each what [`Store::renew`] would have
+    /// answered. On `Err`, any of them may or may not be extended; sending them again is
+    /// safe. When a thousand runs must confirm their leases at once (a herd whose claim was
+    /// answered late), one call each would queue behind the store's few connections until
+    /// the leases ran out.
+    ///
+    /// The default calls [`Store::renew`] once per renewal; stores that can do better
+    /// override it.
+    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+        assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+        let mut answers = Vec::with_capacity(renewals.len());
+        for r in renewals {
+            answers.push(self.renew(&r.lease, r.length).await?);
         }
         Ok(answers)
     }

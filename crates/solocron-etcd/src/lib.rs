@@ -151,7 +151,7 @@ use chrono::{DateTime, Utc};
 use etcd_client::{Client, ConnectOptions};
 use solocron_core::{
     ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
-    Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
 
 pub use admin::HISTORY_SCAN_MAX;
@@ -382,6 +382,10 @@ impl Store for EtcdStore {
 
     async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
         runs::renew(self, lease, length).await
+    }
+
+    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+        runs::renew_all(self, renewals).await
     }
 
     async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {

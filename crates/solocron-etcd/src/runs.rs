@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use solocron_core::{
-    output_tail, Ending, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, RunState, StoreError, Trigger,
-    RECORDS_PAGE_MAX,
+    output_tail, Ending, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord, RunState, StoreError,
+    Trigger, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 
 use crate::claim::{millis, to_lease};
@@ -76,6 +76,26 @@ pub(crate) async fn renew(store: &EtcdStore, lease: &Lease, length: Duration) ->
     }
     let Some(held) = read_held(store, lease).await? else { return Ok(false) };
     Ok(renew_held(store, held, ttl, length).await?.unwrap_or(false))
+}
+
+/// Renewals of a batch in flight at once.
+const RENEWALS_IN_FLIGHT: usize = 32;
+
+/// Extends several leases (see [`solocron_core::Store::renew_all`]): each as [`renew`]
+/// does, [`RENEWALS_IN_FLIGHT`] at a time. Not one `Txn`: a renewal is a keep-alive of the
+/// run's etcd lease (shared by the runs of one claim) and a compare on its record, and a
+/// batch of them would need a keep-alive per lease before one `Txn` of every compare; not
+/// done, since etcd renewals already overlap on its one multiplexed connection.
+pub(crate) async fn renew_all(store: &EtcdStore, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+    assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+    let mut answers = Vec::with_capacity(renewals.len());
+    for chunk in renewals.chunks(RENEWALS_IN_FLIGHT) {
+        let calls: Vec<_> = chunk.iter().map(|r| renew(store, &r.lease, r.length)).collect();
+        for answer in futures_util::future::join_all(calls).await {
+            answers.push(answer?);
+        }
+    }
+    Ok(answers)
 }
 
 /// The record of `lease`'s run if the lease holds it and its alive key still exists.

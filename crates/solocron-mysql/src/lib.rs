@@ -165,7 +165,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
     ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
-    Registration, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    Registration, Renewal, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection, Executor};
@@ -325,6 +325,10 @@ impl Store for MySqlStore {
 
     async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
         methods::finish_all(self, endings).await
+    }
+
+    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+        methods::renew_all(self, renewals).await
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

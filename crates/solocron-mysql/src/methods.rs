@@ -5,8 +5,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures_util::TryStreamExt;
 use solocron_core::{
-    output_tail, Ending, HistoryQuery, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, StoreError,
-    Trigger, FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    output_tail, Ending, HistoryQuery, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord,
+    StoreError, Trigger, FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 use sqlx::mysql::MySqlQueryResult;
 use sqlx::{Executor, MySql, MySqlConnection, QueryBuilder};
@@ -16,14 +16,16 @@ use crate::error::{invalid, retrying, Failure};
 use crate::records::{check_name, get, instant, millis, record, token, token_param, COLUMNS};
 use crate::MySqlStore;
 
-/// Extends a live lease held by its owner; one `UPDATE`, judged by the server's clock.
+/// The `UPDATE` that extends a live lease held by its owner, judged by the server's clock:
+/// the length, then the lease's five values.
+const RENEW_SQL: &str = "UPDATE {p}runs SET lease_until = NOW_MS + ?
+     WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ?
+       AND state = 'running' AND lease_until > NOW_MS";
+
+/// Extends a live lease held by its owner; one `UPDATE`.
 pub(crate) async fn renew(store: &MySqlStore, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
     let length = millis(length).map_err(|f| f.into_store("cannot renew"))?;
-    let sql = store.sql(
-        "UPDATE {p}runs SET lease_until = NOW_MS + ?
-         WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ?
-           AND state = 'running' AND lease_until > NOW_MS",
-    );
+    let sql = store.sql(RENEW_SQL);
     retrying("cannot renew", || async {
         // Rows *matched* (sqlx sets CLIENT_FOUND_ROWS): a renewal that lands in the same
         // millisecond as the previous one changes nothing but still holds.
@@ -31,6 +33,30 @@ pub(crate) async fn renew(store: &MySqlStore, lease: &Lease, length: Duration) -
         Ok(matched == 1)
     })
     .await
+}
+
+/// Extends several leases in one round trip, as [`finish_all`] records ends: one
+/// [`RENEW_SQL`] per renewal in one transaction.
+pub(crate) async fn renew_all(store: &MySqlStore, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+    assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+    let template = store.sql(RENEW_SQL);
+    let statements = renewals
+        .iter()
+        .map(|r| {
+            let lease = &r.lease;
+            let values = [
+                Literal::Int(millis(r.length)?),
+                Literal::Text(&lease.run.tick.job),
+                Literal::Int(lease.run.tick.scheduled_at.timestamp_millis()),
+                Literal::Int(i64::from(lease.run.attempt)),
+                Literal::Text(&lease.owner),
+                Literal::Int(token_param(lease.fencing_token)?),
+            ];
+            Ok(inline(&template, &values))
+        })
+        .collect::<Result<Vec<String>, Failure>>()
+        .map_err(|f| f.into_store("cannot renew"))?;
+    in_one_transaction(store, &statements, "cannot renew").await
 }
 
 /// [`solocron_sql::bind_lease`] with this crate's error.
@@ -67,17 +93,34 @@ pub(crate) async fn finish(store: &MySqlStore, lease: &Lease, end: &RunEnd) -> R
 /// the rest, and the transaction is rolled back: nothing of a failed batch commits.
 pub(crate) async fn finish_all(store: &MySqlStore, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
     assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
-    if endings.is_empty() {
+    let template = store.sql(FINISH_SQL);
+    let statements = endings
+        .iter()
+        .map(|e| finish_literal(&template, e))
+        .collect::<Result<Vec<String>, Failure>>()
+        .map_err(|f| f.into_store("cannot finish"))?;
+    in_one_transaction(store, &statements, "cannot finish").await
+}
+
+/// Runs `statements` (each an `UPDATE` of at most one row) in one round trip:
+/// `START TRANSACTION`, the statements and `COMMIT` as one multi-statement text query,
+/// whose per-statement counts of rows matched are the answers. A failing statement stops
+/// the rest, and the transaction is rolled back: nothing of a failed batch commits.
+async fn in_one_transaction(
+    store: &MySqlStore,
+    statements: &[String],
+    context: &'static str,
+) -> Result<Vec<bool>, StoreError> {
+    if statements.is_empty() {
         return Ok(Vec::new());
     }
-    let template = store.sql(FINISH_SQL);
     let mut sql = String::from("START TRANSACTION");
-    for e in endings {
+    for statement in statements {
         sql.push_str("; ");
-        sql.push_str(&finish_literal(&template, e).map_err(|f| f.into_store("cannot finish"))?);
+        sql.push_str(statement);
     }
     sql.push_str("; COMMIT");
-    retrying("cannot finish", || async {
+    retrying(context, || async {
         let mut tx = OpenTransaction { conn: store.pool.acquire().await?, open: true };
         let results: Result<Vec<MySqlQueryResult>, sqlx::Error> =
             tx.conn.execute_many(sql.as_str()).try_collect().await;
@@ -86,11 +129,11 @@ pub(crate) async fn finish_all(store: &MySqlStore, endings: &[Ending]) -> Result
             Err(e) => return Err(tx.roll_back(e.into()).await),
         };
         tx.open = false;
-        // START TRANSACTION, one count per end, COMMIT.
-        if results.len() != endings.len() + 2 {
-            return Err(invalid(format!("{} results for {} ends", results.len(), endings.len())));
+        // START TRANSACTION, one count per statement, COMMIT.
+        if results.len() != statements.len() + 2 {
+            return Err(invalid(format!("{} results for {} statements", results.len(), statements.len())));
         }
-        Ok(results[1..=endings.len()].iter().map(|r| r.rows_affected() == 1).collect())
+        Ok(results[1..=statements.len()].iter().map(|r| r.rows_affected() == 1).collect())
     })
     .await
 }

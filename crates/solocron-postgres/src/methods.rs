@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
     output_tail, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction,
-    RecoverOutcome, Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
-    FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Postgres, QueryBuilder};
@@ -239,15 +239,35 @@ fn storable(end: &RunEnd) -> Cow<'_, RunEnd> {
     Cow::Owned(RunEnd { output: clean(&end.output), reason: end.reason.as_deref().map(clean), ..end.clone() })
 }
 
-/// A batch of ends as one array per column, for `finish_all`'s `unnest`.
+/// The leases of a batch, as the arrays its statement joins to: one element per lease.
 #[derive(Default)]
-struct FinishColumns<'a> {
+struct LeaseColumns<'a> {
     i: Vec<i32>,
     job: Vec<&'a str>,
     scheduled_at: Vec<i64>,
     attempt: Vec<i32>,
     node: Vec<&'a str>,
     token: Vec<i64>,
+}
+
+impl<'a> LeaseColumns<'a> {
+    /// Adds the lease at position `i` of the batch.
+    fn push(&mut self, i: usize, lease: &'a Lease) -> Result<(), StoreError> {
+        let i = i32::try_from(i).map_err(|_| StoreError::Invalid(format!("position {i} is out of range")))?;
+        self.i.push(i);
+        self.job.push(&lease.run.tick.job);
+        self.scheduled_at.push(lease.run.tick.scheduled_at.timestamp_millis());
+        self.attempt.push(attempt_param(lease.run.attempt)?);
+        self.node.push(&lease.owner);
+        self.token.push(solocron_sql::token_param(lease.fencing_token)?);
+        Ok(())
+    }
+}
+
+/// The ends of a batch, as the arrays its statement joins to: one element per end.
+#[derive(Default)]
+struct FinishColumns<'a> {
+    lease: LeaseColumns<'a>,
     state: Vec<&'static str>,
     reason: Vec<Option<&'a str>>,
     exit_code: Vec<Option<i32>>,
@@ -258,13 +278,7 @@ struct FinishColumns<'a> {
 impl<'a> FinishColumns<'a> {
     fn push(&mut self, i: usize, lease: &'a Lease, end: &'a RunEnd) -> Result<(), StoreError> {
         assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
-        let i = i32::try_from(i).map_err(|_| StoreError::Invalid(format!("end {i} is out of range")))?;
-        self.i.push(i);
-        self.job.push(&lease.run.tick.job);
-        self.scheduled_at.push(lease.run.tick.scheduled_at.timestamp_millis());
-        self.attempt.push(attempt_param(lease.run.attempt)?);
-        self.node.push(&lease.owner);
-        self.token.push(solocron_sql::token_param(lease.fencing_token)?);
+        self.lease.push(i, lease)?;
         self.state.push(end.state.as_str());
         self.reason.push(end.reason.as_deref());
         self.exit_code.push(end.exit_code);
@@ -272,6 +286,16 @@ impl<'a> FinishColumns<'a> {
         self.started_after.push(end.started_after.map(millis).transpose()?);
         Ok(())
     }
+}
+
+/// One answer per item of a batch of `len`, from the positions its statement returned.
+fn answered(positions: Vec<i32>, len: usize, what: &str) -> Result<Vec<bool>, StoreError> {
+    let mut answers = vec![false; len];
+    for i in positions {
+        let slot = usize::try_from(i).ok().and_then(|i| answers.get_mut(i));
+        *slot.ok_or_else(|| StoreError::Invalid(format!("{what} answered position {i} of {len}")))? = true;
+    }
+    Ok(answers)
 }
 
 fn attempt_param(attempt: u32) -> Result<i32, StoreError> {
@@ -399,12 +423,12 @@ impl Store for PgStore {
             cols.push(i, &e.lease, end)?;
         }
         let ended: Vec<i32> = sqlx::query_scalar(&sql)
-            .bind(cols.i)
-            .bind(cols.job)
-            .bind(cols.scheduled_at)
-            .bind(cols.attempt)
-            .bind(cols.node)
-            .bind(cols.token)
+            .bind(cols.lease.i)
+            .bind(cols.lease.job)
+            .bind(cols.lease.scheduled_at)
+            .bind(cols.lease.attempt)
+            .bind(cols.lease.node)
+            .bind(cols.lease.token)
             .bind(cols.state)
             .bind(cols.reason)
             .bind(cols.exit_code)
@@ -413,13 +437,42 @@ impl Store for PgStore {
             .fetch_all(&self.pool)
             .await
             .map_err(step("finish"))?;
-        let mut answers = vec![false; endings.len()];
-        for i in ended {
-            let slot = usize::try_from(i).ok().and_then(|i| answers.get_mut(i));
-            *slot.ok_or_else(|| StoreError::Invalid(format!("finish answered position {i} of {}", endings.len())))? =
-                true;
+        answered(ended, endings.len(), "finish")
+    }
+
+    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+        assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+        if renewals.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(answers)
+        // One statement for the batch, as in `finish_all`: `renew`'s `UPDATE` joined to the
+        // renewals as arrays, answering the positions of the leases it extended.
+        let sql = self.sql(
+            "UPDATE {p}runs AS r SET lease_until = {now} + e.length
+             FROM unnest($1::int[], $2::text[], $3::bigint[], $4::int[], $5::text[], $6::bigint[], $7::bigint[])
+               AS e(i, job, scheduled_at, attempt, node, token, length)
+             WHERE r.job = e.job AND r.scheduled_at = e.scheduled_at AND r.attempt = e.attempt
+               AND r.node = e.node AND r.token = e.token AND r.state = 'running' AND r.lease_until > {now}
+             RETURNING e.i",
+        );
+        let mut cols = LeaseColumns::default();
+        let mut length = Vec::with_capacity(renewals.len());
+        for (i, r) in renewals.iter().enumerate() {
+            cols.push(i, &r.lease)?;
+            length.push(millis(r.length)?);
+        }
+        let renewed: Vec<i32> = sqlx::query_scalar(&sql)
+            .bind(cols.i)
+            .bind(cols.job)
+            .bind(cols.scheduled_at)
+            .bind(cols.attempt)
+            .bind(cols.node)
+            .bind(cols.token)
+            .bind(length)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(step("renew"))?;
+        answered(renewed, renewals.len(), "renew")
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

@@ -187,8 +187,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Value};
 use solocron_core::{
     output_tail, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease,
-    RecoverAction, RecoverOutcome, Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError,
-    Tick, FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store,
+    StoreError, Tick, FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 
 use call::{Call, Caller};
@@ -310,6 +310,39 @@ impl RedisStore {
             .send(&mut conn, call)
             .await
             .map_err(|e| redis_error(e, &format!("{operation} on {}", self.description)))
+    }
+
+    /// Runs `calls`, each answering 1 or 0, as one pipeline (each call atomic by itself):
+    /// one flag per call, in order.
+    async fn run_flags(&self, calls: &[Call], operation: &str) -> Result<Vec<bool>, StoreError> {
+        if calls.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn.clone();
+        let context = || format!("{operation} on {}", self.description);
+        let replies = self.caller.send_all(&mut conn, calls).await.map_err(|e| redis_error(e, &context()))?;
+        if replies.len() != calls.len() {
+            return Err(StoreError::Invalid(format!(
+                "{operation} answered {} of {} calls",
+                replies.len(),
+                calls.len()
+            )));
+        }
+        replies
+            .into_iter()
+            .map(|reply| {
+                let done: i64 = convert(reply.map_err(|e| redis_error(e, &context()))?, "reply")?;
+                Ok(done == 1)
+            })
+            .collect()
+    }
+
+    /// The `renew` script's call for one lease.
+    fn renew_call(&self, lease: &Lease, length: Duration) -> Result<Call, StoreError> {
+        let mut call = self.invocation(&CODE.renew);
+        Self::lease_args(&mut call, lease);
+        call.arg(millis(length)?);
+        Ok(call)
     }
 
     /// The `finish` script's call for one end.
@@ -487,11 +520,14 @@ impl Store for RedisStore {
     }
 
     async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-        let mut call = self.invocation(&CODE.renew);
-        Self::lease_args(&mut call, lease);
-        call.arg(millis(length)?);
-        let renewed: i64 = convert(self.run(&call, "renew").await?, "renew reply")?;
+        let renewed: i64 = convert(self.run(&self.renew_call(lease, length)?, "renew").await?, "renew reply")?;
         Ok(renewed == 1)
+    }
+
+    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+        assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+        let calls = renewals.iter().map(|r| self.renew_call(&r.lease, r.length)).collect::<Result<Vec<_>, _>>()?;
+        self.run_flags(&calls, "renew").await
     }
 
     async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
@@ -502,24 +538,8 @@ impl Store for RedisStore {
 
     async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
         assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
-        if endings.is_empty() {
-            return Ok(Vec::new());
-        }
-        // One pipeline of one `finish` per end; each runs atomically by itself.
         let calls = endings.iter().map(|e| self.finish_call(&e.lease, &e.end)).collect::<Result<Vec<_>, _>>()?;
-        let mut conn = self.conn.clone();
-        let context = || format!("finish on {}", self.description);
-        let replies = self.caller.send_all(&mut conn, &calls).await.map_err(|e| redis_error(e, &context()))?;
-        if replies.len() != endings.len() {
-            return Err(StoreError::Invalid(format!("finish answered {} of {} ends", replies.len(), endings.len())));
-        }
-        replies
-            .into_iter()
-            .map(|reply| {
-                let finished: i64 = convert(reply.map_err(|e| redis_error(e, &context()))?, "finish reply")?;
-                Ok(finished == 1)
-            })
-            .collect()
+        self.run_flags(&calls, "finish").await
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

@@ -53,8 +53,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
     ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
-    Registration, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick, Trigger,
-    FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick, Trigger,
+    FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -285,6 +285,22 @@ fn is_busy(e: &sqlx::Error) -> bool {
 /// The `UPDATE` that records a held run's end. No expiry check: a run whose lease lapsed
 /// but that nobody recovered yet still records its true end. `claimed_at + NULL` is NULL:
 /// never started.
+/// The `UPDATE` that extends a live lease held by its owner, judged by SQLite's clock.
+fn renew_query(
+    lease: &Lease,
+    length: Duration,
+) -> Result<sqlx::query::Query<'_, Sqlite, sqlx::sqlite::SqliteArguments<'_>>, StoreError> {
+    let query = sqlx::query(concat!(
+        "UPDATE solocron_runs SET lease_until = ",
+        now!(),
+        " + ? WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ?
+           AND state = 'running' AND lease_until > ",
+        now!()
+    ))
+    .bind(millis(length)?);
+    solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt))
+}
+
 fn finish_query<'q>(
     lease: &'q Lease,
     end: &'q RunEnd,
@@ -622,21 +638,23 @@ impl Store for SqliteStore {
         // One statement, so no explicit transaction: in autocommit SQLite takes the write
         // lock (waiting in the busy handler) for the statement alone, instead of across
         // the round trips of `BEGIN IMMEDIATE` and `COMMIT` while other nodes wait for it.
-        let query = sqlx::query(concat!(
-            "UPDATE solocron_runs SET lease_until = ",
-            now!(),
-            " + ? WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ?
-               AND state = 'running' AND lease_until > ",
-            now!()
-        ))
-        .bind(millis(length)?);
-        let changed = solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt))?
-            .execute(&self.pool)
-            .await
-            .map_err(db_err)?
-            .rows_affected();
+        let changed = renew_query(lease, length)?.execute(&self.pool).await.map_err(db_err)?.rows_affected();
         debug_assert!(changed <= 1);
         Ok(changed == 1)
+    }
+
+    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+        assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+        // One transaction: one wait for the write lock and one commit for the batch.
+        let mut tx = self.write_tx().await?;
+        let mut answers = Vec::with_capacity(renewals.len());
+        for r in renewals {
+            let changed = renew_query(&r.lease, r.length)?.execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+            debug_assert!(changed <= 1);
+            answers.push(changed == 1);
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(answers)
     }
 
     async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {

@@ -15,8 +15,8 @@
 #![warn(missing_docs)]
 
 mod backoff;
+mod batches;
 mod command;
-mod ends;
 mod guardian;
 mod housekeeping;
 mod job;

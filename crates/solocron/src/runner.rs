@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
-use solocron_core::{output_tail, Ending, JobPolicy, Lease, RunEnd, RunState, Store, Trigger};
+use solocron_core::{output_tail, Ending, JobPolicy, Lease, Renewal, RunEnd, RunState, Trigger};
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::ends::Ends;
+use crate::batches::{Batcher, Finishes, Renewals};
 use crate::job::{Job, Outcome, RunContext};
 use crate::scheduler::Engine;
 
@@ -59,12 +59,14 @@ impl Heartbeat {
         }
     }
 
-    /// One renewal, bounded by the local deadline (and by one renew interval, so a hung
-    /// connection gets another try before the deadline).
-    async fn beat(&mut self, store: &dyn Store) -> Beat {
+    /// One renewal (through the engine's batches of renewals), bounded by the local
+    /// deadline (and by one renew interval, so a hung connection gets another try before
+    /// the deadline).
+    async fn beat(&mut self, renewals: &Batcher<Renewals>) -> Beat {
         let sent = Instant::now();
         let bound = self.deadline.min(sent + self.policy.renew_interval());
-        match timeout_at(bound, store.renew(&self.lease, self.policy.lease)).await {
+        let renewal = Renewal { lease: self.lease.clone(), length: self.policy.lease };
+        match timeout_at(bound, renewals.send(renewal)).await {
             Ok(Ok(true)) => {
                 self.deadline = sent + self.policy.local_lease_deadline();
                 self.stop_at = sent + self.policy.local_stop_deadline();
@@ -120,8 +122,8 @@ pub(crate) async fn execute(
         job = %ctx.job, scheduled_at = %ctx.scheduled_at, node = %ctx.node_id, token = ctx.fencing_token,
         attempt = ctx.attempt, trigger = %trigger, run = %ctx.run_id, "run started"
     );
-    let (store, ends) = (engine.store.as_ref(), &engine.ends);
-    if Instant::now() >= hb.next_renew && !matches!(hb.beat(store).await, Beat::Renewed) {
+    let (renewals, ends) = (&engine.renewals, &engine.ends);
+    if Instant::now() >= hb.next_renew && !matches!(hb.beat(renewals).await, Beat::Renewed) {
         // The claim's answer came so late that the lease may be gone: never start unsure.
         let end = RunEnd {
             state: RunState::Lost,
@@ -136,7 +138,7 @@ pub(crate) async fn execute(
     }
     let handler = job.handler();
     let task = tokio::spawn(async move { handler.run(ctx).await });
-    let (outcome, stop) = supervise(task, &mut hb, store, &policy, started, &cancel, &interrupt).await;
+    let (outcome, stop) = supervise(task, &mut hb, renewals, &policy, started, &cancel, &interrupt).await;
     let end = end_of(outcome, stop, started - claim_sent);
     record_end(ends, &hb, &end, matches!(stop, Some(Stop::Lost(_)))).await;
     tracing::info!(
@@ -151,7 +153,7 @@ pub(crate) async fn execute(
 async fn supervise(
     mut task: tokio::task::JoinHandle<Outcome>,
     hb: &mut Heartbeat,
-    store: &dyn Store,
+    renewals: &Batcher<Renewals>,
     policy: &JobPolicy,
     started: Instant,
     cancel: &CancellationToken,
@@ -170,7 +172,7 @@ async fn supervise(
                 return (res.ok().or_else(|| Some(Outcome { output: "handler panicked".into(), ..Outcome::default() })), stop);
             }
             _ = sleep_until(hb.stop_at), if renewing => stop_now = Some(Stop::Lost("could not renew the lease in time")),
-            _ = sleep_until(hb.next_renew), if renewing => match hb.beat(store).await {
+            _ = sleep_until(hb.next_renew), if renewing => match hb.beat(renewals).await {
                 Beat::Renewed | Beat::Retry => {}
                 Beat::Gone => stop_now = Some(Stop::Lost("the lease was taken away (expired, recovered or unlocked)")),
             },
@@ -222,13 +224,13 @@ fn end_of(outcome: Option<Outcome>, stop: Option<Stop>, started_after: Duration)
 
 /// Records the end (through the engine's batches of ends), retrying while the lease may
 /// still be ours.
-async fn record_end(ends: &Ends, hb: &Heartbeat, end: &RunEnd, lost: bool) {
+async fn record_end(ends: &Batcher<Finishes>, hb: &Heartbeat, end: &RunEnd, lost: bool) {
     let give_up =
         if lost { Instant::now() + LOST_FINISH_WAIT } else { hb.deadline.max(Instant::now() + LOST_FINISH_WAIT) };
     let ending = Ending { lease: hb.lease.clone(), end: end.clone() };
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
-        match timeout_at(give_up, ends.finish(ending.clone())).await {
+        match timeout_at(give_up, ends.send(ending.clone())).await {
             Ok(Ok(true)) => return,
             Ok(Ok(false)) => {
                 tracing::warn!(run = %hb.lease.run, state = %end.state,

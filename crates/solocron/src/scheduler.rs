@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backoff::Backoff;
-use crate::ends::Ends;
+use crate::batches::{Batcher, Finishes, Renewals};
 use crate::housekeeping;
 use crate::job::Job;
 use crate::runner::execute;
@@ -177,7 +177,8 @@ impl SchedulerBuilder {
             self.recovery_interval.unwrap_or(default_interval).clamp(RECOVERY_INTERVAL_MIN, RECOVERY_INTERVAL_MAX);
         Ok(Scheduler {
             engine: Arc::new(Engine {
-                ends: Ends::new(self.store.clone()),
+                ends: Batcher::new(self.store.clone()),
+                renewals: Batcher::new(self.store.clone()),
                 store: self.store,
                 node: self.node_id,
                 clock: self.clock,
@@ -222,7 +223,9 @@ pub struct Scheduler {
 pub(crate) struct Engine {
     pub(crate) store: Arc<dyn Store>,
     /// Where runs' ends go to be recorded in batches.
-    pub(crate) ends: Ends,
+    pub(crate) ends: Batcher<Finishes>,
+    /// Where runs' lease renewals go to be sent in batches.
+    pub(crate) renewals: Batcher<Renewals>,
     pub(crate) node: String,
     clock: Arc<dyn Clock>,
     system_clock: bool,

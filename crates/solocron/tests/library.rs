@@ -2,6 +2,7 @@
 //! file, each with its own connection pool (as separate processes would have).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -213,15 +214,30 @@ async fn ticks_are_claimed_just_ahead_and_handlers_start_at_their_instant_never_
 /// A store far away: every call waits `DISTANT_CALL` before it goes through (a remote store
 /// under load, or a link with a long round trip), so that ends recorded one call each queue
 /// behind each other. It refuses (as `Invalid`, like a value the store cannot hold) any
-/// end whose output holds `refuse`, and a batch that carries one.
+/// end whose output holds `refuse`, and a batch that carries one. Its claims take
+/// `claim_delay` more, and it counts the calls that renew leases.
 struct Distant {
     inner: Arc<dyn Store>,
     refuse: Option<&'static str>,
+    claim_delay: Duration,
+    /// Calls of `renew` and of `renew_all`.
+    renew_calls: AtomicUsize,
+    renew_all_calls: AtomicUsize,
 }
 
 const DISTANT_CALL: Duration = Duration::from_millis(20);
 
 impl Distant {
+    fn new(inner: Arc<dyn Store>) -> Distant {
+        Distant {
+            inner,
+            refuse: None,
+            claim_delay: Duration::ZERO,
+            renew_calls: AtomicUsize::new(0),
+            renew_all_calls: AtomicUsize::new(0),
+        }
+    }
+
     fn refuses(&self, end: &RunEnd) -> Result<(), StoreError> {
         match self.refuse {
             Some(bad) if end.output.contains(bad) => Err(StoreError::Invalid(format!("cannot store `{bad}`"))),
@@ -247,6 +263,20 @@ macro_rules! distant {
                 endings.iter().try_for_each(|e| self.refuses(&e.end))?;
                 self.inner.finish_all(endings).await
             }
+            async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+                tokio::time::sleep(DISTANT_CALL + self.claim_delay).await;
+                self.inner.claim(requests).await
+            }
+            async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
+                self.renew_calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(DISTANT_CALL).await;
+                self.inner.renew(lease, length).await
+            }
+            async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+                self.renew_all_calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(DISTANT_CALL).await;
+                self.inner.renew_all(renewals).await
+            }
             $(async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
                 tokio::time::sleep(DISTANT_CALL).await;
                 self.inner.$name($($arg),*).await
@@ -257,13 +287,11 @@ macro_rules! distant {
 
 use solocron_core::{
     ClaimOutcome, ClaimRequest, Ending, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome, Registration,
-    RunEnd, RunId, RunRecord, RunRequest, StoreError, Tick,
+    Renewal, RunEnd, RunId, RunRecord, RunRequest, StoreError, Tick,
 };
 
 distant! {
     migrate() -> ();
-    claim(requests: &[ClaimRequest]) -> Vec<ClaimOutcome>;
-    renew(lease: &Lease, length: Duration) -> bool;
     expired(limit: usize) -> Vec<RunRecord>;
     recover(run: &RunId, action: &RecoverAction) -> RecoverOutcome;
     history(query: &HistoryQuery) -> Vec<RunRecord>;
@@ -278,12 +306,13 @@ distant! {
     prune(older_than: Duration, batch: usize) -> u64;
 }
 
-/// Runs `jobs` jobs (3 s leases) due once at the same instant on one node over `store`;
-/// job `failing` (if any) fails with `failure` as its output. Returns how many handlers
-/// ran and the count of records per state once the node drained.
+/// Runs `jobs` jobs (leases of `lease`) due once at the same instant on one node over
+/// `store`; job `failing` (if any) fails with `failure` as its output. Returns how many
+/// handlers ran and the count of records per state once the node drained.
 async fn one_herd(
     store: Arc<dyn Store>,
     jobs: usize,
+    lease: Duration,
     failing: Option<(usize, &'static str)>,
 ) -> (usize, BTreeMap<String, usize>) {
     // One tick per job, at a whole second at least 3 s away: the node is claiming by then.
@@ -307,8 +336,7 @@ async fn one_herd(
             }
         });
         let job = Job::new(format!("job-{i:04}"), Schedule::parse(&expr, "UTC").unwrap(), handler);
-        let policy =
-            JobPolicy { lease: Duration::from_secs(3), kill_grace: Duration::from_millis(300), ..JobPolicy::default() };
+        let policy = JobPolicy { lease, kill_grace: Duration::from_millis(300), ..JobPolicy::default() };
         builder = builder.job(job.with_policy(policy));
     }
     let shutdown = CancellationToken::new();
@@ -318,7 +346,7 @@ async fn one_herd(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Past every lease: ends not recorded by then are left to recovery.
-    tokio::time::sleep(Duration::from_millis(3500)).await;
+    tokio::time::sleep(lease + Duration::from_millis(500)).await;
     shutdown.cancel();
     task.await.unwrap();
     let all = store.history(&HistoryQuery { limit: jobs + 10, ..Default::default() }).await.unwrap();
@@ -340,10 +368,30 @@ async fn one_herd(
 async fn thousands_of_runs_ending_together_each_record_their_end() {
     const JOBS: usize = 3_000;
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Distant { inner: store(&dir).await, refuse: None });
-    let (ran, states) = one_herd(store, JOBS, None).await;
+    let store = Arc::new(Distant::new(store(&dir).await));
+    let (ran, states) = one_herd(store, JOBS, Duration::from_secs(3), None).await;
     assert_eq!(ran, JOBS, "every job ran once; records by state: {states:?}");
     assert_eq!(states, BTreeMap::from([("succeeded".to_string(), JOBS)]), "every run recorded its own end");
+}
+
+/// 1,000 runs (1 s leases) whose one claim is answered 400 ms late, past the 333 ms after
+/// which an owner confirms its lease before it starts the job: each run renews first, and
+/// the node sends those renewals in a few batches rather than a thousand calls queued
+/// behind the store (which left most runs `lost` on a loaded machine). Every job runs and
+/// records its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_whose_claim_came_late_confirm_their_leases_in_batches() {
+    const JOBS: usize = 1_000;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Distant { claim_delay: Duration::from_millis(400), ..Distant::new(store(&dir).await) });
+    let (ran, states) = one_herd(store.clone(), JOBS, Duration::from_secs(1), None).await;
+    assert_eq!(ran, JOBS, "every job ran once; records by state: {states:?}");
+    assert_eq!(states, BTreeMap::from([("succeeded".to_string(), JOBS)]), "every run recorded its own end");
+    let (one, batches) = (store.renew_calls.load(Ordering::SeqCst), store.renew_all_calls.load(Ordering::SeqCst));
+    println!("renewals: {one} one by one, {batches} batches");
+    assert_eq!(one, 0, "the engine renews through batches");
+    assert!(batches >= 1, "each run confirmed its late-claimed lease");
+    assert!(batches <= JOBS / 10, "{batches} batches for {JOBS} renewals");
 }
 
 /// An end the store refuses (a value it cannot hold) fails only itself: the other ends of
@@ -352,8 +400,8 @@ async fn thousands_of_runs_ending_together_each_record_their_end() {
 async fn an_end_the_store_refuses_fails_only_itself_not_its_batch() {
     const JOBS: usize = 200;
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Distant { inner: store(&dir).await, refuse: Some("unstorable") });
-    let (ran, states) = one_herd(store, JOBS, Some((13, "unstorable output"))).await;
+    let store = Arc::new(Distant { refuse: Some("unstorable"), ..Distant::new(store(&dir).await) });
+    let (ran, states) = one_herd(store, JOBS, Duration::from_secs(3), Some((13, "unstorable output"))).await;
     assert_eq!(ran, JOBS, "every job ran once");
     assert_eq!(states.get("succeeded"), Some(&(JOBS - 1)), "every other run recorded its end: {states:?}");
     assert_eq!(states.get("running").or(states.get("abandoned")), Some(&1), "{states:?}");

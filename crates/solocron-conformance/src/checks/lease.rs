@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    output_tail, ClaimOutcome, Ending, Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunState, Tick,
-    FINISH_BATCH_MAX,
+    output_tail, ClaimOutcome, Ending, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunState, Tick,
+    FINISH_BATCH_MAX, RENEW_BATCH_MAX,
 };
 
 use super::support::{
@@ -222,21 +222,71 @@ pub async fn a_batch_of_ends_records_each_as_finish_would(f: &impl StoreFactory)
     let requests: Vec<_> = (0..FINISH_BATCH_MAX)
         .map(|i| run(tick(&format!("herd-{}", i / 2), i as u32 % 2), "c", LONG_LEASE, false))
         .collect();
-    let leases: Vec<Lease> = store
-        .claim(&requests)
-        .await
-        .expect("claim")
-        .into_iter()
-        .map(|o| match o {
-            ClaimOutcome::Won(lease) => lease,
-            other => panic!("expected Won, got {other:?}"),
-        })
-        .collect();
+    let leases = won_all(&store, &requests).await;
     let endings: Vec<_> = leases.iter().map(|l| Ending { lease: l.clone(), end: succeeded("herd") }).collect();
     let answers = store.finish_all(&endings).await.expect("finish_all");
     assert_eq!(answers, vec![true; FINISH_BATCH_MAX], "every held run of a full batch ends");
     let running: Vec<_> = all(&store).await.into_iter().filter(|r| r.state == RunState::Running).collect();
     assert_eq!(ids(&running), [other.run.to_string()], "only the other owner's run is still running");
+}
+
+/// Claims `requests` in one call; every one must be won.
+async fn won_all(store: &Handle, requests: &[solocron_core::ClaimRequest]) -> Vec<Lease> {
+    let outcomes = store.claim(requests).await.expect("claim");
+    outcomes
+        .into_iter()
+        .map(|o| match o {
+            ClaimOutcome::Won(lease) => lease,
+            other => panic!("expected Won, got {other:?}"),
+        })
+        .collect()
+}
+
+/// A batch of renewals (`renew_all`) answers and extends each lease as `renew` would, in
+/// order: a held live lease is extended by its own length from the store's now, while a
+/// stale token, another owner's run, an expired lease and an ended run change nothing; a
+/// full batch of [`RENEW_BATCH_MAX`] renewals extends every lease in it.
+pub async fn a_batch_of_renewals_extends_each_lease_as_renew_would(f: &impl StoreFactory) {
+    let t = timing(f);
+    let store = f.open().await;
+    assert!(store.renew_all(&[]).await.expect("renew_all").is_empty());
+    let first = won(&store, run(tick("backup", 0), "a", LONG_LEASE, false)).await;
+    let second = won(&store, run(tick("backup", 1), "a", LONG_LEASE, false)).await;
+    let other = won(&store, run(tick("cleanup", 0), "b", LONG_LEASE, false)).await;
+    let ended = won(&store, run(tick("report", 0), "a", LONG_LEASE, false)).await;
+    assert!(store.finish(&ended, &succeeded("")).await.expect("finish"));
+    let short = won(&store, run(tick("report", 1), "a", t.short, false)).await;
+    tokio::time::sleep(t.past).await;
+    let (five, nine) = (Duration::from_secs(5), Duration::from_secs(9));
+    let renewals = [
+        Renewal { lease: first.clone(), length: five },
+        Renewal { lease: Lease { fencing_token: other.fencing_token + 1, ..other.clone() }, length: five },
+        Renewal { lease: second.clone(), length: nine },
+        Renewal { lease: ended.clone(), length: five },
+        Renewal { lease: Lease { owner: "a".into(), ..other.clone() }, length: five },
+        Renewal { lease: short.clone(), length: five },
+    ];
+    let before = now(&store).await;
+    let answers = store.renew_all(&renewals).await.expect("renew_all");
+    let after = now(&store).await;
+    assert_eq!(answers, [true, false, true, false, false, false], "one answer per renewal, in order");
+    for (lease, length) in [(&first, five), (&second, nine)] {
+        let until = find(&store, &lease.run).await.lease_until.expect("a running run has a lease");
+        let length = chrono::Duration::from_std(length).expect("short");
+        assert_between(until, before + length, after + length + LENGTH_SLACK, "lease_until = store now + its length");
+    }
+    assert_eq!(find(&store, &other.run).await.lease_until, Some(other.lease_until), "another owner's lease untouched");
+    assert_eq!(find(&store, &short.run).await.lease_until, Some(short.lease_until), "an expired lease stays expired");
+    assert_eq!(find(&store, &ended.run).await.state, RunState::Succeeded);
+
+    // A full batch: half as many jobs as runs, so every job renews two runs at once.
+    let requests: Vec<_> = (0..RENEW_BATCH_MAX)
+        .map(|i| run(tick(&format!("herd-{}", i / 2), i as u32 % 2), "c", LONG_LEASE, false))
+        .collect();
+    let renewals: Vec<_> =
+        won_all(&store, &requests).await.into_iter().map(|lease| Renewal { lease, length: five }).collect();
+    let answers = store.renew_all(&renewals).await.expect("renew_all");
+    assert_eq!(answers, vec![true; RENEW_BATCH_MAX], "every held lease of a full batch is renewed");
 }
 
 /// A batch of ends racing another node's claims of the same jobs ends every run it holds

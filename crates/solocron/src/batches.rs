@@ -1,0 +1,228 @@
+//! Sends runs' lease renewals and ends to the store in batches: when many runs renew or
+//! end at once (a herd of short jobs ending, a herd whose claim was answered late confirming
+//! its leases), their `renew` and `finish` calls go to the store as a few
+//! [`Store::renew_all`] and [`Store::finish_all`] calls instead of one round trip each
+//! queued behind the pool, which let owners' leases run out before their renewals or ends
+//! were written (the run then stopped, or fell to recovery and its `on_crash` policy).
+//!
+//! A call waits in a bounded queue; one worker task per kind takes whatever is queued when a
+//! batch slot frees up (up to the kind's batch size), so a lone call goes out at once and a
+//! burst goes out in as many batches as the burst needs. A batch the store refuses as a
+//! whole for a reason other than being unreachable (one end it cannot store, say) is sent
+//! again one call at a time, so one bad item fails only itself.
+
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use solocron_core::{Ending, Renewal, Store, StoreError, FINISH_BATCH_MAX, RENEW_BATCH_MAX};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+/// Batches in flight at once, per kind: enough to keep a pooled store busy, few enough that
+/// a burst does not take every connection from claims.
+const BATCHES_IN_FLIGHT: usize = 4;
+/// Longest a batch may take before its items are answered with an error (their owners retry
+/// while their leases allow).
+const BATCH_WAIT: Duration = Duration::from_secs(10);
+/// Items of a refused batch sent one by one at once.
+const ONE_BY_ONE_IN_FLIGHT: usize = 16;
+
+/// One kind of call that the store takes in batches.
+pub(crate) trait Kind: Send + Sync + 'static {
+    /// One call's input.
+    type Item: Send + Sync + 'static;
+    /// Most items per batch.
+    const BATCH_MAX: usize;
+    /// What a batch is, for logs and errors ("run ends").
+    const WHAT: &'static str;
+    /// The batch call: one answer per item, in order.
+    fn all<'a>(store: &'a dyn Store, items: &'a [Self::Item]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>>;
+    /// The call for one item.
+    fn one<'a>(store: &'a dyn Store, item: &'a Self::Item) -> BoxFuture<'a, Result<bool, StoreError>>;
+}
+
+/// Runs' ends: [`Store::finish_all`].
+pub(crate) struct Finishes;
+
+impl Kind for Finishes {
+    type Item = Ending;
+    const BATCH_MAX: usize = FINISH_BATCH_MAX;
+    const WHAT: &'static str = "run ends";
+    fn all<'a>(store: &'a dyn Store, items: &'a [Ending]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        store.finish_all(items)
+    }
+    fn one<'a>(store: &'a dyn Store, item: &'a Ending) -> BoxFuture<'a, Result<bool, StoreError>> {
+        store.finish(&item.lease, &item.end)
+    }
+}
+
+/// Lease renewals: [`Store::renew_all`].
+pub(crate) struct Renewals;
+
+impl Kind for Renewals {
+    type Item = Renewal;
+    const BATCH_MAX: usize = RENEW_BATCH_MAX;
+    const WHAT: &'static str = "lease renewals";
+    fn all<'a>(store: &'a dyn Store, items: &'a [Renewal]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        store.renew_all(items)
+    }
+    fn one<'a>(store: &'a dyn Store, item: &'a Renewal) -> BoxFuture<'a, Result<bool, StoreError>> {
+        store.renew(&item.lease, item.length)
+    }
+}
+
+type Answer = oneshot::Sender<Result<bool, StoreError>>;
+type Queue<K> = mpsc::Sender<(<K as Kind>::Item, Answer)>;
+
+/// A handle to the engine's batcher of one kind of call; cheap to clone.
+pub(crate) struct Batcher<K: Kind> {
+    store: Arc<dyn Store>,
+    /// The running worker's queue. The worker starts with the first call, on the runtime
+    /// that runs the engine (which may be built outside one), and again if that runtime
+    /// went away (the engine used by `run_here` in one runtime, then `run` in another).
+    queue: Arc<Mutex<Option<Queue<K>>>>,
+    kind: PhantomData<K>,
+}
+
+impl<K: Kind> Clone for Batcher<K> {
+    fn clone(&self) -> Self {
+        Batcher { store: self.store.clone(), queue: self.queue.clone(), kind: PhantomData }
+    }
+}
+
+impl<K: Kind> Batcher<K> {
+    pub(crate) fn new(store: Arc<dyn Store>) -> Batcher<K> {
+        Batcher { store, queue: Arc::default(), kind: PhantomData }
+    }
+
+    /// Sends one item through the next batch; what the one-item call would answer.
+    /// Cancel-safe: dropped before it returns, the item may still be sent. A full queue
+    /// (eight batches' worth) makes callers wait, each within its own deadline, which
+    /// bounds memory whatever the burst.
+    pub(crate) async fn send(&self, item: K::Item) -> Result<bool, StoreError> {
+        let queue = {
+            let mut queue = self.queue.lock().expect("not poisoned");
+            match queue.as_ref().filter(|q| !q.is_closed()) {
+                Some(q) => q.clone(),
+                None => {
+                    let (tx, rx) = mpsc::channel(8 * K::BATCH_MAX);
+                    tokio::spawn(work::<K>(rx, self.store.clone()));
+                    queue.insert(tx).clone()
+                }
+            }
+        };
+        let (answer, answered) = oneshot::channel();
+        queue
+            .send((item, answer))
+            .await
+            .map_err(|_| StoreError::Unavailable(format!("the engine's batcher of {} stopped", K::WHAT)))?;
+        answered.await.unwrap_or_else(|_| Err(StoreError::Unavailable(format!("a batch of {} was dropped", K::WHAT))))
+    }
+}
+
+/// Takes what is queued whenever a batch slot is free, until every handle is dropped.
+async fn work<K: Kind>(mut rx: mpsc::Receiver<(K::Item, Answer)>, store: Arc<dyn Store>) {
+    let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+    while let Some(first) = rx.recv().await {
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        // Items that arrived while waiting for the slot join this batch.
+        let mut batch = vec![first];
+        while batch.len() < K::BATCH_MAX {
+            match rx.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let store = store.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let (items, answers): (Vec<K::Item>, Vec<Answer>) = batch.into_iter().unzip();
+            for (answer, result) in answers.into_iter().zip(send_batch::<K>(store.as_ref(), &items).await) {
+                // The caller may have stopped waiting (its deadline passed): nothing to tell.
+                let _ = answer.send(result);
+            }
+        });
+    }
+}
+
+/// One answer per item: the batch's, or, if the store refused the batch as a whole for a
+/// reason other than being unreachable, each item's own.
+async fn send_batch<K: Kind>(store: &dyn Store, items: &[K::Item]) -> Vec<Result<bool, StoreError>> {
+    debug_assert!(!items.is_empty() && items.len() <= K::BATCH_MAX);
+    let failure = match tokio::time::timeout(BATCH_WAIT, K::all(store, items)).await {
+        Ok(Ok(done)) if done.len() == items.len() => return done.into_iter().map(Ok).collect(),
+        Ok(Ok(done)) => {
+            StoreError::Invalid(format!("the store answered {} of {} {}", done.len(), items.len(), K::WHAT))
+        }
+        Ok(Err(e)) => e,
+        Err(_) => StoreError::Unavailable(format!("sending {} {} timed out", items.len(), K::WHAT)),
+    };
+    if items.len() == 1 || matches!(failure, StoreError::Unavailable(_)) {
+        return items.iter().map(|_| Err(failure.clone())).collect();
+    }
+    tracing::warn!(items = items.len(), what = K::WHAT, error = %failure, "a batch was refused; sending its items one by one");
+    let mut answers = Vec::with_capacity(items.len());
+    for some in items.chunks(ONE_BY_ONE_IN_FLIGHT) {
+        let calls = some.iter().map(|item| tokio::time::timeout(BATCH_WAIT, K::one(store, item)));
+        for answer in futures_util::future::join_all(calls).await {
+            answers
+                .push(answer.unwrap_or_else(|_| Err(StoreError::Unavailable(format!("one of {} timed out", K::WHAT)))));
+        }
+    }
+    answers
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunEnd, RunState, Tick, Trigger};
+    use solocron_sqlite::SqliteStore;
+
+    use super::*;
+
+    fn ending(store: &SqliteStore, rt: &tokio::runtime::Runtime, minute: i64) -> Ending {
+        let tick = Tick::new("job", chrono::DateTime::from_timestamp(minute * 60, 0).unwrap());
+        let request = ClaimRequest {
+            tick,
+            trigger: Trigger::Schedule,
+            node: "n".into(),
+            lease: Duration::from_secs(60),
+            mode: ClaimMode::Run { skip_if_running: false },
+        };
+        let lease = match rt.block_on(store.claim(&[request])).unwrap().pop() {
+            Some(ClaimOutcome::Won(lease)) => lease,
+            other => panic!("claim not won: {other:?}"),
+        };
+        let end = RunEnd {
+            state: RunState::Succeeded,
+            reason: None,
+            exit_code: None,
+            output: String::new(),
+            started_after: None,
+        };
+        Ending { lease, end }
+    }
+
+    /// The engine may record ends in one runtime (`run_here` in a short-lived one) and then
+    /// in another (`run`): the worker is started again where the first one went away.
+    #[test]
+    fn ends_are_recorded_after_the_runtime_that_started_the_worker_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = || tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let first = runtime();
+        let store = first.block_on(async {
+            let store = SqliteStore::connect(&format!("sqlite://{}/s.db", dir.path().display())).await.unwrap();
+            store.migrate().await.unwrap();
+            store
+        });
+        let (a, b) = (ending(&store, &first, 0), ending(&store, &first, 1));
+        let store: Arc<dyn Store> = Arc::new(store);
+        let ends = Batcher::<Finishes>::new(store.clone());
+        assert!(first.block_on(ends.send(a)).unwrap());
+        drop(first);
+        let second = runtime();
+        assert!(second.block_on(ends.send(b)).unwrap(), "recorded through a worker on the new runtime");
+    }
+}
