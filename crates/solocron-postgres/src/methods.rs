@@ -446,7 +446,9 @@ impl Store for PgStore {
             return Ok(Vec::new());
         }
         // One statement for the batch, as in `finish_all`: `renew`'s `UPDATE` joined to the
-        // renewals as arrays, answering the positions of the leases it extended.
+        // renewals as arrays. A lease sent twice in one batch (a renewal re-sent while the
+        // first was queued) updates its row once and returns one position: the answer for
+        // each position is whether its lease was extended, by that row's key.
         let sql = self.sql(
             "UPDATE {p}runs AS r SET lease_until = {now} + e.length
              FROM unnest($1::int[], $2::text[], $3::bigint[], $4::int[], $5::text[], $6::bigint[], $7::bigint[])
@@ -461,7 +463,7 @@ impl Store for PgStore {
             cols.push(i, &r.lease)?;
             length.push(millis(r.length)?);
         }
-        let renewed: Vec<i32> = sqlx::query_scalar(&sql)
+        let positions: Vec<i32> = sqlx::query_scalar(&sql)
             .bind(cols.i)
             .bind(cols.job)
             .bind(cols.scheduled_at)
@@ -472,7 +474,10 @@ impl Store for PgStore {
             .fetch_all(&self.pool)
             .await
             .map_err(step("renew"))?;
-        answered(renewed, renewals.len(), "renew")
+        let renewed = answered(positions, renewals.len(), "renew")?;
+        let extended: Vec<&Lease> = renewals.iter().zip(&renewed).filter(|(_, r)| **r).map(|(r, _)| &r.lease).collect();
+        let same = |a: &Lease, b: &Lease| a.run == b.run && a.owner == b.owner && a.fencing_token == b.fencing_token;
+        Ok(renewals.iter().map(|r| extended.iter().any(|e| same(e, &r.lease))).collect())
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

@@ -282,9 +282,6 @@ fn is_busy(e: &sqlx::Error) -> bool {
     matches!(primary_code(e), Some(5 | 6))
 }
 
-/// The `UPDATE` that records a held run's end. No expiry check: a run whose lease lapsed
-/// but that nobody recovered yet still records its true end. `claimed_at + NULL` is NULL:
-/// never started.
 /// The `UPDATE` that extends a live lease held by its owner, judged by SQLite's clock.
 fn renew_query(
     lease: &Lease,
@@ -301,6 +298,9 @@ fn renew_query(
     solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt))
 }
 
+/// The `UPDATE` that records a held run's end. No expiry check: a run whose lease lapsed
+/// but that nobody recovered yet still records its true end. `claimed_at + NULL` is NULL:
+/// never started.
 fn finish_query<'q>(
     lease: &'q Lease,
     end: &'q RunEnd,
@@ -645,6 +645,9 @@ impl Store for SqliteStore {
 
     async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
         assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
         // One transaction: one wait for the write lock and one commit for the batch.
         let mut tx = self.write_tx().await?;
         let mut answers = Vec::with_capacity(renewals.len());

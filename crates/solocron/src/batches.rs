@@ -18,12 +18,14 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use solocron_core::{Ending, Renewal, Store, StoreError, FINISH_BATCH_MAX, RENEW_BATCH_MAX};
 use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::time::Instant;
 
-/// Batches in flight at once, per kind: enough to keep a pooled store busy, few enough that
-/// a burst does not take every connection from claims.
-const BATCHES_IN_FLIGHT: usize = 4;
+/// Batches in flight at once, of all kinds together: enough to keep a pooled store busy,
+/// few enough that a burst leaves connections for claims and recovery (PostgreSQL and
+/// MySQL pools hold 8, SQLite's 4).
+pub(crate) const BATCHES_IN_FLIGHT: usize = 3;
 /// Longest a batch may take before its items are answered with an error (their owners retry
-/// while their leases allow).
+/// while their leases allow); shorter when every item's caller gives up sooner.
 const BATCH_WAIT: Duration = Duration::from_secs(10);
 /// Items of a refused batch sent one by one at once.
 const ONE_BY_ONE_IN_FLIGHT: usize = 16;
@@ -36,6 +38,9 @@ pub(crate) trait Kind: Send + Sync + 'static {
     const BATCH_MAX: usize;
     /// What a batch is, for logs and errors ("run ends").
     const WHAT: &'static str;
+    /// Whether an item whose caller stopped waiting is still sent. A renewal nobody waits
+    /// for is dropped (its owner sends a fresh one); an end is recorded all the same.
+    const SEND_ABANDONED: bool;
     /// The batch call: one answer per item, in order.
     fn all<'a>(store: &'a dyn Store, items: &'a [Self::Item]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>>;
     /// The call for one item.
@@ -49,6 +54,7 @@ impl Kind for Finishes {
     type Item = Ending;
     const BATCH_MAX: usize = FINISH_BATCH_MAX;
     const WHAT: &'static str = "run ends";
+    const SEND_ABANDONED: bool = true;
     fn all<'a>(store: &'a dyn Store, items: &'a [Ending]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
         store.finish_all(items)
     }
@@ -64,6 +70,7 @@ impl Kind for Renewals {
     type Item = Renewal;
     const BATCH_MAX: usize = RENEW_BATCH_MAX;
     const WHAT: &'static str = "lease renewals";
+    const SEND_ABANDONED: bool = false;
     fn all<'a>(store: &'a dyn Store, items: &'a [Renewal]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
         store.renew_all(items)
     }
@@ -73,7 +80,15 @@ impl Kind for Renewals {
 }
 
 type Answer = oneshot::Sender<Result<bool, StoreError>>;
-type Queue<K> = mpsc::Sender<(<K as Kind>::Item, Answer)>;
+
+/// One queued call: its item, where its answer goes, and when its caller gives up.
+struct Queued<T> {
+    item: T,
+    answer: Answer,
+    deadline: Instant,
+}
+
+type Queue<K> = mpsc::Sender<Queued<<K as Kind>::Item>>;
 
 /// A handle to the engine's batcher of one kind of call; cheap to clone.
 pub(crate) struct Batcher<K: Kind> {
@@ -82,39 +97,43 @@ pub(crate) struct Batcher<K: Kind> {
     /// that runs the engine (which may be built outside one), and again if that runtime
     /// went away (the engine used by `run_here` in one runtime, then `run` in another).
     queue: Arc<Mutex<Option<Queue<K>>>>,
+    /// Batch slots, shared by the engine's batchers of every kind.
+    slots: Arc<Semaphore>,
     kind: PhantomData<K>,
 }
 
 impl<K: Kind> Clone for Batcher<K> {
     fn clone(&self) -> Self {
-        Batcher { store: self.store.clone(), queue: self.queue.clone(), kind: PhantomData }
+        Batcher { store: self.store.clone(), queue: self.queue.clone(), slots: self.slots.clone(), kind: PhantomData }
     }
 }
 
 impl<K: Kind> Batcher<K> {
-    pub(crate) fn new(store: Arc<dyn Store>) -> Batcher<K> {
-        Batcher { store, queue: Arc::default(), kind: PhantomData }
+    /// A batcher over `store` whose batches take `slots` (see [`BATCHES_IN_FLIGHT`]).
+    pub(crate) fn new(store: Arc<dyn Store>, slots: Arc<Semaphore>) -> Batcher<K> {
+        Batcher { store, queue: Arc::default(), slots, kind: PhantomData }
     }
 
-    /// Sends one item through the next batch; what the one-item call would answer.
-    /// Cancel-safe: dropped before it returns, the item may still be sent. A full queue
-    /// (eight batches' worth) makes callers wait, each within its own deadline, which
-    /// bounds memory whatever the burst.
-    pub(crate) async fn send(&self, item: K::Item) -> Result<bool, StoreError> {
+    /// Sends one item through the next batch; what the one-item call would answer. The
+    /// caller gives up at `deadline` (its batch is cut short then, if every other caller
+    /// of the batch gave up too). Cancel-safe: dropped before it returns, the item may
+    /// still be sent. A full queue (eight batches' worth) makes callers wait, each within
+    /// its own deadline, which bounds memory whatever the burst.
+    pub(crate) async fn send(&self, item: K::Item, deadline: Instant) -> Result<bool, StoreError> {
         let queue = {
             let mut queue = self.queue.lock().expect("not poisoned");
             match queue.as_ref().filter(|q| !q.is_closed()) {
                 Some(q) => q.clone(),
                 None => {
                     let (tx, rx) = mpsc::channel(8 * K::BATCH_MAX);
-                    tokio::spawn(work::<K>(rx, self.store.clone()));
+                    tokio::spawn(work::<K>(rx, self.store.clone(), self.slots.clone()));
                     queue.insert(tx).clone()
                 }
             }
         };
         let (answer, answered) = oneshot::channel();
         queue
-            .send((item, answer))
+            .send(Queued { item, answer, deadline })
             .await
             .map_err(|_| StoreError::Unavailable(format!("the engine's batcher of {} stopped", K::WHAT)))?;
         answered.await.unwrap_or_else(|_| Err(StoreError::Unavailable(format!("a batch of {} was dropped", K::WHAT))))
@@ -122,11 +141,11 @@ impl<K: Kind> Batcher<K> {
 }
 
 /// Takes what is queued whenever a batch slot is free, until every handle is dropped.
-async fn work<K: Kind>(mut rx: mpsc::Receiver<(K::Item, Answer)>, store: Arc<dyn Store>) {
-    let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+async fn work<K: Kind>(mut rx: mpsc::Receiver<Queued<K::Item>>, store: Arc<dyn Store>, slots: Arc<Semaphore>) {
     while let Some(first) = rx.recv().await {
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
-        // Items that arrived while waiting for the slot join this batch.
+        // Items that arrived while waiting for the slot join this batch; those nobody
+        // waits for any more are left out, if this kind leaves them.
         let mut batch = vec![first];
         while batch.len() < K::BATCH_MAX {
             match rx.try_recv() {
@@ -134,24 +153,36 @@ async fn work<K: Kind>(mut rx: mpsc::Receiver<(K::Item, Answer)>, store: Arc<dyn
                 Err(_) => break,
             }
         }
+        if !K::SEND_ABANDONED {
+            batch.retain(|q| !q.answer.is_closed());
+            if batch.is_empty() {
+                continue;
+            }
+        }
         let store = store.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let (items, answers): (Vec<K::Item>, Vec<Answer>) = batch.into_iter().unzip();
-            for (answer, result) in answers.into_iter().zip(send_batch::<K>(store.as_ref(), &items).await) {
-                // The caller may have stopped waiting (its deadline passed): nothing to tell.
-                let _ = answer.send(result);
-            }
+            send_batch::<K>(store.as_ref(), batch).await;
         });
     }
 }
 
-/// One answer per item: the batch's, or, if the store refused the batch as a whole for a
-/// reason other than being unreachable, each item's own.
-async fn send_batch<K: Kind>(store: &dyn Store, items: &[K::Item]) -> Vec<Result<bool, StoreError>> {
-    debug_assert!(!items.is_empty() && items.len() <= K::BATCH_MAX);
-    let failure = match tokio::time::timeout(BATCH_WAIT, K::all(store, items)).await {
-        Ok(Ok(done)) if done.len() == items.len() => return done.into_iter().map(Ok).collect(),
+/// Sends a batch and answers each item: the batch's answer, or, if the store refused the
+/// batch as a whole for a reason other than being unreachable, each item's own, chunk by
+/// chunk as they come.
+async fn send_batch<K: Kind>(store: &dyn Store, batch: Vec<Queued<K::Item>>) {
+    debug_assert!(!batch.is_empty() && batch.len() <= K::BATCH_MAX);
+    let latest = batch.iter().map(|q| q.deadline).max().expect("a batch has an item");
+    let wait = BATCH_WAIT.min(latest.saturating_duration_since(Instant::now()));
+    let (items, answers): (Vec<K::Item>, Vec<Answer>) = batch.into_iter().map(|q| (q.item, q.answer)).unzip();
+    let failure = match tokio::time::timeout(wait, K::all(store, &items)).await {
+        Ok(Ok(done)) if done.len() == items.len() => {
+            for (answer, done) in answers.into_iter().zip(done) {
+                // The caller may have stopped waiting (its deadline passed): nothing to tell.
+                let _ = answer.send(Ok(done));
+            }
+            return;
+        }
         Ok(Ok(done)) => {
             StoreError::Invalid(format!("the store answered {} of {} {}", done.len(), items.len(), K::WHAT))
         }
@@ -159,18 +190,21 @@ async fn send_batch<K: Kind>(store: &dyn Store, items: &[K::Item]) -> Vec<Result
         Err(_) => StoreError::Unavailable(format!("sending {} {} timed out", items.len(), K::WHAT)),
     };
     if items.len() == 1 || matches!(failure, StoreError::Unavailable(_)) {
-        return items.iter().map(|_| Err(failure.clone())).collect();
+        for answer in answers {
+            let _ = answer.send(Err(failure.clone()));
+        }
+        return;
     }
     tracing::warn!(items = items.len(), what = K::WHAT, error = %failure, "a batch was refused; sending its items one by one");
-    let mut answers = Vec::with_capacity(items.len());
+    let mut answers = answers.into_iter();
     for some in items.chunks(ONE_BY_ONE_IN_FLIGHT) {
         let calls = some.iter().map(|item| tokio::time::timeout(BATCH_WAIT, K::one(store, item)));
-        for answer in futures_util::future::join_all(calls).await {
-            answers
-                .push(answer.unwrap_or_else(|_| Err(StoreError::Unavailable(format!("one of {} timed out", K::WHAT)))));
+        for (result, answer) in futures_util::future::join_all(calls).await.into_iter().zip(answers.by_ref()) {
+            let result =
+                result.unwrap_or_else(|_| Err(StoreError::Unavailable(format!("one of {} timed out", K::WHAT))));
+            let _ = answer.send(result);
         }
     }
-    answers
 }
 
 #[cfg(test)]
@@ -219,10 +253,12 @@ mod tests {
         });
         let (a, b) = (ending(&store, &first, 0), ending(&store, &first, 1));
         let store: Arc<dyn Store> = Arc::new(store);
-        let ends = Batcher::<Finishes>::new(store.clone());
-        assert!(first.block_on(ends.send(a)).unwrap());
+        let ends = Batcher::<Finishes>::new(store.clone(), Arc::new(Semaphore::new(BATCHES_IN_FLIGHT)));
+        let deadline = || Instant::now() + Duration::from_secs(5);
+        assert!(first.block_on(async { ends.send(a, deadline()).await }).unwrap());
         drop(first);
         let second = runtime();
-        assert!(second.block_on(ends.send(b)).unwrap(), "recorded through a worker on the new runtime");
+        let recorded = second.block_on(async { ends.send(b, deadline()).await }).unwrap();
+        assert!(recorded, "recorded through a worker on the new runtime");
     }
 }

@@ -89,6 +89,15 @@ impl Listing {
                 tracing::warn!(error = %e, "cannot start the guardian process; if this node dies, what its jobs started may outlive it");
             }
         }
+        if let Some(guardian) = &state.guardian {
+            // Room for the child's line (a guardian behind on its input, in a burst of
+            // starts), waiting as long as a message from the node would; without it the
+            // child's write fails and the node writes the line once the program started.
+            let mut fd = libc::pollfd { fd: guardian.socket.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+            let ms = libc::c_int::try_from(SEND_WAIT.as_millis()).unwrap_or(libc::c_int::MAX);
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut fd, 1, ms) };
+        }
         Listing { state }
     }
 

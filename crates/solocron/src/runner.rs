@@ -66,7 +66,7 @@ impl Heartbeat {
         let sent = Instant::now();
         let bound = self.deadline.min(sent + self.policy.renew_interval());
         let renewal = Renewal { lease: self.lease.clone(), length: self.policy.lease };
-        match timeout_at(bound, renewals.send(renewal)).await {
+        match timeout_at(bound, renewals.send(renewal, bound)).await {
             Ok(Ok(true)) => {
                 self.deadline = sent + self.policy.local_lease_deadline();
                 self.stop_at = sent + self.policy.local_stop_deadline();
@@ -230,7 +230,7 @@ async fn record_end(ends: &Batcher<Finishes>, hb: &Heartbeat, end: &RunEnd, lost
     let ending = Ending { lease: hb.lease.clone(), end: end.clone() };
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
-        match timeout_at(give_up, ends.send(ending.clone())).await {
+        match timeout_at(give_up, ends.send(ending.clone(), give_up)).await {
             Ok(Ok(true)) => return,
             Ok(Ok(false)) => {
                 tracing::warn!(run = %hb.lease.run, state = %end.state,

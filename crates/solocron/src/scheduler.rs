@@ -175,10 +175,11 @@ impl SchedulerBuilder {
         let default_interval = (shortest / 3).saturating_sub(self.store.expiry_lag());
         let recovery_interval =
             self.recovery_interval.unwrap_or(default_interval).clamp(RECOVERY_INTERVAL_MIN, RECOVERY_INTERVAL_MAX);
+        let batch_slots = Arc::new(tokio::sync::Semaphore::new(crate::batches::BATCHES_IN_FLIGHT));
         Ok(Scheduler {
             engine: Arc::new(Engine {
-                ends: Batcher::new(self.store.clone()),
-                renewals: Batcher::new(self.store.clone()),
+                ends: Batcher::new(self.store.clone(), batch_slots.clone()),
+                renewals: Batcher::new(self.store.clone(), batch_slots),
                 store: self.store,
                 node: self.node_id,
                 clock: self.clock,

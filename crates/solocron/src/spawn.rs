@@ -200,8 +200,11 @@ pub(crate) fn start(
     }
     if pidfd < 0 {
         // A kernel before 5.2 ignores CLONE_PIDFD.
-        // SAFETY: signalling our own unreaped child.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // SAFETY: signalling our own unreaped child and its group.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+            libc::kill(pid, libc::SIGKILL);
+        }
         reap_blocking(pid);
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
@@ -391,21 +394,31 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
                 libc::_exit(127);
             }
         }
+        if plan.guardian >= 0 {
+            // Listed from here on: a node killed after this line leaves no group unguarded.
+            // Before the `dup2`s, which could overwrite the socket's descriptor if it is one
+            // of 0..=2. By the raw system call: glibc's `send` is a cancellation point, which
+            // touches the parent thread's state. A line this short is written whole or not
+            // at all; the node sends what is left.
+            let mut buffer = [0u8; crate::guardian::ANNOUNCEMENT_MAX];
+            let line = crate::guardian::announcement(libc::syscall(libc::SYS_getpid) as libc::pid_t, &mut buffer);
+            let sent = libc::syscall(
+                libc::SYS_sendto,
+                plan.guardian,
+                line.as_ptr(),
+                line.len(),
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                std::ptr::null::<libc::sockaddr>(),
+                0 as libc::socklen_t,
+            );
+            plan.announced.store(usize::try_from(sent).unwrap_or(0), Ordering::SeqCst);
+        }
         for (fd, target) in [(plan.stdin, 0), (plan.stdout, 1), (plan.stderr, 2)] {
             let ok =
                 if fd == target { libc::fcntl(fd, libc::F_SETFD, 0) == 0 } else { libc::dup2(fd, target) == target };
             if !ok {
                 return fail(plan);
             }
-        }
-        if plan.guardian >= 0 {
-            // Listed from here on: a node killed after this line leaves no group unguarded.
-            // A line this short is written whole or not at all; the node sends what is left.
-            let mut buffer = [0u8; crate::guardian::ANNOUNCEMENT_MAX];
-            let line = crate::guardian::announcement(libc::syscall(libc::SYS_getpid) as libc::pid_t, &mut buffer);
-            let sent =
-                libc::send(plan.guardian, line.as_ptr().cast(), line.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT);
-            plan.announced.store(usize::try_from(sent).unwrap_or(0), Ordering::SeqCst);
         }
         // The program starts with no signal blocked, as std's spawn does, whatever the
         // embedding program blocks in its own threads.

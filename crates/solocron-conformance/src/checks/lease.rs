@@ -243,9 +243,10 @@ async fn won_all(store: &Handle, requests: &[solocron_core::ClaimRequest]) -> Ve
 }
 
 /// A batch of renewals (`renew_all`) answers and extends each lease as `renew` would, in
-/// order: a held live lease is extended by its own length from the store's now, while a
-/// stale token, another owner's run, an expired lease and an ended run change nothing; a
-/// full batch of [`RENEW_BATCH_MAX`] renewals extends every lease in it.
+/// order: a held live lease is extended by its own length from the store's now (also when
+/// it is sent twice in one batch, as a renewal re-sent while the first was queued is),
+/// while a stale token, another owner's run, an expired lease and an ended run change
+/// nothing; a full batch of [`RENEW_BATCH_MAX`] renewals extends every lease in it.
 pub async fn a_batch_of_renewals_extends_each_lease_as_renew_would(f: &impl StoreFactory) {
     let t = timing(f);
     let store = f.open().await;
@@ -265,11 +266,12 @@ pub async fn a_batch_of_renewals_extends_each_lease_as_renew_would(f: &impl Stor
         Renewal { lease: ended.clone(), length: five },
         Renewal { lease: Lease { owner: "a".into(), ..other.clone() }, length: five },
         Renewal { lease: short.clone(), length: five },
+        Renewal { lease: first.clone(), length: five },
     ];
     let before = now(&store).await;
     let answers = store.renew_all(&renewals).await.expect("renew_all");
     let after = now(&store).await;
-    assert_eq!(answers, [true, false, true, false, false, false], "one answer per renewal, in order");
+    assert_eq!(answers, [true, false, true, false, false, false, true], "one answer per renewal, in order");
     for (lease, length) in [(&first, five), (&second, nine)] {
         let until = find(&store, &lease.run).await.lease_until.expect("a running run has a lease");
         let length = chrono::Duration::from_std(length).expect("short");
