@@ -164,9 +164,9 @@ async fn a_large_batch_partly_claimed_elsewhere_answers_every_request_in_order()
     assert_eq!(records.len(), batch.len(), "one record per tick");
 }
 
-/// A schema of version 1 (before `{p}claim_taken_first` and the job in the index by
-/// instant) is brought to the current version by `migrate`, and large batches are claimed
-/// on it.
+/// A schema of version 1 (before `{p}claim_taken_first`, the job in the index by instant
+/// and the claim function of fewer statements) is brought to the current version by
+/// `migrate`, and large batches are claimed on it.
 #[tokio::test]
 async fn a_version_1_schema_is_migrated_to_the_current_version() {
     let Some(ns) = Namespace::new().await else { return };
@@ -186,7 +186,13 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
     assert!(store.claim(&batch).await.is_err(), "the function of version 2 is missing");
     store.migrate().await.expect("migrate from version 1");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 3);
+    assert_eq!(version, 4);
+    let claim: String = sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = $1")
+        .bind(format!("{p}claim"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(claim.contains("v_rechecks"), "the claim function of version 4 replaced version 1's");
     let indexes: Vec<String> =
         sqlx::query_scalar("SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY indexname")
             .bind(format!("{p}runs"))
