@@ -26,7 +26,7 @@
 use std::collections::BTreeSet;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 /// The script: a space-delimited list of groups; on end-of-file, SIGKILL each.
@@ -51,16 +51,22 @@ const GROUPS_MAX: usize = 100_000;
 const SEND_WAIT: Duration = Duration::from_millis(100);
 const LIST_WAIT: Duration = Duration::from_secs(2);
 
-/// What the node has told its guardian.
-static STATE: Mutex<State> = Mutex::new(State { guardian: None, groups: BTreeSet::new() });
+/// The running guardian: started with the first command job; `None` until then, or after
+/// one could not be started (tried again at the next message). Shared while jobs start and
+/// lines are sent (a child's or the node's line is one write of a dozen bytes, which a
+/// stream socket never interleaves with another's); held alone to start or replace one.
+static GUARDIAN: RwLock<Option<Guardian>> = RwLock::new(None);
 
-struct State {
-    /// The running guardian: started with the first command job; `None` until then, or
-    /// after one could not be started (tried again at the next message).
-    guardian: Option<Guardian>,
-    /// The groups to kill if the node dies: kept here, so that a replacement guardian is
-    /// told all of them.
-    groups: BTreeSet<libc::pid_t>,
+/// The groups to kill if the node dies: kept here, so that a replacement guardian is told
+/// all of them. Taken after [`GUARDIAN`], never before.
+static GROUPS: Mutex<BTreeSet<libc::pid_t>> = Mutex::new(BTreeSet::new());
+
+fn groups() -> MutexGuard<'static, BTreeSet<libc::pid_t>> {
+    GROUPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn shared() -> RwLockReadGuard<'static, Option<Guardian>> {
+    GUARDIAN.read().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A running guardian.
@@ -71,25 +77,26 @@ struct Guardian {
     socket: OwnedFd,
 }
 
-/// The guardian, locked while one job starts: its socket cannot be replaced, nor its
-/// descriptor reused, until the job's process has announced itself (the child writes
-/// `+pid` to [`Listing::socket`] before `execve`, so a node killed at any moment after the
-/// job's program starts leaves its group listed) and the node has recorded it.
+/// The guardian, held (shared with other starts) while one job starts: it cannot be
+/// replaced, nor its socket's descriptor reused, until the job's process has announced
+/// itself (the child writes `+pid` to [`Listing::socket`] before `execve`, so a node killed
+/// at any moment after the job's program starts leaves its group listed) and the node has
+/// recorded the group ([`Listing::record`]).
 pub(crate) struct Listing {
-    state: MutexGuard<'static, State>,
+    guardian: RwLockReadGuard<'static, Option<Guardian>>,
 }
 
 impl Listing {
-    /// Locks the guardian, starting one if there is none (a failure is logged: the job
+    /// Holds the guardian, starting one if there is none (a failure is logged: the job
     /// runs unguarded).
     pub(crate) fn lock() -> Listing {
-        let mut state = STATE.lock().unwrap_or_else(|e| e.into_inner());
-        if state.guardian.is_none() && state.groups.len() < GROUPS_MAX {
-            if let Err(e) = state.tell("") {
+        if shared().is_none() && groups().len() < GROUPS_MAX {
+            if let Err(e) = replace(None) {
                 tracing::warn!(error = %e, "cannot start the guardian process; if this node dies, what its jobs started may outlive it");
             }
         }
-        if let Some(guardian) = &state.guardian {
+        let guardian = shared();
+        if let Some(guardian) = guardian.as_ref() {
             // Room for the child's line (a guardian behind on its input, in a burst of
             // starts), waiting as long as a message from the node would; without it the
             // child's write fails and the node writes the line once the program started.
@@ -98,44 +105,56 @@ impl Listing {
             // SAFETY: one valid pollfd.
             unsafe { libc::poll(&mut fd, 1, ms) };
         }
-        Listing { state }
+        Listing { guardian }
     }
 
     /// The socket a starting job announces itself on: `None` without a guardian, or when
     /// [`GROUPS_MAX`] groups are listed already.
     pub(crate) fn socket(&self) -> Option<RawFd> {
-        let room = self.state.groups.len() < GROUPS_MAX;
-        self.state.guardian.as_ref().filter(|_| room).map(|g| g.socket.as_raw_fd())
+        let room = groups().len() < GROUPS_MAX;
+        self.guardian.as_ref().filter(|_| room).map(|g| g.socket.as_raw_fd())
     }
 
-    /// Records that the job `pgid` started, of whose announcement line (see
-    /// [`announcement`]) its process wrote the first `announced` bytes itself: the node
-    /// sends the rest, if any. A failure to reach the guardian is logged; the job runs
-    /// unguarded.
-    pub(crate) fn started(&mut self, pgid: libc::pid_t, announced: usize) {
+    /// Records the group `pgid` of a job whose process wrote the first `announced` bytes of
+    /// its [`announcement`] (while this listing held the guardian, so no replacement can
+    /// have missed it): whether it is listed now. One whose process wrote none is not
+    /// listed past [`GROUPS_MAX`] (it runs unguarded, with a warning); one that announced
+    /// itself always is, since the guardian heard of it. Then drop the listing and call
+    /// [`complete`].
+    pub(crate) fn record(&self, pgid: libc::pid_t, announced: usize) -> bool {
         assert!(pgid > 0, "a process group id");
-        let mut buffer = [0u8; ANNOUNCEMENT_MAX];
-        let line = announcement(pgid, &mut buffer);
-        assert!(announced <= line.len(), "the child writes at most its line");
-        if self.state.groups.len() >= GROUPS_MAX {
+        let mut groups = groups();
+        if announced == 0 && groups.len() >= GROUPS_MAX {
             tracing::warn!(pgid, "{GROUPS_MAX} job process groups listed already; this one is not guarded");
-            return;
+            return false;
         }
-        self.state.groups.insert(pgid);
-        if announced == line.len() {
-            return;
-        }
-        #[cfg(test)]
-        COMPLETED_BY_NODE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let rest = std::str::from_utf8(&line[announced..]).expect("an announcement is ASCII");
-        if let Err(e) = self.state.tell(rest) {
-            tracing::warn!(pgid, error = %e, "cannot tell the guardian of a job; if this node dies, what the job started may outlive it");
-        }
+        groups.insert(pgid);
+        true
     }
+}
 
-    /// Delists `pgid`, as [`forget`] does.
-    pub(crate) fn forget(&mut self, pgid: libc::pid_t) {
-        self.state.forget(pgid);
+/// Completes the announcement of a recorded group whose process wrote `announced` bytes
+/// of its line: nothing if it wrote all of it; the whole line if it wrote none; and a new
+/// guardian (told every listed group) if it wrote part of it, since a part of a line
+/// spoils the stream for every later one. A failure to reach the guardian is logged; the
+/// job runs unguarded.
+pub(crate) fn complete(pgid: libc::pid_t, announced: usize) {
+    let mut buffer = [0u8; ANNOUNCEMENT_MAX];
+    let line = announcement(pgid, &mut buffer);
+    assert!(announced <= line.len(), "the child writes at most its line");
+    if announced == line.len() {
+        return;
+    }
+    #[cfg(test)]
+    COMPLETED_BY_NODE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let told = if announced == 0 {
+        tell(std::str::from_utf8(line).expect("an announcement is ASCII"))
+    } else {
+        let spoiled = shared().as_ref().map(|g| g.pid);
+        replace(spoiled)
+    };
+    if let Err(e) = told {
+        tracing::warn!(pgid, error = %e, "cannot tell the guardian of a job; if this node dies, what the job started may outlive it");
     }
 }
 
@@ -172,7 +191,14 @@ pub(crate) static COMPLETED_BY_NODE: std::sync::atomic::AtomicUsize = std::sync:
 /// guardian cannot be told, it is replaced by one that never heard of `pgid`: a listed
 /// group whose id may be reused must not stay with a guardian.
 pub(crate) fn forget(pgid: libc::pid_t) {
-    STATE.lock().unwrap_or_else(|e| e.into_inner()).forget(pgid);
+    if !groups().remove(&pgid) {
+        return;
+    }
+    // A replacement started after the removal never heard of `pgid`; the one before it
+    // is told here, or replaced.
+    if let Err(e) = tell(&format!("-{pgid}\n")) {
+        tracing::warn!(pgid, error = %e, "cannot tell the guardian that a job ended");
+    }
 }
 
 /// Held by the tests that start jobs, and by those that end a guardian on purpose (which
@@ -180,54 +206,68 @@ pub(crate) fn forget(pgid: libc::pid_t) {
 #[cfg(test)]
 pub(crate) static TEST_SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Ends the guardian as a node's death would (its socket closes, so it kills every group
+/// it heard of), and returns once it exited.
+#[cfg(test)]
+pub(crate) fn close_guardian() {
+    let taken = GUARDIAN.write().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(guardian) = taken {
+        let pid = guardian.pid;
+        drop(guardian);
+        crate::spawn::reap_blocking(pid);
+    }
+}
+
 /// How many groups the guardian lists.
 #[cfg(test)]
 pub(crate) fn listed_count() -> usize {
-    STATE.lock().unwrap_or_else(|e| e.into_inner()).groups.len()
+    groups().len()
 }
 
 /// Whether the guardian lists `pgid`.
 #[cfg(test)]
 pub(crate) fn listed(pgid: libc::pid_t) -> bool {
-    STATE.lock().unwrap_or_else(|e| e.into_inner()).groups.contains(&pgid)
+    groups().contains(&pgid)
 }
 
-impl State {
-    /// See [`forget`].
-    fn forget(&mut self, pgid: libc::pid_t) {
-        if !self.groups.remove(&pgid) {
-            return;
-        }
-        if let Err(e) = self.tell(&format!("-{pgid}\n")) {
-            tracing::warn!(pgid, error = %e, "cannot tell the guardian that a job ended");
-        }
-    }
-
-    /// Sends `line` to the guardian. If there is none, or it does not take the line in
-    /// time (gone, stopped, or a send failed part-way), it is killed and a new one is
-    /// started and told every listed group, `line` included (already applied to `groups`).
-    fn tell(&mut self, line: &str) -> io::Result<()> {
-        if let Some(guardian) = &self.guardian {
-            match send(&guardian.socket, line.as_bytes(), SEND_WAIT) {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    tracing::warn!(pid = guardian.pid, error = %e, "the guardian process does not answer; replacing it")
-                }
+/// Sends `line` (one whole line, a dozen bytes) to the guardian. If there is none, or it
+/// does not take the line in time (gone, stopped, or it took part of it), it is replaced by
+/// a new one told every listed group (`line`'s change is already applied to them).
+fn tell(line: &str) -> io::Result<()> {
+    // The shared hold ends before `replace` takes the guardian alone.
+    let failed = match shared().as_ref() {
+        None => None,
+        Some(guardian) => match send_line(&guardian.socket, line.as_bytes()) {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                tracing::warn!(pid = guardian.pid, error = %e, "the guardian process does not answer; replacing it");
+                Some(guardian.pid)
             }
-        }
-        if let Some(old) = self.guardian.take() {
-            old.kill();
-        }
-        let fresh = Guardian::start()?;
-        let list: String = self.groups.iter().map(|g| format!("+{g}\n")).collect();
-        if let Err(e) = send(&fresh.socket, list.as_bytes(), LIST_WAIT) {
-            // Closing its socket now would make it kill what it was told so far.
-            fresh.kill();
-            return Err(e);
-        }
-        self.guardian = Some(fresh);
-        Ok(())
+        },
+    };
+    replace(failed)
+}
+
+/// Starts a guardian told every listed group, in place of the one `failed` (its pid), or
+/// where there is none (`None`); nothing if another thread did so meanwhile. The old one is
+/// killed before its socket closes, so that it cannot act on the end-of-file.
+fn replace(failed: Option<libc::pid_t>) -> io::Result<()> {
+    let mut guardian = GUARDIAN.write().unwrap_or_else(|e| e.into_inner());
+    if guardian.as_ref().map(|g| g.pid) != failed {
+        return Ok(());
     }
+    if let Some(old) = guardian.take() {
+        old.kill();
+    }
+    let fresh = Guardian::start()?;
+    let list: String = groups().iter().map(|g| format!("+{g}\n")).collect();
+    if let Err(e) = send(&fresh.socket, list.as_bytes(), LIST_WAIT) {
+        // Closing its socket now would make it kill what it was told so far.
+        fresh.kill();
+        return Err(e);
+    }
+    *guardian = Some(fresh);
+    Ok(())
 }
 
 impl Guardian {
@@ -272,7 +312,18 @@ impl Guardian {
 }
 
 /// Sends all of `bytes`, waiting at most `wait` in all for room in the socket.
-fn send(socket: &OwnedFd, mut bytes: &[u8], wait: Duration) -> io::Result<()> {
+fn send(socket: &OwnedFd, bytes: &[u8], wait: Duration) -> io::Result<()> {
+    send_in(socket, bytes, wait, false)
+}
+
+/// Sends one short line in one write, waiting at most [`SEND_WAIT`] for room: a part of it
+/// is an error (other threads and starting jobs write to the same socket).
+fn send_line(socket: &OwnedFd, line: &[u8]) -> io::Result<()> {
+    debug_assert!(line.len() <= 2 * ANNOUNCEMENT_MAX && line.ends_with(b"\n"));
+    send_in(socket, line, SEND_WAIT, true)
+}
+
+fn send_in(socket: &OwnedFd, mut bytes: &[u8], wait: Duration, one_write: bool) -> io::Result<()> {
     let deadline = Instant::now() + wait;
     while !bytes.is_empty() {
         // SAFETY: a socket we own and a valid buffer of that length.
@@ -280,6 +331,9 @@ fn send(socket: &OwnedFd, mut bytes: &[u8], wait: Duration) -> io::Result<()> {
             libc::send(socket.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
         };
         if let Ok(n) = usize::try_from(sent) {
+            if one_write && n < bytes.len() {
+                return Err(io::Error::new(io::ErrorKind::WriteZero, "the guardian took part of a line"));
+            }
             bytes = &bytes[n..];
             continue;
         }
@@ -359,19 +413,25 @@ mod tests {
         let _serial = TEST_SERIAL.blocking_lock();
         let (mut listed, mut other) = (sleeper(), sleeper());
         let (a, b) = (listed.id() as libc::pid_t, other.id() as libc::pid_t);
-        Listing::lock().started(a, 0);
-        let first = STATE.lock().unwrap().guardian.as_ref().expect("started").pid;
+        let list = |pgid| {
+            let listing = Listing::lock();
+            assert!(listing.record(pgid, 0));
+            drop(listing);
+            complete(pgid, 0);
+        };
+        list(a);
+        let first = shared().as_ref().expect("started").pid;
         // SAFETY: killing the guardian this process started.
         unsafe { libc::kill(first, libc::SIGKILL) };
         std::thread::sleep(Duration::from_millis(100));
-        Listing::lock().started(b, 0);
-        let second = STATE.lock().unwrap().guardian.take().expect("restarted");
+        list(b);
+        let second = GUARDIAN.write().unwrap().take().expect("restarted");
         assert_ne!(second.pid, first, "a new guardian");
         let pid = second.pid;
         drop(second);
         crate::spawn::reap_blocking(pid);
         assert_eq!(listed.wait().unwrap().signal(), Some(libc::SIGKILL), "the group listed before the restart");
         assert_eq!(other.wait().unwrap().signal(), Some(libc::SIGKILL), "the group listed after it");
-        STATE.lock().unwrap().groups.retain(|g| ![a, b].contains(g));
+        groups().retain(|g| ![a, b].contains(g));
     }
 }

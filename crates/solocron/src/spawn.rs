@@ -188,14 +188,16 @@ pub(crate) fn start(
     };
     drop(stack);
     let error = plan.error.load(Ordering::SeqCst);
-    if let Some(mut listing) = listing.take() {
+    if let Some(listing) = listing.take() {
         // Unreaped, so its pid, and the group id the guardian may have heard, are ours.
         let announced = plan.announced.load(Ordering::SeqCst);
-        if error == 0 || announced > 0 {
-            listing.started(pid, announced);
+        let listed = (error == 0 || announced > 0) && listing.record(pid, announced);
+        drop(listing);
+        if listed {
+            crate::guardian::complete(pid, announced);
         }
         if error != 0 || pidfd < 0 {
-            listing.forget(pid);
+            crate::guardian::forget(pid);
         }
     }
     if pidfd < 0 {
@@ -532,6 +534,30 @@ mod tests {
             "every job's process wrote its whole `+pgid` line before execve; the node wrote none"
         );
         drop(children);
+    }
+
+    /// Jobs started at once from several threads (which share the guardian while they
+    /// start) each announce their whole line: a guardian whose node is gone kills them all.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn jobs_started_at_once_from_many_threads_all_die_with_the_guardians_node() {
+        let _serial = crate::guardian::TEST_SERIAL.lock().await;
+        let completed = crate::guardian::COMPLETED_BY_NODE.load(Ordering::SeqCst);
+        let starts = (0..4).map(|_| {
+            tokio::task::spawn_blocking(|| {
+                (0..10).map(|_| spawn(&["sleep".into(), "30".into()], &[]).expect("spawn")).collect::<Vec<_>>()
+            })
+        });
+        let mut children = Vec::new();
+        for started in futures_util::future::join_all(starts).await {
+            children.extend(started.expect("a starting thread"));
+        }
+        assert!(children.iter().all(|c| crate::guardian::listed(c.pid())), "every started job's group is listed");
+        assert_eq!(crate::guardian::COMPLETED_BY_NODE.load(Ordering::SeqCst), completed, "each job wrote its own line");
+        crate::guardian::close_guardian();
+        for mut child in children {
+            let status = child.wait().await.expect("wait");
+            assert_eq!(status.signal(), Some(libc::SIGKILL), "the guardian killed the job's group");
+        }
     }
 
     #[tokio::test]
