@@ -475,9 +475,10 @@ impl Store for PgStore {
             .await
             .map_err(step("renew"))?;
         let renewed = answered(positions, renewals.len(), "renew")?;
-        let extended: Vec<&Lease> = renewals.iter().zip(&renewed).filter(|(_, r)| **r).map(|(r, _)| &r.lease).collect();
+        // Only a position answered `false` can be a copy of one that was extended.
         let same = |a: &Lease, b: &Lease| a.run == b.run && a.owner == b.owner && a.fencing_token == b.fencing_token;
-        Ok(renewals.iter().map(|r| extended.iter().any(|e| same(e, &r.lease))).collect())
+        let extended = |lease: &Lease| renewals.iter().zip(&renewed).any(|(r, done)| *done && same(&r.lease, lease));
+        Ok(renewals.iter().zip(&renewed).map(|(r, done)| *done || extended(&r.lease)).collect())
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

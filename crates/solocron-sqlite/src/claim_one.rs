@@ -14,6 +14,8 @@
 //! an overlap, a manual run ignores the pause, and the overlap names the job's newest
 //! running run the way `RunId` displays it.
 
+use std::sync::OnceLock;
+
 use sqlx::sqlite::SqliteRow;
 use sqlx::Sqlite;
 
@@ -24,8 +26,55 @@ use crate::{db_err, get, instant, millis, SqliteStore};
 
 /// Claims the tick of `request` (see [`solocron_core::Store::claim`]) in one statement.
 pub(crate) async fn claim_one(store: &SqliteStore, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-    let (why, skip_reason) = why_sql(request);
-    let sql = format!(
+    let (variant, skip_reason) = variant(request);
+    let mut query = sqlx::query::<Sqlite>(claim_sql(variant))
+        .bind(request.tick.job.as_str())
+        .bind(request.tick.scheduled_at.timestamp_millis())
+        .bind(request.trigger.as_str())
+        .bind(request.node.as_str())
+        .bind(millis(request.lease)?);
+    if let Some(reason) = skip_reason {
+        query = query.bind(reason);
+    }
+    let row = query.fetch_optional(&store.pool).await.map_err(db_err)?;
+    outcome(request, row.as_ref())
+}
+
+/// Which of the claim's texts a request needs: whether it asks for a skipped record, and
+/// otherwise whether the pause applies (not to manual runs) and whether an overlap skips
+/// it; and the reason to bind as `?6` when it asks for a skipped record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Skip,
+    Run { pausable: bool, skip_if_running: bool },
+}
+
+fn variant(request: &ClaimRequest) -> (Variant, Option<&str>) {
+    match &request.mode {
+        ClaimMode::Skip { reason } => (Variant::Skip, Some(reason)),
+        ClaimMode::Run { skip_if_running } => {
+            (Variant::Run { pausable: request.trigger != Trigger::Manual, skip_if_running: *skip_if_running }, None)
+        }
+    }
+}
+
+/// The claim's text for `variant`, built once per variant (a claim is the hot path, and
+/// sqlx keeps each text's prepared statement per connection).
+fn claim_sql(variant: Variant) -> &'static str {
+    static TEXTS: OnceLock<[String; 5]> = OnceLock::new();
+    let texts = TEXTS.get_or_init(|| {
+        let run = |pausable, skip_if_running| build_sql(Variant::Run { pausable, skip_if_running });
+        [build_sql(Variant::Skip), run(false, false), run(false, true), run(true, false), run(true, true)]
+    });
+    let index = match variant {
+        Variant::Skip => 0,
+        Variant::Run { pausable, skip_if_running } => 1 + 2 * usize::from(pausable) + usize::from(skip_if_running),
+    };
+    &texts[index]
+}
+
+fn build_sql(variant: Variant) -> String {
+    format!(
         concat!(
             r#"INSERT INTO solocron_runs (job, scheduled_at, attempt, "trigger", node, token, state, reason,
                    claimed_at, finished_at, lease_until)
@@ -39,30 +88,19 @@ pub(crate) async fn claim_one(store: &SqliteStore, request: &ClaimRequest) -> Re
                WHERE NOT EXISTS (SELECT 1 FROM solocron_runs WHERE job = ?1 AND scheduled_at = ?2 AND attempt = 1)
                RETURNING token, reason, claimed_at"#
         ),
-        why = why
-    );
-    let mut query = sqlx::query::<Sqlite>(&sql)
-        .bind(request.tick.job.as_str())
-        .bind(request.tick.scheduled_at.timestamp_millis())
-        .bind(request.trigger.as_str())
-        .bind(request.node.as_str())
-        .bind(millis(request.lease)?);
-    if let Some(reason) = skip_reason {
-        query = query.bind(reason);
-    }
-    let row = query.fetch_optional(&store.pool).await.map_err(db_err)?;
-    outcome(request, row.as_ref())
+        why = why_sql(variant)
+    )
 }
 
-/// Why the request's tick would be recorded `skipped` rather than run, as SQL (`NULL`: run
-/// it), and the reason to bind as `?6` when the request asks for a skipped record.
-fn why_sql(request: &ClaimRequest) -> (String, Option<&str>) {
-    let skip_if_running = match &request.mode {
-        ClaimMode::Skip { reason } => return ("?6".into(), Some(reason)),
-        ClaimMode::Run { skip_if_running } => *skip_if_running,
+/// Why a request of `variant` would be recorded `skipped` rather than run, as SQL (`NULL`:
+/// run it); a skip request's reason is bound as `?6`.
+fn why_sql(variant: Variant) -> String {
+    let (pausable, skip_if_running) = match variant {
+        Variant::Skip => return "?6".into(),
+        Variant::Run { pausable, skip_if_running } => (pausable, skip_if_running),
     };
     let mut reasons = Vec::new();
-    if request.trigger != Trigger::Manual {
+    if pausable {
         reasons.push(
             "(SELECT 'paused by ' || changed_by || COALESCE(': ' || reason, '')
               FROM solocron_jobs WHERE job = ?1 AND paused <> 0)",
@@ -78,12 +116,11 @@ fn why_sql(request: &ClaimRequest) -> (String, Option<&str>) {
               ORDER BY scheduled_at DESC, attempt DESC LIMIT 1)",
         );
     }
-    let sql = match reasons.as_slice() {
+    match reasons.as_slice() {
         [] => "NULL".to_owned(),
         [one] => (*one).to_owned(),
         many => format!("COALESCE({})", many.join(", ")),
-    };
-    (sql, None)
+    }
 }
 
 /// The outcome the returned row (if any) says.
