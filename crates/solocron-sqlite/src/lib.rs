@@ -236,7 +236,11 @@ impl SqliteStore {
         // together retry for up to the busy timeout.
         let started = tokio::time::Instant::now();
         let pool = loop {
-            match SqlitePoolOptions::new().max_connections(POOL_MAX).connect_with(options.clone()).await {
+            // No ping before handing out a pooled connection: it is one more round trip to
+            // the connection's worker thread (~30 µs, as long as a whole `SELECT 1`), and a
+            // connection to a local file has no peer that could have gone away.
+            let pool_options = SqlitePoolOptions::new().max_connections(POOL_MAX).test_before_acquire(false);
+            match pool_options.connect_with(options.clone()).await {
                 Ok(pool) => break pool,
                 Err(e) if is_busy(&e) && started.elapsed() < BUSY_TIMEOUT => {
                     tokio::time::sleep(OPEN_RETRY_PAUSE).await;
