@@ -40,6 +40,22 @@ impl Batch {
         Ok(batch)
     }
 
+    /// Calls `{p}claim_one` (`sql`) with the batch's one request: one round trip, one
+    /// transaction.
+    pub(crate) async fn send_one(&self, pool: &PgPool, sql: &str) -> Res<Vec<PgRow>> {
+        assert_eq!(self.jobs.len(), 1, "send_one sends a batch of one");
+        Ok(sqlx::query(sql)
+            .bind(&self.jobs[0])
+            .bind(self.ticks[0])
+            .bind(self.triggers[0])
+            .bind(&self.nodes[0])
+            .bind(self.leases[0])
+            .bind(self.modes[0])
+            .bind(&self.reasons[0])
+            .fetch_all(pool)
+            .await?)
+    }
+
     /// Calls the function once: one round trip, one transaction.
     pub(crate) async fn send(&self, pool: &PgPool, sql: &str) -> Res<Vec<PgRow>> {
         Ok(sqlx::query(sql)

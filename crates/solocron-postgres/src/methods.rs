@@ -84,6 +84,11 @@ impl PgStore {
     }
 
     async fn claim_once(&self, batch: &Batch, requests: &[ClaimRequest]) -> Res<Vec<ClaimOutcome>> {
+        if let [_] = requests {
+            let rows =
+                batch.send_one(&self.pool, &self.sql("SELECT * FROM {p}claim_one($1, $2, $3, $4, $5, $6, $7)")).await?;
+            return Ok(outcomes(requests, &rows)?);
+        }
         let sql = if requests.len() >= TAKEN_FIRST_MIN {
             self.sql("SELECT * FROM {p}claim_taken_first($1, $2, $3, $4, $5, $6, $7)")
         } else {

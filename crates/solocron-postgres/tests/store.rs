@@ -164,9 +164,9 @@ async fn a_large_batch_partly_claimed_elsewhere_answers_every_request_in_order()
     assert_eq!(records.len(), batch.len(), "one record per tick");
 }
 
-/// A schema of version 1 (before `{p}claim_taken_first`, the job in the index by instant
-/// and the claim function of fewer statements) is brought to the current version by
-/// `migrate`, and large batches are claimed on it.
+/// A schema of version 1 (before `{p}claim_taken_first`, the job in the index by instant,
+/// the claim function of fewer statements and `{p}claim_one`) is brought to the current
+/// version by `migrate`, and large batches and single ticks are claimed on it.
 #[tokio::test]
 async fn a_version_1_schema_is_migrated_to_the_current_version() {
     let Some(ns) = Namespace::new().await else { return };
@@ -175,6 +175,7 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
     let p = &ns.prefix;
     for sql in [
         format!("DROP FUNCTION {p}claim_taken_first"),
+        format!("DROP FUNCTION {p}claim_one"),
         format!("DROP INDEX {p}runs_scheduled_job"),
         format!("CREATE INDEX {p}runs_scheduled ON {p}runs (scheduled_at, attempt)"),
         format!("UPDATE {p}schema SET version = 1"),
@@ -184,9 +185,11 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
     let batch: Vec<ClaimRequest> =
         (0..300).map(|job| run(tick(&format!("job-{job:03}"), 0), "a", LONG_LEASE, false)).collect();
     assert!(store.claim(&batch).await.is_err(), "the function of version 2 is missing");
+    let one = [run(tick("job-one", 0), "a", LONG_LEASE, false)];
+    assert!(store.claim(&one).await.is_err(), "the function of version 5 is missing");
     store.migrate().await.expect("migrate from version 1");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
     let claim: String = sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = $1")
         .bind(format!("{p}claim"))
         .fetch_one(&pool)
@@ -204,6 +207,8 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
     assert_eq!(indexes, expected);
     assert!(store.claim(&batch).await.unwrap().iter().all(|o| matches!(o, ClaimOutcome::Won(_))));
     assert!(store.claim(&batch).await.unwrap().iter().all(|o| *o == ClaimOutcome::Taken));
+    assert!(matches!(store.claim(&one).await.unwrap()[..], [ClaimOutcome::Won(_)]));
+    assert_eq!(store.claim(&one).await.unwrap(), vec![ClaimOutcome::Taken]);
     pool.close().await;
 }
 
