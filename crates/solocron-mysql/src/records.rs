@@ -1,12 +1,13 @@
 //! Values in and out of SQL: parameter checks, instants, and run records decoded from rows.
 
+use std::fmt::Display;
 use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{RunId, RunRecord, Tick};
 use sqlx::mysql::MySqlRow;
-use sqlx::{MySql, Row};
+use sqlx::{ColumnIndex, MySql, Row};
 
 use crate::error::{invalid, Failure};
 
@@ -69,7 +70,7 @@ pub(crate) fn token(stored: i64) -> Result<u64, Failure> {
 }
 
 /// One column of a row, with decoding failures reported as invalid data.
-pub(crate) fn get<'r, T>(row: &'r MySqlRow, column: &str) -> Result<T, Failure>
+pub(crate) fn get<'r, T>(row: &'r MySqlRow, column: impl ColumnIndex<MySqlRow> + Display + Copy) -> Result<T, Failure>
 where
     T: sqlx::Decode<'r, MySql> + sqlx::Type<MySql>,
 {
@@ -83,7 +84,10 @@ pub(crate) fn text(row: &MySqlRow, column: &str) -> Result<String, Failure> {
 }
 
 /// A nullable text column (see [`text`]).
-pub(crate) fn opt_text(row: &MySqlRow, column: &str) -> Result<Option<String>, Failure> {
+pub(crate) fn opt_text(
+    row: &MySqlRow,
+    column: impl ColumnIndex<MySqlRow> + Display + Copy,
+) -> Result<Option<String>, Failure> {
     get::<Option<Vec<u8>>>(row, column)?
         .map(|bytes| String::from_utf8(bytes).map_err(|e| invalid(format!("column {column}: {e}"))))
         .transpose()

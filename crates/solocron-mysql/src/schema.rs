@@ -13,8 +13,9 @@ use crate::MySqlStore;
 /// every row it writes; `FLOOR` because MySQL rounds when casting a DECIMAL to an integer.
 const NOW_MS: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)";
 
-/// The schema version this crate writes and understands.
-const SCHEMA_VERSION: i64 = 1;
+/// The schema version this crate writes and understands. Version 2 added the stored
+/// procedure `{p}claim_one` ([`crate::claim_one`]) to version 1's tables.
+const SCHEMA_VERSION: i64 = 2;
 
 /// How long `migrate` waits for another node's migration, in seconds.
 const LOCK_WAIT_S: i64 = 30;
@@ -130,6 +131,7 @@ async fn create(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<
         .await?;
     match version {
         None => {
+            create_procedures(store, conn).await?;
             sqlx::query(&store.sql("INSERT INTO {p}schema (id, version) VALUES (1, ?)"))
                 .bind(SCHEMA_VERSION)
                 .execute(&mut **conn)
@@ -138,11 +140,32 @@ async fn create(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<
             Ok(())
         }
         Some(SCHEMA_VERSION) => Ok(()),
+        Some(v) if v < SCHEMA_VERSION => {
+            // Version 1 → 2: the tables are unchanged, the procedure is new. Each step is
+            // idempotent, so a migration cut off before the version is written is redone.
+            create_procedures(store, conn).await?;
+            sqlx::query(&store.sql("UPDATE {p}schema SET version = ?"))
+                .bind(SCHEMA_VERSION)
+                .execute(&mut **conn)
+                .await?;
+            tracing::info!(store = %store.description, from = v, version = SCHEMA_VERSION, "schema migrated");
+            Ok(())
+        }
         Some(v) => Err(Failure::Store(StoreError::Invalid(format!(
-            "{} has schema version {v}; this solocron understands version {SCHEMA_VERSION}",
+            "{} has schema version {v}; this solocron understands version {SCHEMA_VERSION}: upgrade it",
             store.description
         )))),
     }
+}
+
+/// (Re)creates the stored procedures. MySQL 8 has no `CREATE OR REPLACE PROCEDURE`, hence
+/// the drop first; the two run under the migration lock, and only while migrating to the
+/// version that first calls the procedure, so no node of that version can call it between
+/// them.
+async fn create_procedures(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<(), Failure> {
+    conn.execute(store.sql("DROP PROCEDURE IF EXISTS {p}claim_one").as_str()).await?;
+    conn.execute(store.sql(&crate::claim_one::procedure_sql()).as_str()).await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -362,13 +362,24 @@ async fn eight_pools_claiming_overlapping_batches_in_different_orders_never_fail
 }
 
 /// Claims are sent as SQL text with their values written in: names and reasons that hold
-/// quotes, backslashes, placeholders, comment and statement separators, and non-ASCII
-/// text are stored and read back exactly, and change nothing else.
+/// quotes, backslashes, placeholders, comment and statement separators, non-ASCII text
+/// and names that differ only in case are stored and read back exactly, and change
+/// nothing else, whether claimed in a batch or one at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn names_with_sql_syntax_in_them_are_stored_as_written() {
     let Some(ns) = support::namespace().await else { return };
     let store = &ns.stores(1).await[0];
-    let names = ["it's", "back\\slash", "q?mark", "semi; DROP TABLE x; --", "é日本\u{1F600}", "\"dq\" /* c */", "%_"];
+    let names = [
+        "it's",
+        "back\\slash",
+        "q?mark",
+        "semi; DROP TABLE x; --",
+        "é日本\u{1F600}",
+        "\"dq\" /* c */",
+        "%_",
+        "Case",
+        "case",
+    ];
     let mut batch: Vec<ClaimRequest> =
         names.iter().map(|n| run(tick(n, 1), n, Duration::from_secs(60), false)).collect();
     let mut skip = run(tick("it's", 2), "node'; --", Duration::from_secs(60), false);
@@ -394,6 +405,51 @@ async fn names_with_sql_syntax_in_them_are_stored_as_written() {
         }
     }
     assert_eq!(store.claim(&batch).await.expect("claim"), vec![ClaimOutcome::Taken; batch.len()]);
+    // One tick at a time: the claim goes through the stored procedure and its arguments.
+    for request in &mut batch {
+        // (The skip shares its job with a run: another minute.)
+        let minute = if matches!(request.mode, ClaimMode::Skip { .. }) { 4 } else { 3 };
+        request.tick = tick(&request.tick.job, minute);
+        let outcome = store.claim(std::slice::from_ref(request)).await.expect("claim one");
+        match (&request.mode, &outcome[..]) {
+            (ClaimMode::Skip { reason }, [ClaimOutcome::Skipped { reason: got }]) => assert_eq!(got, reason),
+            (ClaimMode::Run { .. }, [ClaimOutcome::Won(lease)]) => {
+                assert_eq!((&lease.run.tick, lease.owner.as_str()), (&request.tick, request.node.as_str()))
+            }
+            other => panic!("unexpected outcome {other:?}"),
+        }
+        let query = HistoryQuery { job: Some(request.tick.job.clone()), ..HistoryQuery::default() };
+        let history = store.history(&query).await.expect("history");
+        let record = history.iter().find(|r| r.id.tick == request.tick).expect("a record of the tick");
+        assert_eq!(record.node, request.node);
+    }
+}
+
+/// A schema of version 1 (the tables alone, before the one-tick claim's stored procedure)
+/// is brought to version 2 by `migrate`; a one-tick claim fails before and works after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_version_1_schema_is_migrated_to_the_current_version() {
+    let Some(ns) = support::namespace().await else { return };
+    let store = &ns.stores(1).await[0];
+    let pool = sqlx::MySqlPool::connect(&support::url()).await.expect("connect");
+    let p = &ns.prefix;
+    for sql in [format!("DROP PROCEDURE {p}claim_one"), format!("UPDATE {p}schema SET version = 1")] {
+        sqlx::query(&sql).execute(&pool).await.expect("make a version 1 schema");
+    }
+    let one = [run(tick("backup", 0), "a", LONG, false)];
+    assert!(store.claim(&one).await.is_err(), "the procedure of version 2 is missing");
+    store.migrate().await.expect("migrate from version 1");
+    let version: i64 = sqlx::query_scalar(&format!("SELECT CAST(version AS SIGNED) FROM {p}schema"))
+        .fetch_one(&pool)
+        .await
+        .expect("version");
+    assert_eq!(version, 2);
+    assert!(matches!(store.claim(&one).await.expect("claim")[..], [ClaimOutcome::Won(_)]));
+    assert_eq!(store.claim(&one).await.expect("claim"), vec![ClaimOutcome::Taken]);
+    sqlx::query(&format!("UPDATE {p}schema SET version = 3")).execute(&pool).await.expect("a newer schema");
+    let refused = store.migrate().await.expect_err("a newer schema is refused");
+    assert!(refused.to_string().contains("schema version 3"), "{refused}");
+    pool.close().await;
 }
 
 /// What the claim's second round trip relies on: the server stops a multi-statement query
