@@ -149,6 +149,16 @@ pub async fn cleanup(url: &str, prefix: &str) {
         for (t,) in tables {
             let _ = sqlx::query(&format!("DROP TABLE IF EXISTS `{t}`")).execute(&pool).await;
         }
+        let routines: Vec<(String,)> = sqlx::query_as(
+            "SELECT CAST(routine_name AS CHAR) FROM information_schema.routines WHERE routine_schema = DATABASE() AND routine_name LIKE ?",
+        )
+        .bind(&like)
+        .fetch_all(&pool)
+        .await
+        .unwrap_or_default();
+        for (r,) in routines {
+            let _ = sqlx::query(&format!("DROP PROCEDURE IF EXISTS `{r}`")).execute(&pool).await;
+        }
     }
 }
 

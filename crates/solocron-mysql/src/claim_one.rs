@@ -74,7 +74,9 @@ pub(crate) async fn claim_one(store: &MySqlStore, request: &ClaimRequest) -> Res
 /// whether a running run of the job skips the tick, and the skip reason of a request to
 /// record a skip (`NULL` otherwise). A pause comes before an overlap, as in
 /// [`solocron_sql::plan`]. Texts are `utf8mb4` and compare as `utf8mb4_bin`, like the
-/// columns, whatever the database's defaults.
+/// columns, whatever the database's defaults. It runs with the caller's rights (`SQL
+/// SECURITY INVOKER`), not those of whoever migrated: an operator's account that created it
+/// may lack the nodes' rights, or be dropped later (every call would then fail with 1449).
 pub(crate) fn procedure_sql() -> String {
     const TEXT: &str = "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
     format!(
@@ -83,6 +85,7 @@ pub(crate) fn procedure_sql() -> String {
              IN p_node VARCHAR(191) {TEXT}, IN p_lease BIGINT, IN p_pausable BOOLEAN,
              IN p_overlap BOOLEAN, IN p_skip TEXT {TEXT})
          MODIFIES SQL DATA
+         SQL SECURITY INVOKER
          BEGIN
              DECLARE v_token BIGINT;
              DECLARE v_taken BOOLEAN;

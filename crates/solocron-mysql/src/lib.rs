@@ -32,6 +32,12 @@
 //!
 //! ## The claim, in round trips
 //!
+//! A claim of **one tick** (the common case: a job's own schedule) is **one round trip**, a
+//! prepared `CALL {prefix}claim_one(...)`: a stored procedure (schema version 2, so the
+//! database user needs `CREATE ROUTINE`, `ALTER ROUTINE` and `EXECUTE`) that takes the
+//! job's fence lock, decides and writes as described below for a batch of one, and
+//! commits (see `claim_one.rs`).
+//!
 //! A whole batch (up to [`CLAIM_BATCH_MAX`](solocron_core::CLAIM_BATCH_MAX) requests) is one
 //! transaction of **2 round trips**, whatever its size. The first sends `START TRANSACTION`;
 //! one multi-row `INSERT ... ON DUPLICATE KEY UPDATE token = token` into the fences (creates

@@ -19,7 +19,8 @@
 //!   bumped in the claim's own transaction, so they strictly increase per job, even across
 //!   pruning.
 //! - **Each step is atomic.** A whole claim batch is one call of a PL/pgSQL function (one
-//!   round trip, one transaction); every other method is one statement or one transaction.
+//!   round trip, one transaction; a batch of one tick calls its one-tick twin, which takes
+//!   scalars instead of arrays); every other method is one statement or one transaction.
 //!   A step that loses a deadlock or serialization conflict is retried a few times.
 //! - **Failover.** What a committed step wrote survives a failover only if the standby had
 //!   it: with asynchronous replication, the last claims before a crash can vanish, and the
@@ -32,7 +33,7 @@
 //!   their lease deadline.
 //!
 //! Tables are named from a prefix (default [`DEFAULT_TABLE_PREFIX`]), so solocron can live
-//! in an application's own database; [`Store::migrate`](solocron_core::Store::migrate) creates them and the claim function.
+//! in an application's own database; [`Store::migrate`](solocron_core::Store::migrate) creates them and the claim functions.
 //!
 //! ```no_run
 //! use std::time::Duration;

@@ -203,7 +203,10 @@ impl Fleet {
                             "-h127.0.0.1",
                             "test",
                             "-e",
-                            &format!("DROP TABLE IF EXISTS {}", tables.join(",")),
+                            &format!(
+                                "DROP TABLE IF EXISTS {}; DROP PROCEDURE IF EXISTS `{prefix}claim_one`",
+                                tables.join(",")
+                            ),
                         ])
                         .output();
                 }

@@ -72,6 +72,19 @@ async fn drop_leftovers() {
         let name: String = row.get("name");
         sqlx::query(&format!("DROP TABLE IF EXISTS `{name}`")).execute(&pool).await.expect("drop a leftover");
     }
+    let routines = sqlx::query(
+        "SELECT CAST(routine_name AS CHAR) AS name FROM information_schema.routines
+         WHERE routine_schema = DATABASE() AND routine_name LIKE 'solocron\\_t%'
+           AND created < NOW() - INTERVAL ? MINUTE",
+    )
+    .bind(LEFTOVER_AGE_MIN)
+    .fetch_all(&pool)
+    .await
+    .expect("list leftover procedures");
+    for row in routines {
+        let name: String = row.get("name");
+        sqlx::query(&format!("DROP PROCEDURE IF EXISTS `{name}`")).execute(&pool).await.expect("drop a leftover");
+    }
     pool.close().await;
 }
 
@@ -101,15 +114,17 @@ impl StoreFactory for Namespace {
 }
 
 impl Drop for Namespace {
-    /// Drops the namespace's tables, on a thread of its own: `Drop` cannot await, and the
-    /// test's runtime may be shutting down.
+    /// Drops the namespace's tables and procedure, on a thread of its own: `Drop` cannot
+    /// await, and the test's runtime may be shutting down.
     fn drop(&mut self) {
         let tables: Vec<String> = TABLES.iter().map(|t| format!("{}{t}", self.prefix)).collect();
+        let procedure = format!("{}claim_one", self.prefix);
         let cleanup = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(async {
                 let pool = MySqlPoolOptions::new().max_connections(1).connect(&url()).await?;
                 sqlx::query(&format!("DROP TABLE IF EXISTS {}", tables.join(", "))).execute(&pool).await?;
+                sqlx::query(&format!("DROP PROCEDURE IF EXISTS {procedure}")).execute(&pool).await?;
                 pool.close().await;
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
             })
