@@ -103,30 +103,28 @@ impl Raw {
     }
 }
 
-/// Drops a benchmark namespace's tables (server stores), so runs do not pile them up.
+/// Drops a benchmark namespace's tables and functions (server stores), so runs do not pile
+/// them up.
 pub async fn cleanup(url: &str, prefix: &str) {
     let like = format!("{}%", prefix.replace('_', "\\_"));
     if url.starts_with("postgres") {
         let Ok(pool) = PgPool::connect(url).await else { return };
-        let tables: Vec<(String,)> = sqlx::query_as(
-            "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE $1",
-        )
-        .bind(&like)
-        .fetch_all(&pool)
-        .await
-        .unwrap_or_default();
-        for (t,) in tables {
-            let _ = sqlx::query(&format!("DROP TABLE IF EXISTS \"{t}\" CASCADE")).execute(&pool).await;
-        }
-        let funcs: Vec<(String,)> = sqlx::query_as(
-            "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = current_schema() AND p.proname LIKE $1",
-        )
-        .bind(&like)
-        .fetch_all(&pool)
-        .await
-        .unwrap_or_default();
-        for (f,) in funcs {
-            let _ = sqlx::query(&format!("DROP FUNCTION IF EXISTS {f} CASCADE")).execute(&pool).await;
+        // What to list (names matching `like`), and how to drop each.
+        let kinds = [
+            (
+                "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE $1",
+                "DROP TABLE IF EXISTS \"{}\" CASCADE",
+            ),
+            (
+                "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = current_schema() AND p.proname LIKE $1",
+                "DROP FUNCTION IF EXISTS {} CASCADE",
+            ),
+        ];
+        for (list, drop) in kinds {
+            let names: Vec<(String,)> = sqlx::query_as(list).bind(&like).fetch_all(&pool).await.unwrap_or_default();
+            for (name,) in names {
+                let _ = sqlx::query(&drop.replace("{}", &name)).execute(&pool).await;
+            }
         }
     } else if url.starts_with("redis") {
         let script =
@@ -139,25 +137,21 @@ pub async fn cleanup(url: &str, prefix: &str) {
         }
     } else if url.starts_with("mysql") || url.starts_with("mariadb") {
         let Ok(pool) = MySqlPool::connect(&url.replacen("mariadb://", "mysql://", 1)).await else { return };
-        let tables: Vec<(String,)> = sqlx::query_as(
-            "SELECT CAST(table_name AS CHAR) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE ?",
-        )
-        .bind(&like)
-        .fetch_all(&pool)
-        .await
-        .unwrap_or_default();
-        for (t,) in tables {
-            let _ = sqlx::query(&format!("DROP TABLE IF EXISTS `{t}`")).execute(&pool).await;
-        }
-        let routines: Vec<(String,)> = sqlx::query_as(
-            "SELECT CAST(routine_name AS CHAR) FROM information_schema.routines WHERE routine_schema = DATABASE() AND routine_name LIKE ?",
-        )
-        .bind(&like)
-        .fetch_all(&pool)
-        .await
-        .unwrap_or_default();
-        for (r,) in routines {
-            let _ = sqlx::query(&format!("DROP PROCEDURE IF EXISTS `{r}`")).execute(&pool).await;
+        let kinds = [
+            (
+                "SELECT CAST(table_name AS CHAR) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE ?",
+                "DROP TABLE IF EXISTS `{}`",
+            ),
+            (
+                "SELECT CAST(routine_name AS CHAR) FROM information_schema.routines WHERE routine_schema = DATABASE() AND routine_name LIKE ?",
+                "DROP PROCEDURE IF EXISTS `{}`",
+            ),
+        ];
+        for (list, drop) in kinds {
+            let names: Vec<(String,)> = sqlx::query_as(list).bind(&like).fetch_all(&pool).await.unwrap_or_default();
+            for (name,) in names {
+                let _ = sqlx::query(&drop.replace("{}", &name)).execute(&pool).await;
+            }
         }
     }
 }

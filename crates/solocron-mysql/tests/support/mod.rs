@@ -56,34 +56,31 @@ fn unique_prefix() -> String {
     format!("solocron_t{n:016x}_")
 }
 
-/// Drops the tables of earlier test runs that did not clean up (killed, panicked).
+/// Drops the tables and procedures of earlier test runs that did not clean up (killed,
+/// panicked).
 async fn drop_leftovers() {
     let pool = MySqlPoolOptions::new().max_connections(1).connect(&url()).await.expect("connect to clean up");
-    let rows = sqlx::query(
-        "SELECT CAST(table_name AS CHAR) AS name FROM information_schema.tables
-         WHERE table_schema = DATABASE() AND table_name LIKE 'solocron\\_t%'
-           AND (create_time IS NULL OR create_time < NOW() - INTERVAL ? MINUTE)",
-    )
-    .bind(LEFTOVER_AGE_MIN)
-    .fetch_all(&pool)
-    .await
-    .expect("list leftover tables");
-    for row in rows {
-        let name: String = row.get("name");
-        sqlx::query(&format!("DROP TABLE IF EXISTS `{name}`")).execute(&pool).await.expect("drop a leftover");
-    }
-    let routines = sqlx::query(
-        "SELECT CAST(routine_name AS CHAR) AS name FROM information_schema.routines
-         WHERE routine_schema = DATABASE() AND routine_name LIKE 'solocron\\_t%'
-           AND created < NOW() - INTERVAL ? MINUTE",
-    )
-    .bind(LEFTOVER_AGE_MIN)
-    .fetch_all(&pool)
-    .await
-    .expect("list leftover procedures");
-    for row in routines {
-        let name: String = row.get("name");
-        sqlx::query(&format!("DROP PROCEDURE IF EXISTS `{name}`")).execute(&pool).await.expect("drop a leftover");
+    // What to list (older than LEFTOVER_AGE_MIN), and how to drop each.
+    let kinds = [
+        (
+            "SELECT CAST(table_name AS CHAR) AS name FROM information_schema.tables
+             WHERE table_schema = DATABASE() AND table_name LIKE 'solocron\\_t%'
+               AND (create_time IS NULL OR create_time < NOW() - INTERVAL ? MINUTE)",
+            "DROP TABLE IF EXISTS",
+        ),
+        (
+            "SELECT CAST(routine_name AS CHAR) AS name FROM information_schema.routines
+             WHERE routine_schema = DATABASE() AND routine_name LIKE 'solocron\\_t%'
+               AND created < NOW() - INTERVAL ? MINUTE",
+            "DROP PROCEDURE IF EXISTS",
+        ),
+    ];
+    for (list, drop) in kinds {
+        let rows = sqlx::query(list).bind(LEFTOVER_AGE_MIN).fetch_all(&pool).await.expect("list leftovers");
+        for row in rows {
+            let name: String = row.get("name");
+            sqlx::query(&format!("{drop} `{name}`")).execute(&pool).await.expect("drop a leftover");
+        }
     }
     pool.close().await;
 }
