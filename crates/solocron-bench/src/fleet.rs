@@ -16,6 +16,15 @@ pub struct Proc {
     pub id: String,
 }
 
+impl Proc {
+    /// Asks the node to drain and write its report now (SIGTERM), instead of at the end
+    /// of its `--seconds`.
+    pub fn stop(&self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    }
+}
+
 /// A fresh namespace per scenario round (table or key prefix; a new SQLite file).
 pub fn fresh(store: &str, dir: &std::path::Path, tag: &str) -> (String, String) {
     let n: u32 = std::process::id()

@@ -42,6 +42,7 @@ pub struct NodeArgs {
     pub report: String,
 }
 
+/// (job, scheduled instant in ms, start in µs, attempt) of each run started.
 type Starts = Arc<Mutex<Vec<(String, i64, i64, u32)>>>;
 
 fn job(i: usize, a: &NodeArgs, starts: &Starts) -> anyhow::Result<Job> {
@@ -63,15 +64,15 @@ fn job(i: usize, a: &NodeArgs, starts: &Starts) -> anyhow::Result<Job> {
                 name,
                 schedule,
                 handler_fn(move |ctx: RunContext| {
-                    let now = Utc::now().timestamp_millis();
+                    let now = Utc::now();
                     starts.lock().unwrap().push((
                         ctx.job.clone(),
                         ctx.scheduled_at.timestamp_millis(),
-                        now,
+                        now.timestamp_micros(),
                         ctx.attempt,
                     ));
                     if announce {
-                        println!("START {} {} {} {now}", ctx.job, ctx.attempt, ctx.node_id);
+                        println!("START {} {} {} {}", ctx.job, ctx.attempt, ctx.node_id, now.timestamp_millis());
                         let _ = std::io::stdout().flush();
                     }
                     async move {

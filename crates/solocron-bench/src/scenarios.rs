@@ -8,7 +8,7 @@ use chrono::Utc;
 use serde_json::Value;
 use solocron_core::{ClaimMode, ClaimRequest, HistoryQuery, Tick, Trigger};
 
-use crate::fleet::{cpu_ms, fresh, instant_in, once_at, reports, spawn};
+use crate::fleet::{cpu_ms, fresh, instant_in, once_at, reports, spawn, Proc};
 use crate::floor::{exec_floor, spawn_floor};
 use crate::node::{rss_kb, NodeArgs};
 use crate::raw::{cleanup, Raw};
@@ -42,7 +42,7 @@ fn node_args(url: &str, prefix: &str, id: &str, dir: &std::path::Path) -> NodeAr
     }
 }
 
-/// (job, scheduled ms, start ms, attempt) of every run every node started.
+/// (job, scheduled ms, start µs, attempt) of every run every node started.
 fn starts(reports: &[Value]) -> Vec<(String, i64, i64, u64)> {
     reports
         .iter()
@@ -202,10 +202,10 @@ pub fn herd(c: &Ctx, jobs: usize, nodes: usize) -> anyhow::Result<(f64, f64, f64
         unended == 0,
         "herd {jobs} jobs × {nodes} nodes: {unended} runs still `running` after their nodes drained (ends not recorded)"
     );
-    let last = all.iter().map(|s| s.2).max().unwrap_or(0) - at.timestamp_millis();
+    let last = all.iter().map(|s| s.2).max().unwrap_or(0) as f64 / 1000.0 - at.timestamp_millis() as f64;
     let per = |k: &str| reps.iter().map(|r| r[k].as_f64().unwrap_or(0.0) / jobs as f64).fold(0.0, f64::max);
     let rss = reps.iter().map(|r| r["rss_hwm_kb"].as_f64().unwrap_or(0.0)).fold(0.0, f64::max) / 1024.0;
-    Ok((last as f64, per("claims"), per("calls"), rss))
+    Ok((last, per("claims"), per("calls"), rss))
 }
 
 /// How many runs of the namespace are still `running`.
@@ -259,11 +259,24 @@ pub fn thundering_herd(c: &Ctx) -> anyhow::Result<String> {
     ))
 }
 
-/// 3. Start lateness: 3 nodes, J jobs every second.
+/// Scenario 3, start lateness: 3 nodes, jobs due every second; ms from each scheduled
+/// instant to the start of its run. Handlers and commands at 100 jobs a second (the
+/// targets), handlers also at 1,000 a second (the field notes' setup, where BullMQ's p99 is
+/// 731 ms and a minimal correct Rust claimer's 12–56 ms), beside the machine's own floor
+/// for starting 100 processes at once.
 pub fn lateness(c: &Ctx) -> anyhow::Result<String> {
-    let (jobs, secs) = if c.quick { (20, 3) } else { (100, 60) };
+    // (job kind, jobs due every second, seconds measured, target)
+    let cases: [(&str, usize, u64, &str); 3] = if c.quick {
+        [("handler", 20, 2, "p99 ≤ 10 ms"), ("command", 20, 2, "p99 ≤ 25 ms"), ("handler", 200, 2, "p99 ≤ 73 ms")]
+    } else {
+        [
+            ("handler", 100, 60, "p99 ≤ 10 ms"),
+            ("command", 100, 60, "p99 ≤ 25 ms"),
+            ("handler", 1000, 30, "p99 ≤ 73 ms (BullMQ's 731 ms ÷ 10)"),
+        ]
+    };
     let mut rows = vec![];
-    for mode in ["handler", "command"] {
+    for (mode, jobs, secs, target) in cases {
         let (url, prefix) = fresh(&c.store, &c.dir, "late");
         let begin = Utc::now().timestamp_millis() + 2500;
         let procs: Vec<_> = (0..3)
@@ -279,15 +292,14 @@ pub fn lateness(c: &Ctx) -> anyhow::Result<String> {
         let late: Vec<f64> = if mode == "handler" {
             let all = starts(&reps);
             exactly_once(&all, "lateness (handlers)")?;
-            all.iter().filter(|s| s.1 >= begin).map(|s| (s.2 - s.1) as f64).collect()
+            all.iter().filter(|s| s.1 >= begin).map(|s| (s.2 - s.1 * 1000) as f64 / 1000.0).collect()
         } else {
             command_lateness(&url, &prefix, begin)?
         };
         let rt = tokio::runtime::Handle::current();
         std::thread::scope(|s| s.spawn(|| rt.block_on(cleanup(&url, &prefix))).join()).ok();
-        let target = if mode == "handler" { "p99 ≤ 10 ms" } else { "p99 ≤ 25 ms" };
         rows.push(vec![
-            format!("{mode} (solocron)"),
+            format!("{mode} (solocron), {jobs} jobs/s, {secs} s"),
             late.len().to_string(),
             fmt(quantile(&late, 0.5)),
             fmt(quantile(&late, 0.99)),
@@ -295,9 +307,9 @@ pub fn lateness(c: &Ctx) -> anyhow::Result<String> {
             target.into(),
         ]);
     }
-    // The machine's own cost of starting that many processes at once, without solocron: a
-    // bare process spawns them at a whole second, measured the same way.
-    let rounds = if c.quick { 2 } else { 10 };
+    // The machine's own cost of starting the commands' number of processes at once,
+    // without solocron: a bare process spawns them at a whole second, measured the same way.
+    let (jobs, rounds) = (cases[1].1, if c.quick { 2 } else { 10 });
     let floors = [
         (
             format!("{jobs} × /bin/date spawned at once by a bare process (the machine's floor)"),
@@ -319,7 +331,7 @@ pub fn lateness(c: &Ctx) -> anyhow::Result<String> {
         ]);
     }
     Ok(format!(
-        "### 3. Start lateness ({jobs} jobs every second, 3 nodes, {secs} s; ms from scheduled instant to start)\n\n{}",
+        "### 3. Start lateness (3 nodes, jobs due at every whole second; ms from scheduled instant to start)\n\n{}",
         table(&["job kind", "runs", "p50 ms", "p99 ms", "max ms", "target"], &rows)
     ))
 }
@@ -353,7 +365,7 @@ fn command_lateness(url: &str, prefix: &str, begin: i64) -> anyhow::Result<Vec<f
                 .trim()
                 .parse::<i64>()
                 .ok()
-                .map(|ns| (ns / 1_000_000 - r.id.tick.scheduled_at.timestamp_millis()) as f64)
+                .map(|ns| (ns / 1000 - r.id.tick.scheduled_at.timestamp_millis() * 1000) as f64 / 1000.0)
         })
         .collect())
 }
@@ -390,6 +402,7 @@ pub fn idle(c: &Ctx) -> anyhow::Result<String> {
         let cpu1 = cpu_ms(pid);
         let rss = rss_kb(pid, "VmRSS") as f64 / 1024.0;
         let peak = rss_kb(pid, "VmHWM") as f64 / 1024.0;
+        p.stop();
         let _ = reports(vec![p], Duration::from_secs(30));
         let rt = tokio::runtime::Handle::current();
         std::thread::scope(|s| s.spawn(|| rt.block_on(cleanup(&url, &prefix))).join()).ok();
@@ -437,12 +450,7 @@ pub fn failover(c: &Ctx) -> anyhow::Result<String> {
         let f: Vec<&str> = second.split_whitespace().collect();
         anyhow::ensure!(f.get(2) == Some(&"2") && f.get(3) != Some(&holder.as_str()), "unexpected start: {second}");
         took.push((f[4].parse::<i64>()? - killed) as f64);
-        for p in &procs {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(p.child.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
+        procs.iter().for_each(Proc::stop);
         let _ = reports(procs, Duration::from_secs(20));
         let rt = tokio::runtime::Handle::current();
         std::thread::scope(|s| s.spawn(|| rt.block_on(cleanup(&url, &prefix))).join()).ok();

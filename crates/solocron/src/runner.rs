@@ -89,7 +89,7 @@ impl Heartbeat {
 }
 
 /// Runs a claimed run to its recorded end: the handler starts at `start_at` (the instant of
-/// a tick claimed ahead, at most `CLAIM_AHEAD` away), and `interrupt` fires when shutdown's
+/// a tick claimed ahead, at most `CLAIM_AHEAD_MAX` away), and `interrupt` fires when shutdown's
 /// grace is over.
 pub(crate) async fn execute(
     engine: &Engine,
@@ -114,7 +114,7 @@ pub(crate) async fn execute(
         kill_grace: policy.kill_grace,
     };
     let mut hb = Heartbeat::new(lease, policy.clone(), claim_sent);
-    // Well inside the first renew interval (lease/3 ≥ 100 ms against CLAIM_AHEAD = 50 ms).
+    // Inside the first renew interval (lease/3 ≥ 166 ms against CLAIM_AHEAD_MAX = 150 ms).
     debug_assert!(start_at <= hb.next_renew || start_at <= Instant::now());
     sleep_until(start_at).await;
     let started = Instant::now();

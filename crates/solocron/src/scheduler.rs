@@ -20,6 +20,7 @@ use crate::backoff::Backoff;
 use crate::batches::{Batcher, Finishes, Renewals};
 use crate::housekeeping;
 use crate::job::Job;
+use crate::lead::{Lead, CLAIM_AHEAD_MAX};
 use crate::runner::execute;
 
 /// Longest the timer sleeps before looking at the wall clock again, with the system clock
@@ -28,12 +29,6 @@ use crate::runner::execute;
 /// Idle, the wake-ups were a third of a node's CPU at one per second.
 const TIMER_SLEEP_MAX: Duration = Duration::from_secs(60);
 const TIMER_SLEEP_MAX_UNANNOUNCED: Duration = Duration::from_secs(1);
-/// How long before its instant a scheduled tick is claimed. The claim's round trip (and the
-/// losers' wait on the winner's row) then happens before the instant, and the run starts at
-/// the instant itself instead of one round trip after it. The store's overlap check
-/// (`overlap = "skip"`) is made at claim time, so a previous run ending less than this
-/// before the instant still counts as running.
-pub const CLAIM_AHEAD: Duration = Duration::from_millis(50);
 /// Most jobs handled in one wake-up; the rest go in the next (immediate) round.
 const DUE_JOBS_PER_ROUND_MAX: usize = 10_000;
 /// Most expired runs examined per recovery scan.
@@ -397,7 +392,7 @@ async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
     // when the first rounds of a huge start (10,000 jobs per round) take a while.
     let mut healthy: Vec<Option<bool>> = vec![None; e.jobs.len()];
     let mut backoff = Backoff::new(STORE_BACKOFF_MIN, STORE_BACKOFF_MAX);
-    let ahead = chrono::Duration::from_std(CLAIM_AHEAD).expect("small");
+    let mut lead = Lead::default();
     let mut steps = if e.system_clock {
         crate::wallclock::ClockSteps::new()
             .inspect_err(
@@ -409,7 +404,7 @@ async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
     };
     while !shutdown.is_cancelled() {
         let now = e.clock.now();
-        let horizon = now + ahead;
+        let horizon = now + chrono::Duration::from_std(lead.get()).expect("at most CLAIM_AHEAD_MAX");
         let mut due = Vec::new();
         while let Some(Reverse((t, i))) = heap.peek().copied() {
             if t > horizon || due.len() >= DUE_JOBS_PER_ROUND_MAX {
@@ -436,7 +431,11 @@ async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
             }
             continue;
         }
+        let round = Instant::now();
         let failed = claim_due(e, &due, &mut cursors, &healthy, [start, now, horizon]).await;
+        if failed.is_empty() {
+            lead.observe(round.elapsed());
+        }
         for &i in &due {
             healthy[i] = Some(!failed.contains(&i));
         }
@@ -458,7 +457,7 @@ async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
     }
 }
 
-/// Plans and claims the ticks of `due` jobs up to `horizon` (at most [`CLAIM_AHEAD`] past
+/// Plans and claims the ticks of `due` jobs up to `horizon` (at most [`CLAIM_AHEAD_MAX`] past
 /// `now`; `started` is when this node's timer began); returns the jobs whose claim failed
 /// (store unavailable): their cursor stays, so nothing is lost.
 async fn claim_due(
@@ -468,7 +467,7 @@ async fn claim_due(
     healthy: &[Option<bool>],
     [started, now, horizon]: [DateTime<Utc>; 3],
 ) -> HashSet<usize> {
-    debug_assert!(now <= horizon && (horizon - now).to_std().is_ok_and(|d| d <= CLAIM_AHEAD));
+    debug_assert!(now <= horizon && (horizon - now).to_std().is_ok_and(|d| d <= CLAIM_AHEAD_MAX));
     let mut failed = HashSet::new();
     // After failed claims the store may have restarted and forgotten (Redis without
     // persistence): never look back before its memory began, so a tick that ran just before
@@ -630,9 +629,9 @@ impl Engine {
     fn spawn_run(self: &Arc<Self>, job: Job, lease: Lease, trigger: Trigger, sent: Instant) {
         let guard = InFlight::new(&self.in_flight);
         // A tick claimed ahead starts at its instant (by this node's clock, never more than
-        // CLAIM_AHEAD from now).
+        // CLAIM_AHEAD_MAX from now).
         let until = (lease.run.tick.scheduled_at - self.clock.now()).to_std().unwrap_or_default();
-        let start_at = Instant::now() + until.min(CLAIM_AHEAD);
+        let start_at = Instant::now() + until.min(CLAIM_AHEAD_MAX);
         let (engine, interrupt) = (self.clone(), self.interrupt.clone());
         self.tracker.spawn(async move {
             let _guard = guard;

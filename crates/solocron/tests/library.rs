@@ -179,11 +179,14 @@ async fn while_the_store_is_unavailable_nothing_runs_and_missed_ticks_follow_mis
     assert_eq!(ticks.len(), seen.len(), "a tick ran twice");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ticks_are_claimed_just_ahead_and_handlers_start_at_their_instant_never_before() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = store(&dir).await;
-    // (scheduled instant, handler start)
+/// Runs a job due every second on one node for `run_for`; (scheduled instant, handler
+/// start) of each run, and the runs' records. Asserts that no handler started before its
+/// instant and that no tick was claimed more than `CLAIM_AHEAD_MAX` (plus 5 ms for the
+/// two clocks' reads) before it.
+async fn punctual(
+    store: Arc<dyn Store>,
+    run_for: Duration,
+) -> (Vec<[DateTime<Utc>; 2]>, Vec<solocron_core::RunRecord>) {
     let started: Arc<Mutex<Vec<[DateTime<Utc>; 2]>>> = Arc::default();
     let log = started.clone();
     let handler = handler_fn(move |ctx: RunContext| {
@@ -194,21 +197,45 @@ async fn ticks_are_claimed_just_ahead_and_handlers_start_at_their_instant_never_
     let shutdown = CancellationToken::new();
     let node = Scheduler::builder(store.clone()).node_id("n").job(job).build().unwrap();
     let task = tokio::spawn(node.run(shutdown.clone()));
-    tokio::time::sleep(Duration::from_millis(4500)).await;
+    tokio::time::sleep(run_for).await;
     shutdown.cancel();
     task.await.unwrap();
-    let started = started.lock().unwrap().clone();
-    assert!(started.len() >= 3, "{started:?}");
+    let mut started = started.lock().unwrap().clone();
+    started.sort();
     for [scheduled, at] in &started {
         assert!(at >= scheduled, "a handler started before its instant: {scheduled} at {at}");
     }
-    // The claim itself happened before the instant (by the store's clock, same host).
     let q = HistoryQuery { job: Some("punctual".into()), limit: 100, ..Default::default() };
     let runs = store.history(&q).await.unwrap();
+    let limit = chrono::Duration::from_std(solocron::CLAIM_AHEAD_MAX).unwrap() + chrono::Duration::milliseconds(5);
+    assert!(runs.iter().all(|r| r.id.tick.scheduled_at - r.claimed_at <= limit), "claimed too early: {runs:#?}");
+    (started, runs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ticks_are_claimed_just_ahead_and_handlers_start_at_their_instant_never_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let (started, runs) = punctual(store(&dir).await, Duration::from_millis(4500)).await;
+    assert!(started.len() >= 3, "{started:?}");
+    // The claim itself happened before the instant (by the store's clock, same host).
     let ahead = runs.iter().filter(|r| r.claimed_at < r.id.tick.scheduled_at).count();
     assert!(ahead * 2 >= runs.len(), "most ticks should be claimed ahead of their instant: {runs:#?}");
-    let limit = chrono::Duration::from_std(solocron::CLAIM_AHEAD).unwrap() + chrono::Duration::milliseconds(5);
-    assert!(runs.iter().all(|r| r.id.tick.scheduled_at - r.claimed_at <= limit), "claimed too early: {runs:#?}");
+}
+
+/// Claims that take longer than `CLAIM_AHEAD` (a slow store, or 1,000 ticks due at once)
+/// are sent earlier, once a node has seen them take that long: the runs start at their
+/// instant instead of a claim's length after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_claims_take_longer_than_the_lead_ticks_are_claimed_earlier_and_start_on_time() {
+    let dir = tempfile::tempdir().unwrap();
+    // 20 + 60 ms per claim: 30 ms past the instant with a 50 ms lead.
+    let store = Arc::new(Distant { claim_delay: Duration::from_millis(60), ..Distant::new(store(&dir).await) });
+    let (started, _) = punctual(store, Duration::from_millis(6500)).await;
+    assert!(started.len() >= 5, "{started:?}");
+    // The first rounds measure the claim's length; the later ones start on time.
+    let mut late: Vec<i64> = started[2..].iter().map(|[scheduled, at]| (*at - *scheduled).num_milliseconds()).collect();
+    late.sort();
+    assert!(late[late.len() / 2] < 15, "runs still start a claim's length late (ms): {late:?}");
 }
 
 /// A store far away: every call waits `DISTANT_CALL` before it goes through (a remote store
