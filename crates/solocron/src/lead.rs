@@ -1,11 +1,13 @@
 //! How long before its instant a scheduled tick is claimed: [`CLAIM_AHEAD`], or longer, up
-//! to [`CLAIM_AHEAD_MAX`], while this node's recent claim rounds took longer than that.
+//! to [`CLAIM_AHEAD_MAX`], while this node's recent claim rounds (the last 10 to 20
+//! minutes) took longer than that.
 //!
 //! A round that claims many ticks at once (1,000 jobs due every second on etcd: ~100 ms)
 //! would otherwise end after the instant, and every run of it would start that late.
 
-use std::collections::VecDeque;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use solocron_core::LEASE_MIN;
 
@@ -24,32 +26,57 @@ pub const CLAIM_AHEAD_MAX: Duration = Duration::from_millis(150);
 const _: () = assert!(CLAIM_AHEAD_MAX.as_millis() * 3 < LEASE_MIN.as_millis());
 const _: () = assert!(CLAIM_AHEAD.as_millis() <= CLAIM_AHEAD_MAX.as_millis());
 
-/// How many recent rounds the lead is taken from.
-const ROUNDS_KEPT: usize = 16;
+/// How long a slow round is remembered: between one and two of these. Long enough to
+/// cover a herd due every few minutes (each one claimed with the lead its predecessor
+/// taught), short enough that a node whose rounds became fast returns to [`CLAIM_AHEAD`].
+const WINDOW: Duration = Duration::from_secs(600);
 
-/// The lead of a node's claim rounds: one and a half times its slowest of the last
-/// [`ROUNDS_KEPT`] rounds, within [`CLAIM_AHEAD`]..=[`CLAIM_AHEAD_MAX`]. Durations are
-/// inputs (the caller measures them), so the rule is tested without a clock.
-#[derive(Debug, Default)]
+/// The lead of a node's claim rounds: one and a half times the slowest round it made in
+/// the last [`WINDOW`] to 2 × [`WINDOW`], within [`CLAIM_AHEAD`]..=[`CLAIM_AHEAD_MAX`].
+/// Kept as the slowest of the current window and of the one before (a sliding maximum in
+/// constant memory). Instants and durations are inputs, so the rule is tested without a
+/// clock.
+///
+/// Each node learns its own lead: a node whose rounds are slow (a far or loaded store
+/// connection, a starved CPU) claims earlier than the others, and so wins more of the
+/// ticks they race for.
+#[derive(Debug)]
 pub(crate) struct Lead {
-    rounds: VecDeque<Duration>,
+    /// When the current window began.
+    since: Instant,
+    current: Duration,
+    previous: Duration,
 }
 
 impl Lead {
-    /// How long before their instants the next round claims ticks.
-    pub(crate) fn get(&self) -> Duration {
-        let slowest = self.rounds.iter().max().copied().unwrap_or_default();
-        (slowest * 3 / 2).clamp(CLAIM_AHEAD, CLAIM_AHEAD_MAX)
+    /// A node's lead, with no round made yet (as of `now`).
+    pub(crate) fn new(now: Instant) -> Lead {
+        Lead { since: now, current: Duration::ZERO, previous: Duration::ZERO }
     }
 
-    /// Records how long a round's claims took (rounds that failed are not recorded: a store
-    /// outage says nothing about how long claims take).
-    pub(crate) fn observe(&mut self, round: Duration) {
-        if self.rounds.len() == ROUNDS_KEPT {
-            self.rounds.pop_front();
+    /// How long before their instants the round starting at `now` claims ticks.
+    pub(crate) fn get(&mut self, now: Instant) -> Duration {
+        self.roll(now);
+        (self.current.max(self.previous) * 3 / 2).clamp(CLAIM_AHEAD, CLAIM_AHEAD_MAX)
+    }
+
+    /// Records that a round's claims took `round`, ending at `now` (rounds that failed are
+    /// not recorded: a store outage says nothing about how long claims take).
+    pub(crate) fn observe(&mut self, now: Instant, round: Duration) {
+        self.roll(now);
+        self.current = self.current.max(round);
+    }
+
+    /// Starts a new window once the current one is [`WINDOW`] old (forgetting both if the
+    /// node made no round for a whole window).
+    fn roll(&mut self, now: Instant) {
+        let age = now.saturating_duration_since(self.since);
+        if age >= WINDOW {
+            self.previous = if age >= 2 * WINDOW { Duration::ZERO } else { self.current };
+            self.current = Duration::ZERO;
+            self.since = now;
         }
-        self.rounds.push_back(round);
-        debug_assert!(self.rounds.len() <= ROUNDS_KEPT);
+        debug_assert!(now.saturating_duration_since(self.since) < WINDOW);
     }
 }
 
@@ -58,31 +85,50 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+    const SEC: Duration = Duration::from_secs(1);
 
     #[test]
     fn fast_rounds_keep_the_shortest_lead() {
-        let mut lead = Lead::default();
-        assert_eq!(lead.get(), CLAIM_AHEAD);
-        (0..100).for_each(|_| lead.observe(2 * MS));
-        assert_eq!(lead.get(), CLAIM_AHEAD);
+        let t0 = Instant::now();
+        let mut lead = Lead::new(t0);
+        assert_eq!(lead.get(t0), CLAIM_AHEAD);
+        (0..100).for_each(|s| lead.observe(t0 + s * SEC, 2 * MS));
+        assert_eq!(lead.get(t0 + 100 * SEC), CLAIM_AHEAD);
     }
 
     #[test]
     fn a_slow_round_lengthens_the_lead_within_the_bound() {
-        let mut lead = Lead::default();
-        lead.observe(80 * MS);
-        assert_eq!(lead.get(), 120 * MS);
-        lead.observe(5000 * MS);
-        assert_eq!(lead.get(), CLAIM_AHEAD_MAX);
+        let t0 = Instant::now();
+        let mut lead = Lead::new(t0);
+        lead.observe(t0, 80 * MS);
+        assert_eq!(lead.get(t0 + SEC), 120 * MS);
+        lead.observe(t0 + SEC, 5000 * MS);
+        assert_eq!(lead.get(t0 + 2 * SEC), CLAIM_AHEAD_MAX);
     }
 
     #[test]
-    fn the_lead_comes_back_once_slow_rounds_are_old() {
-        let mut lead = Lead::default();
-        lead.observe(90 * MS);
-        (0..ROUNDS_KEPT - 1).for_each(|_| lead.observe(MS));
-        assert_eq!(lead.get(), 135 * MS, "the slow round is still among the last {ROUNDS_KEPT}");
-        lead.observe(MS);
-        assert_eq!(lead.get(), CLAIM_AHEAD);
+    fn a_slow_round_is_remembered_for_one_to_two_windows_however_many_fast_ones_follow() {
+        let t0 = Instant::now();
+        let mut lead = Lead::new(t0);
+        lead.observe(t0 + 30 * SEC, 90 * MS);
+        // A fast round every second after it, as a job due every second makes.
+        let mut at = t0 + 31 * SEC;
+        while at < t0 + 2 * WINDOW {
+            lead.observe(at, MS);
+            assert_eq!(lead.get(at), 135 * MS, "forgotten after {:?}", at - t0);
+            at += SEC;
+        }
+        assert_eq!(lead.get(at), CLAIM_AHEAD, "still remembered after {:?}", at - t0);
+    }
+
+    #[test]
+    fn a_node_that_made_no_round_for_two_windows_forgets() {
+        let t0 = Instant::now();
+        let mut lead = Lead::new(t0);
+        lead.observe(t0, 100 * MS);
+        assert_eq!(lead.get(t0 + WINDOW + SEC), CLAIM_AHEAD_MAX);
+        let mut idle = Lead::new(t0);
+        idle.observe(t0, 100 * MS);
+        assert_eq!(idle.get(t0 + 2 * WINDOW + SEC), CLAIM_AHEAD);
     }
 }

@@ -114,7 +114,9 @@ pub(crate) async fn execute(
         kill_grace: policy.kill_grace,
     };
     let mut hb = Heartbeat::new(lease, policy.clone(), claim_sent);
-    // Inside the first renew interval (lease/3 ≥ 166 ms against CLAIM_AHEAD_MAX = 150 ms).
+    // A wait for the instant ends inside the first renew interval (lease/3 ≥ 166 ms against
+    // CLAIM_AHEAD_MAX = 150 ms after the claim was sent); a start at once may come later,
+    // when the claim's answer was late (checked below).
     debug_assert!(start_at <= hb.next_renew || start_at <= Instant::now());
     sleep_until(start_at).await;
     let started = Instant::now();

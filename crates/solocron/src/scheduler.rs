@@ -392,7 +392,7 @@ async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
     // when the first rounds of a huge start (10,000 jobs per round) take a while.
     let mut healthy: Vec<Option<bool>> = vec![None; e.jobs.len()];
     let mut backoff = Backoff::new(STORE_BACKOFF_MIN, STORE_BACKOFF_MAX);
-    let mut lead = Lead::default();
+    let mut lead = Lead::new(Instant::now());
     let mut steps = if e.system_clock {
         crate::wallclock::ClockSteps::new()
             .inspect_err(
@@ -404,7 +404,7 @@ async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
     };
     while !shutdown.is_cancelled() {
         let now = e.clock.now();
-        let horizon = now + chrono::Duration::from_std(lead.get()).expect("at most CLAIM_AHEAD_MAX");
+        let horizon = now + chrono::Duration::from_std(lead.get(Instant::now())).expect("at most CLAIM_AHEAD_MAX");
         let mut due = Vec::new();
         while let Some(Reverse((t, i))) = heap.peek().copied() {
             if t > horizon || due.len() >= DUE_JOBS_PER_ROUND_MAX {
@@ -434,7 +434,7 @@ async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
         let round = Instant::now();
         let failed = claim_due(e, &due, &mut cursors, &healthy, [start, now, horizon]).await;
         if failed.is_empty() {
-            lead.observe(round.elapsed());
+            lead.observe(Instant::now(), round.elapsed());
         }
         for &i in &due {
             healthy[i] = Some(!failed.contains(&i));
@@ -626,12 +626,18 @@ impl Engine {
         }
     }
 
+    /// When the run of a tick due at `scheduled_at`, whose claim was sent at `sent`, starts:
+    /// at its instant by this node's clock (a tick claimed ahead), or at once if that has
+    /// passed; never later than `CLAIM_AHEAD_MAX` after the claim was sent, so before the
+    /// lease's first renewal is due even if the wall clock was set back meanwhile.
+    fn start_at(&self, scheduled_at: DateTime<Utc>, sent: Instant) -> Instant {
+        let until = (scheduled_at - self.clock.now()).to_std().unwrap_or_default();
+        (Instant::now() + until).min(sent + CLAIM_AHEAD_MAX)
+    }
+
     fn spawn_run(self: &Arc<Self>, job: Job, lease: Lease, trigger: Trigger, sent: Instant) {
         let guard = InFlight::new(&self.in_flight);
-        // A tick claimed ahead starts at its instant (by this node's clock, never more than
-        // CLAIM_AHEAD_MAX from now).
-        let until = (lease.run.tick.scheduled_at - self.clock.now()).to_std().unwrap_or_default();
-        let start_at = Instant::now() + until.min(CLAIM_AHEAD_MAX);
+        let start_at = self.start_at(lease.run.tick.scheduled_at, sent);
         let (engine, interrupt) = (self.clone(), self.interrupt.clone());
         self.tracker.spawn(async move {
             let _guard = guard;
@@ -665,7 +671,9 @@ impl Engine {
                 match outcome {
                     ClaimOutcome::Won(lease) => {
                         let _guard = InFlight::new(&e.in_flight);
-                        execute(&e, job.clone(), lease, trigger, sent, Instant::now(), e.interrupt.clone()).await;
+                        // The sequence may end with this round's on-time ticks, claimed ahead.
+                        let start_at = e.start_at(lease.run.tick.scheduled_at, sent);
+                        execute(&e, job.clone(), lease, trigger, sent, start_at, e.interrupt.clone()).await;
                     }
                     other => e.on_claimed(i, &req, other, sent),
                 }

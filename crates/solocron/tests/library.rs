@@ -21,13 +21,14 @@ impl Clock for Skewed {
     }
 }
 
-type Seen = Arc<Mutex<Vec<(DateTime<Utc>, String, u64)>>>;
+/// (scheduled instant, node, fencing token, handler start) of each run.
+type Seen = Arc<Mutex<Vec<(DateTime<Utc>, String, u64, DateTime<Utc>)>>>;
 
 fn recording_job(name: &str, expr: &str, seen: Seen, policy: JobPolicy) -> Job {
     let handler = handler_fn(move |ctx: RunContext| {
         let seen = seen.clone();
         async move {
-            seen.lock().unwrap().push((ctx.scheduled_at, ctx.node_id.clone(), ctx.fencing_token));
+            seen.lock().unwrap().push((ctx.scheduled_at, ctx.node_id.clone(), ctx.fencing_token, Utc::now()));
             Ok(())
         }
     });
@@ -62,7 +63,7 @@ async fn nodes_with_skewed_clocks_still_run_each_tick_exactly_once() {
     }
     let seen = seen.lock().unwrap().clone();
     let mut per_tick: BTreeMap<DateTime<Utc>, usize> = BTreeMap::new();
-    for (t, _, _) in &seen {
+    for (t, _, _, _) in &seen {
         *per_tick.entry(*t).or_default() += 1;
     }
     assert!(per_tick.values().all(|&n| n == 1), "a tick ran twice: {per_tick:?}");
@@ -177,6 +178,9 @@ async fn while_the_store_is_unavailable_nothing_runs_and_missed_ticks_follow_mis
     ticks.sort();
     ticks.dedup();
     assert_eq!(ticks.len(), seen.len(), "a tick ran twice");
+    // Catch-up sequences that end with this round's ticks (claimed ahead) wait for them.
+    let early: Vec<_> = seen.iter().filter(|s| s.3 < s.0).collect();
+    assert!(early.is_empty(), "runs started before their instants: {early:?}");
 }
 
 /// Runs a job due every second on one node for `run_for`; (scheduled instant, handler
@@ -228,14 +232,72 @@ async fn ticks_are_claimed_just_ahead_and_handlers_start_at_their_instant_never_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_claims_take_longer_than_the_lead_ticks_are_claimed_earlier_and_start_on_time() {
     let dir = tempfile::tempdir().unwrap();
-    // 20 + 60 ms per claim: 30 ms past the instant with a 50 ms lead.
-    let store = Arc::new(Distant { claim_delay: Duration::from_millis(60), ..Distant::new(store(&dir).await) });
+    // 20 + 90 ms per claim: 60 ms past the instant with a 50 ms lead.
+    let store = Arc::new(Distant { claim_delay: Duration::from_millis(90), ..Distant::new(store(&dir).await) });
     let (started, _) = punctual(store, Duration::from_millis(6500)).await;
     assert!(started.len() >= 5, "{started:?}");
     // The first rounds measure the claim's length; the later ones start on time.
     let mut late: Vec<i64> = started[2..].iter().map(|[scheduled, at]| (*at - *scheduled).num_milliseconds()).collect();
     late.sort();
-    assert!(late[late.len() / 2] < 15, "runs still start a claim's length late (ms): {late:?}");
+    assert!(late[late.len() / 2] < 30, "runs still start a claim's length late (ms): {late:?}");
+}
+
+/// A node whose wall clock stands still at one instant (the test's stand-in for "this
+/// round began exactly then").
+struct Frozen(DateTime<Utc>);
+
+impl Clock for Frozen {
+    fn now(&self) -> DateTime<Utc> {
+        self.0
+    }
+}
+
+/// A catch-up sequence (here: a node starting with missed ticks in its catch-up window)
+/// ends with the round's on-time ticks, claimed up to the lead before their instants: those
+/// wait for their instants like any other run claimed ahead, instead of starting as soon as
+/// the sequence reaches them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_sequence_that_reaches_a_tick_claimed_ahead_waits_for_its_instant() {
+    const AHEAD: i64 = 45; // ms before the next whole second: inside the 50 ms lead
+    let dir = tempfile::tempdir().unwrap();
+    let next_second = Utc::now().timestamp() + 2;
+    let instant = DateTime::from_timestamp(next_second, 0).unwrap();
+    let frozen = instant - chrono::Duration::milliseconds(AHEAD);
+    // (scheduled instant, handler start by the monotonic clock)
+    type Starts = Arc<Mutex<Vec<(DateTime<Utc>, std::time::Instant)>>>;
+    let started: Starts = Arc::default();
+    let log = started.clone();
+    let handler = handler_fn(move |ctx: RunContext| {
+        log.lock().unwrap().push((ctx.scheduled_at, std::time::Instant::now()));
+        async { Ok(()) }
+    });
+    let policy = JobPolicy {
+        misfire: solocron_core::Misfire::All,
+        catchup: Duration::from_secs(15),
+        overlap: solocron_core::Overlap::Allow,
+        ..JobPolicy::default()
+    };
+    let job = Job::new("sequence", Schedule::parse("* * * * * *", "UTC").unwrap(), handler).with_policy(policy);
+    let shutdown = CancellationToken::new();
+    let node =
+        Scheduler::builder(store(&dir).await).node_id("n").clock(Arc::new(Frozen(frozen))).job(job).build().unwrap();
+    let task = tokio::spawn(node.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    shutdown.cancel();
+    task.await.unwrap();
+    let started = started.lock().unwrap().clone();
+    let start_of = |t: DateTime<Utc>| started.iter().find(|s| s.0 == t).map(|s| s.1);
+    let (Some(last_missed), Some(ahead)) = (start_of(instant - chrono::Duration::seconds(1)), start_of(instant)) else {
+        panic!("the sequence did not run its last late tick and the tick claimed ahead: {started:?}");
+    };
+    assert!(started.len() >= 10, "the missed ticks were caught up: {started:?}");
+    // By the node's clock, the tick claimed ahead was AHEAD ms away when the sequence
+    // claimed it, after the previous run had started.
+    let waited = ahead.duration_since(last_missed);
+    assert!(
+        waited >= Duration::from_millis(AHEAD as u64),
+        "the tick claimed ahead started {waited:?} after the previous run of its sequence, before its instant"
+    );
 }
 
 /// A store far away: every call waits `DISTANT_CALL` before it goes through (a remote store
