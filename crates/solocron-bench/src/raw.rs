@@ -103,6 +103,20 @@ impl Raw {
     }
 }
 
+/// For each `(list, drop)` of `kinds`: lists the names matching `like` with the `list`
+/// query and runs the `drop` template (`{}` = the name) for each, ignoring failures. A macro,
+/// since PostgreSQL's and MySQL's pools are different types.
+macro_rules! drop_listed {
+    ($pool:expr, $like:expr, $kinds:expr) => {
+        for (list, drop) in $kinds {
+            let names: Vec<(String,)> = sqlx::query_as(list).bind($like).fetch_all($pool).await.unwrap_or_default();
+            for (name,) in names {
+                let _ = sqlx::query(&drop.replace("{}", &name)).execute($pool).await;
+            }
+        }
+    };
+}
+
 /// Drops a benchmark namespace's tables and functions (server stores), so runs do not pile
 /// them up.
 pub async fn cleanup(url: &str, prefix: &str) {
@@ -120,12 +134,7 @@ pub async fn cleanup(url: &str, prefix: &str) {
                 "DROP FUNCTION IF EXISTS {} CASCADE",
             ),
         ];
-        for (list, drop) in kinds {
-            let names: Vec<(String,)> = sqlx::query_as(list).bind(&like).fetch_all(&pool).await.unwrap_or_default();
-            for (name,) in names {
-                let _ = sqlx::query(&drop.replace("{}", &name)).execute(&pool).await;
-            }
-        }
+        drop_listed!(&pool, &like, kinds);
     } else if url.starts_with("redis") {
         let script =
             format!("redis-cli -h 127.0.0.1 --scan --pattern '{prefix}*' | xargs -r redis-cli -h 127.0.0.1 unlink");
@@ -147,12 +156,7 @@ pub async fn cleanup(url: &str, prefix: &str) {
                 "DROP PROCEDURE IF EXISTS `{}`",
             ),
         ];
-        for (list, drop) in kinds {
-            let names: Vec<(String,)> = sqlx::query_as(list).bind(&like).fetch_all(&pool).await.unwrap_or_default();
-            for (name,) in names {
-                let _ = sqlx::query(&drop.replace("{}", &name)).execute(&pool).await;
-            }
-        }
+        drop_listed!(&pool, &like, kinds);
     }
 }
 
