@@ -21,6 +21,8 @@
 
 mod duration;
 mod policy;
+mod prefix;
+mod redact;
 mod run;
 mod schedule;
 mod store;
@@ -30,6 +32,8 @@ pub use policy::{
     plan_due, retention_floor, DuePlan, JobPolicy, Misfire, OnCrash, Overlap, PolicyError, KILL_GRACE_DEFAULT_MAX,
     LATE_TOLERANCE, LEASE_MAX, LEASE_MIN, LONG_DURATION_MAX, MAX_ATTEMPTS_MAX, MAX_CATCHUP_MAX, RETENTION_MIN,
 };
+pub use prefix::{Prefix, PrefixError, PREFIX_LEN_MAX};
+pub use redact::{redact_in, redact_url};
 pub use run::{output_tail, RunId, RunRecord, RunState, Tick, Trigger, OUTPUT_TAIL_BYTES_MAX};
 pub use schedule::{Schedule, ScheduleError, TICKS_ENUMERATED_MAX};
 pub use store::{

@@ -312,7 +312,7 @@ pub trait RequestWatch: Send {
 /// - **recover**: acts only on a `running` run whose lease expired by the store's clock, so
 ///   that exactly one node recovers it.
 ///
-/// The conformance suite (issue 4) checks these on every store.
+/// The conformance suite (`solocron-conformance`) checks these on every store.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// A description safe to log (credentials masked).
@@ -320,6 +320,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Creates or upgrades the schema; idempotent and safe when many nodes call it at once.
     async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// Removes everything this store keeps under its prefix (tables, stored routines,
+    /// keys), for uninstalls and tests; other prefixes are untouched. Idempotent: a prefix
+    /// that holds nothing is fine. Nodes still running on the prefix fail their next call.
+    async fn uninstall(&self) -> Result<(), StoreError> {
+        Err(StoreError::Invalid(format!("{} cannot uninstall itself", self.describe())))
+    }
 
     /// Claims ticks, all in one round trip; one outcome per request, in order.
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError>;
