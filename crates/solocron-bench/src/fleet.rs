@@ -6,6 +6,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::Value;
+use solocron_core::Prefix;
 
 use crate::node::NodeArgs;
 
@@ -25,17 +26,12 @@ impl Proc {
     }
 }
 
-/// A fresh namespace per scenario round (table or key prefix; a new SQLite file).
-pub fn fresh(store: &str, dir: &std::path::Path, tag: &str) -> (String, String) {
+/// A fresh namespace per scenario round: its own prefix (each store derives its tables' or
+/// keys' names from it) and, on SQLite, a new database file in `dir`.
+pub fn fresh(store: &str, dir: &std::path::Path, tag: &str) -> (String, Prefix) {
     let n: u32 = std::process::id()
         ^ (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos());
-    let prefix = if store.starts_with("redis") {
-        format!("{{solocron_b{n:08x}}}:")
-    } else if store.starts_with("etcd") {
-        format!("/solocron_b{n:08x}/")
-    } else {
-        format!("solocron_b{n:08x}_")
-    };
+    let prefix = Prefix::parse(&format!("solocron_b{n:08x}")).expect("`solocron_b` and 8 hex digits is a valid prefix");
     if store.starts_with("sqlite") {
         (format!("sqlite://{}/{tag}-{n:08x}.db", dir.display()), prefix)
     } else {
@@ -43,11 +39,13 @@ pub fn fresh(store: &str, dir: &std::path::Path, tag: &str) -> (String, String) 
     }
 }
 
+/// Starts one benchmark node (this binary, as `node`); with `lines`, its stdout lines are
+/// sent there as they come (failover reads who started what).
 pub fn spawn(a: &NodeArgs, lines: Option<mpsc::Sender<String>>) -> Proc {
     let exe = std::env::current_exe().expect("own path");
     let mut cmd = Command::new(exe);
     cmd.arg("node")
-        .args(["--store", &a.store, "--prefix", &a.prefix, "--node-id", &a.node_id])
+        .args(["--store", &a.store, "--prefix", a.prefix.as_str(), "--node-id", &a.node_id])
         .args(["--jobs", &a.jobs.to_string(), "--schedule", &a.schedule, "--mode", &a.mode])
         .args(["--seconds", &a.seconds.to_string(), "--lease-ms", &a.lease_ms.to_string(), "--report", &a.report])
         .env("RUST_LOG", "error")

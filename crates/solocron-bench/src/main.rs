@@ -5,14 +5,18 @@
 //! cargo run --release -p solocron-bench -- --store postgres://postgres@127.0.0.1:5432/test all
 //! cargo run -p solocron-bench -- --store sqlite:///tmp/b.db --quick all   # CI smoke: < 1 min
 //! ```
-//! Prints markdown tables and (unless `--quick`) appends a dated section with the machine's
-//! description to BENCHMARKS.md. Every scenario verifies exactly-once and fails on a duplicate.
+//! Prints markdown tables and (unless `--quick`) writes them, with the machine's description,
+//! to a new file `benchmarks/<UTC date>-<store>-<commit>.md`, whose path it prints.
+//! BENCHMARKS.md summarizes those files. Every scenario verifies exactly-once and fails on a
+//! duplicate.
+#![forbid(unsafe_code)]
 
 mod counting;
 mod fleet;
 mod floor;
 mod node;
 mod raw;
+mod report;
 mod scenarios;
 mod stats;
 
@@ -26,15 +30,15 @@ struct Cli {
     /// The store to measure (a SQLite URL's file is made fresh per scenario, beside it).
     #[arg(long, default_value = "sqlite:///tmp/solocron-bench.db")]
     store: String,
-    /// Smoke mode: small sizes, short runs, nothing written to BENCHMARKS.md.
+    /// Smoke mode (CI): small sizes, short runs; results go to stdout only, no file is written.
     #[arg(long)]
     quick: bool,
     /// Rounds per scenario (figures are medians with min and max).
     #[arg(long)]
     rounds: Option<usize>,
-    /// Where to append results.
-    #[arg(long, default_value = "BENCHMARKS.md")]
-    out: String,
+    /// The directory each run's new file goes to [default: `benchmarks/` of this workspace].
+    #[arg(long)]
+    out_dir: Option<std::path::PathBuf>,
     /// Scenarios to run.
     #[arg(value_enum)]
     scenarios: Vec<Scenario>,
@@ -73,6 +77,7 @@ fn main() -> anyhow::Result<()> {
     };
     let wanted =
         |s: Scenario| cli.scenarios.is_empty() || cli.scenarios.contains(&Scenario::All) || cli.scenarios.contains(&s);
+    let began = chrono::Utc::now();
     let started = std::time::Instant::now();
     let mut sections = vec![];
     if wanted(Scenario::Claim) {
@@ -95,9 +100,14 @@ fn main() -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!("benchmark finished in {:.0} s; exactly once held in every scenario", started.elapsed().as_secs_f64());
-    if !cli.quick {
-        append(&cli.out, &cli.store, &std::env::args().collect::<Vec<_>>().join(" "), &sections)?;
+    if cli.quick {
+        println!("quick run: no file written (the figures of a smoke run are not measurements)");
+        return Ok(());
     }
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let run = report::Run { store: &cli.store, command: &command, began, sections: &sections };
+    let path = report::write(&cli.out_dir.unwrap_or_else(report::default_dir), &run)?;
+    println!("results written to {}", path.display());
     Ok(())
 }
 
@@ -105,35 +115,4 @@ fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
     let d = std::env::temp_dir().join(format!("solocron-bench-{}", std::process::id()));
     std::fs::create_dir_all(&d)?;
     Ok(d)
-}
-
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_default();
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .next()
-                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0) / 1024 / 1024)
-        })
-        .unwrap_or(0);
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    format!("{cores} cores ({cpu}), {mem} GiB, store on the same host (loopback)")
-}
-
-fn append(out: &str, store: &str, command: &str, sections: &[String]) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(out)?;
-    let store = solocron_stores::mask_url(store);
-    writeln!(f, "\n## {} — {store}\n", chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"))?;
-    writeln!(f, "Machine: {}. Command: `{command}`\n", machine())?;
-    for s in sections {
-        writeln!(f, "{s}\n")?;
-    }
-    Ok(())
 }

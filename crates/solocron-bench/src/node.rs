@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::Utc;
 use clap::Args;
 use solocron::{handler_fn, Command, Job, RunContext, Scheduler};
-use solocron_core::{JobPolicy, OnCrash, Overlap, Schedule, Store as _};
+use solocron_core::{JobPolicy, OnCrash, Overlap, Prefix, Schedule, Store as _};
 use tokio_util::sync::CancellationToken;
 
 use crate::counting::Counting;
@@ -18,8 +18,9 @@ use crate::counting::Counting;
 pub struct NodeArgs {
     #[arg(long)]
     pub store: String,
+    /// The namespace of the run's tables or keys (see `solocron_core::Prefix`).
     #[arg(long)]
-    pub prefix: String,
+    pub prefix: Prefix,
     #[arg(long)]
     pub node_id: String,
     #[arg(long)]
@@ -98,7 +99,7 @@ pub async fn run(a: NodeArgs) -> anyhow::Result<()> {
                 let c = Arc::new(Counting::new(store));
                 c.migrate().await.map(|_| c).map_err(anyhow::Error::from)
             }
-            Err(e) => Err(anyhow::Error::msg(e)),
+            Err(e) => Err(anyhow::Error::from(e)),
         };
         match opened {
             Ok(c) => break c,

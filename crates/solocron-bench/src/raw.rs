@@ -1,26 +1,40 @@
 //! The store's raw minimal operation, for the claim-overhead comparison, and cleanup.
 
+use solocron_core::Prefix;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
-/// A direct connection doing the store's cheapest "insert if absent".
+/// How long a raw Redis key lives: longer than a claim scenario's round, after which the
+/// keys go by themselves (no cleanup to get wrong).
+const REDIS_RAW_KEY_TTL_MS: u64 = 60_000;
+
+/// A direct connection doing the store's cheapest "insert if absent", into a table or under
+/// keys named from the run's [`Prefix`] as the store spells it (`<table prefix>raw`,
+/// `<key prefix>raw:`, `<key prefix>raw/`).
 ///
 /// Its pools are set up like the stores' own: in particular, no ping before each use
 /// (`test_before_acquire(false)`, as every SQL store of solocron sets), or every raw
 /// insert would pay one more round trip than the claim it is compared with.
 pub enum Raw {
-    Sqlite(SqlitePool),
+    /// The pool and the raw table's name.
+    Sqlite(SqlitePool, String),
+    /// The pool and the raw table's name.
     Postgres(PgPool, String),
+    /// The pool and the raw table's name.
     MySql(MySqlPool, String),
+    /// The connection and what every raw key starts with.
     Redis(redis::aio::ConnectionManager, String),
+    /// The client and what every raw key starts with.
     #[cfg(feature = "etcd")]
     Etcd(Box<etcd_client::Client>, String),
 }
 
 impl Raw {
-    pub async fn connect(url: &str, prefix: &str) -> anyhow::Result<Raw> {
+    /// Connects to the store at `url` and creates the raw table (SQL stores).
+    pub async fn connect(url: &str, prefix: &Prefix) -> anyhow::Result<Raw> {
+        let table = format!("{}raw", prefix.table_prefix());
         let raw = if url.starts_with("sqlite") {
             // The store's own settings (WAL, `synchronous = NORMAL`: no fsync per commit), so
             // that the comparison is of the operations, not of the durability settings.
@@ -30,33 +44,35 @@ impl Raw {
                 .synchronous(SqliteSynchronous::Normal)
                 .busy_timeout(std::time::Duration::from_secs(5));
             let pool = SqlitePoolOptions::new().test_before_acquire(false).connect_with(options).await?;
-            sqlx::query("CREATE TABLE IF NOT EXISTS bench_raw (k TEXT PRIMARY KEY)").execute(&pool).await?;
-            Raw::Sqlite(pool)
+            sqlx::query(&format!("CREATE TABLE IF NOT EXISTS {table} (k TEXT PRIMARY KEY)")).execute(&pool).await?;
+            Raw::Sqlite(pool, table)
         } else if url.starts_with("postgres") {
             let pool = PgPoolOptions::new().test_before_acquire(false).connect(url).await?;
-            sqlx::query(&format!("CREATE TABLE IF NOT EXISTS {prefix}raw (k TEXT PRIMARY KEY)")).execute(&pool).await?;
-            Raw::Postgres(pool, prefix.to_owned())
+            sqlx::query(&format!("CREATE TABLE IF NOT EXISTS {table} (k TEXT PRIMARY KEY)")).execute(&pool).await?;
+            Raw::Postgres(pool, table)
         } else if url.starts_with("mysql") || url.starts_with("mariadb") {
             let pool = MySqlPoolOptions::new()
                 .test_before_acquire(false)
                 .connect(&url.replacen("mariadb://", "mysql://", 1))
                 .await?;
-            sqlx::query(&format!("CREATE TABLE IF NOT EXISTS {prefix}raw (k VARCHAR(64) PRIMARY KEY)"))
+            sqlx::query(&format!("CREATE TABLE IF NOT EXISTS {table} (k VARCHAR(64) PRIMARY KEY)"))
                 .execute(&pool)
                 .await?;
-            Raw::MySql(pool, prefix.to_owned())
+            Raw::MySql(pool, table)
         } else if url.starts_with("redis") {
             let client = redis::Client::open(url)?;
-            Raw::Redis(redis::aio::ConnectionManager::new(client).await?, prefix.to_owned())
+            let keys = format!("{}raw:", prefix.redis_key_prefix());
+            Raw::Redis(redis::aio::ConnectionManager::new(client).await?, keys)
         } else if url.starts_with("etcd") {
             #[cfg(feature = "etcd")]
             {
-                Raw::Etcd(Box::new(etcd_client::Client::connect(etcd_endpoints(url), None).await?), prefix.to_owned())
+                let client = etcd_client::Client::connect(etcd_endpoints(url), None).await?;
+                Raw::Etcd(Box::new(client), format!("{}raw/", prefix.etcd_key_prefix()))
             }
             #[cfg(not(feature = "etcd"))]
             anyhow::bail!("this build has no etcd: build the benchmark with `--features etcd`")
         } else {
-            anyhow::bail!("no raw operation for {url}")
+            anyhow::bail!("no raw operation for {}", solocron_core::redact_url(url))
         };
         Ok(raw)
     }
@@ -66,33 +82,33 @@ impl Raw {
     /// `Txn` (create revision 0 → put).
     pub async fn insert(&self, k: &str) -> anyhow::Result<()> {
         match self {
-            Raw::Sqlite(p) => {
-                sqlx::query("INSERT OR IGNORE INTO bench_raw (k) VALUES (?)").bind(k).execute(p).await?;
+            Raw::Sqlite(p, table) => {
+                sqlx::query(&format!("INSERT OR IGNORE INTO {table} (k) VALUES (?)")).bind(k).execute(p).await?;
             }
-            Raw::Postgres(p, pre) => {
-                sqlx::query(&format!("INSERT INTO {pre}raw (k) VALUES ($1) ON CONFLICT DO NOTHING RETURNING k"))
+            Raw::Postgres(p, table) => {
+                sqlx::query(&format!("INSERT INTO {table} (k) VALUES ($1) ON CONFLICT DO NOTHING RETURNING k"))
                     .bind(k)
                     .fetch_optional(p)
                     .await?;
             }
-            Raw::MySql(p, pre) => {
-                sqlx::query(&format!("INSERT IGNORE INTO {pre}raw (k) VALUES (?)")).bind(k).execute(p).await?;
+            Raw::MySql(p, table) => {
+                sqlx::query(&format!("INSERT IGNORE INTO {table} (k) VALUES (?)")).bind(k).execute(p).await?;
             }
-            Raw::Redis(c, pre) => {
+            Raw::Redis(c, keys) => {
                 let mut c = c.clone();
                 let _: Option<String> = redis::cmd("SET")
-                    .arg(format!("{pre}raw:{k}"))
+                    .arg(format!("{keys}{k}"))
                     .arg("1")
                     .arg("NX")
                     .arg("PX")
-                    .arg(60_000)
+                    .arg(REDIS_RAW_KEY_TTL_MS)
                     .query_async(&mut c)
                     .await?;
             }
             #[cfg(feature = "etcd")]
-            Raw::Etcd(c, pre) => {
+            Raw::Etcd(c, keys) => {
                 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-                let key = format!("{pre}raw/{k}");
+                let key = format!("{keys}{k}");
                 let txn = Txn::new()
                     .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
                     .and_then([TxnOp::put(key.as_str(), "1", Some(PutOptions::new()))]);
@@ -101,62 +117,45 @@ impl Raw {
         }
         Ok(())
     }
-}
 
-/// For each `(list, drop)` of `kinds`: lists the names matching `like` with the `list`
-/// query and runs the `drop` template (`{}` = the name) for each, ignoring failures. A macro,
-/// since PostgreSQL's and MySQL's pools are different types.
-macro_rules! drop_listed {
-    ($pool:expr, $like:expr, $kinds:expr) => {
-        for (list, drop) in $kinds {
-            let names: Vec<(String,)> = sqlx::query_as(list).bind($like).fetch_all($pool).await.unwrap_or_default();
-            for (name,) in names {
-                let _ = sqlx::query(&drop.replace("{}", &name)).execute($pool).await;
+    /// Removes the raw table or keys. Redis keys are left to expire
+    /// ([`REDIS_RAW_KEY_TTL_MS`]).
+    pub async fn remove(&self) -> anyhow::Result<()> {
+        let drop_table = |table: &str| format!("DROP TABLE IF EXISTS {table}");
+        match self {
+            Raw::Sqlite(p, table) => {
+                sqlx::query(&drop_table(table)).execute(p).await?;
+            }
+            Raw::Postgres(p, table) => {
+                sqlx::query(&drop_table(table)).execute(p).await?;
+            }
+            Raw::MySql(p, table) => {
+                sqlx::query(&drop_table(table)).execute(p).await?;
+            }
+            Raw::Redis(..) => {}
+            #[cfg(feature = "etcd")]
+            Raw::Etcd(c, keys) => {
+                let mut kv = c.kv_client();
+                kv.delete(keys.as_str(), Some(etcd_client::DeleteOptions::new().with_prefix())).await?;
             }
         }
-    };
+        Ok(())
+    }
 }
 
-/// Drops a benchmark namespace's tables and functions (server stores), so runs do not pile
-/// them up.
-pub async fn cleanup(url: &str, prefix: &str) {
-    let like = format!("{}%", prefix.replace('_', "\\_"));
-    if url.starts_with("postgres") {
-        let Ok(pool) = PgPool::connect(url).await else { return };
-        // What to list (names matching `like`), and how to drop each.
-        let kinds = [
-            (
-                "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE $1",
-                "DROP TABLE IF EXISTS \"{}\" CASCADE",
-            ),
-            (
-                "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = current_schema() AND p.proname LIKE $1",
-                "DROP FUNCTION IF EXISTS {} CASCADE",
-            ),
-        ];
-        drop_listed!(&pool, &like, kinds);
-    } else if url.starts_with("redis") {
-        let script =
-            format!("redis-cli -h 127.0.0.1 --scan --pattern '{prefix}*' | xargs -r redis-cli -h 127.0.0.1 unlink");
-        let _ = std::process::Command::new("sh").args(["-c", &script]).output();
-    } else if url.starts_with("etcd") {
-        #[cfg(feature = "etcd")]
-        if let Ok(mut c) = etcd_client::Client::connect(etcd_endpoints(url), None).await {
-            let _ = c.delete(prefix, Some(etcd_client::DeleteOptions::new().with_prefix())).await;
-        }
-    } else if url.starts_with("mysql") || url.starts_with("mariadb") {
-        let Ok(pool) = MySqlPool::connect(&url.replacen("mariadb://", "mysql://", 1)).await else { return };
-        let kinds = [
-            (
-                "SELECT CAST(table_name AS CHAR) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE ?",
-                "DROP TABLE IF EXISTS `{}`",
-            ),
-            (
-                "SELECT CAST(routine_name AS CHAR) FROM information_schema.routines WHERE routine_schema = DATABASE() AND routine_name LIKE ?",
-                "DROP PROCEDURE IF EXISTS `{}`",
-            ),
-        ];
-        drop_listed!(&pool, &like, kinds);
+/// Removes a benchmark namespace's tables, functions and keys from a server store (through
+/// the store's own `uninstall`), so runs do not pile them up. A SQLite run's file goes with
+/// the run's temporary directory. A failure is reported, not fatal: the figures are taken.
+pub async fn cleanup(url: &str, prefix: &Prefix) {
+    if url.starts_with("sqlite") {
+        return;
+    }
+    let removed = match solocron_stores::open(url, prefix).await {
+        Ok(store) => store.uninstall().await.map_err(anyhow::Error::from),
+        Err(e) => Err(anyhow::Error::from(e)),
+    };
+    if let Err(e) = removed {
+        eprintln!("warning: the benchmark's namespace `{prefix}` was left in the store: {e:#}");
     }
 }
 

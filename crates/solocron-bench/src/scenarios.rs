@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use serde_json::Value;
-use solocron_core::{ClaimMode, ClaimRequest, HistoryQuery, Tick, Trigger};
+use solocron_core::{ClaimMode, ClaimRequest, HistoryQuery, Prefix, Tick, Trigger};
 
 use crate::fleet::{cpu_ms, fresh, instant_in, once_at, reports, spawn, Proc};
 use crate::floor::{exec_floor, spawn_floor};
@@ -22,10 +22,10 @@ pub struct Ctx {
     pub rounds: usize,
 }
 
-fn node_args(url: &str, prefix: &str, id: &str, dir: &std::path::Path) -> NodeArgs {
+fn node_args(url: &str, prefix: &Prefix, id: &str, dir: &std::path::Path) -> NodeArgs {
     NodeArgs {
         store: url.to_owned(),
-        prefix: prefix.to_owned(),
+        prefix: prefix.clone(),
         node_id: id.to_owned(),
         jobs: 1,
         schedule: "* * * * * *".into(),
@@ -34,11 +34,7 @@ fn node_args(url: &str, prefix: &str, id: &str, dir: &std::path::Path) -> NodeAr
         lease_ms: 30_000,
         retry: false,
         announce: false,
-        // etcd prefixes hold slashes: keep the file name flat.
-        report: dir
-            .join(format!("{id}-{}.json", prefix.replace(|c: char| !c.is_ascii_alphanumeric(), "_")))
-            .display()
-            .to_string(),
+        report: dir.join(format!("{id}-{prefix}.json")).display().to_string(),
     }
 }
 
@@ -78,7 +74,7 @@ fn exactly_once(all: &[(String, i64, i64, u64)], what: &str) -> anyhow::Result<u
 /// one with `overlap = allow` (no such look).
 pub async fn claim_overhead(c: &Ctx) -> anyhow::Result<String> {
     let (url, prefix) = fresh(&c.store, &c.dir, "claim");
-    let store = solocron_stores::open(&url, &prefix).await.map_err(anyhow::Error::msg)?;
+    let store = solocron_stores::open(&url, &prefix).await?;
     store.migrate().await?;
     let raw = Raw::connect(&url, &prefix).await?;
     let ops = if c.quick { 50 } else { 1000 };
@@ -128,7 +124,14 @@ pub async fn claim_overhead(c: &Ctx) -> anyhow::Result<String> {
             m.push(quantile(t, 0.5));
         }
     }
+    raw.remove().await?;
     cleanup(&url, &prefix).await;
+    Ok(claim_section(c.rounds, ops, &medians))
+}
+
+/// Scenario 1's table from the per-round medians of the raw insert, the default claim and
+/// the `overlap = allow` claim.
+fn claim_section(rounds: usize, ops: usize, medians: &[Vec<f64>; 3]) -> String {
     let ratio = |k: usize| -> Vec<f64> { medians[k].iter().zip(&medians[0]).map(|(s, r)| s / r).collect() };
     let rows = vec![vec![
         mmm(&medians[0], " µs"),
@@ -138,9 +141,8 @@ pub async fn claim_overhead(c: &Ctx) -> anyhow::Result<String> {
         mmm(&ratio(2), ""),
         "≤ 1.25".into(),
     ]];
-    Ok(format!(
-        "### 1. Claim overhead ({} rounds × {ops} of each, interleaved; per-round medians; runs finished between claims)\n\n{}",
-        c.rounds,
+    format!(
+        "## 1. Claim overhead ({rounds} rounds × {ops} of each, interleaved; per-round medians; runs finished between claims)\n\n{}",
         table(
             &[
                 "raw insert-if-absent",
@@ -152,7 +154,7 @@ pub async fn claim_overhead(c: &Ctx) -> anyhow::Result<String> {
             ],
             &rows
         )
-    ))
+    )
 }
 
 /// A herd round whose nodes were not ready in time (not an exactly-once failure).
@@ -209,8 +211,8 @@ pub fn herd(c: &Ctx, jobs: usize, nodes: usize) -> anyhow::Result<(f64, f64, f64
 }
 
 /// How many runs of the namespace are still `running`.
-async fn left_running(url: &str, prefix: &str) -> anyhow::Result<usize> {
-    let store = solocron_stores::open(url, prefix).await.map_err(anyhow::Error::msg)?;
+async fn left_running(url: &str, prefix: &Prefix) -> anyhow::Result<usize> {
+    let store = solocron_stores::open(url, prefix).await?;
     let q = solocron_core::HistoryQuery {
         state: Some(solocron_core::RunState::Running),
         limit: solocron_core::RECORDS_PAGE_MAX,
@@ -244,7 +246,7 @@ pub fn thundering_herd(c: &Ctx) -> anyhow::Result<String> {
         "all in ≤ 1000 ms; < 0.05 round trips/tick/node".into(),
     ]);
     Ok(format!(
-        "### 2. Thundering herd (exactly once verified from the handlers' own records)\n\n{}",
+        "## 2. Thundering herd (exactly once verified from the handlers' own records)\n\n{}",
         table(
             &[
                 "jobs",
@@ -307,9 +309,16 @@ pub fn lateness(c: &Ctx) -> anyhow::Result<String> {
             target.into(),
         ]);
     }
-    // The machine's own cost of starting the commands' number of processes at once,
-    // without solocron: a bare process spawns them at a whole second, measured the same way.
-    let (jobs, rounds) = (cases[1].1, if c.quick { 2 } else { 10 });
+    rows.extend(floor_rows(cases[1].1, if c.quick { 2 } else { 10 })?);
+    Ok(format!(
+        "## 3. Start lateness (3 nodes, jobs due at every whole second; ms from scheduled instant to start)\n\n{}",
+        table(&["job kind", "runs", "p50 ms", "p99 ms", "max ms", "target"], &rows)
+    ))
+}
+
+/// The machine's own cost of starting `jobs` processes at once, without solocron: a bare
+/// process spawns them at a whole second, `rounds` times, measured as the command jobs are.
+fn floor_rows(jobs: usize, rounds: usize) -> anyhow::Result<Vec<Vec<String>>> {
     let floors = [
         (
             format!("{jobs} × /bin/date spawned at once by a bare process (the machine's floor)"),
@@ -320,30 +329,29 @@ pub fn lateness(c: &Ctx) -> anyhow::Result<String> {
             exec_floor(jobs, rounds)?,
         ),
     ];
-    for (what, floor) in floors {
-        rows.push(vec![
-            what,
-            floor.len().to_string(),
-            fmt(quantile(&floor, 0.5)),
-            fmt(quantile(&floor, 0.99)),
-            fmt(quantile(&floor, 1.0)),
-            "—".into(),
-        ]);
-    }
-    Ok(format!(
-        "### 3. Start lateness (3 nodes, jobs due at every whole second; ms from scheduled instant to start)\n\n{}",
-        table(&["job kind", "runs", "p50 ms", "p99 ms", "max ms", "target"], &rows)
-    ))
+    Ok(floors
+        .into_iter()
+        .map(|(what, floor)| {
+            vec![
+                what,
+                floor.len().to_string(),
+                fmt(quantile(&floor, 0.5)),
+                fmt(quantile(&floor, 0.99)),
+                fmt(quantile(&floor, 1.0)),
+                "—".into(),
+            ]
+        })
+        .collect())
 }
 
 /// Command jobs run `/bin/date +%s%N`: their output is the process's start time.
-fn command_lateness(url: &str, prefix: &str, begin: i64) -> anyhow::Result<Vec<f64>> {
+fn command_lateness(url: &str, prefix: &Prefix, begin: i64) -> anyhow::Result<Vec<f64>> {
     let rt = tokio::runtime::Handle::current();
-    let (url, prefix) = (url.to_owned(), prefix.to_owned());
+    let (url, prefix) = (url.to_owned(), prefix.clone());
     let records = std::thread::scope(|s| {
         s.spawn(|| {
             rt.block_on(async {
-                let store = solocron_stores::open(&url, &prefix).await.map_err(anyhow::Error::msg)?;
+                let store = solocron_stores::open(&url, &prefix).await?;
                 Ok::<_, anyhow::Error>(store.history(&HistoryQuery { limit: 0, ..HistoryQuery::default() }).await?)
             })
         })
@@ -417,7 +425,7 @@ pub fn idle(c: &Ctx) -> anyhow::Result<String> {
         ]);
     }
     Ok(format!(
-        "### 4. Idle cost (after start-up settles; CPU over {measure} s scaled to a minute, 10 ms resolution; RSS then, and peak including start-up)\n\n{}",
+        "## 4. Idle cost (after start-up settles; CPU over {measure} s scaled to a minute, 10 ms resolution; RSS then, and peak including start-up)\n\n{}",
         table(&["jobs", "start-up settled after", "CPU per minute", "RSS", "peak RSS", "target"], &rows)
     ))
 }
@@ -457,7 +465,7 @@ pub fn failover(c: &Ctx) -> anyhow::Result<String> {
     }
     let rows = vec![vec![mmm(&took, " ms"), "≤ 4200 ms (lease + lease/3 + 200 ms)".into()]];
     Ok(format!(
-        "### 5. Failover (3 nodes, lease 3 s, SIGKILL the holder)\n\n{}",
+        "## 5. Failover (3 nodes, lease 3 s, SIGKILL the holder)\n\n{}",
         table(&["SIGKILL → retry started", "target"], &rows)
     ))
 }
@@ -494,7 +502,7 @@ pub fn growth(c: &Ctx) -> anyhow::Result<String> {
         }
     }
     Ok(format!(
-        "### 6. Growth (one herd per row; exactly once verified)\n\n{}",
+        "## 6. Growth (one herd per row; exactly once verified)\n\n{}",
         table(
             &[
                 "jobs",

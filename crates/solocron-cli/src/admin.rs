@@ -79,48 +79,6 @@ impl Fleet {
 }
 
 #[derive(Args)]
-pub struct CheckArgs {
-    /// The configuration file.
-    #[arg(long, short, default_value = "solocron.toml")]
-    config: std::path::PathBuf,
-}
-
-pub fn check(a: CheckArgs) -> Result<(), Failure> {
-    let cfg = crate::load(&a.config)?;
-    println!("{}: OK, {} job(s), store {}", cfg.file, cfg.jobs.len(), crate::stores::mask_url(&cfg.store.url));
-    let now = Utc::now();
-    for j in &cfg.jobs {
-        println!("\njob {}  schedule \"{}\"  zone {}", j.name, j.schedule.expr(), j.schedule.zone());
-        let ticks = j.schedule.ticks_between(now, now + chrono::Duration::days(3660), 5);
-        if ticks.is_empty() {
-            println!("  (never fires)");
-        }
-        for t in ticks {
-            println!(
-                "  {}   {}",
-                output::local_time(t, j.schedule.zone()),
-                t.to_rfc3339_opts(SecondsFormat::Secs, true)
-            );
-        }
-    }
-    Ok(())
-}
-
-#[derive(Args)]
-pub struct MigrateArgs {
-    #[command(flatten)]
-    target: Target,
-}
-
-pub async fn migrate(a: MigrateArgs) -> Result<(), Failure> {
-    let cfg = a.target.config()?;
-    let store = a.target.connect(cfg.as_ref()).await?;
-    store.migrate().await.map_err(store_failed)?;
-    println!("{}: schema is current", store.describe());
-    Ok(())
-}
-
-#[derive(Args)]
 pub struct StatusArgs {
     #[command(flatten)]
     target: Target,

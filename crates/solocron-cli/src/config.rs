@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
-use solocron_core::{parse_duration, JobPolicy, Misfire, OnCrash, Overlap, Schedule};
+use solocron_core::{parse_duration, JobPolicy, Misfire, OnCrash, Overlap, Prefix, Schedule};
 
 /// The store used when the configuration has no `[store]`.
 pub const DEFAULT_STORE_URL: &str = "sqlite://solocron.db";
@@ -37,7 +37,10 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawStore {
     url: Option<String>,
+    prefix: Option<String>,
+    /// Refused with a pointer to `prefix` (its old name for SQL stores).
     table_prefix: Option<String>,
+    /// Refused with a pointer to `prefix` (its old name for Redis and etcd).
     key_prefix: Option<String>,
     password_env: Option<String>,
     password_file: Option<String>,
@@ -91,9 +94,8 @@ pub struct Config {
 pub struct StoreConfig {
     /// The URL as written (no password injected; see [`crate::stores`]).
     pub url: String,
-    pub table_prefix: String,
-    /// For key-value stores (Redis, etcd): their key prefix; `None`: the store's default.
-    pub key_prefix: Option<String>,
+    /// The namespace of solocron's tables or keys in the store (`[store] prefix`).
+    pub prefix: Prefix,
     pub password_env: Option<String>,
     pub password_file: Option<String>,
     /// Apply migrations at `run` (default true).
@@ -105,17 +107,13 @@ impl StoreConfig {
     pub fn from_url(url: &str) -> StoreConfig {
         StoreConfig {
             url: url.to_owned(),
-            table_prefix: DEFAULT_TABLE_PREFIX.to_owned(),
-            key_prefix: None,
+            prefix: Prefix::default(),
             password_env: None,
             password_file: None,
             migrate: true,
         }
     }
 }
-
-/// The table (or key) prefix used when none is configured.
-pub const DEFAULT_TABLE_PREFIX: &str = "solocron_";
 
 /// A validated job.
 #[derive(Debug, Clone)]
@@ -178,53 +176,81 @@ impl Config {
             }
             jobs.push(job);
         }
-        let history_retention = match node.history_retention.as_deref() {
-            None => Some(Duration::from_secs(30 * 86_400)),
-            Some("never") => None,
-            Some(s) => Some(parse_duration(s).map_err(|e| err("node.history_retention".into(), e.to_string()))?),
-        };
-        if let Some(r) = history_retention {
-            let floor = solocron_core::retention_floor(jobs.iter().map(|j: &JobConfig| &j.policy));
-            if r < floor {
-                return Err(err(
-                    "node.history_retention".into(),
-                    format!(
-                        "{} is too short: a pruned tick could be claimed again by a node whose clock lags, or by a catch-up looking back; use at least {} (a day, and twice the longest catchup)",
-                        solocron_core::format_duration(r),
-                        solocron_core::format_duration(floor)
-                    ),
-                ));
-            }
-        }
-        let prefix = raw.store.table_prefix.clone().unwrap_or_else(|| DEFAULT_TABLE_PREFIX.to_owned());
-        let prefix_ok = prefix.len() <= 41
-            && prefix.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-            && prefix.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-        if !prefix_ok {
-            return Err(err(
-                "store.table_prefix".into(),
-                format!("`{prefix}` must be lower-case letters, digits and `_`, start with a letter or `_`, at most 41 characters"),
-            ));
-        }
-        if raw.store.password_env.is_some() && raw.store.password_file.is_some() {
-            return Err(err("store.password_env".into(), "set password_env or password_file, not both".into()));
-        }
+        let history_retention = history_retention(node, &jobs).map_err(|(key, message)| err(key, message))?;
+        let store = resolve_store(&raw.store).map_err(|(key, message)| err(key, message))?;
         Ok(Config {
             file: file.to_owned(),
-            store: StoreConfig {
-                url: raw.store.url.clone().unwrap_or_else(|| DEFAULT_STORE_URL.to_owned()),
-                table_prefix: prefix,
-                key_prefix: raw.store.key_prefix.clone(),
-                password_env: raw.store.password_env.clone(),
-                password_file: raw.store.password_file.clone(),
-                migrate: raw.store.migrate.unwrap_or(true),
-            },
+            store,
             history_retention,
             node_id: node.id.clone(),
             shutdown_grace,
             max_concurrent_runs: node.max_concurrent_runs.unwrap_or(1024),
             jobs,
         })
+    }
+}
+
+/// `[node] history_retention`: `None` keeps every record. A retention shorter than the
+/// jobs' floor is refused rather than raised, so the operator learns why.
+fn history_retention(node: &RawNode, jobs: &[JobConfig]) -> Result<Option<Duration>, KeyError> {
+    let key = || "node.history_retention".to_owned();
+    let retention = match node.history_retention.as_deref() {
+        None => Duration::from_secs(30 * 86_400),
+        Some("never") => return Ok(None),
+        Some(s) => parse_duration(s).map_err(|e| (key(), e.to_string()))?,
+    };
+    let floor = solocron_core::retention_floor(jobs.iter().map(|j| &j.policy));
+    if retention < floor {
+        return Err((
+            key(),
+            format!(
+                "{} is too short: a pruned tick could be claimed again by a node whose clock lags, or by a catch-up looking back; use at least {} (a day, and twice the longest catchup)",
+                solocron_core::format_duration(retention),
+                solocron_core::format_duration(floor)
+            ),
+        ));
+    }
+    Ok(Some(retention))
+}
+
+/// `[store]`, with the defaults filled in.
+fn resolve_store(store: &RawStore) -> Result<StoreConfig, KeyError> {
+    let prefix = store_prefix(store)?;
+    if store.password_env.is_some() && store.password_file.is_some() {
+        return Err(("store.password_env".into(), "set password_env or password_file, not both".into()));
+    }
+    Ok(StoreConfig {
+        url: store.url.clone().unwrap_or_else(|| DEFAULT_STORE_URL.to_owned()),
+        prefix,
+        password_env: store.password_env.clone(),
+        password_file: store.password_file.clone(),
+        migrate: store.migrate.unwrap_or(true),
+    })
+}
+
+/// `[store] prefix`, checked by the one rule every store shares. The keys it replaced are
+/// refused with what to write instead, so an old configuration is not silently moved to the
+/// default namespace (where its nodes would find none of their history).
+fn store_prefix(store: &RawStore) -> Result<Prefix, KeyError> {
+    let renamed = |key: &str, old: &str| {
+        let name = old.trim_matches(|c| matches!(c, '{' | '}' | ':' | '/')).trim_end_matches('_');
+        let how = match Prefix::parse(name) {
+            Ok(_) => format!(
+                "without the trailing `_` or the store's punctuation: `{key} = \"{old}\"` -> `prefix = \"{name}\"`"
+            ),
+            Err(e) => format!("`{old}` has no such name: {e}"),
+        };
+        (format!("store.{key}"), format!("became `prefix`, one name for every store, {how}"))
+    };
+    if let Some(old) = &store.table_prefix {
+        return Err(renamed("table_prefix", old));
+    }
+    if let Some(old) = &store.key_prefix {
+        return Err(renamed("key_prefix", old));
+    }
+    match &store.prefix {
+        Some(p) => Prefix::parse(p).map_err(|e| ("store.prefix".to_owned(), e.to_string())),
+        None => Ok(Prefix::default()),
     }
 }
 
@@ -345,7 +371,7 @@ catchup = "1h"
     fn defaults_apply_and_jobs_override_them() {
         let c = Config::parse("test.toml", GOOD).unwrap();
         assert_eq!(c.store.url, "sqlite://x.db");
-        assert_eq!(c.store.table_prefix, "solocron_");
+        assert_eq!(c.store.prefix, Prefix::default());
         assert_eq!(c.history_retention, Some(Duration::from_secs(30 * 86_400)));
         assert_eq!(c.jobs[0].schedule.zone().name(), "Europe/Berlin");
         assert_eq!(c.jobs[0].policy.lease, Duration::from_secs(10));
@@ -384,14 +410,32 @@ catchup = "1h"
                 "node.history_retention",
             ),
             (
-                GOOD.replace("url = \"sqlite://x.db\"", "url = \"sqlite://x.db\"\ntable_prefix = \"Bad-Prefix\""),
-                "store.table_prefix",
+                GOOD.replace("url = \"sqlite://x.db\"", "url = \"sqlite://x.db\"\nprefix = \"Bad-Prefix\""),
+                "store.prefix: bad prefix `Bad-Prefix`",
             ),
         ];
         for (toml, want) in cases {
             let e = error_of(&toml);
             assert!(e.starts_with("test.toml: "), "{e}");
             assert!(e.contains(want), "expected `{want}` in: {e}");
+        }
+    }
+
+    #[test]
+    fn one_prefix_names_the_namespace_and_its_old_names_say_what_to_write() {
+        let with = |line: &str| GOOD.replace("url = \"sqlite://x.db\"", &format!("url = \"sqlite://x.db\"\n{line}"));
+        let c = Config::parse("test.toml", &with("prefix = \"billing\"")).unwrap();
+        assert_eq!(c.store.prefix.as_str(), "billing");
+        let cases = [
+            ("table_prefix = \"solocron_\"", "store.table_prefix: became `prefix`", "-> `prefix = \"solocron\"`"),
+            ("table_prefix = \"billing_\"", "store.table_prefix", "-> `prefix = \"billing\"`"),
+            ("key_prefix = \"{billing}:\"", "store.key_prefix: became `prefix`", "-> `prefix = \"billing\"`"),
+            ("key_prefix = \"/billing/\"", "store.key_prefix", "-> `prefix = \"billing\"`"),
+            ("table_prefix = \"_Odd\"", "store.table_prefix", "bad prefix `_Odd`"),
+        ];
+        for (line, key, advice) in cases {
+            let e = error_of(&with(line));
+            assert!(e.starts_with("test.toml: ") && e.contains(key) && e.contains(advice), "{line}: {e}");
         }
     }
 }

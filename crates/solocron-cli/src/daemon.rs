@@ -17,9 +17,12 @@ pub struct RunArgs {
     /// This node's id (default: [node].id, else hostname-pid).
     #[arg(long)]
     node_id: Option<String>,
-    /// The store URL (overrides [store].url).
+    /// The store URL (overrides [store].url; the prefix is then `solocron` unless --prefix).
     #[arg(long)]
     store: Option<String>,
+    /// The namespace of solocron's tables or keys in the store (overrides [store].prefix).
+    #[arg(long, value_name = "NAME")]
+    prefix: Option<solocron_core::Prefix>,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -34,10 +37,12 @@ enum LogFormat {
 pub async fn run(a: RunArgs) -> Result<(), Failure> {
     init_logging(a.log_format);
     let cfg = load(&a.config)?;
-    let target = crate::Target { config: a.config.clone(), store: a.store.clone() };
-    let store = target.connect(Some(&cfg)).await?;
+    let target = crate::Target { config: a.config.clone(), store: a.store.clone(), prefix: a.prefix.clone() };
+    // `open`, not `connect`: with `store.migrate = false` the schema is someone else's job.
+    let store = target.open(Some(&cfg)).await?;
     if cfg.store.migrate {
-        store.migrate().await.map_err(|e| bad_input(format!("{}: store.url: {e}", cfg.file)))?;
+        let (_, key) = target.store_config(Some(&cfg));
+        store.migrate().await.map_err(|e| bad_input(format!("{key}: {e}")))?;
     }
     let scheduler = scheduler(&cfg, store, a.node_id)?;
     let shutdown = CancellationToken::new();

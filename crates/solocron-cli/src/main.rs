@@ -3,11 +3,14 @@
 //!
 //! Exit codes: 0 success; 1 a runtime failure (the store failed mid-command); 2 bad input
 //! (arguments, configuration, an unknown job, a malformed duration, an unreachable store).
+#![forbid(unsafe_code)]
 
 mod admin;
 mod config;
 mod daemon;
+mod docs;
 mod output;
+mod setup;
 mod stores;
 
 use std::path::PathBuf;
@@ -15,7 +18,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use solocron_core::Store;
+use solocron_core::{Prefix, Store};
 
 use crate::config::{Config, StoreConfig};
 
@@ -35,6 +38,10 @@ pub struct Target {
     /// The store URL (overrides the configuration's; the file is then optional).
     #[arg(long, global = true)]
     pub store: Option<String>,
+    /// The namespace of solocron's tables or keys in the store (overrides [store].prefix;
+    /// with --store, default `solocron`).
+    #[arg(long, global = true, value_name = "NAME")]
+    pub prefix: Option<Prefix>,
 }
 
 /// Output format of read commands.
@@ -49,9 +56,9 @@ enum Cmd {
     /// Run the daemon: claim and run this config's jobs until SIGTERM or SIGINT.
     Run(daemon::RunArgs),
     /// Validate the configuration and print each job's next 5 fire times.
-    Check(admin::CheckArgs),
-    /// Create or upgrade the store's schema.
-    Migrate(admin::MigrateArgs),
+    Check(setup::CheckArgs),
+    /// Create or upgrade the store's schema; with --drop --yes, remove it.
+    Migrate(setup::MigrateArgs),
     /// Show each job: schedule, next fire, pause, last run, run in progress, drift, nodes.
     Status(admin::StatusArgs),
     /// Show run records, newest first.
@@ -66,6 +73,10 @@ enum Cmd {
     Unlock(admin::UnlockArgs),
     /// Delete run records older than a duration, in bounded batches.
     Prune(admin::PruneArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(docs::CompletionsArgs),
+    /// Print the man page (roff), or with --dir write one page per command.
+    Man(docs::ManArgs),
 }
 
 /// An error with its exit code.
@@ -87,8 +98,8 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         match cli.command {
             Cmd::Run(a) => daemon::run(a).await,
-            Cmd::Check(a) => admin::check(a),
-            Cmd::Migrate(a) => admin::migrate(a).await,
+            Cmd::Check(a) => setup::check(a),
+            Cmd::Migrate(a) => setup::migrate(a).await,
             Cmd::Status(a) => admin::status(a).await,
             Cmd::History(a) => admin::history(a).await,
             Cmd::Trigger(a) => admin::trigger(a).await,
@@ -96,6 +107,8 @@ fn main() -> ExitCode {
             Cmd::Resume(a) => admin::set_paused(a, false).await,
             Cmd::Unlock(a) => admin::unlock(a).await,
             Cmd::Prune(a) => admin::prune(a).await,
+            Cmd::Completions(a) => docs::completions::<Cli>(a),
+            Cmd::Man(a) => docs::man::<Cli>(a),
         }
     });
     match result {
@@ -121,17 +134,35 @@ impl Target {
         load(&self.config).map(Some)
     }
 
-    /// Connects to the store; a failure is bad input (exit 2) naming where the URL came from.
-    pub async fn connect(&self, cfg: Option<&Config>) -> Result<Arc<dyn Store>, Failure> {
-        let (store_cfg, key) = match (&self.store, cfg) {
+    /// The store this command works on, and where its URL came from (for errors): `--store`
+    /// (with the default prefix) or the configuration's, `--prefix` overriding either.
+    pub fn store_config(&self, cfg: Option<&Config>) -> (StoreConfig, String) {
+        let (mut store_cfg, key) = match (&self.store, cfg) {
             (Some(url), _) => (StoreConfig::from_url(url), "--store".to_owned()),
             (None, Some(c)) => (c.store.clone(), format!("{}: store.url", c.file)),
             (None, None) => unreachable!("config() loads the file when --store is absent"),
         };
+        if let Some(p) = &self.prefix {
+            store_cfg.prefix = p.clone();
+        }
+        (store_cfg, key)
+    }
+
+    /// Opens the store without touching its schema; a failure is bad input (exit 2) naming
+    /// where the URL came from.
+    pub async fn open(&self, cfg: Option<&Config>) -> Result<Arc<dyn Store>, Failure> {
+        let (store_cfg, key) = self.store_config(cfg);
         let store = stores::open(&store_cfg).await.map_err(|e| bad_input(format!("{key}: {e}")))?;
         // A store we cannot even read the clock of is unreachable: say so before doing anything.
         store.now().await.map_err(|e| bad_input(format!("{key}: {e}")))?;
-        // Admin commands work on a store no node has prepared yet (migrations are idempotent).
+        Ok(store)
+    }
+
+    /// Opens the store and brings its schema up to date: admin commands work on a store no
+    /// node has prepared yet (migrations are idempotent).
+    pub async fn connect(&self, cfg: Option<&Config>) -> Result<Arc<dyn Store>, Failure> {
+        let store = self.open(cfg).await?;
+        let (_, key) = self.store_config(cfg);
         store.migrate().await.map_err(|e| bad_input(format!("{key}: {e}")))?;
         Ok(store)
     }

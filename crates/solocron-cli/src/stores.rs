@@ -2,11 +2,9 @@
 
 use std::sync::Arc;
 
-use solocron_core::Store;
+use solocron_core::{redact_url, Store};
 
 use crate::config::StoreConfig;
-
-pub use solocron_stores::mask_url;
 
 /// The URL with the password from `password_env` or `password_file` put in, if set.
 fn with_password(cfg: &StoreConfig) -> Result<String, String> {
@@ -23,20 +21,21 @@ fn with_password(cfg: &StoreConfig) -> Result<String, String> {
         _ => None,
     };
     let Some(password) = password else { return Ok(cfg.url.clone()) };
-    let mut u = url::Url::parse(&cfg.url).map_err(|e| format!("`{}` is not a URL: {e}", mask_url(&cfg.url)))?;
-    u.set_password(Some(&password)).map_err(|_| format!("`{}` cannot carry a password", mask_url(&cfg.url)))?;
+    let mut u = url::Url::parse(&cfg.url).map_err(|e| format!("`{}` is not a URL: {e}", redact_url(&cfg.url)))?;
+    u.set_password(Some(&password)).map_err(|_| format!("`{}` cannot carry a password", redact_url(&cfg.url)))?;
     Ok(u.to_string())
 }
 
-/// Connects to the configured store. Errors say what is wrong, never with a password.
+/// Connects to the configured store, its tables or keys behind the configured prefix.
+/// Errors say what is wrong, never with a password.
 pub async fn open(cfg: &StoreConfig) -> Result<Arc<dyn Store>, String> {
     let url = with_password(cfg)?;
-    let key_value = url.starts_with("redis") || url.starts_with("etcd");
-    let prefix = match (&cfg.key_prefix, key_value) {
-        (Some(k), true) => k.as_str(),
-        _ => cfg.table_prefix.as_str(),
-    };
-    solocron_stores::open(&url, prefix).await.map_err(|e| e.replace(&url, &mask_url(&url)))
+    solocron_stores::open(&url, &cfg.prefix).await.map_err(|e| e.to_string())
+}
+
+/// What `migrate --drop` would remove, in words; the URL's password stays out of it.
+pub fn footprint(cfg: &StoreConfig) -> Result<String, String> {
+    solocron_stores::footprint(&cfg.url, &cfg.prefix).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
 //! The admin commands against real `solocron run` processes on one SQLite file.
+#![forbid(unsafe_code)]
 
 mod common;
 
@@ -146,7 +147,7 @@ fn prune_deletes_only_old_ended_records_never_a_running_one() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         use solocron_core::*;
-        let s = solocron_sqlite::SqliteStore::connect(&url).await.unwrap();
+        let s = solocron_sqlite::SqliteStore::connect(&url, &Prefix::default()).await.unwrap();
         s.migrate().await.unwrap();
         let now = chrono::Utc::now();
         let claim = |days: i64| ClaimRequest {
@@ -227,4 +228,65 @@ fn history_filters_and_shows_one_runs_output() {
     assert_eq!(code, 0);
     assert!(!table.contains('\x1b'), "no colour when stdout is not a terminal");
     assert!(table.contains("+00:00"), "times carry their offset: {table}");
+}
+
+/// Every name in a SQLite file's schema (tables, indexes, triggers), sorted.
+fn schema_names(db: &std::path::Path) -> Vec<String> {
+    use sqlx::Connection as _;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let options = sqlx::sqlite::SqliteConnectOptions::new().filename(db).create_if_missing(true);
+        let mut conn = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
+        sqlx::query("CREATE TABLE IF NOT EXISTS app_users (id INTEGER PRIMARY KEY)").execute(&mut conn).await.unwrap();
+        let sql = r"SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite\_%' ESCAPE '\' ORDER BY name";
+        sqlx::query_scalar(sql).fetch_all(&mut conn).await.unwrap()
+    })
+}
+
+#[test]
+fn migrate_drop_removes_one_prefix_and_leaves_every_other_table_in_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("shared.db");
+    let url = format!("sqlite://{}", db.display());
+    // In the directory, with no solocron.toml there: only --store and --prefix count.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(BIN)
+            .args(args)
+            .args(["--store", &url])
+            .current_dir(dir.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    // `solocron_b`'s tables start with `solocron_` too: a prefix test by pattern would take them.
+    for prefix in [None, Some("billing"), Some("solocron_b")] {
+        let (code, err) = cli(&[&["migrate"][..], &prefix.map_or(vec![], |p| vec!["--prefix", p])].concat());
+        assert_eq!(code, 0, "{prefix:?}: {err}");
+    }
+    let before = schema_names(&db);
+    let of_default = |n: &String| n.starts_with("solocron_") && !n.starts_with("solocron_b_");
+    assert!(before.iter().any(of_default) && before.iter().any(|n| n.starts_with("billing_")), "{before:?}");
+    assert!(before.iter().any(|n| n.starts_with("solocron_b_")), "{before:?}");
+
+    let (code, err) = cli(&["migrate", "--drop"]);
+    assert_eq!(code, 2, "{err}");
+    for said in ["would remove", "`solocron_*`", "prefix `solocron`", "Nothing changed", "--yes"] {
+        assert!(err.contains(said), "expected `{said}` in: {err}");
+    }
+    assert_eq!(schema_names(&db), before, "refused: nothing changed");
+
+    let (code, err) = cli(&["migrate", "--drop", "--yes"]);
+    assert_eq!(code, 0, "{err}");
+    let after = schema_names(&db);
+    let others: Vec<String> = before.iter().filter(|n| !of_default(n)).cloned().collect();
+    assert_eq!(after, others, "only the default prefix's tables, indexes and triggers go");
+    assert!(after.contains(&"app_users".to_owned()));
+
+    assert_eq!(cli(&["migrate", "--drop", "--yes"]).0, 0, "a second drop finds nothing and is fine");
+    assert_eq!(schema_names(&db), others);
+    let (code, err) = cli(&["status", "--prefix", "billing"]);
+    assert_eq!(code, 0, "the other prefix still works: {err}");
+    let (code, err) = cli(&["migrate", "--yes"]);
+    assert_eq!(code, 2, "--yes alone is refused: {err}");
 }

@@ -1,4 +1,5 @@
 //! Bad input: a clear message naming the file and the key, exit code 2, nothing written.
+#![forbid(unsafe_code)]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Real `solocron run` processes racing on one SQLite file, with SIGKILL, SIGSTOP and
 //! SIGTERM. What the jobs themselves wrote is the evidence, not only solocron's history.
+#![forbid(unsafe_code)]
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! Misfire (catch-up) and overlap policies, observed through real `solocron run` processes.
+#![forbid(unsafe_code)]
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! Real `solocron run` processes on the PostgreSQL and MariaDB servers of this machine:
 //! exactly once across three processes, and a restart of the server mid-run.
 //! Tests in this file take a lock: a server restart must not cut a neighbour's test.
+#![forbid(unsafe_code)]
 
 mod common;
 
@@ -270,4 +271,44 @@ fn three_etcd_nodes_run_every_tick_exactly_once() {
     let _g = serial();
     let Some(store) = server_store("etcd") else { return };
     three_nodes_exactly_once(Some(&store), 12);
+}
+
+/// `migrate --drop --yes` on a server store empties its prefix and only its: a neighbour
+/// whose prefix extends it (`p` and `p_b`: a pattern `p_%` would take both) keeps its pause.
+fn drop_empties_one_prefix_and_keeps_its_neighbour(kind: &str) {
+    let _g = serial();
+    let Some(a) = server_store(kind) else { return };
+    let b = format!("{}_b\"", a.trim_end_matches('"'));
+    let job = "[[jobs]]\nname = \"j\"\nschedule = \"0 0 0 1 1 *\"\ncommand = [\"/bin/true\"]\n";
+    let (fa, fb) = (Fleet::on(Some(&a), job), Fleet::on(Some(&b), job));
+    for f in [&fa, &fb] {
+        let (code, _, err) = f.cli(&["pause", "j", "--reason", "kept"]);
+        assert_eq!(code, 0, "{kind}: {err}");
+    }
+    let (code, out, err) = fa.cli(&["migrate", "--drop", "--yes"]);
+    assert_eq!(code, 0, "{kind}: {err}");
+    assert!(out.starts_with("removed "), "{kind}: {out}");
+    let paused = |f: &Fleet| f.cli_json(&["status", "j", "--format", "json"])[0]["paused"].as_bool().unwrap();
+    assert!(!paused(&fa), "{kind}: the dropped prefix starts again empty");
+    assert!(paused(&fb), "{kind}: the neighbour prefix keeps its pause");
+}
+
+#[test]
+fn migrate_drop_on_postgres_empties_one_prefix_and_keeps_its_neighbour() {
+    drop_empties_one_prefix_and_keeps_its_neighbour("postgres");
+}
+
+#[test]
+fn migrate_drop_on_mariadb_empties_one_prefix_and_keeps_its_neighbour() {
+    drop_empties_one_prefix_and_keeps_its_neighbour("mysql");
+}
+
+#[test]
+fn migrate_drop_on_redis_empties_one_prefix_and_keeps_its_neighbour() {
+    drop_empties_one_prefix_and_keeps_its_neighbour("redis");
+}
+
+#[test]
+fn migrate_drop_on_etcd_empties_one_prefix_and_keeps_its_neighbour() {
+    drop_empties_one_prefix_and_keeps_its_neighbour("etcd");
 }

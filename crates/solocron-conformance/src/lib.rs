@@ -5,23 +5,20 @@
 //! the store's clock, recovery, overlap, misfire bookkeeping, history and pruning, the job
 //! registry, pause, manual runs and unlock.
 //!
-//! A store crate runs the whole suite with one line in `tests/conformance.rs`:
+//! A server store crate runs the whole suite with one line in `tests/conformance.rs`:
 //!
 //! ```ignore
-//! solocron_conformance::conformance_tests!(factory());
-//!
-//! /// A fresh namespace per test, or `None` (skip) when the server is down.
-//! async fn factory() -> Option<Factory> {
-//!     match probe(&url()).await {
-//!         Ok(()) => Some(Factory { prefix: unique_prefix() }),
-//!         Err(e) => solocron_conformance::server_unreachable("PostgreSQL", &e.to_string()),
-//!     }
-//! }
+//! solocron_conformance::conformance_tests!(common::Namespace::new());
 //! ```
 //!
 //! where the expression is a future yielding `Option<impl StoreFactory>`: `None` means the
-//! server is unreachable and the tests skip (see [`server_unreachable`]). Each check is
-//! also a plain `pub async fn` in [`checks`], to call one by hand while debugging a store.
+//! server is unreachable and the tests skip (see [`server_unreachable`]). [`server`] holds
+//! the test namespaces every server store's tests share (fresh prefixes, cleanup, skip or
+//! fail); a store only says how to reach its server. Each check is also a plain
+//! `pub async fn` in [`checks`], to call one by hand while debugging a store.
+//!
+//! Architecture invariant: this crate knows no concrete store (stores dev-depend on it).
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 use std::sync::Arc;
@@ -37,15 +34,17 @@ use solocron_core::Store;
 /// race migrations onto a truly empty namespace.
 ///
 /// ```ignore
-/// struct Factory { prefix: String }
+/// struct Factory { url: String, prefix: Prefix } // a fresh SQLite file's URL
 ///
 /// #[async_trait::async_trait]
 /// impl solocron_conformance::StoreFactory for Factory {
 ///     async fn connect(&self) -> Arc<dyn Store> {
-///         Arc::new(PgStore::connect_with_prefix(&url(), &self.prefix).await.unwrap())
+///         Arc::new(SqliteStore::connect(&self.url, &self.prefix).await.unwrap())
 ///     }
 /// }
 /// ```
+///
+/// Server stores need not write one: [`server::Namespace`] is their factory.
 #[async_trait]
 pub trait StoreFactory: Send + Sync + 'static {
     /// A new, independent store instance (its own connection pool, as a separate process
@@ -80,6 +79,9 @@ pub mod naming {
     /// Namespaces younger than this are left alone: another `cargo test` may be using them.
     pub const STALE_AFTER: Duration = Duration::from_secs(600);
 
+    /// The length of a [`fresh_tag`], in characters.
+    pub const TAG_LEN: usize = 16;
+
     fn unix_secs() -> u64 {
         SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_secs()
     }
@@ -88,7 +90,7 @@ pub mod naming {
     ///
     /// ```
     /// let tag = solocron_conformance::naming::fresh_tag();
-    /// assert_eq!(tag.len(), 16);
+    /// assert_eq!(tag.len(), solocron_conformance::naming::TAG_LEN);
     /// assert!(!solocron_conformance::naming::is_stale(&tag));
     /// ```
     pub fn fresh_tag() -> String {
@@ -174,3 +176,4 @@ macro_rules! __conformance_tests {
 }
 
 pub mod checks;
+pub mod server;

@@ -17,6 +17,7 @@
 //! let plan = plan_due(&schedule, &JobPolicy::default(), after, now, late_from);
 //! assert_eq!(plan.on_time.len(), 1);
 //! ```
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod duration;

@@ -10,7 +10,9 @@
 /// use solocron_core::redact_url;
 /// assert_eq!(redact_url("postgres://app:s3cret@db:5432/x"), "postgres://app:***@db:5432/x");
 /// assert_eq!(redact_url("redis://:s3cret@host:6379/0"), "redis://:***@host:6379/0");
-/// assert_eq!(redact_url("mysql://u@h/db?password=s3cret&ssl=1"), "mysql://u@h/db?password=***&ssl=1");
+/// assert_eq!(redact_url("mysql://u:pw@h/db?password=s3cret&ssl=1"), "mysql://u:***@h/db?password=***&ssl=1");
+/// // A lone `name@` is hidden too: some drivers read it as a password.
+/// assert_eq!(redact_url("redis://s3cret@host"), "redis://***@host");
 /// assert_eq!(redact_url("sqlite://app.db"), "sqlite://app.db");
 /// ```
 pub fn redact_url(url: &str) -> String {

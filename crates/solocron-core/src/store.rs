@@ -323,7 +323,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Removes everything this store keeps under its prefix (tables, stored routines,
     /// keys), for uninstalls and tests; other prefixes are untouched. Idempotent: a prefix
-    /// that holds nothing is fine. Nodes still running on the prefix fail their next call.
+    /// that holds nothing is fine. Stop the prefix's nodes first: depending on the store,
+    /// a node still running fails its next call or writes its keys again.
     async fn uninstall(&self) -> Result<(), StoreError> {
         Err(StoreError::Invalid(format!("{} cannot uninstall itself", self.describe())))
     }

@@ -1,16 +1,19 @@
-//! Schema marker, history, registry, operators' controls, manual requests and pruning.
+//! What operators and housekeeping read and change: history, the client's clock (etcd has
+//! none), the job registry, pause switches, manual run requests, and pruning.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
 use solocron_core::{
     HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest, RunState, StoreError, Tick,
     PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 
-use crate::claim::millis;
-use crate::codec::{decode, encode, instant, Guard, StoredControl, StoredRegistration, StoredRequest, StoredRun};
+use crate::codec::{
+    decode, encode, instant, millis, Guard, StoredControl, StoredRegistration, StoredRequest, StoredRun,
+};
 use crate::etcd::{bounded, get, now_ms, range, range_all, read, single, txn, TXN_OPS_MAX};
 use crate::keys::prefix_end;
 use crate::runs::running_records;
@@ -18,9 +21,6 @@ use crate::EtcdStore;
 
 /// Run keys per page of prune's scan for ended records.
 const PRUNE_PAGE: i64 = 1000;
-
-/// The key layout this crate writes and understands (see [`crate::keys`]).
-const LAYOUT_VERSION: &str = "1";
 
 /// Records read per page of a history scan: ~2 MB at most (4 KB of output each), under
 /// the client's 4 MB message limit.
@@ -34,27 +34,10 @@ pub const HISTORY_SCAN_MAX: usize = 100_000;
 /// How many successive milliseconds [`request_run`] tries.
 const REQUEST_SLOTS_MAX: usize = 100;
 
-/// Writes the layout version once; checks it afterwards. One `Txn`, so any number of nodes
-/// may migrate at once.
-pub(crate) async fn migrate(store: &EtcdStore) -> Result<(), StoreError> {
-    let key = store.keys.schema();
-    let request = Txn::new()
-        .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-        .and_then(vec![TxnOp::put(key.clone(), LAYOUT_VERSION, None)])
-        .or_else(vec![get(key)]);
-    let resp = txn(&store.client, "a migration", request).await?;
-    if resp.succeeded() {
-        return Ok(());
-    }
-    let found = crate::etcd::gets(&resp).into_iter().next().and_then(single);
-    match found.as_ref().map(|kv| kv.value()) {
-        Some(v) if v == LAYOUT_VERSION.as_bytes() => Ok(()),
-        other => Err(StoreError::Invalid(format!(
-            "{} has key layout version {:?}; this solocron understands version {LAYOUT_VERSION}",
-            store.describe_target(),
-            other.map(String::from_utf8_lossy)
-        ))),
-    }
+/// The client's clock: etcd has none to offer (see the crate docs). Nothing that decides
+/// who holds a run depends on it.
+pub(crate) fn now() -> DateTime<Utc> {
+    Utc::now()
 }
 
 /// Run records, newest first (see [`solocron_core::Store::history`]).

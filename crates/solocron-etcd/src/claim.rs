@@ -3,12 +3,13 @@
 //!
 //! Per chunk: one read (the jobs' guards and pause switches, and whether each tick's record
 //! exists) and, at the same time, a keep-alive of the node's shared etcd lease for each
-//! lease length the chunk may need (or a grant, see [`LEASE_SHARE_WINDOW`]; or nothing
-//! within [`REUSE_WINDOW`] of a confirmed one); then one `Txn` whose compares are "each new
-//! record is absent" and "each job's guard and switch are unchanged since the read". If another node
-//! changed any of them in between, the `Txn` fails as a whole, its `else` branch returns the
-//! same keys re-read, and the chunk is planned again (bounded). Nothing is ever
-//! read-then-written without the compare.
+//! lease length the chunk may need (or a grant, see
+//! [`LEASE_SHARE_WINDOW`](crate::leases::LEASE_SHARE_WINDOW); or nothing within
+//! [`REUSE_WINDOW`](crate::leases::REUSE_WINDOW) of a confirmed one); then one `Txn`
+//! whose compares are "each new record is absent" and "each job's guard and switch are
+//! unchanged since the read". If another node changed any of them in between, the `Txn`
+//! fails as a whole, its `else` branch returns the same keys re-read, and the chunk is
+//! planned again (bounded). Nothing is ever read-then-written without the compare.
 //!
 //! **One round trip for short chunks.** A chunk of at most [`GUESS_MAX`] ticks whose jobs
 //! this instance has seen (in an earlier claim's read or commit, or its own finish) skips the
@@ -26,13 +27,15 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
 use futures_util::{stream, StreamExt as _, TryStreamExt as _};
-use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, RunId, RunState, StoreError, Tick, Trigger};
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, RunState, StoreError, Tick, Trigger};
 
-use crate::codec::{decode, encode, Guard, StoredControl, StoredRun};
+use crate::codec::{decode, encode, millis, to_lease, Guard, StoredControl, StoredRun};
 use crate::etcd::{gets, now_ms, revision, single, txn, TXN_OPS_MAX};
-use crate::{lease_secs, EtcdStore, Held};
+use crate::leases::{forget_leases, fresh_leases, lease_secs, ready_leases, refresh, Granted};
+use crate::runs::Held;
+use crate::EtcdStore;
 
 /// How many times a chunk is planned again after losing a compare to another node.
 const CHUNK_ATTEMPTS: u32 = 24;
@@ -104,6 +107,11 @@ impl Known {
         }
     }
 
+    /// Forgets every job (after an uninstall).
+    pub(crate) fn forget_all(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
     /// Remembers a guard this instance wrote at `revision` (a finish), if its job is known.
     pub(crate) fn learn_guard(&self, guard: &Guard, revision: i64) {
         let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -111,131 +119,6 @@ impl Known {
             view.guard = guard.clone();
             view.guard_rev = revision;
         }
-    }
-}
-
-/// A lease for a chunk's won runs: its id, and the instant its runs' leases count from:
-/// the client's clock just before the grant or keep-alive that made it last its full TTL
-/// was sent (etcd starts the TTL later, so `at + TTL` never outlasts the lease), or, for a
-/// keep-alive reused within [`REUSE_WINDOW`], the claim's own instant.
-type Granted = (i64, i64);
-
-/// The lease a node attaches its new runs of one TTL to, and when it was granted.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct SharedLease {
-    id: i64,
-    granted: std::time::Instant,
-    /// When the last grant or keep-alive that etcd confirmed was sent.
-    confirmed: std::time::Instant,
-}
-
-impl SharedLease {
-    /// Young enough to take new runs.
-    fn young(&self) -> bool {
-        self.granted.elapsed() < LEASE_SHARE_WINDOW
-    }
-
-    /// Confirmed so recently that a claim may attach runs to it without another keep-alive
-    /// (see [`REUSE_WINDOW`]).
-    fn reusable(&self) -> bool {
-        self.young() && self.confirmed.elapsed() < REUSE_WINDOW
-    }
-
-    /// Confirmed within half its TTL: it surely lives until a keep-alive sent now arrives,
-    /// so the keep-alive may go beside the claim's `Txn` instead of before it.
-    fn alive_for_sure(&self, ttl: i64) -> bool {
-        let half = Duration::from_millis(u64::try_from(ttl).unwrap_or(0).saturating_mul(500));
-        self.young() && self.confirmed.elapsed() < half
-    }
-}
-
-/// How long one etcd lease takes new runs. Every claim refreshes it (a keep-alive, sent
-/// beside the claim's read or `Txn`, or one confirmed within [`REUSE_WINDOW`]), so its age
-/// does not matter for safety; a new one from time to time bounds how long a run whose end
-/// could not be recorded stays alive beside its node's newer runs.
-const LEASE_SHARE_WINDOW: Duration = Duration::from_secs(10);
-
-/// A claim this soon after the last confirmed keep-alive (or grant) of the node's shared
-/// lease attaches its runs without sending another: a burst of claims (catch-ups, manual
-/// runs, one-tick claims back to back) shares one keep-alive. The run's etcd lease then
-/// counts from that keep-alive, at most this much before the claim: `lease_until` (an
-/// estimate, counted from the claim) may be up to these 5 ms late when the length is whole
-/// seconds, and the engine's own deadline (90% of the length from when the claim was sent)
-/// keeps all but these 5 ms of its margin. A keep-alive beside every one-tick claim cost
-/// ~0.2 of the claim / raw ratio (BENCHMARKS.md, 2026-11-24).
-const REUSE_WINDOW: Duration = Duration::from_millis(5);
-
-/// For each TTL in `ttls` (distinct), a lease to attach won runs to, lasting its full TTL
-/// from the returned instant on: the node's shared lease of that TTL, reused, refreshed by
-/// a keep-alive, or a new one. At most one round trip; the requests for several TTLs go at
-/// once.
-async fn fresh_leases(store: &EtcdStore, ttls: &[i64]) -> Result<HashMap<i64, Granted>, StoreError> {
-    let one = |ttl: i64| async move {
-        let cached = store.shared.lock().unwrap_or_else(|e| e.into_inner()).get(&ttl).copied();
-        if let Some(lease) = cached.filter(SharedLease::reusable) {
-            return Ok((ttl, (lease.id, now_ms())));
-        }
-        if let Some(lease) = cached.filter(SharedLease::young) {
-            if let Some(at) = keep_alive(store, ttl, lease.id).await? {
-                return Ok((ttl, (lease.id, at)));
-            }
-        }
-        let (at, sent) = (now_ms(), std::time::Instant::now());
-        let id = crate::etcd::grant(&store.client, ttl).await?;
-        let lease = SharedLease { id, granted: sent, confirmed: sent };
-        store.shared.lock().unwrap_or_else(|e| e.into_inner()).insert(ttl, lease);
-        Ok::<_, StoreError>((ttl, (id, at)))
-    };
-    futures_util::future::try_join_all(ttls.iter().map(|&ttl| one(ttl))).await.map(|v| v.into_iter().collect())
-}
-
-/// One keep-alive of the shared lease `id` of `ttl`: the client's clock just before it was
-/// sent if etcd refreshed the lease to its full TTL, `None` (and the lease forgotten) if
-/// the lease is gone.
-async fn keep_alive(store: &EtcdStore, ttl: i64, id: i64) -> Result<Option<i64>, StoreError> {
-    let (at, sent) = (now_ms(), std::time::Instant::now());
-    let alive = crate::etcd::keep_alive(&store.client, id).await?;
-    let mut shared = store.shared.lock().unwrap_or_else(|e| e.into_inner());
-    match shared.get_mut(&ttl).filter(|l| l.id == id) {
-        Some(lease) if alive => lease.confirmed = lease.confirmed.max(sent),
-        Some(_) => drop(shared.remove(&ttl)),
-        None => {}
-    }
-    Ok(alive.then_some(at))
-}
-
-/// The leases of a claim planned without a read: for each TTL in `ttls`, the node's shared
-/// lease, if each is reusable as it is or alive for sure (see [`SharedLease`]); with the
-/// ones of the latter kind, which need a keep-alive beside the `Txn`.
-fn ready_leases(store: &EtcdStore, ttls: &[i64]) -> Option<(HashMap<i64, Granted>, HashMap<i64, i64>)> {
-    let shared = store.shared.lock().unwrap_or_else(|e| e.into_inner());
-    let (mut leases, mut beside) = (HashMap::new(), HashMap::new());
-    for &ttl in ttls {
-        let lease = shared.get(&ttl)?;
-        if !lease.reusable() && !lease.alive_for_sure(ttl) {
-            return None;
-        }
-        if !lease.reusable() {
-            beside.insert(ttl, lease.id);
-        }
-        leases.insert(ttl, (lease.id, now_ms()));
-    }
-    Some((leases, beside))
-}
-
-/// Keep-alives of the leases `beside` (see [`ready_leases`]): whether etcd refreshed every
-/// one (false: one is gone, and runs attached to it may already have expired).
-async fn refresh(store: &EtcdStore, beside: &HashMap<i64, i64>) -> Result<bool, StoreError> {
-    let one = |(&ttl, &id): (&i64, &i64)| async move { keep_alive(store, ttl, id).await.map(|at| at.is_some()) };
-    let alive = futures_util::future::try_join_all(beside.iter().map(one)).await?;
-    Ok(alive.into_iter().all(|a| a))
-}
-
-/// Forgets the shared leases of `ttls` (after a failed claim: one may be gone).
-fn forget_leases(store: &EtcdStore, ttls: &[i64]) {
-    let mut shared = store.shared.lock().unwrap_or_else(|e| e.into_inner());
-    for ttl in ttls {
-        shared.remove(ttl);
     }
 }
 
@@ -431,38 +314,12 @@ async fn plan_and_commit(
         let granted: Vec<Granted> = win_ttls(chunk, &steps)?.iter().map(|t| leases[t]).collect();
         // The claim's instant: no later than any of its leases' refresh, so that every
         // `lease_until` (an estimate) ends before etcd's TTL can (but for a reused
-        // keep-alive's few milliseconds, see `REUSE_WINDOW`).
+        // keep-alive's few milliseconds, see `leases::REUSE_WINDOW`).
         let now = granted.iter().map(|(_, at)| *at).chain([now_ms()]).min().expect("now at least");
         let won: Vec<i64> = granted.iter().map(|(id, _)| *id).collect();
         let commit = Commit { store, chunk, steps: &steps, leases: &won, now };
         let request = commit.txn(&before, &after, &depends).or_else(ops.clone());
-        let resp = match beside.take() {
-            Some(beside) => {
-                let (resp, refreshed) = tokio::join!(txn(&store.client, "a claim", request), refresh(store, &beside));
-                let resp = resp?;
-                // No run is reported won before etcd confirmed its lease's keep-alive (sent
-                // after the instant its `lease_until` counts from). A `Txn` that wrote runs
-                // cannot be undone, so a keep-alive lost in transit is sent once more rather
-                // than leaving them unrun until recovered.
-                let refreshed = match refreshed {
-                    Err(_) if resp.succeeded() => refresh(store, &beside).await,
-                    other => other,
-                };
-                match (resp.succeeded(), refreshed) {
-                    (_, Ok(true)) => {}
-                    (true, Ok(false)) => {
-                        return Err(StoreError::Unavailable(
-                            "the node's etcd lease expired while claiming; try again".into(),
-                        ))
-                    }
-                    (true, Err(e)) => return Err(e),
-                    // Nothing was written: plan again on leases made sure of.
-                    (false, _) => leases = fresh_leases(store, ttls).await?,
-                }
-                resp
-            }
-            None => txn(&store.client, "a claim", request).await?,
-        };
+        let resp = send(store, request, beside.take(), ttls, &mut leases).await?;
         if resp.succeeded() {
             let revision = revision(&resp)?;
             store.known.learn_jobs(depends.iter().map(|job| {
@@ -483,6 +340,39 @@ async fn plan_and_commit(
     Err(StoreError::Unavailable(format!(
         "claim lost {CHUNK_ATTEMPTS} compare-and-swaps in a row to other nodes; try again"
     )))
+}
+
+/// Sends a chunk's `Txn`, with the keep-alives of the leases `beside` (see
+/// [`ready_leases`]) at the same time, if any. When the `Txn` failed (nothing written),
+/// `leases` are made sure of again for the next plan.
+async fn send(
+    store: &EtcdStore,
+    request: Txn,
+    beside: Option<HashMap<i64, i64>>,
+    ttls: &[i64],
+    leases: &mut HashMap<i64, Granted>,
+) -> Result<TxnResponse, StoreError> {
+    let Some(beside) = beside else { return txn(&store.client, "a claim", request).await };
+    let (resp, refreshed) = tokio::join!(txn(&store.client, "a claim", request), refresh(store, &beside));
+    let resp = resp?;
+    // No run is reported won before etcd confirmed its lease's keep-alive (sent after the
+    // instant its `lease_until` counts from). A `Txn` that wrote runs cannot be undone, so a
+    // keep-alive lost in transit is sent once more rather than leaving them unrun until
+    // recovered.
+    let refreshed = match refreshed {
+        Err(_) if resp.succeeded() => refresh(store, &beside).await,
+        other => other,
+    };
+    match (resp.succeeded(), refreshed) {
+        (_, Ok(true)) => {}
+        (true, Ok(false)) => {
+            return Err(StoreError::Unavailable("the node's etcd lease expired while claiming; try again".into()))
+        }
+        (true, Err(e)) => return Err(e),
+        // Nothing was written: plan again on leases made sure of.
+        (false, _) => *leases = fresh_leases(store, ttls).await?,
+    }
+    Ok(resp)
 }
 
 /// The distinct lease TTLs (whole seconds) of the chunk's requests that may win a run.
@@ -618,21 +508,4 @@ impl Commit<'_> {
         }
         Ok(outcomes)
     }
-}
-
-/// A duration in milliseconds, saturated.
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// The lease a running record stands for.
-pub(crate) fn to_lease(record: &StoredRun) -> Result<Lease, StoreError> {
-    let r = record.to_record()?;
-    Ok(Lease {
-        run: r.id,
-        owner: r.node,
-        fencing_token: r.fencing_token.ok_or_else(|| StoreError::Invalid("a running record has no token".into()))?,
-        claimed_at: r.claimed_at,
-        lease_until: r.lease_until.ok_or_else(|| StoreError::Invalid("a running record has no lease".into()))?,
-    })
 }

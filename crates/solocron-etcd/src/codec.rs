@@ -1,10 +1,12 @@
 //! The values stored under the keys of [`crate::keys`], as JSON, and their conversions to
 //! the vocabulary of `solocron_core`. Instants are integer milliseconds since the epoch.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use solocron_core::{JobControl, Registration, RunId, RunRecord, RunState, Tick, Trigger};
+use solocron_core::{JobControl, Lease, Registration, RunId, RunRecord, RunState, Tick, Trigger};
 
 use crate::StoreError;
 
@@ -210,4 +212,21 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 /// A stored value read back; `what` names it in the error.
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Invalid(format!("unreadable {what}: {e}")))
+}
+
+/// A duration in milliseconds, saturated.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The lease a running record stands for.
+pub(crate) fn to_lease(record: &StoredRun) -> Result<Lease, StoreError> {
+    let r = record.to_record()?;
+    Ok(Lease {
+        run: r.id,
+        owner: r.node,
+        fencing_token: r.fencing_token.ok_or_else(|| StoreError::Invalid("a running record has no token".into()))?,
+        claimed_at: r.claimed_at,
+        lease_until: r.lease_until.ok_or_else(|| StoreError::Invalid("a running record has no lease".into()))?,
+    })
 }

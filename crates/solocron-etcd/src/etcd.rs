@@ -1,10 +1,13 @@
-//! Thin helpers over `etcd-client`: error mapping, bounded calls, transactions and leases.
+//! Thin helpers over `etcd-client`: bounded calls (retried where that is safe), transactions,
+//! range reads in pages, and the lease primitives (grant, keep-alive, revoke).
 
 use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, GetResponse, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use solocron_core::StoreError;
+
+use crate::error::{etcd_err, never_sent, transient};
 
 /// etcd's default `--max-txn-ops`: most compares, and most operations per branch, that one
 /// `Txn` may carry. Every transaction of this crate stays within it.
@@ -20,44 +23,12 @@ pub(crate) fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-/// Maps an etcd client error: what a retry may cure (transport, unavailable member, no
-/// leader, deadline, overload) is `Unavailable`; the rest is `Invalid`.
-pub(crate) fn etcd_err(e: etcd_client::Error) -> StoreError {
-    if transient(&e) {
-        StoreError::Unavailable(format!("etcd: {e}"))
-    } else {
-        StoreError::Invalid(format!("etcd: {e}"))
-    }
-}
-
-/// Whether a retry may cure `e` (see [`etcd_err`]).
-fn transient(e: &etcd_client::Error) -> bool {
-    use etcd_client::Error as E;
-    // gRPC codes: CANCELLED 1, UNKNOWN 2 (tonic's transport failures), DEADLINE_EXCEEDED 4,
-    // RESOURCE_EXHAUSTED 8 ("too many requests"), ABORTED 10, UNAVAILABLE 14.
-    const TRANSIENT: [i32; 6] = [1, 2, 4, 8, 10, 14];
-    match e {
-        // The keep-alive stream closing unanswered is the connection dropping.
-        E::TransportError(_) | E::IoError(_) | E::WatchError(_) => true,
-        E::GRpcStatus(status) => TRANSIENT.contains(&(status.code() as i32)),
-        _ => false,
-    }
-}
-
 /// How many more times a call that never reached a member is sent again. The client
 /// balances calls over the endpoints, dead ones included: with one member of three down,
 /// about a third of calls fail to connect, and each such call can safely go again (it was
 /// never sent), likely to a live member. A refused connection fails at once, so many tries
 /// cost little; with 4, one call in ~250 still failed with one member of three down.
 const UNSENT_RETRIES: u32 = 16;
-
-/// Whether a call failed before reaching any member (connection refused or unreachable).
-fn never_sent(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(status) => status.message().contains("connect error"),
-        _ => false,
-    }
-}
 
 /// Runs one call to etcd within [`CALL_TIMEOUT`], sending it again (to any endpoint) while
 /// it did not reach a member. `call` gets a client of its own for each try.

@@ -80,7 +80,7 @@ fn parse_run_suffix(suffix: &str) -> Result<RunId, StoreError> {
 }
 
 impl Keys {
-    /// Keys under `prefix` (already validated).
+    /// Keys under `prefix`, a [`Prefix`](solocron_core::Prefix)'s etcd spelling (`/name/`).
     pub(crate) fn new(prefix: &str) -> Keys {
         Keys { prefix: prefix.to_owned() }
     }

@@ -1,8 +1,10 @@
 //! # solocron-etcd
 //!
 //! The etcd [`Store`] of solocron (etcd v3 API, 3.4 or later), for a fleet of hosts that
-//! already runs etcd. Everything lives under one key prefix (default
-//! [`DEFAULT_KEY_PREFIX`]), so solocron can share a cluster with other applications.
+//! already runs etcd. Everything lives under one key prefix, the store's [`Prefix`] spelt
+//! `/name/` ([`Prefix::etcd_key_prefix`]; `/solocron/` by default), so solocron can share a
+//! cluster with other applications and other fleets. [`Store::uninstall`] deletes that
+//! prefix's range and nothing else.
 //!
 //! ## What etcd guarantees, and what this store builds on it
 //!
@@ -109,12 +111,12 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Store, Tick, Trigger};
-//! use solocron_etcd::{EtcdStore, DEFAULT_KEY_PREFIX};
+//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+//! use solocron_etcd::EtcdStore;
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = EtcdStore::connect("etcd://10.0.0.1:2379,10.0.0.2:2379", DEFAULT_KEY_PREFIX).await?;
+//! let store = EtcdStore::connect("etcd://10.0.0.1:2379,10.0.0.2:2379", &Prefix::default()).await?;
 //! store.migrate().await?;
 //!
 //! let request = ClaimRequest {
@@ -131,14 +133,34 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! ## Code map
+//!
+//! - `lib.rs`: the store type, [`EtcdStore::connect`], and the [`Store`] impl, which only
+//!   delegates to the files below.
+//! - `url.rs`: the `etcd://` URL into endpoints and credentials; what is shown of it.
+//! - `schema.rs`: `migrate` (the layout version) and `uninstall`.
+//! - `claim.rs`: the claim, in chunks of one `Txn` each. Nothing else claims.
+//! - `leases.rs`: the node's shared etcd leases that claims attach runs to.
+//! - `runs.rs`: a held run's life: renew, finish, expired, recover, unlock.
+//! - `admin.rs`: history, now, registry, pause switches, manual requests, prune.
+//! - `watch.rs`: the request watch (an etcd watch).
+//! - `error.rs`: etcd client errors as [`StoreError`]s.
+//! - `keys.rs`: the key layout; `codec.rs`: the stored values (JSON).
+//! - `etcd.rs`: bounded calls, transactions, paged reads and lease primitives.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod admin;
 mod claim;
 mod codec;
+mod error;
 mod etcd;
 mod keys;
+mod leases;
 mod runs;
+mod schema;
+mod url;
 mod watch;
 
 use std::collections::HashMap;
@@ -150,31 +172,28 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use etcd_client::{Client, ConnectOptions};
 use solocron_core::{
-    ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
-    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, Prefix, RecoverAction,
+    RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
 
 pub use admin::HISTORY_SCAN_MAX;
 pub use etcd::TXN_OPS_MAX;
 
-use codec::StoredRun;
+use error::in_context;
 use keys::Keys;
-
-/// The key prefix used when none is configured.
-pub const DEFAULT_KEY_PREFIX: &str = "/solocron/";
+use runs::Held;
 
 /// How long connecting (and the first request, which checks the cluster answers) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often the client pings an idle connection, and how long it waits for the answer
+/// before it counts the connection as broken.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How late etcd may see a lease run out: its leader revokes expired leases in a scan
 /// every 500 ms.
 const EXPIRY_LAG: Duration = Duration::from_millis(500);
-
-/// Longest lease etcd grants: 9,000,000,000 s (its `MaxLeaseTTL`).
-const LEASE_SECS_MAX: i64 = 9_000_000_000;
-
-/// Most runs whose lease this store remembers between renewals; beyond, it forgets them all
-/// (renewals then read first). Only the engine's own running runs are remembered.
-const HELD_MAX: usize = 100_000;
 
 /// A [`Store`] kept in etcd under a key prefix.
 ///
@@ -188,63 +207,47 @@ const HELD_MAX: usize = 100_000;
 pub struct EtcdStore {
     client: Client,
     keys: Keys,
-    /// `host:port` of each endpoint, for [`Store::describe`].
-    hosts: Vec<String>,
-    user: Option<String>,
+    /// The URL without its password, and the key prefix: safe to log.
+    description: String,
     /// Runs this instance claimed or renewed, as last written: lets a renewal skip a read.
     held: Mutex<HashMap<RunId, Held>>,
-    /// The etcd lease new runs of each TTL are attached to (see `claim`).
-    shared: Mutex<HashMap<i64, claim::SharedLease>>,
+    /// The etcd lease new runs of each TTL are attached to (see `leases`).
+    shared: Mutex<HashMap<i64, leases::SharedLease>>,
     /// Jobs' guards and switches as last seen: lets a short claim skip its read.
     known: claim::Known,
 }
 
-/// A running record as this store last wrote it, at `revision`.
-#[derive(Debug, Clone)]
-struct Held {
-    record: StoredRun,
-    revision: i64,
-}
-
 impl fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdStore").field("target", &self.describe_target()).finish_non_exhaustive()
+        f.debug_struct("EtcdStore").field("target", &self.description).finish_non_exhaustive()
     }
-}
-
-/// Where to connect, parsed from an `etcd://` URL.
-#[derive(Debug, PartialEq)]
-struct Target {
-    hosts: Vec<String>,
-    user: Option<(String, String)>,
 }
 
 impl EtcdStore {
     /// Connects to the etcd cluster at `url`, `etcd://host:port[,host:port...]` with an
-    /// optional `user:password@` (percent-encoded), keeping every key under `key_prefix`
-    /// (ASCII letters, digits and `_-./`, ending with `/`, at most 128 bytes; usually
-    /// [`DEFAULT_KEY_PREFIX`]). Checks that the cluster answers a linearizable read within
-    /// 5 s. Does not write anything: call [`Store::migrate`].
+    /// optional `user:password@` (percent-encoded), keeping every key under `prefix`
+    /// (`/name/...`, see [`Prefix::etcd_key_prefix`]). Checks that the cluster answers a
+    /// linearizable read within 5 s. Does not write anything: call [`Store::migrate`].
     ///
-    /// Fails with [`StoreError::Invalid`] for a malformed URL or prefix, and with
-    /// [`StoreError::Unavailable`] if the cluster cannot be reached or has no leader.
-    pub async fn connect(url: &str, key_prefix: &str) -> Result<EtcdStore, StoreError> {
-        let target = parse_url(url)?;
-        validate_prefix(key_prefix)?;
+    /// Fails with [`StoreError::Invalid`] for a malformed URL, and with
+    /// [`StoreError::Unavailable`] if the cluster cannot be reached or has no leader. No
+    /// error shows the URL's password.
+    pub async fn connect(url: &str, prefix: &Prefix) -> Result<EtcdStore, StoreError> {
+        let target = url::parse_url(url)?;
+        let key_prefix = prefix.etcd_key_prefix();
         let endpoints: Vec<String> = target.hosts.iter().map(|h| format!("http://{h}")).collect();
         let mut options = ConnectOptions::new()
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_timeout(etcd::CALL_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT)
             // A member cut off from the quorum refuses at once instead of waiting.
             .with_require_leader(true);
         if let Some((user, password)) = &target.user {
             options = options.with_user(user, password).with_auto_token_refresh(true);
         }
         let store = EtcdStore {
-            hosts: target.hosts.clone(),
-            user: target.user.as_ref().map(|(user, _)| user.clone()),
-            keys: Keys::new(key_prefix),
+            keys: Keys::new(&key_prefix),
+            description: url::description(url, &key_prefix),
             client: connect_client(&endpoints, options).await?,
             held: Mutex::new(HashMap::new()),
             shared: Mutex::new(HashMap::new()),
@@ -255,31 +258,8 @@ impl EtcdStore {
         let probe = etcd_client::GetOptions::new().with_count_only();
         etcd::range(&store.client, "a first read", &store.keys.schema(), probe)
             .await
-            .map_err(|e| in_context(e, &store.describe_target()))?;
+            .map_err(|e| in_context(e, &store.description))?;
         Ok(store)
-    }
-
-    /// `etcd://[user:***@]hosts (key prefix ...)`: safe to log.
-    fn describe_target(&self) -> String {
-        let user = self.user.as_ref().map(|u| format!("{u}:***@")).unwrap_or_default();
-        format!("etcd://{user}{} (key prefix {})", self.hosts.join(","), self.keys.prefix())
-    }
-
-    fn remember(&self, held: Held) {
-        let Ok(id) = held.record.id() else { return };
-        let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= HELD_MAX {
-            map.clear();
-        }
-        map.insert(id, held);
-    }
-
-    fn recall(&self, run: &RunId) -> Option<Held> {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).get(run).cloned()
-    }
-
-    fn forget(&self, run: &RunId) {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(run);
     }
 }
 
@@ -288,92 +268,23 @@ async fn connect_client(endpoints: &[String], options: ConnectOptions) -> Result
     let hosts = endpoints.join(",");
     match tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(endpoints, Some(options))).await {
         Ok(Ok(client)) => Ok(client),
-        Ok(Err(e)) => Err(in_context(etcd::etcd_err(e), &format!("cannot connect to etcd at {hosts}"))),
+        Ok(Err(e)) => Err(in_context(error::etcd_err(e), &format!("cannot connect to etcd at {hosts}"))),
         Err(_) => Err(StoreError::Unavailable(format!("etcd at {hosts} did not answer within {CONNECT_TIMEOUT:?}"))),
     }
-}
-
-/// The same error, its message prefixed with `context`.
-fn in_context(e: StoreError, context: &str) -> StoreError {
-    match e {
-        StoreError::Unavailable(m) => StoreError::Unavailable(format!("{context}: {m}")),
-        StoreError::Invalid(m) => StoreError::Invalid(format!("{context}: {m}")),
-    }
-}
-
-/// A lease length as etcd's TTL: whole seconds, rounded up (at least 1).
-fn lease_secs(length: Duration) -> Result<i64, StoreError> {
-    let secs = length.as_secs() + u64::from(length.subsec_nanos() > 0);
-    i64::try_from(secs.max(1))
-        .ok()
-        .filter(|s| *s <= LEASE_SECS_MAX)
-        .ok_or_else(|| StoreError::Invalid(format!("lease of {length:?} is longer than etcd grants")))
-}
-
-/// Decodes `%XX` escapes (for credentials in the URL).
-fn percent_decode(s: &str) -> Result<String, StoreError> {
-    let bad = || StoreError::Invalid("bad percent-encoding in the etcd URL's credentials".into());
-    let mut out = Vec::with_capacity(s.len());
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
-        if b == b'%' {
-            let hex = [bytes.next().ok_or_else(bad)?, bytes.next().ok_or_else(bad)?];
-            let hex = std::str::from_utf8(&hex).map_err(|_| bad())?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
-        } else {
-            out.push(b);
-        }
-    }
-    String::from_utf8(out).map_err(|_| bad())
-}
-
-/// Parses `etcd://[user[:password]@]host:port[,host:port...][/]`.
-fn parse_url(url: &str) -> Result<Target, StoreError> {
-    let invalid = |why: &str| StoreError::Invalid(format!("{why}; expected etcd://host:port[,host:port...]"));
-    let rest = url.strip_prefix("etcd://").ok_or_else(|| invalid("not an etcd URL"))?;
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.contains(['/', '?', '#']) {
-        return Err(invalid("an etcd URL takes no path or query (the key prefix is configured apart)"));
-    }
-    let (user, hosts) = match rest.rsplit_once('@') {
-        Some((credentials, hosts)) => {
-            let (user, password) = credentials.split_once(':').unwrap_or((credentials, ""));
-            (Some((percent_decode(user)?, percent_decode(password)?)), hosts)
-        }
-        None => (None, rest),
-    };
-    let hosts: Vec<String> = hosts.split(',').map(str::trim).map(str::to_owned).collect();
-    for host in &hosts {
-        let port = host.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
-        if !matches!(port, Some((h, Ok(_))) if !h.is_empty()) {
-            return Err(StoreError::Invalid(format!(
-                "etcd endpoint `{host}` is not host:port; expected etcd://host:port[,host:port...]"
-            )));
-        }
-    }
-    Ok(Target { hosts, user })
-}
-
-/// Checks a key prefix: ASCII letters, digits and `_-./`, ending with `/` (so that no other
-/// prefix's keys fall in its ranges), 1 to 128 bytes.
-fn validate_prefix(prefix: &str) -> Result<(), StoreError> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || "_-./".contains(c);
-    if prefix.is_empty() || prefix.len() > 128 || !prefix.ends_with('/') || !prefix.chars().all(allowed) {
-        return Err(StoreError::Invalid(format!(
-            "bad etcd key prefix `{prefix}`: use ASCII letters, digits and _-./, end with /, at most 128 bytes (like {DEFAULT_KEY_PREFIX})"
-        )));
-    }
-    Ok(())
 }
 
 #[async_trait]
 impl Store for EtcdStore {
     fn describe(&self) -> String {
-        self.describe_target()
+        self.description.clone()
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        admin::migrate(self).await
+        schema::migrate(self).await
+    }
+
+    async fn uninstall(&self) -> Result<(), StoreError> {
+        schema::uninstall(self).await
     }
 
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
@@ -411,7 +322,7 @@ impl Store for EtcdStore {
     /// The client's clock: etcd has none to offer (see the crate docs). Nothing that decides
     /// who holds a run depends on it.
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        Ok(Utc::now())
+        Ok(admin::now())
     }
 
     async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
@@ -439,7 +350,7 @@ impl Store for EtcdStore {
     }
 
     fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
-        Some(Box::new(watch::EtcdRequestWatch::new(self.client.clone(), self.keys.family("request"))))
+        Some(watch::watch(self))
     }
 
     async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
@@ -452,40 +363,5 @@ impl Store for EtcdStore {
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
         admin::prune(self, older_than, batch).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_name_hosts_and_optional_credentials() {
-        let t = parse_url("etcd://a:2379,b:2380/").unwrap();
-        assert_eq!((t.hosts, t.user), (vec!["a:2379".to_owned(), "b:2380".to_owned()], None));
-        let t = parse_url("etcd://root:p%40ss@127.0.0.1:2379").unwrap();
-        assert_eq!(t.user, Some(("root".into(), "p@ss".into())));
-        for bad in ["http://a:2379", "etcd://a", "etcd://a:x", "etcd://a:1/prefix", "etcd://:1", "etcd://a:1,"] {
-            assert!(matches!(parse_url(bad), Err(StoreError::Invalid(_))), "{bad}");
-        }
-    }
-
-    #[test]
-    fn prefixes_must_be_plain_and_end_with_a_slash() {
-        for good in [DEFAULT_KEY_PREFIX, "/", "app/solocron-1/", "/a.b_c/"] {
-            assert!(validate_prefix(good).is_ok(), "{good}");
-        }
-        for bad in ["", "/solocron", "/so locron/", "/é/", &format!("/{}/", "x".repeat(200))] {
-            assert!(validate_prefix(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn lease_lengths_round_up_to_whole_seconds() {
-        assert_eq!(lease_secs(Duration::from_millis(1)).unwrap(), 1);
-        assert_eq!(lease_secs(Duration::from_millis(800)).unwrap(), 1);
-        assert_eq!(lease_secs(Duration::from_millis(1001)).unwrap(), 2);
-        assert_eq!(lease_secs(Duration::from_secs(30)).unwrap(), 30);
-        assert!(lease_secs(Duration::from_secs(u64::MAX)).is_err());
     }
 }

@@ -13,11 +13,50 @@ use solocron_core::{
     Trigger, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 
-use crate::claim::{millis, to_lease};
-use crate::codec::{decode, encode, Guard, StoredRun};
+use crate::codec::{decode, encode, millis, to_lease, Guard, StoredRun};
 use crate::etcd::{get, gets, keep_alive, now_ms, range_all, read, revision, revoke_quietly, single, txn, TXN_OPS_MAX};
 use crate::keys::prefix_end;
-use crate::{lease_secs, EtcdStore, Held};
+use crate::leases::lease_secs;
+use crate::EtcdStore;
+
+/// Most runs whose lease a store instance remembers between renewals; beyond, it forgets
+/// them all (renewals then read first). Only the engine's own running runs are remembered.
+const HELD_MAX: usize = 100_000;
+
+/// A running record as this store instance last wrote it, at `revision`: lets a renewal
+/// skip a read.
+#[derive(Debug, Clone)]
+pub(crate) struct Held {
+    pub record: StoredRun,
+    pub revision: i64,
+}
+
+impl EtcdStore {
+    /// Remembers a run this instance claimed or renewed.
+    pub(crate) fn remember(&self, held: Held) {
+        let Ok(id) = held.record.id() else { return };
+        let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= HELD_MAX {
+            map.clear();
+        }
+        map.insert(id, held);
+    }
+
+    fn recall(&self, run: &RunId) -> Option<Held> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).get(run).cloned()
+    }
+
+    fn forget(&self, run: &RunId) {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(run);
+    }
+
+    /// Forgets every run, job and shared lease this instance remembers (after an uninstall).
+    pub(crate) fn forget_all(&self) {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.shared.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.known.forget_all();
+    }
+}
 
 /// How many times a write is decided again after losing a compare to another node.
 const CAS_ATTEMPTS: u32 = 16;

@@ -71,3 +71,8 @@ impl RequestWatch for EtcdRequestWatch {
         self.stream = None;
     }
 }
+
+/// The store's request watch: an etcd watch on its prefix's request keys.
+pub(crate) fn watch(store: &crate::EtcdStore) -> Box<dyn RequestWatch> {
+    Box::new(EtcdRequestWatch::new(store.client.clone(), store.keys.family("request")))
+}

@@ -9,7 +9,7 @@ use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, Store, StoreError, Tick, Trigger};
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, Prefix, Store, StoreError, Tick, Trigger};
 use solocron_etcd::EtcdStore;
 
 fn tick(minute: u32) -> Tick {
@@ -87,9 +87,11 @@ async fn the_store_keeps_its_guarantees_when_the_leader_dies() {
     };
     let hosts = members.iter().map(common::Member::client_addr).collect::<Vec<_>>().join(",");
     let url = format!("etcd://{hosts}");
+    // The cluster is this test's own: any prefix will do.
+    let cluster_prefix = Prefix::parse("solocron_cluster").expect("a valid prefix");
     let mut stores = Vec::new();
     for _ in 0..4 {
-        stores.push(Arc::new(EtcdStore::connect(&url, "/solocron-cluster/").await.expect("connect")));
+        stores.push(Arc::new(EtcdStore::connect(&url, &cluster_prefix).await.expect("connect")));
     }
     stores[0].migrate().await.expect("migrate");
     let batch: Vec<ClaimRequest> = (0..5).map(|m| run(m, "a")).collect();

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use solocron_core::{
-    ClaimMode, ClaimOutcome, ClaimRequest, Lease, RecoverAction, RecoverOutcome, RunEnd, RunState, Store, StoreError,
-    Tick, Trigger,
+    ClaimMode, ClaimOutcome, ClaimRequest, Lease, Prefix, RecoverAction, RecoverOutcome, RunEnd, RunState, Store,
+    StoreError, Tick, Trigger,
 };
 use solocron_etcd::EtcdStore;
 use tokio::sync::Barrier;
@@ -266,11 +266,14 @@ async fn only_the_owner_renews_and_finishes() {
 async fn an_unreachable_cluster_is_unavailable_and_credentials_are_masked() {
     let started = Instant::now();
     let port = common::free_ports(1)[0];
-    let err = EtcdStore::connect(&format!("etcd://root:secret@127.0.0.1:{port}"), "/solocron/").await.unwrap_err();
+    let url = format!("etcd://root:secret@127.0.0.1:{port}");
+    let err = EtcdStore::connect(&url, &Prefix::default()).await.unwrap_err();
     assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
     assert!(!err.to_string().contains("secret"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(8), "took {:?}", started.elapsed());
-    let err = EtcdStore::connect("etcd://127.0.0.1:2379", "no-slash").await.unwrap_err();
+    // A bad prefix cannot reach the store: the one rule refuses it first.
+    assert!(Prefix::parse("no-slash").is_err());
+    let err = EtcdStore::connect("etcd://127.0.0.1", &Prefix::default()).await.unwrap_err();
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");
 
     let Some(ns) = common::Namespace::new().await else { return };
@@ -319,4 +322,78 @@ async fn a_claim_from_stale_memory_still_sees_the_other_instances_changes() {
     assert!(a.finish(&third, &succeeded()).await.unwrap());
     won(&b, skip_if_running(tick("job", 5), "b")).await;
     assert_eq!(a.claim(&[skip_if_running(tick("job", 5), "a")]).await.unwrap(), vec![ClaimOutcome::Taken]);
+}
+
+/// Every key under `prefix` (keys only), read behind the store's back.
+async fn keys_under(url: &str, prefix: &str) -> Vec<String> {
+    let mut client = common::client(url).await.expect("connect");
+    let options = etcd_client::GetOptions::new().with_prefix().with_keys_only();
+    let resp = client.get(prefix, Some(options)).await.expect("get");
+    let mut keys: Vec<String> = resp.kvs().iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect();
+    keys.sort();
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn uninstall_removes_every_key_of_its_prefix_and_leaves_other_prefixes_alone() {
+    let (Some(gone), Some(kept)) = (common::Namespace::new().await, common::Namespace::new().await) else { return };
+    let mut stores = Vec::new();
+    for ns in [&gone, &kept] {
+        let store = ns.migrated().await;
+        let lease = won(&store, run(tick("backup", 0), "a", Duration::from_secs(60))).await;
+        assert!(store.renew(&lease, Duration::from_secs(60)).await.expect("renew"));
+        store.set_paused("backup", true, "ops", None).await.expect("pause");
+        store.request_run("report", "ops").await.expect("request");
+        let definition = solocron_core::JobDefinition {
+            job: "backup".into(),
+            schedule: "* * * * *".into(),
+            timezone: "UTC".into(),
+            definition_hash: "h".into(),
+            summary: String::new(),
+        };
+        store.register("a", &[definition]).await.expect("register");
+        stores.push(store);
+    }
+    let kept_keys = keys_under(&kept.url, &kept.prefix.etcd_key_prefix()).await;
+    assert!(!keys_under(&gone.url, &gone.prefix.etcd_key_prefix()).await.is_empty(), "the prefix holds keys");
+    assert!(!kept_keys.is_empty());
+
+    stores[0].uninstall().await.expect("uninstall");
+    assert_eq!(keys_under(&gone.url, &gone.prefix.etcd_key_prefix()).await, Vec::<String>::new(), "nothing left");
+    stores[0].uninstall().await.expect("a second uninstall finds nothing and is fine");
+    assert_eq!(keys_under(&kept.url, &kept.prefix.etcd_key_prefix()).await, kept_keys, "the other prefix is untouched");
+    assert_eq!(stores[1].history(&Default::default()).await.expect("history").len(), 1);
+    won(&stores[1], run(tick("other", 0), "a", Duration::from_secs(60))).await;
+    // The uninstalled prefix starts afresh: the instance forgot what it knew of it.
+    stores[0].migrate().await.expect("migrate again");
+    let again = won(&stores[0], run(tick("backup", 0), "a", Duration::from_secs(60))).await;
+    assert_eq!(again.fencing_token, 1, "a new history");
+}
+
+/// Neither the description nor any connect error shows a password: not for a cluster that
+/// is down, nor for a malformed URL, nor for a cluster that takes the connection.
+#[tokio::test]
+async fn no_password_shows_in_the_description_or_in_connect_errors() {
+    let secret = "s3cret-pw";
+    let port = common::free_ports(1)[0];
+    for url in [
+        format!("etcd://alice:{secret}@127.0.0.1:{port}"),
+        format!("http://alice:{secret}@127.0.0.1:{port}"),
+        format!("etcd://alice:{secret}@127.0.0.1:{port}/path"),
+        format!("etcd://alice:{secret}@127.0.0.1"),
+    ] {
+        let err = EtcdStore::connect(&url, &Prefix::default()).await.unwrap_err();
+        assert!(!err.to_string().contains(secret), "{url}: {err}");
+    }
+    let Some(ns) = common::Namespace::new().await else { return };
+    let url = ns.url.replace("etcd://", &format!("etcd://alice:{secret}@"));
+    // The test member has no authentication: the credentials are refused or ignored.
+    match EtcdStore::connect(&url, &ns.prefix).await {
+        Ok(store) => {
+            let described = store.describe();
+            assert!(described.contains("alice:***@") && !described.contains(secret), "{described}");
+            assert!(!format!("{store:?}").contains(secret));
+        }
+        Err(e) => assert!(!e.to_string().contains(secret), "{e}"),
+    }
 }

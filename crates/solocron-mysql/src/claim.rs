@@ -12,18 +12,15 @@
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
-use std::fmt::Write as _;
 
 use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, StoreError, CLAIM_BATCH_MAX};
 use solocron_sql::plan::{self, Decision, Found, StateRow, Wanted};
-use sqlx::mysql::{MySqlQueryResult, MySqlRow};
-use sqlx::pool::PoolConnection;
-use sqlx::{Executor, MySql, MySqlConnection};
 
 use crate::claim_one::claim_one;
-use crate::error::{invalid, retrying, Failure};
+use crate::error::{invalid, is_duplicate, retrying, Failure};
 use crate::records::{check_name, check_text, get, instant, millis, opt_text, placeholders, repeated, text};
 use crate::records::{token_param, TEXT_BYTES_MAX};
+use crate::text::{execute, inline, read_rows, Literal, OpenTransaction};
 use crate::MySqlStore;
 
 /// Claims `requests` in one transaction, retried on lock conflicts.
@@ -110,99 +107,6 @@ async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec
         debug_assert_eq!(written, expected, "rows written by a claim");
     }
     Ok(requests.iter().zip(decisions).map(|(r, d)| outcome(r, d, claimed_at)).collect())
-}
-
-/// A connection inside a transaction begun by hand. Dropped while still open (the claim's
-/// future cancelled, or a rollback that failed), the connection is closed rather than
-/// returned to the pool, and the server rolls the transaction back.
-pub(crate) struct OpenTransaction {
-    pub(crate) conn: PoolConnection<MySql>,
-    pub(crate) open: bool,
-}
-
-impl OpenTransaction {
-    /// Rolls back after `failure`, which it returns.
-    pub(crate) async fn roll_back(mut self, failure: Failure) -> Failure {
-        if execute(&mut self.conn, "ROLLBACK").await.is_ok() {
-            self.open = false;
-        }
-        failure
-    }
-}
-
-impl Drop for OpenTransaction {
-    fn drop(&mut self) {
-        if self.open {
-            self.conn.close_on_drop();
-        }
-    }
-}
-
-/// The rows of a multi-statement text query (a `&str` query has no arguments, so sqlx
-/// sends it as text, unprepared).
-pub(crate) async fn read_rows(conn: &mut MySqlConnection, sql: &str) -> Result<Vec<MySqlRow>, sqlx::Error> {
-    conn.fetch_all(sql).await
-}
-
-/// Runs a multi-statement text query; its rows affected, summed.
-async fn execute(conn: &mut MySqlConnection, sql: &str) -> Result<MySqlQueryResult, sqlx::Error> {
-    conn.execute(sql).await
-}
-
-/// MySQL's 1062, duplicate key.
-pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(d) if d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1062))
-}
-
-/// A value written into SQL text.
-#[derive(Clone)]
-pub(crate) enum Literal<'a> {
-    Text(&'a str),
-    Int(i64),
-    Null,
-}
-
-impl<'a> Literal<'a> {
-    /// `NULL` for `None`.
-    pub(crate) fn text_or_null(text: Option<&'a str>) -> Literal<'a> {
-        text.map_or(Literal::Null, Literal::Text)
-    }
-
-    /// `NULL` for `None`.
-    pub(crate) fn int_or_null(n: Option<i64>) -> Literal<'a> {
-        n.map_or(Literal::Null, Literal::Int)
-    }
-}
-
-/// `sql` with each `?` replaced by the next of `values`, in order (the templates here have
-/// no `?` anywhere else). Text becomes `_utf8mb4 X'…'`: hex digits cannot end the literal
-/// or escape it, whatever the text holds and whatever the server's SQL mode.
-pub(crate) fn inline(sql: &str, values: &[Literal]) -> String {
-    let mut out = String::with_capacity(sql.len() + values.len() * 24);
-    let mut values = values.iter();
-    for c in sql.chars() {
-        if c != '?' {
-            out.push(c);
-            continue;
-        }
-        // Written straight into `out` (no allocation per value or byte: a herd's batches
-        // hold thousands of them).
-        match values.next().expect("a value for every placeholder") {
-            Literal::Int(n) => write!(out, "{n}").expect("writing to a String"),
-            Literal::Null => out.push_str("NULL"),
-            Literal::Text(t) => {
-                const HEX: &[u8; 16] = b"0123456789ABCDEF";
-                out.push_str("_utf8mb4 X'");
-                for b in t.bytes() {
-                    out.push(char::from(HEX[usize::from(b >> 4)]));
-                    out.push(char::from(HEX[usize::from(b & 0xF)]));
-                }
-                out.push('\'');
-            }
-        }
-    }
-    assert!(values.next().is_none(), "more values than placeholders");
-    out
 }
 
 /// The batch's distinct jobs, in the order the server sorts them in the fences' primary
@@ -401,13 +305,6 @@ mod tests {
         let requests: Vec<_> = ["b", "a\t", "a", "B", "b"].iter().map(|j| request(j)).collect();
         // PAD SPACE: "a" is "a " to the server, after "a\t".
         assert_eq!(sorted_jobs(&requests), vec!["B", "a\t", "a", "b"]);
-    }
-
-    #[test]
-    fn values_are_written_in_as_numbers_and_hex_text() {
-        let sql =
-            inline("INSERT INTO t VALUES (?, ?, '', ?)", &[Literal::Text("a'\\?é"), Literal::Int(-42), Literal::Null]);
-        assert_eq!(sql, "INSERT INTO t VALUES (_utf8mb4 X'61275C3FC3A9', -42, '', NULL)");
     }
 
     #[test]

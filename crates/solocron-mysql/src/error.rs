@@ -122,6 +122,11 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(5 * u64::from(attempt) + jitter_ms)
 }
 
+/// MySQL's 1062, duplicate key.
+pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1062))
+}
+
 /// A decoding or consistency error.
 pub(crate) fn invalid(message: impl Into<String>) -> Failure {
     Failure::Store(StoreError::Invalid(message.into()))

@@ -1,8 +1,8 @@
 //! # solocron-mysql
 //!
 //! A [`Store`] in a MySQL 8 or MariaDB 10.6+ database, shared by any number of hosts: every
-//! node of a fleet connects to the same database (and table prefix), and each tick runs
-//! exactly once among all of them.
+//! node of a fleet connects to the same database (and prefix), and each tick runs exactly
+//! once among all of them.
 //!
 //! ## What this store guarantees
 //!
@@ -16,7 +16,7 @@
 //!   claim with it) if the record exists, so one claimer wins and every other one reads
 //!   `Taken`.
 //! - **Claims of one job are serialized** by an exclusive row lock on the job's fencing
-//!   counter (`{prefix}fences`), taken before anything about the job is read; a batch locks
+//!   counter (`{p}fences`), taken before anything about the job is read; a batch locks
 //!   its jobs in sorted order, so concurrent batches do not deadlock on them. Every writer
 //!   that creates a `running` row or an attempt-1 row (claim, recovery by retry) takes that
 //!   lock first, so what a claim reads after taking it cannot change before it commits.
@@ -33,7 +33,7 @@
 //! ## The claim, in round trips
 //!
 //! A claim of **one tick** (the common case: a job's own schedule) is **one round trip**, a
-//! prepared `CALL {prefix}claim_one(...)`: a stored procedure (schema version 2, so the
+//! prepared `CALL {p}claim_one(...)`: a stored procedure (schema version 2, so the
 //! database user needs `CREATE ROUTINE`, `ALTER ROUTINE` and `EXECUTE`) that takes the
 //! job's fence lock, decides and writes as described below for a batch of one, and
 //! commits (see `claim_one.rs`).
@@ -96,10 +96,10 @@
 //!   `backup`). `utf8mb4_bin` pads with spaces on both servers (`'a' = 'a '`), hence the
 //!   refusal of trailing spaces. Key columns are `VARCHAR(191)`: 764 bytes, within the
 //!   767-byte index limit of old row formats and the 3072-byte limit of `DYNAMIC`.
-//! - **DDL auto-commits**, so [`Store::migrate`] serializes on `GET_LOCK('<prefix>migrate',
-//!   30)` (named after the prefix only: namesakes in other databases of the same server
-//!   merely take turns) and creates each table with its indexes in one `CREATE TABLE IF NOT
-//!   EXISTS`, writing the version row last.
+//! - **DDL auto-commits**, so [`Store::migrate`] serializes on `GET_LOCK('{p}migrate', 30)`
+//!   (named after the prefix only: namesakes in other databases of the same server merely
+//!   take turns) and creates each table with its indexes in one `CREATE TABLE IF NOT
+//!   EXISTS`, writing the version row last. [`Store::uninstall`] takes the same lock.
 //! - **`ON DUPLICATE KEY UPDATE col = VALUES(col)`** is deprecated in MySQL 8.0.20 and the
 //!   replacement (`AS new`) does not exist in MariaDB; upserts here use `INSERT ... SELECT
 //!   ... FROM (derived table) v ON DUPLICATE KEY UPDATE col = v.col` or bind values twice.
@@ -128,16 +128,44 @@
 //! - Only MariaDB 10.11 was tested here; the MySQL 8 statements were chosen from its
 //!   documentation (every statement sticks to syntax both servers share).
 //!
+//! ## Layout
+//!
+//! Everything is named from a [`Prefix`] (`solocron` by default, so tables `solocron_runs`,
+//! ...), which lets solocron live in an application's own database, and several fleets in
+//! one: tables `{p}runs` (every attempt of every tick), `{p}fences` (per-job fencing
+//! counters, also the claim's per-job locks), `{p}jobs` (pauses), `{p}registry` (which node
+//! runs which job), `{p}requests` (manual run requests) and `{p}schema` (the version); the
+//! stored procedure `{p}claim_one`; the named lock `{p}migrate`. [`Store::migrate`] creates
+//! them; [`Store::uninstall`] drops them.
+//!
+//! ## Code map
+//!
+//! - `lib.rs`: the store type, [`MySqlStore::connect`] (with each session's settings) and
+//!   the [`Store`] impl, which only delegates to the files below.
+//! - `url.rs`: the URL into connection options.
+//! - `schema.rs`: the tables, the stored procedure, their versions, `migrate` and
+//!   `uninstall`.
+//! - `claim.rs`: the claim of a batch, in 2 round trips.
+//! - `claim_one.rs`: the claim of one tick, one `CALL {p}claim_one`.
+//! - `runs.rs`: a held run after its claim: renew, finish (one or a batch), expiry, recovery.
+//! - `admin.rs`: what operators and housekeeping read and change: history, the clock,
+//!   registrations, pauses, manual requests, unlock, prune.
+//! - `text.rs`: statements sent as SQL text: values written in as literals, multi-statement
+//!   queries, transactions begun and ended by hand.
+//! - `records.rs`: rows decoded into the core's types, and values checked on their way in.
+//! - `error.rs`: MySQL errors as [`StoreError`]s, and the bounded retry of lost lock
+//!   conflicts.
+//!
 //! ```no_run
 //! use std::time::Duration;
-//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Store, Tick, Trigger};
-//! use solocron_mysql::{MySqlStore, DEFAULT_TABLE_PREFIX};
+//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+//! use solocron_mysql::MySqlStore;
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = MySqlStore::connect("mysql://cron:secret@db.internal:3306/app", DEFAULT_TABLE_PREFIX).await?;
+//! let store = MySqlStore::connect("mysql://cron:secret@db.internal:3306/app", &Prefix::default()).await?;
 //! store.migrate().await?;
-//! println!("using {}", store.describe()); // mysql://cron:***@db.internal:3306/app (prefix solocron_)
+//! println!("using {}", store.describe()); // mysql://cron:***@db.internal:3306/app (prefix solocron)
 //!
 //! let request = ClaimRequest {
 //!     tick: Tick::new("backup", "2026-01-01T00:00:00Z".parse()?),
@@ -153,15 +181,17 @@
 //! # Ok(())
 //! # }
 //! ```
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod admin;
 mod claim;
 mod claim_one;
-mod control;
 mod error;
-mod methods;
 mod records;
+mod runs;
 mod schema;
+mod text;
 mod url;
 
 use std::fmt;
@@ -170,16 +200,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome,
-    Registration, Renewal, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, Prefix, RecoverAction,
+    RecoverOutcome, Registration, Renewal, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection, Executor};
 
 use crate::error::Failure;
-
-/// The table prefix callers use unless configured otherwise.
-pub const DEFAULT_TABLE_PREFIX: &str = "solocron_";
 
 /// Connections per store: claims, renewals and scans of one node rarely overlap more.
 const POOL_MAX: u32 = 8;
@@ -219,7 +246,9 @@ const SESSION_SETUP: &str = "SET SESSION sql_mode = CONCAT(@@sql_mode, ',STRICT_
 #[derive(Clone)]
 pub struct MySqlStore {
     pool: MySqlPool,
-    prefix: String,
+    prefix: Prefix,
+    /// `prefix.table_prefix()`, kept: every statement is filled with it.
+    tables: String,
     description: String,
 }
 
@@ -232,18 +261,16 @@ impl fmt::Debug for MySqlStore {
 
 impl MySqlStore {
     /// Connects to `url` (`mysql://user[:password]@host:port/database`, or `mariadb://`; the
-    /// query parameters of sqlx such as `ssl-mode` apply) with tables named
-    /// `{table_prefix}runs`, ... (`table_prefix` must match `^[a-z_][a-z0-9_]{0,40}$`; most
-    /// callers pass [`DEFAULT_TABLE_PREFIX`]). Opens one connection to check the server
+    /// query parameters of sqlx such as `ssl-mode` apply) with everything named from
+    /// `prefix` (tables `{prefix}_runs`, ...). Opens one connection to check the server
     /// answers; does not create the schema: call [`Store::migrate`].
     ///
-    /// Fails with [`StoreError::Invalid`] for a bad URL or prefix (and for a server that
-    /// refuses the login), and with [`StoreError::Unavailable`] if the server cannot be
-    /// reached within 5 s. No error or log line ever shows the password.
-    pub async fn connect(url: &str, table_prefix: &str) -> Result<MySqlStore, StoreError> {
-        url::validate_prefix(table_prefix)?;
+    /// Fails with [`StoreError::Invalid`] for a bad URL (and for a server that refuses the
+    /// login), and with [`StoreError::Unavailable`] if the server cannot be reached within
+    /// 5 s. No error or log line ever shows the password.
+    pub async fn connect(url: &str, prefix: &Prefix) -> Result<MySqlStore, StoreError> {
         let options = url::parse(url)?;
-        let description = format!("{} (prefix {table_prefix})", url::describe(url, &options));
+        let description = format!("{} (prefix {prefix})", solocron_core::redact_url(url));
         probe(&options).await.map_err(|f| f.into_store(&format!("cannot connect to {description}")))?;
         let pool = MySqlPoolOptions::new()
             .max_connections(POOL_MAX)
@@ -261,11 +288,11 @@ impl MySqlStore {
             })
             .after_connect(|conn, _| Box::pin(setup_session(conn)))
             .connect_lazy_with(options);
-        Ok(MySqlStore { pool, prefix: table_prefix.to_owned(), description })
+        Ok(MySqlStore { pool, prefix: prefix.clone(), tables: prefix.table_prefix(), description })
     }
 
-    /// The table prefix this store uses.
-    pub fn table_prefix(&self) -> &str {
+    /// The prefix this store names its tables and procedure from.
+    pub fn prefix(&self) -> &Prefix {
         &self.prefix
     }
 
@@ -275,9 +302,9 @@ impl MySqlStore {
         self.pool.close().await;
     }
 
-    /// `template` with this store's prefix and the server clock filled in.
+    /// `template` with this store's table prefix and the server clock filled in.
     fn sql(&self, template: &str) -> String {
-        schema::fill(template, &self.prefix)
+        schema::fill(template, &self.tables)
     }
 }
 
@@ -317,72 +344,76 @@ impl Store for MySqlStore {
         schema::migrate(self).await
     }
 
+    async fn uninstall(&self) -> Result<(), StoreError> {
+        schema::uninstall(self).await
+    }
+
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
         claim::claim(self, requests).await
     }
 
     async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-        methods::renew(self, lease, length).await
+        runs::renew(self, lease, length).await
     }
 
     async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-        methods::finish(self, lease, end).await
+        runs::finish(self, lease, end).await
     }
 
     async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-        methods::finish_all(self, endings).await
+        runs::finish_all(self, endings).await
     }
 
     async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-        methods::renew_all(self, renewals).await
+        runs::renew_all(self, renewals).await
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
-        methods::expired(self, limit).await
+        runs::expired(self, limit).await
     }
 
     async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
-        methods::recover(self, run, action).await
+        runs::recover(self, run, action).await
     }
 
     async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
-        methods::history(self, query).await
+        admin::history(self, query).await
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        methods::now(self).await
+        admin::now(self).await
     }
 
     async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
-        control::register(self, node, jobs).await
+        admin::register(self, node, jobs).await
     }
 
     async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
-        control::registrations(self).await
+        admin::registrations(self).await
     }
 
     async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
-        control::set_paused(self, job, paused, by, reason).await
+        admin::set_paused(self, job, paused, by, reason).await
     }
 
     async fn controls(&self) -> Result<Vec<JobControl>, StoreError> {
-        control::controls(self).await
+        admin::controls(self).await
     }
 
     async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError> {
-        control::request_run(self, job, by).await
+        admin::request_run(self, job, by).await
     }
 
     async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
-        control::pending_requests(self, limit).await
+        admin::pending_requests(self, limit).await
     }
 
     async fn unlock(&self, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-        methods::unlock(self, job, reason).await
+        admin::unlock(self, job, reason).await
     }
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
-        methods::prune(self, older_than, batch).await
+        admin::prune(self, older_than, batch).await
     }
 }
 
@@ -397,7 +428,7 @@ mod tests {
 
     /// A store on the test server, or `None` (skip; a failure under CI) if unreachable.
     async fn test_store(url: &str) -> Option<MySqlStore> {
-        match MySqlStore::connect(url, DEFAULT_TABLE_PREFIX).await {
+        match MySqlStore::connect(url, &Prefix::default()).await {
             Ok(store) => Some(store),
             Err(e) => solocron_conformance::server_unreachable("MariaDB", &e.to_string()),
         }

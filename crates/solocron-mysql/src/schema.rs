@@ -1,10 +1,12 @@
-//! The schema: tables, indexes, and their serialized, versioned creation.
+//! The schema: tables, indexes and the stored procedure, their serialized, versioned
+//! creation, and their removal.
 
 use solocron_core::StoreError;
 use sqlx::pool::PoolConnection;
 use sqlx::{Executor, MySql};
 
 use crate::error::{retrying, Failure};
+use crate::records::TEXT_BYTES_MAX;
 use crate::MySqlStore;
 
 /// The store's "now" in SQL: the server clock in integer milliseconds since the epoch.
@@ -14,7 +16,8 @@ use crate::MySqlStore;
 const NOW_MS: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)";
 
 /// The schema version this crate writes and understands. Version 2 added the stored
-/// procedure `{p}claim_one` ([`crate::claim_one`]) to version 1's tables.
+/// procedure `{p}claim_one` ([`claim_one_procedure`], called by [`crate::claim_one`]) to
+/// version 1's tables.
 const SCHEMA_VERSION: i64 = 2;
 
 /// How long `migrate` waits for another node's migration, in seconds.
@@ -87,8 +90,78 @@ const TABLES: &[&str] = &[
     )",
 ];
 
+/// The longest pause reason written as it is, in characters: 4 bytes each at most, so it
+/// always fits a `TEXT` column ([`TEXT_BYTES_MAX`] bytes); longer ones are cut to it.
+const REASON_CHARS_FIT: usize = TEXT_BYTES_MAX / 4;
+
+/// The procedure of schema version 2 (a template: prefix and clock not yet filled in).
+/// Its arguments: job, tick (ms), trigger, node, lease (ms), whether a pause applies,
+/// whether a running run of the job skips the tick, and the skip reason of a request to
+/// record a skip (`NULL` otherwise). A pause comes before an overlap, as in
+/// [`solocron_sql::plan`]. It answers one row, whose columns [`crate::claim_one`] reads by
+/// position. Texts are `utf8mb4` and compare as `utf8mb4_bin`, like the columns, whatever
+/// the database's defaults. It runs with the caller's rights (`SQL
+/// SECURITY INVOKER`), not those of whoever migrated: an operator's account that created it
+/// may lack the nodes' rights, or be dropped later (every call would then fail with 1449).
+fn claim_one_procedure() -> String {
+    const TEXT: &str = "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+    format!(
+        "CREATE PROCEDURE {{p}}claim_one(
+             IN p_job VARCHAR(191) {TEXT}, IN p_at BIGINT, IN p_trigger VARCHAR(16) {TEXT},
+             IN p_node VARCHAR(191) {TEXT}, IN p_lease BIGINT, IN p_pausable BOOLEAN,
+             IN p_overlap BOOLEAN, IN p_skip TEXT {TEXT})
+         MODIFIES SQL DATA
+         SQL SECURITY INVOKER
+         BEGIN
+             DECLARE v_token BIGINT;
+             DECLARE v_taken BOOLEAN;
+             DECLARE v_why TEXT {TEXT};
+             DECLARE v_now BIGINT;
+             START TRANSACTION;
+             INSERT INTO {{p}}fences (job, token) VALUES (p_job, LAST_INSERT_ID(1))
+                 ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1);
+             SET v_token = LAST_INSERT_ID(), v_now = NOW_MS;
+             SET v_taken = EXISTS(SELECT 1 FROM {{p}}runs WHERE job = p_job AND scheduled_at = p_at AND attempt = 1);
+             IF NOT v_taken THEN
+                 SET v_why = p_skip;
+                 IF v_why IS NULL AND p_pausable THEN
+                     SET v_why = (SELECT LEFT(CONCAT('paused by ', changed_by, COALESCE(CONCAT(': ', reason), '')),
+                                              {REASON_CHARS_FIT})
+                                  FROM {{p}}jobs WHERE job = p_job AND paused <> 0);
+                 END IF;
+                 IF v_why IS NULL AND p_overlap THEN
+                     -- Spelled like RunId's Display: job@2026-01-01T00:00:00.000Z#1 (sessions are in UTC).
+                     SET v_why = (SELECT CONCAT('overlap: previous run ', job, '@',
+                                      LEFT(DATE_FORMAT(TIMESTAMP'1970-01-01 00:00:00' + INTERVAL scheduled_at * 1000 MICROSECOND,
+                                                       '%Y-%m-%dT%H:%i:%s.%f'), 23),
+                                      'Z#', attempt, ' still running')
+                                  FROM {{p}}runs WHERE job = p_job AND state = 'running'
+                                  ORDER BY scheduled_at DESC, attempt DESC LIMIT 1);
+                 END IF;
+                 IF v_why IS NULL THEN
+                     INSERT INTO {{p}}runs (job, scheduled_at, attempt, `trigger`, node, token, state, reason,
+                         claimed_at, finished_at, lease_until, output)
+                     VALUES (p_job, p_at, 1, p_trigger, p_node, v_token, 'running', NULL, v_now, NULL,
+                         v_now + p_lease, '');
+                 ELSE
+                     INSERT INTO {{p}}runs (job, scheduled_at, attempt, `trigger`, node, token, state, reason,
+                         claimed_at, finished_at, lease_until, output)
+                     VALUES (p_job, p_at, 1, p_trigger, p_node, NULL, 'skipped', v_why, v_now, v_now, NULL, '');
+                 END IF;
+             END IF;
+             COMMIT;
+             SELECT CAST(v_taken AS SIGNED) AS taken, CAST(v_why AS BINARY) AS why,
+                 CAST(v_token AS SIGNED) AS token, CAST(v_now AS SIGNED) AS now;
+         END"
+    )
+}
+
+/// The tables' names without the prefix, as [`TABLES`] creates them, for [`uninstall`].
+const TABLE_NAMES: [&str; 6] = ["schema", "runs", "fences", "jobs", "registry", "requests"];
+
 /// `template` with `{p}` replaced by the table prefix and `NOW_MS` by the server clock.
-/// The prefix is validated (`[a-z0-9_]`), so it never needs quoting.
+/// The prefix comes from a [`Prefix`](solocron_core::Prefix) (`[a-z0-9_]`), so it never
+/// needs quoting.
 pub(crate) fn fill(template: &str, prefix: &str) -> String {
     template.replace("{p}", prefix).replace("NOW_MS", NOW_MS)
 }
@@ -102,21 +175,60 @@ pub(crate) async fn migrate(store: &MySqlStore) -> Result<(), StoreError> {
 /// One try at [`migrate`] on one connection: take the lock, create, release.
 async fn migrate_once(store: &MySqlStore) -> Result<(), Failure> {
     let mut conn = store.pool.acquire().await?;
-    let lock = format!("{}migrate", store.prefix);
+    let lock = take_lock(store, &mut conn).await?;
+    let outcome = create(store, &mut conn).await;
+    release_lock(&lock, conn).await;
+    outcome
+}
+
+/// Takes the server-wide named lock `{p}migrate` on `conn`, which migrations and
+/// uninstalls of the prefix take turns holding; its name.
+async fn take_lock(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<String, Failure> {
+    let lock = format!("{}migrate", store.tables);
     let got: Option<i64> =
-        sqlx::query_scalar("SELECT GET_LOCK(?, ?)").bind(&lock).bind(LOCK_WAIT_S).fetch_one(&mut *conn).await?;
+        sqlx::query_scalar("SELECT GET_LOCK(?, ?)").bind(&lock).bind(LOCK_WAIT_S).fetch_one(&mut **conn).await?;
     if got != Some(1) {
         return Err(Failure::Store(StoreError::Unavailable(format!(
             "another node held the migration lock `{lock}` for {LOCK_WAIT_S} s"
         ))));
     }
-    let outcome = create(store, &mut conn).await;
-    let released = sqlx::query("DO RELEASE_LOCK(?)").bind(&lock).execute(&mut *conn).await;
+    Ok(lock)
+}
+
+/// Releases the lock [`take_lock`] took on `conn`.
+async fn release_lock(lock: &str, mut conn: PoolConnection<MySql>) {
+    let released = sqlx::query("DO RELEASE_LOCK(?)").bind(lock).execute(&mut *conn).await;
     if released.is_err() {
         // Never hand a connection that may still hold the lock back to the pool.
         conn.close_on_drop();
     }
-    outcome
+}
+
+/// Drops every table (with its indexes) and the stored procedure of the prefix, under the
+/// migration lock; what is already gone is skipped. Names are listed, never matched by
+/// pattern: the tables of prefix `a` (`a_runs`) share their first letters with those of
+/// prefix `a_b` (`a_b_runs`). DDL auto-commits, so an uninstall cut off midway leaves part
+/// of the schema: running it again finishes it.
+pub(crate) async fn uninstall(store: &MySqlStore) -> Result<(), StoreError> {
+    let tables = TABLE_NAMES.map(|t| format!("{}{t}", store.tables)).join(", ");
+    let statements = [format!("DROP TABLE IF EXISTS {tables}"), store.sql("DROP PROCEDURE IF EXISTS {p}claim_one")];
+    retrying("cannot uninstall the schema", || async {
+        let mut conn = store.pool.acquire().await?;
+        let lock = take_lock(store, &mut conn).await?;
+        let dropped: Result<(), Failure> = async {
+            for statement in &statements {
+                // Text protocol, as for the DDL of `migrate`.
+                conn.execute(statement.as_str()).await?;
+            }
+            Ok(())
+        }
+        .await;
+        release_lock(&lock, conn).await;
+        dropped
+    })
+    .await?;
+    tracing::info!(store = %store.description, "schema uninstalled");
+    Ok(())
 }
 
 /// The body of [`migrate`], run while holding the migration lock.
@@ -164,7 +276,7 @@ async fn create(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<
 /// them.
 async fn create_procedures(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<(), Failure> {
     conn.execute(store.sql("DROP PROCEDURE IF EXISTS {p}claim_one").as_str()).await?;
-    conn.execute(store.sql(&crate::claim_one::procedure_sql()).as_str()).await?;
+    conn.execute(store.sql(&claim_one_procedure()).as_str()).await?;
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 //! separate processes hold), a full-size batch, the overlap race under READ COMMITTED,
 //! the basics of every method, concurrent migrations, and what errors and descriptions
 //! show. Skips when the server is unreachable, unless `CI` is set.
+#![forbid(unsafe_code)]
 
 mod support;
 
@@ -12,10 +13,11 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, Lease, RecoverAction, RecoverOutcome, RunEnd, RunState, Store,
-    StoreError, Tick, Trigger, CLAIM_BATCH_MAX,
+    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, Lease, Prefix, RecoverAction, RecoverOutcome, RunEnd,
+    RunState, Store, StoreError, Tick, Trigger, CLAIM_BATCH_MAX,
 };
 use solocron_mysql::MySqlStore;
+use support::Namespace;
 use tokio::sync::Barrier;
 
 const LONG: Duration = Duration::from_secs(60);
@@ -48,6 +50,15 @@ fn succeeded() -> RunEnd {
     RunEnd { state: RunState::Succeeded, reason: None, exit_code: Some(0), output: "ok".into(), started_after: None }
 }
 
+/// `n` new stores (own pools) on the namespace, migrated.
+async fn stores(ns: &Namespace, n: usize) -> Vec<Arc<MySqlStore>> {
+    let mut stores = Vec::with_capacity(n);
+    for _ in 0..n {
+        stores.push(Arc::new(ns.migrated().await));
+    }
+    stores
+}
+
 /// Runs `op` on every store at once (separate tasks released by a barrier).
 async fn race<T, F, Fut>(stores: &[Arc<MySqlStore>], op: F) -> Vec<T>
 where
@@ -76,8 +87,8 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn eight_pools_racing_for_one_tick_yield_exactly_one_winner() {
-    let Some(ns) = support::namespace().await else { return };
-    let stores = ns.stores(8).await;
+    let Some(ns) = Namespace::new().await else { return };
+    let stores = stores(&ns, 8).await;
     let started = Instant::now();
     for minute in 0..10 {
         let outcomes = race(&stores, |i, store| async move {
@@ -111,8 +122,8 @@ fn big_batch(skip_if_running: bool) -> Vec<ClaimRequest> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_of_1000_ticks_over_100_jobs_is_won_in_one_call_with_increasing_tokens() {
-    let Some(ns) = support::namespace().await else { return };
-    let store = &ns.stores(1).await[0];
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
     let batch = big_batch(false);
     let started = Instant::now();
     let outcomes = store.claim(&batch).await.expect("claim");
@@ -146,8 +157,8 @@ async fn a_batch_of_1000_ticks_over_100_jobs_is_won_in_one_call_with_increasing_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_nodes_claiming_different_ticks_of_one_job_never_both_run_it() {
-    let Some(ns) = support::namespace().await else { return };
-    let stores = ns.stores(2).await;
+    let Some(ns) = Namespace::new().await else { return };
+    let stores = stores(&ns, 2).await;
     for round in 0..20 {
         let outcomes = race(&stores, |i, store| async move {
             let request = run(tick("backup", 2 * round + i as u32), &format!("node-{i}"), LONG, true);
@@ -166,8 +177,8 @@ async fn two_nodes_claiming_different_ticks_of_one_job_never_both_run_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn renew_and_finish_hold_only_for_the_owner_while_running() {
-    let Some(ns) = support::namespace().await else { return };
-    let store = &ns.stores(1).await[0];
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
     let lease = won(store, run(tick("backup", 0), "a", LONG, false)).await;
     assert!(store.renew(&lease, LONG).await.expect("renew"));
     // Twice in a row, likely within one millisecond: the row matches though unchanged.
@@ -186,8 +197,8 @@ async fn renew_and_finish_hold_only_for_the_owner_while_running() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_expired_run_is_recovered_once_with_a_larger_token() {
-    let Some(ns) = support::namespace().await else { return };
-    let stores = ns.stores(4).await;
+    let Some(ns) = Namespace::new().await else { return };
+    let stores = stores(&ns, 4).await;
     let lease = won(&stores[0], run(tick("backup", 0), "a", Duration::from_millis(200), false)).await;
     let retry = RecoverAction::Retry { node: "b".into(), lease: LONG };
     assert_eq!(stores[1].recover(&lease.run, &retry).await.expect("recover"), RecoverOutcome::NotNeeded);
@@ -211,8 +222,8 @@ async fn an_expired_run_is_recovered_once_with_a_larger_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unlock_pause_and_manual_requests() {
-    let Some(ns) = support::namespace().await else { return };
-    let store = &ns.stores(1).await[0];
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
     let a = won(store, run(tick("backup", 0), "a", LONG, false)).await;
     let b = won(store, run(tick("backup", 1), "b", LONG, false)).await;
     let mut unlocked = store.unlock("backup", "unlocked by ops").await.expect("unlock");
@@ -237,8 +248,8 @@ async fn unlock_pause_and_manual_requests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prune_deletes_old_ended_records_oldest_first_never_running_ones() {
-    let Some(ns) = support::namespace().await else { return };
-    let store = &ns.stores(1).await[0];
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
     for minute in 0..5 {
         let lease = won(store, run(tick("report", minute), "a", LONG, false)).await;
         assert!(store.finish(&lease, &succeeded()).await.expect("finish"));
@@ -258,7 +269,7 @@ async fn prune_deletes_old_ended_records_oldest_first_never_running_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ten_pools_migrating_an_empty_prefix_at_once_all_succeed() {
-    let Some(ns) = support::namespace().await else { return };
+    let Some(ns) = Namespace::new().await else { return };
     let mut stores = Vec::new();
     for _ in 0..10 {
         stores.push(Arc::new(ns.store().await));
@@ -274,12 +285,13 @@ async fn ten_pools_migrating_an_empty_prefix_at_once_all_succeed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn descriptions_and_errors_never_show_the_password() {
-    let Some(ns) = support::namespace().await else { return };
-    let url = support::url();
+    let Some(ns) = Namespace::new().await else { return };
+    let url = ns.url.clone();
     let store = ns.store().await;
-    let expected = format!("{} (prefix {})", url.split('?').next().unwrap_or(&url), ns.prefix);
+    let expected = format!("{} (prefix {})", solocron_core::redact_url(&url), ns.prefix);
     assert_eq!(store.describe(), expected);
     assert!(!format!("{store:?}").contains("password"));
+    let default = Prefix::default();
 
     // The test account has no such password: the login is refused, which is not a
     // transient condition.
@@ -287,22 +299,83 @@ async fn descriptions_and_errors_never_show_the_password() {
     let (user, host) = rest.split_once('@').expect("a user");
     let user = user.split(':').next().unwrap_or(user);
     let with_password = format!("{scheme}://{user}:hunter2-secret@{host}");
-    let err = MySqlStore::connect(&with_password, "solocron_").await.expect_err("a wrong password");
+    let err = MySqlStore::connect(&with_password, &default).await.expect_err("a wrong password");
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");
     assert!(!err.to_string().contains("hunter2"), "{err}");
     assert!(err.to_string().contains(":***@"), "{err}");
 
-    let err = MySqlStore::connect("mysql://u:hunter2@127.0.0.1:1/test", "solocron_").await.expect_err("no server");
+    let err = MySqlStore::connect("mysql://u:hunter2@127.0.0.1:1/test", &default).await.expect_err("no server");
     assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
     assert!(!err.to_string().contains("hunter2"), "{err}");
-    let err = MySqlStore::connect("mysql://u:hunter2@127.0.0.1:1/test", "Bad-Prefix").await.expect_err("bad prefix");
+    assert!(err.to_string().contains("mysql://u:***@127.0.0.1:1/test"), "{err}");
+    let err = MySqlStore::connect("mariadb://u:hunter2@127.0.0.1:1/test", &default).await.expect_err("no server");
+    assert!(matches!(err, StoreError::Unavailable(_)) && !err.to_string().contains("hunter2"), "{err}");
+    let err = MySqlStore::connect("hunter2", &default).await.expect_err("not a URL");
+    assert!(matches!(err, StoreError::Invalid(_)) && !err.to_string().contains("hunter2"), "{err}");
+    // A bad prefix never reaches `connect`: the `Prefix` type is the check.
+    assert!(Prefix::parse("Bad-Prefix").is_err());
+}
+
+/// Every table, routine and trigger of the test database whose name starts with `start`,
+/// as `kind name`.
+async fn objects_named(pool: &sqlx::MySqlPool, start: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT CAST(CONCAT(kind, ' ', name) AS CHAR) FROM (
+             SELECT 'table' AS kind, table_name AS name FROM information_schema.tables
+             WHERE table_schema = DATABASE()
+             UNION ALL SELECT LOWER(routine_type), routine_name FROM information_schema.routines
+             WHERE routine_schema = DATABASE()
+             UNION ALL SELECT 'trigger', trigger_name FROM information_schema.triggers
+             WHERE trigger_schema = DATABASE()
+         ) o WHERE BINARY LEFT(name, CHAR_LENGTH(?)) = BINARY ? ORDER BY 1",
+    )
+    .bind(start)
+    .bind(start)
+    .fetch_all(pool)
+    .await
+    .expect("list the schema's objects")
+}
+
+/// `uninstall` drops every table and routine of its prefix, even those of a prefix whose
+/// names begin like its own stays whole and working, and a second `uninstall` finds
+/// nothing to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn uninstall_removes_everything_of_its_prefix_and_nothing_else() {
+    let Some(ns) = Namespace::new().await else { return };
+    // Its names begin with ns's: `{ns}_other_runs` beside `{ns}_runs`.
+    let other_ns = ns.nested("other");
+    let (store, other) = (&stores(&ns, 1).await[0], &stores(&other_ns, 1).await[0]);
+    won(store, run(tick("backup", 0), "a", LONG, false)).await;
+    won(other, run(tick("backup", 0), "a", LONG, false)).await;
+    let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
+    let others = objects_named(&pool, &other_ns.prefix.table_prefix()).await;
+    let mine: Vec<String> =
+        objects_named(&pool, &ns.prefix.table_prefix()).await.into_iter().filter(|o| !others.contains(o)).collect();
+    let p = ns.prefix.table_prefix();
+    for object in ["table {p}runs", "table {p}schema", "table {p}fences", "procedure {p}claim_one"] {
+        assert!(mine.contains(&object.replace("{p}", &p)), "{object} is missing from {mine:?}");
+    }
+    assert_eq!(others.len(), mine.len(), "the other prefix has the same schema: {others:?}");
+
+    store.uninstall().await.expect("uninstall");
+    assert_eq!(objects_named(&pool, &p).await, others, "only the other prefix's objects are left");
+    store.uninstall().await.expect("uninstalling again is fine");
+    let err = store.claim(&[run(tick("backup", 1), "a", LONG, false)]).await.expect_err("no schema");
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+
+    assert_eq!(other.history(&HistoryQuery::default()).await.expect("history").len(), 1);
+    let next = won(other, run(tick("backup", 1), "a", LONG, false)).await;
+    assert!(next.fencing_token > 1, "the other prefix keeps its counters");
+    // The uninstalled prefix starts afresh.
+    store.migrate().await.expect("migrate again");
+    assert_eq!(won(store, run(tick("backup", 0), "a", LONG, false)).await.fencing_token, 1);
+    pool.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn names_insert_ignore_would_truncate_are_refused() {
-    let Some(ns) = support::namespace().await else { return };
-    let store = &ns.stores(1).await[0];
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
     for job in ["x".repeat(192), "backup ".to_string()] {
         let err = store.claim(&[run(tick(&job, 0), "a", LONG, false)]).await.expect_err("a bad name");
         assert!(matches!(err, StoreError::Invalid(_)), "{err}");
@@ -319,8 +392,8 @@ async fn names_insert_ignore_would_truncate_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_clock_is_the_servers_in_utc() {
-    let Some(ns) = support::namespace().await else { return };
-    let store = &ns.stores(1).await[0];
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
     let before: DateTime<Utc> = Utc::now();
     let server = store.now().await.expect("now");
     // The server runs on this host here: the clocks agree unless the zone were wrong.
@@ -329,8 +402,8 @@ async fn the_clock_is_the_servers_in_utc() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn eight_pools_claiming_overlapping_batches_in_different_orders_never_fail() {
-    let Some(ns) = support::namespace().await else { return };
-    let stores = ns.stores(8).await;
+    let Some(ns) = Namespace::new().await else { return };
+    let stores = stores(&ns, 8).await;
     let started = Instant::now();
     for round in 0..15 {
         // New jobs every few rounds, so that fence rows are also created concurrently.
@@ -367,8 +440,8 @@ async fn eight_pools_claiming_overlapping_batches_in_different_orders_never_fail
 /// nothing else, whether claimed in a batch or one at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn names_with_sql_syntax_in_them_are_stored_as_written() {
-    let Some(ns) = support::namespace().await else { return };
-    let store = &ns.stores(1).await[0];
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
     let names = [
         "it's",
         "back\\slash",
@@ -429,10 +502,10 @@ async fn names_with_sql_syntax_in_them_are_stored_as_written() {
 /// is brought to version 2 by `migrate`; a one-tick claim fails before and works after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_version_1_schema_is_migrated_to_the_current_version() {
-    let Some(ns) = support::namespace().await else { return };
-    let store = &ns.stores(1).await[0];
-    let pool = sqlx::MySqlPool::connect(&support::url()).await.expect("connect");
-    let p = &ns.prefix;
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
+    let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
+    let p = &ns.prefix.table_prefix();
     for sql in [format!("DROP PROCEDURE {p}claim_one"), format!("UPDATE {p}schema SET version = 1")] {
         sqlx::query(&sql).execute(&pool).await.expect("make a version 1 schema");
     }
@@ -458,9 +531,9 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_statement_stops_the_rest_of_a_multi_statement_query() {
     use sqlx::{Connection, Executor, Row};
-    let Some(ns) = support::namespace().await else { return };
-    let table = format!("{}multi", ns.prefix);
-    let mut conn = sqlx::MySqlConnection::connect(&support::url()).await.expect("connect");
+    let Some(ns) = Namespace::new().await else { return };
+    let table = format!("{}multi", ns.prefix.table_prefix());
+    let mut conn = sqlx::MySqlConnection::connect(&ns.url).await.expect("connect");
     conn.execute(format!("CREATE TABLE {table} (id INT PRIMARY KEY)").as_str()).await.expect("create");
     conn.execute(format!("INSERT INTO {table} VALUES (1)").as_str()).await.expect("insert");
     let failed = conn

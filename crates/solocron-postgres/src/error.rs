@@ -76,6 +76,11 @@ fn transient_sqlstate(code: &str) -> bool {
     code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "25006")
 }
 
+/// Maps a one-statement step's failure.
+pub(crate) fn step(name: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
+    move |e| Failure::from(e).into_store(name)
+}
+
 /// Runs `attempt` until it succeeds, fails otherwise than by a conflict, or has been tried
 /// [`ATTEMPTS_MAX`] times. Each attempt must be a whole transaction (or one statement).
 pub(crate) async fn retrying<T, F, Fut>(step: &str, mut attempt: F) -> Result<T, StoreError>

@@ -1,8 +1,8 @@
 //! # solocron-postgres
 //!
-//! A [`Store`](solocron_core::Store) in a PostgreSQL database, shared by any number of hosts: every node of a
-//! fleet connects to the same database (and table prefix), and each tick runs exactly once
-//! among all of them.
+//! A [`Store`] in a PostgreSQL database, shared by any number of hosts: every node of a
+//! fleet connects to the same database (and prefix), and each tick runs exactly once among
+//! all of them.
 //!
 //! ## What PostgreSQL guarantees here
 //!
@@ -32,19 +32,42 @@
 //!   [`StoreError::Unavailable`]: nodes start nothing new, and holders stop their jobs at
 //!   their lease deadline.
 //!
-//! Tables are named from a prefix (default [`DEFAULT_TABLE_PREFIX`]), so solocron can live
-//! in an application's own database; [`Store::migrate`](solocron_core::Store::migrate) creates them and the claim functions.
+//! ## Layout
+//!
+//! Everything is named from a [`Prefix`] (`solocron` by default, so tables `solocron_runs`,
+//! ...), which lets solocron live in an application's own database, and several fleets in
+//! one: tables `{p}runs` (every attempt of every tick), `{p}fences` (per-job fencing
+//! counters, also the claim's per-job locks), `{p}jobs` (pauses), `{p}registry` (which node
+//! runs which job), `{p}requests` (manual run requests) and `{p}schema` (the version); the
+//! functions `{p}claim`, `{p}claim_one` and `{p}claim_taken_first`; the notification
+//! channel `{p}requests`. [`Store::migrate`] creates them; [`Store::uninstall`] drops them.
+//!
+//! ## Code map
+//!
+//! - `lib.rs`: the store type, [`PgStore::connect`] and the [`Store`] impl, which only
+//!   delegates to the files below.
+//! - `url.rs`: the URL into connection options.
+//! - `schema.rs`: the versioned migrations (tables, indexes, claim functions), `migrate`
+//!   and `uninstall`.
+//! - `claim.rs`: the claim of a batch, one call of `{p}claim` (or `{p}claim_taken_first`).
+//! - `claim_one.rs`: the claim of one tick, one call of `{p}claim_one`.
+//! - `runs.rs`: a held run after its claim: renew, finish (one or a batch), expiry, recovery.
+//! - `admin.rs`: what operators and housekeeping read and change: history, the clock,
+//!   registrations, pauses, manual requests, unlock, prune.
+//! - `watch.rs`: the request watch (`LISTEN` on `{p}requests`).
+//! - `records.rs`: rows decoded into the core's types, and values checked on their way in.
+//! - `error.rs`: sqlx errors as [`StoreError`]s, and the bounded retry of lost conflicts.
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Store, Tick, Trigger};
-//! use solocron_postgres::{PgStore, DEFAULT_TABLE_PREFIX};
+//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+//! use solocron_postgres::PgStore;
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = PgStore::connect("postgres://cron:secret@db.internal:5432/app", DEFAULT_TABLE_PREFIX).await?;
+//! let store = PgStore::connect("postgres://cron:secret@db.internal:5432/app", &Prefix::default()).await?;
 //! store.migrate().await?;
-//! println!("using {}", store.describe()); // postgres://cron:***@db.internal:5432/app (prefix solocron_)
+//! println!("using {}", store.describe()); // postgres://cron:***@db.internal:5432/app (prefix solocron)
 //!
 //! let request = ClaimRequest {
 //!     tick: Tick::new("backup", "2026-01-01T00:00:00Z".parse()?),
@@ -61,11 +84,14 @@
 //! # }
 //! ```
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
+mod admin;
 mod claim;
+mod claim_one;
 mod error;
-mod methods;
 mod records;
+mod runs;
 mod schema;
 mod url;
 mod watch;
@@ -73,14 +99,16 @@ mod watch;
 use std::fmt;
 use std::time::Duration;
 
-use solocron_core::StoreError;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use solocron_core::{
+    ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, Prefix, RecoverAction,
+    RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection};
 
 use crate::error::Failure;
-
-/// The table prefix callers use unless configured otherwise.
-pub const DEFAULT_TABLE_PREFIX: &str = "solocron_";
 
 /// Connections per store: claims, renewals and scans of one node rarely overlap more.
 const POOL_MAX: u32 = 8;
@@ -96,19 +124,21 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// all end up on the new primary even if none broke.
 const MAX_LIFETIME: Duration = Duration::from_secs(1800);
 
-/// A [`Store`](solocron_core::Store) in a PostgreSQL database.
+/// A [`Store`] in a PostgreSQL database.
 ///
 /// Cheap to clone (clones share one connection pool). Separate instances, in one process or
 /// on many hosts, coordinate through the database.
 ///
 /// # Panics
 ///
-/// [`Store::finish`](solocron_core::Store::finish) panics if given a `RunEnd` whose state is
-/// `running`: that is a bug in the caller, not a condition of the store.
+/// [`Store::finish`] panics if given a `RunEnd` whose state is `running`: that is a bug in
+/// the caller, not a condition of the store.
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
-    prefix: String,
+    prefix: Prefix,
+    /// `prefix.table_prefix()`, kept: every statement is filled with it.
+    tables: String,
     description: String,
 }
 
@@ -121,27 +151,25 @@ impl fmt::Debug for PgStore {
 
 impl PgStore {
     /// Connects to `url` (`postgres://user[:password]@host:port/database`, or
-    /// `postgresql://`; libpq's query parameters such as `sslmode` apply) with tables named
-    /// `{table_prefix}runs`, ... (`table_prefix` must match `^[a-z_][a-z0-9_]{0,40}$`; most
-    /// callers pass [`DEFAULT_TABLE_PREFIX`]). Opens one connection to check the server
-    /// answers; does not create the schema: call [`Store::migrate`](solocron_core::Store::migrate).
+    /// `postgresql://`; libpq's query parameters such as `sslmode` apply) with everything
+    /// named from `prefix` (tables `{prefix}_runs`, ...). Opens one connection to check the
+    /// server answers; does not create the schema: call [`Store::migrate`].
     ///
-    /// Fails with [`StoreError::Invalid`] for a bad URL or prefix (and for a server that
-    /// refuses the login), and with [`StoreError::Unavailable`] if the server cannot be
-    /// reached within 5 s. No error or log line ever shows the password.
-    pub async fn connect(url: &str, table_prefix: &str) -> Result<PgStore, StoreError> {
-        url::validate_prefix(table_prefix)?;
+    /// Fails with [`StoreError::Invalid`] for a bad URL (and for a server that refuses the
+    /// login), and with [`StoreError::Unavailable`] if the server cannot be reached within
+    /// 5 s. No error or log line ever shows the password.
+    pub async fn connect(url: &str, prefix: &Prefix) -> Result<PgStore, StoreError> {
         let mut options = url::parse(url)?;
         if options.get_application_name().is_none() {
             options = options.application_name("solocron");
         }
-        let description = format!("{} (prefix {table_prefix})", url::describe(url, &options));
+        let description = format!("{} (prefix {prefix})", solocron_core::redact_url(url));
         let pool = open_pool(options, &description).await?;
-        Ok(PgStore { pool, prefix: table_prefix.to_owned(), description })
+        Ok(PgStore { pool, prefix: prefix.clone(), tables: prefix.table_prefix(), description })
     }
 
-    /// The table prefix this store uses.
-    pub fn table_prefix(&self) -> &str {
+    /// The prefix this store names its tables and functions from.
+    pub fn prefix(&self) -> &Prefix {
         &self.prefix
     }
 
@@ -151,9 +179,9 @@ impl PgStore {
         self.pool.close().await;
     }
 
-    /// `template` with this store's prefix and the server clock filled in.
+    /// `template` with this store's table prefix and the server clock filled in.
     fn sql(&self, template: &str) -> String {
-        schema::fill(template, &self.prefix)
+        schema::fill(template, &self.tables)
     }
 }
 
@@ -187,5 +215,92 @@ async fn open_pool(options: PgConnectOptions, description: &str) -> Result<PgPoo
             Err(StoreError::Unavailable(format!("{context}: no connection within {ACQUIRE_TIMEOUT:?} ({why})")))
         }
         Err(e) => Err(Failure::from(e).into_store(&context)),
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        schema::migrate(self).await
+    }
+
+    async fn uninstall(&self) -> Result<(), StoreError> {
+        schema::uninstall(self).await
+    }
+
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        claim::claim(self, requests).await
+    }
+
+    async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
+        runs::renew(self, lease, length).await
+    }
+
+    async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
+        runs::finish(self, lease, end).await
+    }
+
+    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+        runs::finish_all(self, endings).await
+    }
+
+    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+        runs::renew_all(self, renewals).await
+    }
+
+    async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        runs::expired(self, limit).await
+    }
+
+    async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
+        runs::recover(self, run, action).await
+    }
+
+    async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
+        admin::history(self, query).await
+    }
+
+    async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        admin::now(self).await
+    }
+
+    async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
+        admin::register(self, node, jobs).await
+    }
+
+    async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
+        admin::registrations(self).await
+    }
+
+    async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
+        admin::set_paused(self, job, paused, by, reason).await
+    }
+
+    async fn controls(&self) -> Result<Vec<JobControl>, StoreError> {
+        admin::controls(self).await
+    }
+
+    async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError> {
+        admin::request_run(self, job, by).await
+    }
+
+    fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
+        Some(Box::new(watch::PgRequestWatch::new(&self.pool, &self.tables)))
+    }
+
+    async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
+        admin::pending_requests(self, limit).await
+    }
+
+    async fn unlock(&self, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+        admin::unlock(self, job, reason).await
+    }
+
+    async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
+        admin::prune(self, older_than, batch).await
     }
 }

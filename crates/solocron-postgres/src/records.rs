@@ -1,10 +1,13 @@
-//! Decoding rows into the core types, with every surprise reported as `Invalid`.
+//! Decoding rows into the core types, with every surprise reported as `Invalid`, and
+//! values checked on their way into a statement.
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{RunId, RunRecord, StoreError, Tick};
+use solocron_core::{
+    JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest, StoreError, Tick, RECORDS_PAGE_MAX,
+};
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row};
 
@@ -22,6 +25,16 @@ pub(crate) fn millis(d: Duration) -> Result<i64, StoreError> {
         .ok()
         .filter(|ms| *ms <= DURATION_MS_MAX)
         .ok_or_else(|| StoreError::Invalid(format!("duration {d:?} is too long")))
+}
+
+/// The page size of reads: `limit` capped at [`RECORDS_PAGE_MAX`].
+pub(crate) fn page(limit: usize) -> i64 {
+    limit.min(RECORDS_PAGE_MAX) as i64
+}
+
+/// An attempt number as the `INTEGER` column keeps it.
+pub(crate) fn attempt_param(attempt: u32) -> Result<i32, StoreError> {
+    i32::try_from(attempt).map_err(|_| StoreError::Invalid(format!("attempt {attempt} is out of range")))
 }
 
 /// An instant from stored milliseconds.
@@ -78,6 +91,41 @@ pub(crate) fn record(row: &PgRow) -> Result<RunRecord, StoreError> {
         lease_until: optional_instant("lease_until")?,
         exit_code: get(row, "exit_code")?,
         output: get(row, "output")?,
+    })
+}
+
+/// A registration from a row of `{p}registry`.
+pub(crate) fn registration(row: &PgRow) -> Result<Registration, StoreError> {
+    Ok(Registration {
+        definition: JobDefinition {
+            job: get(row, "job")?,
+            schedule: get(row, "schedule")?,
+            timezone: get(row, "timezone")?,
+            definition_hash: get(row, "definition_hash")?,
+            summary: get(row, "summary")?,
+        },
+        node: get(row, "node")?,
+        first_seen: instant(get(row, "first_seen")?)?,
+        last_seen: instant(get(row, "last_seen")?)?,
+    })
+}
+
+/// A job's switch from a row of `{p}jobs`.
+pub(crate) fn control(row: &PgRow) -> Result<JobControl, StoreError> {
+    Ok(JobControl {
+        job: get(row, "job")?,
+        paused: get(row, "paused")?,
+        changed_by: get(row, "changed_by")?,
+        reason: get(row, "reason")?,
+        changed_at: instant(get(row, "changed_at")?)?,
+    })
+}
+
+/// A manual run request from a row of `{p}requests`.
+pub(crate) fn run_request(row: &PgRow) -> Result<RunRequest, StoreError> {
+    Ok(RunRequest {
+        tick: Tick::new(get::<String>(row, "job")?, instant(get(row, "requested_at")?)?),
+        requested_by: get(row, "requested_by")?,
     })
 }
 

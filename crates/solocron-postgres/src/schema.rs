@@ -1,7 +1,15 @@
-//! The schema, as versioned migrations, and the server-side claim function.
+//! The schema, as versioned migrations, and the server-side claim functions; `migrate`,
+//! which applies what is missing, and `uninstall`, which drops it all.
 //!
-//! Every statement is a template: `{p}` stands for the table prefix (validated, so safe to
-//! splice) and `{now}` for the server clock in milliseconds.
+//! Every statement is a template: `{p}` stands for the table prefix (from a
+//! [`Prefix`](solocron_core::Prefix): letters, digits and `_` only, so safe to splice) and
+//! `{now}` for the server clock in milliseconds.
+
+use solocron_core::StoreError;
+use sqlx::PgConnection;
+
+use crate::error::{retrying, Res};
+use crate::PgStore;
 
 /// The schema version this crate writes and understands.
 pub(crate) const SCHEMA_VERSION: i32 = 5;
@@ -308,7 +316,7 @@ const V5: &[&str] = &[CLAIM_ONE_FUNCTION];
 /// [`CLAIM_FUNCTION_V4`] for a batch of one, with the same answers, taking scalars and
 /// answering one row (`o_index` 1) instead of taking arrays and returning a set: the
 /// arrays' decoding and the set's tuple store were ~30 µs of a one-tick claim's ~360 µs
-/// here (BENCHMARKS.md, 2026-11-25). Most claims are of one tick (a job's own schedule);
+/// here (benchmarks/2026-11-25-fair-raw-insert-claim-functions-46f38a3.md). Most claims are of one tick (a job's own schedule);
 /// batches keep `{p}claim`. Its steps are those of the batch's, for one request: the
 /// upsert that locks the fence row and reserves a token, one insert that checks the pause
 /// and the overlap in a snapshot taken after the lock, and only if it did not win, why.
@@ -440,4 +448,92 @@ $claim$"#;
 /// A statement template with the prefix and the clock filled in.
 pub(crate) fn fill(template: &str, prefix: &str) -> String {
     template.replace("{p}", prefix).replace("{now}", NOW_MS)
+}
+
+/// The tables every version creates (each with its indexes), dropped by [`uninstall`].
+const TABLES: [&str; 6] = ["runs", "fences", "jobs", "registry", "requests", "schema"];
+
+/// The functions the migrations create, dropped by [`uninstall`].
+const FUNCTIONS: [&str; 3] = ["claim_taken_first", "claim_one", "claim"];
+
+/// Creates or upgrades the schema, in one transaction.
+pub(crate) async fn migrate(store: &PgStore) -> Result<(), StoreError> {
+    retrying("migrate", || async {
+        // Nodes migrating at once take turns, each later one finds everything in place, and
+        // a failure leaves nothing half-applied (PostgreSQL's DDL is transactional).
+        let mut tx = store.pool.begin().await?;
+        lock_schema(store, &mut tx).await?;
+        migrate_locked(store, &mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    })
+    .await
+}
+
+/// Takes, until the end of the transaction on `conn`, the lock that migrations and
+/// uninstalls of this schema and prefix hold: they take turns.
+async fn lock_schema(store: &PgStore, conn: &mut PgConnection) -> Res<()> {
+    sqlx::query(concat!(
+        "SELECT pg_advisory_xact_lock(hashtextextended(",
+        "'solocron migrate ' || coalesce(current_schema(), '') || '.' || $1, 0))"
+    ))
+    .bind(&store.tables)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Applies the migrations the schema lacks; `conn` is in a transaction holding the
+/// migration lock.
+async fn migrate_locked(store: &PgStore, conn: &mut PgConnection) -> Res<()> {
+    // "relation already exists, skipping" notices are noise here.
+    sqlx::query("SET LOCAL client_min_messages = warning").execute(&mut *conn).await?;
+    sqlx::query(&store.sql("CREATE TABLE IF NOT EXISTS {p}schema (version INTEGER NOT NULL)"))
+        .execute(&mut *conn)
+        .await?;
+    let version: Option<i32> =
+        sqlx::query_scalar(&store.sql("SELECT max(version) FROM {p}schema")).fetch_one(&mut *conn).await?;
+    let version = version.unwrap_or(0);
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Invalid(format!(
+            "{} has schema version {version}; this solocron understands version {SCHEMA_VERSION}: upgrade it",
+            store.description
+        ))
+        .into());
+    }
+    for (step, statements) in MIGRATIONS.iter().filter(|(step, _)| *step > version) {
+        for statement in *statements {
+            sqlx::query(&store.sql(statement)).execute(&mut *conn).await?;
+        }
+        sqlx::query(&store.sql("DELETE FROM {p}schema")).execute(&mut *conn).await?;
+        sqlx::query(&store.sql("INSERT INTO {p}schema (version) VALUES ($1)")).bind(step).execute(&mut *conn).await?;
+        tracing::info!(store = %store.description, version = step, "schema migrated");
+    }
+    Ok(())
+}
+
+/// Drops every table (with its indexes) and function of the prefix, in one transaction
+/// under the migration lock; what is already gone is skipped. Names are listed, never
+/// matched by pattern: the tables of prefix `a` (`a_runs`) share their first letters with
+/// those of prefix `a_b` (`a_b_runs`). No `CASCADE`: an object of the application's own
+/// that depends on a table (a view, say) makes the uninstall fail and say so, rather than
+/// vanish with it.
+pub(crate) async fn uninstall(store: &PgStore) -> Result<(), StoreError> {
+    let tables = TABLES.map(|t| format!("{}{t}", store.tables)).join(", ");
+    let mut statements = vec![format!("DROP TABLE IF EXISTS {tables}")];
+    statements.extend(FUNCTIONS.map(|f| format!("DROP FUNCTION IF EXISTS {}{f}", store.tables)));
+    retrying("uninstall", || async {
+        let mut tx = store.pool.begin().await?;
+        lock_schema(store, &mut tx).await?;
+        // "does not exist, skipping" notices are noise here.
+        sqlx::query("SET LOCAL client_min_messages = warning").execute(&mut *tx).await?;
+        for statement in &statements {
+            sqlx::query(statement).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    })
+    .await?;
+    tracing::info!(store = %store.description, "schema uninstalled");
+    Ok(())
 }

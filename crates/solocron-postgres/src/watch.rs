@@ -1,5 +1,5 @@
 //! The PostgreSQL [`RequestWatch`]: `LISTEN` on the channel that `request_run` notifies
-//! (`{prefix}requests`), so that an idle node learns of `solocron trigger` without reading
+//! (`{p}requests`, `{p}` the table prefix), so that an idle node learns of `solocron trigger` without reading
 //! the requests table twice a second.
 
 use std::time::Duration;
@@ -21,10 +21,11 @@ pub(crate) struct PgRequestWatch {
 }
 
 impl PgRequestWatch {
-    pub(crate) fn new(store_pool: &PgPool, prefix: &str) -> PgRequestWatch {
+    /// A watch of `{table_prefix}requests`, not yet listening.
+    pub(crate) fn new(store_pool: &PgPool, table_prefix: &str) -> PgRequestWatch {
         let options = (*store_pool.connect_options()).clone();
         let pool = PgPoolOptions::new().max_connections(1).connect_lazy_with(options);
-        PgRequestWatch { pool, channel: format!("{prefix}requests"), listener: None }
+        PgRequestWatch { pool, channel: format!("{table_prefix}requests"), listener: None }
     }
 
     /// Connects and `LISTEN`s: a request committed after this returns is notified.

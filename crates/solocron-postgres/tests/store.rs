@@ -1,6 +1,7 @@
 //! The PostgreSQL store against a real server: concurrency between separate pools (standing
 //! in for separate hosts), batch claims, and every method's basics. Each test works on a
-//! fresh table prefix, dropped at its end (see `common`).
+//! fresh prefix, dropped at its end (see `solocron_conformance::server`).
+#![forbid(unsafe_code)]
 
 mod common;
 
@@ -9,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::Namespace;
 use solocron_core::{
-    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobDefinition, Lease, RecoverAction, RecoverOutcome, RunEnd,
-    RunId, RunRecord, RunState, Store, StoreError, Tick, Trigger, OUTPUT_TAIL_BYTES_MAX,
+    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobDefinition, Lease, Prefix, RecoverAction, RecoverOutcome,
+    RunEnd, RunId, RunRecord, RunState, Store, StoreError, Tick, Trigger, OUTPUT_TAIL_BYTES_MAX,
 };
 use solocron_postgres::PgStore;
 use tokio::sync::Barrier;
@@ -65,7 +66,7 @@ where
     let barrier = Arc::new(Barrier::new(n));
     let mut tasks = Vec::new();
     for i in 0..n {
-        let (store, barrier) = (namespace.open().await, barrier.clone());
+        let (store, barrier) = (namespace.store().await, barrier.clone());
         let task = f(i, store);
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
@@ -90,7 +91,7 @@ async fn exactly_one_of_eight_separate_pools_wins_the_same_tick() {
     let winners = outcomes.iter().filter(|o| matches!(o, ClaimOutcome::Won(_))).count();
     let taken = outcomes.iter().filter(|o| **o == ClaimOutcome::Taken).count();
     assert_eq!((winners, taken), (1, 7), "{outcomes:?}");
-    let records = ns.open().await.history(&HistoryQuery::default()).await.unwrap();
+    let records = ns.store().await.history(&HistoryQuery::default()).await.unwrap();
     assert_eq!(records.len(), 1);
     assert_eq!((records[0].state, records[0].fencing_token), (RunState::Running, Some(1)));
 }
@@ -125,7 +126,7 @@ async fn a_batch_of_1000_ticks_over_100_jobs_is_won_in_one_call_with_tokens_risi
 async fn a_large_batch_partly_claimed_elsewhere_answers_every_request_in_order() {
     let Some(ns) = Namespace::new().await else { return };
     let store = ns.migrated().await;
-    let other = ns.open().await;
+    let other = ns.store().await;
     // Another node already won every third of 300 ticks of 30 jobs (all of job-000's,
     // job-003's, ...).
     let batch: Vec<ClaimRequest> = (0..10)
@@ -171,8 +172,8 @@ async fn a_large_batch_partly_claimed_elsewhere_answers_every_request_in_order()
 async fn a_version_1_schema_is_migrated_to_the_current_version() {
     let Some(ns) = Namespace::new().await else { return };
     let store = ns.migrated().await;
-    let pool = sqlx::PgPool::connect(&common::url()).await.unwrap();
-    let p = &ns.prefix;
+    let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
+    let p = &ns.prefix.table_prefix();
     for sql in [
         format!("DROP FUNCTION {p}claim_taken_first"),
         format!("DROP FUNCTION {p}claim_one"),
@@ -226,8 +227,8 @@ async fn a_run_of_a_fresh_herd_is_looked_up_by_an_exact_index() {
             .collect();
         store.claim(&batch).await.unwrap();
     }
-    let pool = sqlx::PgPool::connect(&common::url()).await.unwrap();
-    let p = &ns.prefix;
+    let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
+    let p = &ns.prefix.table_prefix();
     let at = tick("job-1234", 0).scheduled_at.timestamp_millis();
     let plan: Vec<String> = sqlx::query_scalar(&format!(
         "EXPLAIN UPDATE {p}runs SET state = 'succeeded' WHERE job = 'job-1234' AND scheduled_at = {at}
@@ -248,7 +249,7 @@ async fn two_nodes_claiming_different_ticks_of_one_job_never_both_run_it() {
     // running" and both insert a running run.
     let Some(ns) = Namespace::new().await else { return };
     ns.migrated().await;
-    let store = ns.open().await;
+    let store = ns.store().await;
     for round in 0..20 {
         let job = format!("report-{round}");
         // An earlier, ended run: the job's fence row exists, so the racers do not serialize
@@ -379,7 +380,7 @@ async fn manual_requests_are_unique_off_second_ticks_pending_until_claimed() {
     ticks.dedup();
     assert_eq!(ticks.len(), 6, "every request gets its own tick");
     assert!(ticks.iter().all(|t| t.scheduled_at.timestamp_subsec_millis() != 0), "{ticks:?}");
-    let store = ns.open().await;
+    let store = ns.store().await;
     let pending: Vec<Tick> = store.pending_requests(100).await.unwrap().into_iter().map(|r| r.tick).collect();
     assert_eq!(pending, ticks, "oldest first");
     let manual = ClaimRequest { trigger: Trigger::Manual, ..run(ticks[0].clone(), "a", LONG_LEASE, false) };
@@ -472,24 +473,86 @@ async fn ten_pools_migrating_an_empty_prefix_at_once_all_succeed() {
 async fn descriptions_and_errors_never_show_the_password() {
     let Some(ns) = Namespace::new().await else { return };
     // Trust auth ignores the password, so this connects.
-    let url = common::url().replacen("postgres@", "postgres:s3cret@", 1);
+    let url = ns.url.replacen("postgres@", "postgres:s3cret@", 1);
     let store = PgStore::connect(&url, &ns.prefix).await.unwrap();
     assert!(store.describe().contains("postgres:***@"), "{}", store.describe());
     assert!(store.describe().ends_with(&format!(" (prefix {})", ns.prefix)));
+    assert_eq!(store.describe(), format!("{} (prefix {})", solocron_core::redact_url(&url), ns.prefix));
     assert!(!store.describe().contains("s3cret") && !format!("{store:?}").contains("s3cret"));
-    let bad_prefix = PgStore::connect(&url, "Bad-Prefix").await.unwrap_err();
-    assert!(matches!(bad_prefix, StoreError::Invalid(_)), "{bad_prefix}");
-    let bad_url = PgStore::connect("postgres://u:s3cret@h:port/d", "solocron_").await.unwrap_err();
+    // A bad prefix never reaches `connect`: the `Prefix` type is the check.
+    assert!(Prefix::parse("Bad-Prefix").is_err());
+    let default = Prefix::default();
+    let bad_url = PgStore::connect("postgres://u:s3cret@h:port/d", &default).await.unwrap_err();
     assert!(matches!(bad_url, StoreError::Invalid(_)) && !bad_url.to_string().contains("s3cret"), "{bad_url}");
+    let not_a_url = PgStore::connect("s3cret", &default).await.unwrap_err();
+    assert!(matches!(not_a_url, StoreError::Invalid(_)) && !not_a_url.to_string().contains("s3cret"), "{not_a_url}");
     // Nothing listens on port 1: unavailable after the acquire timeout, password masked.
-    let down = PgStore::connect("postgres://u:s3cret@127.0.0.1:1/d", "solocron_").await.unwrap_err();
+    let down = PgStore::connect("postgres://u:s3cret@127.0.0.1:1/d", &default).await.unwrap_err();
     assert!(matches!(down, StoreError::Unavailable(_)), "{down}");
     assert!(down.to_string().contains("u:***@127.0.0.1:1/d") && !down.to_string().contains("s3cret"), "{down}");
+    // The same with the password as a parameter.
+    let down = PgStore::connect("postgres://u@127.0.0.1:1/d?password=s3cret", &default).await.unwrap_err();
+    assert!(matches!(down, StoreError::Unavailable(_)), "{down}");
+    assert!(down.to_string().contains("password=***") && !down.to_string().contains("s3cret"), "{down}");
+}
+
+/// Every relation (table, index), type, function and trigger of the test schema whose
+/// name starts with `start`, as `kind name`.
+async fn objects_named(pool: &sqlx::PgPool, start: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT kind || ' ' || name FROM (
+             SELECT 'relation' AS kind, relname::text AS name FROM pg_class
+             WHERE relnamespace = current_schema()::regnamespace
+             UNION ALL SELECT 'type', typname::text FROM pg_type WHERE typnamespace = current_schema()::regnamespace
+             UNION ALL SELECT 'function', proname::text FROM pg_proc WHERE pronamespace = current_schema()::regnamespace
+             UNION ALL SELECT 'trigger', tgname::text FROM pg_trigger
+         ) o WHERE left(name, length($1)) = $1 ORDER BY 1",
+    )
+    .bind(start)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// `uninstall` drops every table, index, function and trigger of its prefix, even those
+/// of a prefix whose names begin like its own stays whole and working, and a second
+/// `uninstall` finds nothing to do.
+#[tokio::test]
+async fn uninstall_removes_everything_of_its_prefix_and_nothing_else() {
+    let Some(ns) = Namespace::new().await else { return };
+    // Its names begin with ns's: `{ns}_other_runs` beside `{ns}_runs`.
+    let other_ns = ns.nested("other");
+    let (store, other) = (ns.migrated().await, other_ns.migrated().await);
+    won(&store, run(tick("backup", 0), "a", LONG_LEASE, false)).await;
+    won(&other, run(tick("backup", 0), "a", LONG_LEASE, false)).await;
+    let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
+    let others = objects_named(&pool, &other_ns.prefix.table_prefix()).await;
+    let mine: Vec<String> =
+        objects_named(&pool, &ns.prefix.table_prefix()).await.into_iter().filter(|o| !others.contains(o)).collect();
+    let p = ns.prefix.table_prefix();
+    for object in ["relation {p}runs", "relation {p}schema", "relation {p}runs_pkey", "function {p}claim_one"] {
+        assert!(mine.contains(&object.replace("{p}", &p)), "{object} is missing from {mine:?}");
+    }
+    assert_eq!(others.len(), mine.len(), "the other prefix has the same schema: {others:?}");
+
+    store.uninstall().await.expect("uninstall");
+    assert_eq!(objects_named(&pool, &p).await, others, "only the other prefix's objects are left");
+    store.uninstall().await.expect("uninstalling again is fine");
+    let err = store.claim(&[run(tick("backup", 1), "a", LONG_LEASE, false)]).await.unwrap_err();
+    assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+
+    assert_eq!(other.history(&HistoryQuery::default()).await.unwrap().len(), 1);
+    let next = won(&other, run(tick("backup", 1), "a", LONG_LEASE, false)).await;
+    assert_eq!(next.fencing_token, 2, "the other prefix keeps its counters");
+    // The uninstalled prefix starts afresh.
+    store.migrate().await.expect("migrate again");
+    assert_eq!(won(&store, run(tick("backup", 0), "a", LONG_LEASE, false)).await.fencing_token, 1);
+    pool.close().await;
 }
 
 #[tokio::test]
 async fn an_unmigrated_prefix_is_an_invalid_store_not_an_outage() {
     let Some(ns) = Namespace::new().await else { return };
-    let err = ns.open().await.claim(&[run(tick("backup", 0), "a", LONG_LEASE, false)]).await.unwrap_err();
+    let err = ns.store().await.claim(&[run(tick("backup", 0), "a", LONG_LEASE, false)]).await.unwrap_err();
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");
 }

@@ -9,14 +9,27 @@
 //! unknown right after loading it (a proxy that sent the load elsewhere), the process uses
 //! the scripts from then on. Both forms run the same code, so they can be mixed freely in
 //! one fleet.
+//!
+//! Also here: how the store sends a call and names its failure ([`RedisStore::run`]), and
+//! how arguments are spelled for the scripts ([`millis`], [`optional`]).
 
+use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use redis::{Cmd, RedisError, RedisResult, ScriptInvocation, ToRedisArgs, Value};
+use solocron_core::StoreError;
 
+use crate::decode::convert;
+use crate::error::{is_transient, redis_error};
 use crate::scripts::{Method, CODE};
+use crate::RedisStore;
+
+/// Longest duration (lease, start delay, retention) accepted: 100 years. Keeps every
+/// instant the scripts compute far below 2^53 ms, where Lua's doubles stop being exact.
+const DURATION_MS_MAX: u128 = 100 * 365 * 24 * 3600 * 1000;
 
 /// A call of one method: its code and its arguments after the prefix.
 pub(crate) struct Call {
@@ -106,7 +119,7 @@ impl Caller {
         match loaded {
             Ok(_) => {}
             Err(e) if e.detail().is_some_and(|d| d.contains("already exists")) => {}
-            Err(e) if crate::is_transient(&e) => return false,
+            Err(e) if is_transient(&e) => return false,
             Err(e) => {
                 self.use_scripts(&format!("the server refused to load it: {e}"));
                 return false;
@@ -188,9 +201,82 @@ impl Caller {
     }
 }
 
+impl RedisStore {
+    /// A call of `method` on this store's keys.
+    pub(crate) fn invocation(&self, method: &'static Method) -> Call {
+        Call::new(method, &self.prefix)
+    }
+
+    /// Runs `call`; errors say which operation failed on which store.
+    pub(crate) async fn run(&self, call: &Call, operation: &str) -> Result<Value, StoreError> {
+        let mut conn = self.conn.clone();
+        self.caller
+            .send(&mut conn, call)
+            .await
+            .map_err(|e| redis_error(e, &format!("{operation} on {}", self.description)))
+    }
+
+    /// Runs `calls`, each answering 1 or 0, as one pipeline (each call atomic by itself):
+    /// one flag per call, in order.
+    pub(crate) async fn run_flags(&self, calls: &[Call], operation: &str) -> Result<Vec<bool>, StoreError> {
+        if calls.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn.clone();
+        let context = || format!("{operation} on {}", self.description);
+        let replies = self.caller.send_all(&mut conn, calls).await.map_err(|e| redis_error(e, &context()))?;
+        if replies.len() != calls.len() {
+            return Err(StoreError::Invalid(format!(
+                "{operation} answered {} of {} calls",
+                replies.len(),
+                calls.len()
+            )));
+        }
+        replies
+            .into_iter()
+            .map(|reply| {
+                let done: i64 = convert(reply.map_err(|e| redis_error(e, &context()))?, "reply")?;
+                Ok(done == 1)
+            })
+            .collect()
+    }
+}
+
+/// Milliseconds of a duration, refusing absurd ones (see [`DURATION_MS_MAX`]).
+pub(crate) fn millis(d: Duration) -> Result<i64, StoreError> {
+    let ms = d.as_millis();
+    if ms > DURATION_MS_MAX {
+        return Err(StoreError::Invalid(format!("duration {d:?} is too long")));
+    }
+    Ok(ms as i64)
+}
+
+/// An optional argument as the scripts take it: `''` for none, `'='` + the value.
+pub(crate) fn optional(value: Option<impl fmt::Display>) -> String {
+    value.map_or_else(String::new, |v| format!("={v}"))
+}
+
 /// True if the server did not know the called function, or `FCALL` itself (a server
 /// replaced by one older than 7.0: the load then fails, and the scripts take over).
 fn function_unknown(e: &RedisError) -> bool {
     e.detail()
         .is_some_and(|d| d.starts_with("Function not found") || d.starts_with("unknown command") && d.contains("FCALL"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absurd_durations_are_refused() {
+        assert_eq!(millis(Duration::from_millis(1500)).unwrap(), 1500);
+        assert!(millis(Duration::from_secs(u64::MAX)).is_err());
+    }
+
+    #[test]
+    fn optional_arguments_tell_none_from_empty() {
+        assert_eq!(optional(None::<&str>), "");
+        assert_eq!(optional(Some("")), "=");
+        assert_eq!(optional(Some(3)), "=3");
+    }
 }

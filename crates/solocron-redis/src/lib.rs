@@ -5,12 +5,12 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Store, Tick, Trigger};
-//! use solocron_redis::{RedisStore, DEFAULT_KEY_PREFIX};
+//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+//! use solocron_redis::RedisStore;
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = RedisStore::connect("redis://:secret@127.0.0.1:6379/0", DEFAULT_KEY_PREFIX).await?;
+//! let store = RedisStore::connect("redis://:secret@127.0.0.1:6379/0", &Prefix::default()).await?;
 //! assert!(!store.describe().contains("secret"));
 //! store.migrate().await?;
 //!
@@ -59,13 +59,16 @@
 //!
 //! ## Keys
 //!
-//! Every key starts with the key prefix ([`DEFAULT_KEY_PREFIX`] = `{solocron}:`), so
-//! several applications (or several solocron fleets, with different prefixes) can share one
-//! Redis. The braces make `solocron` the key's *hash tag*: Redis Cluster puts every key with
-//! the same tag in the same slot, so the scripts, which touch many keys, stay valid on a
+//! Every key starts with the store's [`Prefix`] spelt as a key prefix,
+//! [`Prefix::redis_key_prefix`]: `{solocron}:` for the default `solocron`, so several
+//! applications (or several solocron fleets, with different prefixes) can share one Redis.
+//! The braces make the name the key's *hash tag*: Redis Cluster puts every key with the
+//! same tag in the same slot, so the scripts, which touch many keys, stay valid on a
 //! cluster. This crate itself connects to one endpoint (a `redis://` URL: a standalone
 //! server, a primary, or a proxy); the tag is what makes the layout usable behind a cluster
-//! proxy. Give every fleet its own prefix with a tag, like `{billing_cron}:`.
+//! proxy. Give every fleet its own prefix, like `billing_cron` (keys `{billing_cron}:...`).
+//! [`Store::uninstall`] deletes every key under the prefix (see `schema.rs` for why the
+//! Functions library stays).
 //!
 //! With the default prefix, and `<id>` = `<scheduled_at ms>:<attempt, 10 digits>:<job>`:
 //!
@@ -95,7 +98,7 @@
 //! returns; with one it examines records one by one, at most 50 000 per call (about 0.1 s
 //! of Redis time), and returns the matches found among them (a warning is logged when it
 //! stops there). [`Store::prune`] deletes at most a batch of records per call, plus at most
-//! [`PRUNE_BATCH_MAX`] old requests and stale registrations; it also removes registrations
+//! [`PRUNE_BATCH_MAX`](solocron_core::PRUNE_BATCH_MAX) old requests and stale registrations; it also removes registrations
 //! not refreshed within the retention (Redis keeps everything in memory, so the registry of
 //! long-gone nodes is not kept forever as in the SQL stores).
 //!
@@ -170,12 +173,37 @@
 //! `controls`, `pending_requests`) still answer. Script errors, replies of
 //! an unexpected shape and refused credentials are [`StoreError::Invalid`]. An unknown
 //! function or `NOSCRIPT` (after a restart, `FUNCTION FLUSH` or `SCRIPT FLUSH`) is handled
-//! by loading the code again. Passwords never appear in [`Store::describe`] or in error messages.
+//! by loading the code again. Passwords never appear in [`Store::describe`] or in error
+//! messages: what is shown of the URL goes through [`solocron_core::redact_url`].
+//!
+//! ## Code map
+//!
+//! - `lib.rs`: the store type, [`RedisStore::connect`], and the [`Store`] impl, which
+//!   only delegates to the files below.
+//! - `url.rs`: the URL into a client; what is shown of it (redacted).
+//! - `schema.rs`: `migrate` (layout version, epoch) and `uninstall`.
+//! - `claim.rs`: the claim, a whole batch in one call. Nothing else claims.
+//! - `runs.rs`: a held run's life: renew, finish, expired, recover, unlock.
+//! - `admin.rs`: history, now, registry, pause switches, manual requests, memory_since,
+//!   prune.
+//! - `watch.rs`: the request watch (a pub/sub subscription).
+//! - `error.rs`: Redis errors as [`StoreError`]s.
+//! - `scripts.rs`, `lua/`: the Lua code, as a Functions library and as scripts.
+//! - `call.rs`: how a call is sent (`FCALL`, or `EVALSHA` where the library is refused),
+//!   and how arguments are spelled.
+//! - `decode.rs`: the scripts' replies as solocron's types.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod admin;
 mod call;
+mod claim;
 mod decode;
+mod error;
+mod runs;
+mod schema;
 mod scripts;
+mod url;
 mod watch;
 
 use std::fmt;
@@ -184,23 +212,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Value};
 use solocron_core::{
-    output_tail, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease,
-    RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store,
-    StoreError, Tick, FINISH_BATCH_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
+    ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, Prefix, RecoverAction,
+    RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
 
-use call::{Call, Caller};
-use decode::{convert, instant, invalid};
-use scripts::{Method, CODE};
-
-/// The key prefix used unless configured otherwise. `{solocron}` is the hash tag that keeps
-/// every key of the store in one Redis Cluster slot (see the crate documentation).
-pub const DEFAULT_KEY_PREFIX: &str = "{solocron}:";
-
-/// Longest key prefix accepted.
-const KEY_PREFIX_LEN_MAX: usize = 64;
+use call::Caller;
+use error::redis_error;
 
 /// How long connecting, and then each reply, may take before the store is unavailable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -210,15 +228,8 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// surfaces quickly as "unavailable" and the engine's own backoff takes over.
 const RECONNECT_RETRIES: usize = 1;
 
-/// Longest duration (lease, start delay, retention) accepted: 100 years. Keeps every
-/// instant the scripts compute far below 2^53 ms, where Lua's doubles stop being exact.
-const DURATION_MS_MAX: u128 = 100 * 365 * 24 * 3600 * 1000;
-
-/// Most records one filtered [`Store::history`] call examines (see "Cost").
-const HISTORY_EXAMINED_MAX: usize = 50_000;
-
-/// How many successive milliseconds [`Store::request_run`] tries before giving up.
-const REQUEST_SLOTS_MAX: usize = 100;
+/// Longest pause between reconnection attempts.
+const RECONNECT_DELAY_MAX: Duration = Duration::from_millis(500);
 
 /// A [`Store`] kept in Redis under a key prefix.
 ///
@@ -234,6 +245,7 @@ pub struct RedisStore {
     conn: ConnectionManager,
     /// For the request watch's own (subscribed) connection.
     client: redis::Client,
+    /// The key prefix, `{name}:` ([`Prefix::redis_key_prefix`]).
     prefix: String,
     /// Sends the calls of the store's Lua code (library or scripts).
     caller: Caller,
@@ -248,33 +260,27 @@ impl fmt::Debug for RedisStore {
 
 impl RedisStore {
     /// Connects to the Redis at `url` (`redis://[[user]:password@]host:port[/db]`) and keeps
-    /// its keys under `key_prefix` (usually [`DEFAULT_KEY_PREFIX`]). Does not write
-    /// anything: call [`Store::migrate`].
+    /// its keys under `prefix` (`{name}:...`, see [`Prefix::redis_key_prefix`]). Does not
+    /// write anything: call [`Store::migrate`].
     ///
     /// Fails with [`StoreError::Unavailable`] if the server cannot be reached within 5 s,
-    /// and with [`StoreError::Invalid`] if the URL or the prefix is malformed or the server
-    /// refuses the credentials. A prefix is 1 to 64 characters among `A-Z a-z 0-9 _ - . :`
-    /// with at most one hash tag in braces, like `{solocron}:`.
-    pub async fn connect(url: &str, key_prefix: &str) -> Result<RedisStore, StoreError> {
-        check_prefix(key_prefix)?;
-        let description = format!("{} (keys {key_prefix}*)", mask_url(url));
-        let client = redis::Client::open(url)
-            .map_err(|e| StoreError::Invalid(format!("bad Redis URL {}: {e}", mask_url(url))))?;
+    /// and with [`StoreError::Invalid`] if the URL is malformed or the server refuses the
+    /// credentials. No error shows the URL's password.
+    pub async fn connect(url: &str, prefix: &Prefix) -> Result<RedisStore, StoreError> {
+        let key_prefix = prefix.redis_key_prefix();
+        let description = url::description(url, &key_prefix);
+        let client = url::client(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_number_of_retries(RECONNECT_RETRIES)
-            .set_max_delay(Duration::from_millis(500));
+            .set_max_delay(RECONNECT_DELAY_MAX);
         let conn = ConnectionManager::new_with_config(client.clone(), config)
             .await
-            .map_err(|e| redis_error(e, &format!("cannot connect to {description}")))?;
-        Ok(RedisStore {
-            conn,
-            client,
-            prefix: key_prefix.to_owned(),
-            caller: Caller::new(format!("{key_prefix}epoch")),
-            description,
-        })
+            .map_err(|e| redis_error(e, &format!("cannot connect to {description}")))
+            .map_err(|e| error::redacted(e, url))?;
+        let caller = Caller::new(format!("{key_prefix}epoch"));
+        Ok(RedisStore { conn, client, prefix: key_prefix, caller, description })
     }
 
     /// Whether this store's calls go to its Redis Functions library (`Some(true)`), or to
@@ -293,182 +299,10 @@ impl RedisStore {
         self.caller.calls_library()
     }
 
-    /// The key prefix this store's keys start with.
+    /// The key prefix this store's keys start with: `{name}:`.
     pub fn key_prefix(&self) -> &str {
         &self.prefix
     }
-
-    /// A call of `method` on this store's keys.
-    fn invocation(&self, method: &'static Method) -> Call {
-        Call::new(method, &self.prefix)
-    }
-
-    /// Runs `call`; errors say which operation failed on which store.
-    async fn run(&self, call: &Call, operation: &str) -> Result<Value, StoreError> {
-        let mut conn = self.conn.clone();
-        self.caller
-            .send(&mut conn, call)
-            .await
-            .map_err(|e| redis_error(e, &format!("{operation} on {}", self.description)))
-    }
-
-    /// Runs `calls`, each answering 1 or 0, as one pipeline (each call atomic by itself):
-    /// one flag per call, in order.
-    async fn run_flags(&self, calls: &[Call], operation: &str) -> Result<Vec<bool>, StoreError> {
-        if calls.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut conn = self.conn.clone();
-        let context = || format!("{operation} on {}", self.description);
-        let replies = self.caller.send_all(&mut conn, calls).await.map_err(|e| redis_error(e, &context()))?;
-        if replies.len() != calls.len() {
-            return Err(StoreError::Invalid(format!(
-                "{operation} answered {} of {} calls",
-                replies.len(),
-                calls.len()
-            )));
-        }
-        replies
-            .into_iter()
-            .map(|reply| {
-                let done: i64 = convert(reply.map_err(|e| redis_error(e, &context()))?, "reply")?;
-                Ok(done == 1)
-            })
-            .collect()
-    }
-
-    /// The `renew` script's call for one lease.
-    fn renew_call(&self, lease: &Lease, length: Duration) -> Result<Call, StoreError> {
-        let mut call = self.invocation(&CODE.renew);
-        Self::lease_args(&mut call, lease);
-        call.arg(millis(length)?);
-        Ok(call)
-    }
-
-    /// The `finish` script's call for one end.
-    fn finish_call(&self, lease: &Lease, end: &RunEnd) -> Result<Call, StoreError> {
-        assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
-        let started_after = end.started_after.map(millis).transpose()?;
-        let mut call = self.invocation(&CODE.finish);
-        Self::lease_args(&mut call, lease);
-        call.arg(end.state.as_str())
-            .arg(optional(end.reason.as_deref()))
-            .arg(optional(end.exit_code))
-            .arg(output_tail(&end.output))
-            .arg(optional(started_after));
-        Ok(call)
-    }
-
-    /// The identity of a run and its holder's proof, as renew and finish send them.
-    fn lease_args(call: &mut Call, lease: &Lease) {
-        call.arg(&lease.run.tick.job)
-            .arg(lease.run.tick.scheduled_at.timestamp_millis())
-            .arg(lease.run.attempt)
-            .arg(&lease.owner)
-            .arg(lease.fencing_token.to_string());
-    }
-}
-
-/// Checks a key prefix (see [`RedisStore::connect`]).
-fn check_prefix(prefix: &str) -> Result<(), StoreError> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || "_-.:{}".contains(c);
-    let tag_ok = match (prefix.matches('{').count(), prefix.matches('}').count()) {
-        (0, 0) => true,
-        // Redis hashes the text between the first `{` and the next `}`, if not empty.
-        (1, 1) => prefix.find('{').zip(prefix.find('}')).is_some_and(|(open, close)| close > open + 1),
-        _ => false,
-    };
-    if (1..=KEY_PREFIX_LEN_MAX).contains(&prefix.len()) && prefix.chars().all(allowed) && tag_ok {
-        return Ok(());
-    }
-    Err(StoreError::Invalid(format!(
-        "invalid Redis key prefix `{prefix}`: expected 1 to {KEY_PREFIX_LEN_MAX} characters among \
-         A-Z a-z 0-9 _ - . : with at most one non-empty {{hash tag}}, like `{DEFAULT_KEY_PREFIX}`"
-    )))
-}
-
-/// `url` with any password (in the user part or a `password=` parameter) replaced by `***`.
-fn mask_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        // Not a URL Redis accepts; it may still hold a secret.
-        return "<a Redis URL without `://`>".to_owned();
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let authority = match authority.rsplit_once('@') {
-        // `user:password@` keeps the user; a lone `secret@` may be a password put there.
-        Some((user, host)) => match user.split_once(':') {
-            Some((name, _)) => format!("{name}:***@{host}"),
-            None => format!("***@{host}"),
-        },
-        None => authority.to_owned(),
-    };
-    let Some((path, query)) = tail.split_once('?') else { return format!("{scheme}://{authority}{tail}") };
-    let query: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((k, _)) if k.to_ascii_lowercase().contains("pass") => format!("{k}=***"),
-            _ => pair.to_owned(),
-        })
-        .collect();
-    format!("{scheme}://{authority}{path}?{}", query.join("&"))
-}
-
-/// True for errors a retry may cure: the connection, timeouts, a server loading or busy,
-/// a cluster or replication in transition, a full memory.
-pub(crate) fn is_transient(e: &RedisError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind as Server};
-    const CODES: [&str; 9] =
-        ["BUSY", "LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "NOREPLICAS", "OOM", "MISCONF"];
-    e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_refusal()
-        || e.is_connection_dropped()
-        || e.is_cluster_error()
-        || matches!(
-            e.kind(),
-            ErrorKind::Server(
-                Server::BusyLoading | Server::TryAgain | Server::ClusterDown | Server::MasterDown | Server::ReadOnly
-            ) | ErrorKind::ClusterConnectionNotFound
-        )
-        || e.code().is_some_and(|code| CODES.contains(&code))
-}
-
-/// Maps a Redis error (see "Errors" in the crate documentation), prefixed with `context`.
-fn redis_error(e: RedisError, context: &str) -> StoreError {
-    if is_transient(&e) {
-        StoreError::Unavailable(format!("{context}: {e}"))
-    } else {
-        StoreError::Invalid(format!("{context}: {e}"))
-    }
-}
-
-/// Milliseconds of a duration, refusing absurd ones (see [`DURATION_MS_MAX`]).
-fn millis(d: Duration) -> Result<i64, StoreError> {
-    let ms = d.as_millis();
-    if ms > DURATION_MS_MAX {
-        return Err(StoreError::Invalid(format!("duration {d:?} is too long")));
-    }
-    Ok(ms as i64)
-}
-
-/// An optional argument as the scripts take it: `''` for none, `'='` + the value.
-fn optional(value: Option<impl fmt::Display>) -> String {
-    value.map_or_else(String::new, |v| format!("={v}"))
-}
-
-/// The store's scripts' mode names.
-fn mode(mode: &ClaimMode) -> (&'static str, &str) {
-    match mode {
-        ClaimMode::Skip { reason } => ("skip", reason),
-        ClaimMode::Run { skip_if_running: true } => ("exclusive", ""),
-        ClaimMode::Run { skip_if_running: false } => ("run", ""),
-    }
-}
-
-/// Attempt 1 of a request's tick, at the millisecond precision the store keeps.
-fn first_attempt(request: &ClaimRequest) -> RunId {
-    RunId { tick: Tick::new(request.tick.job.clone(), request.tick.scheduled_at), attempt: 1 }
 }
 
 #[async_trait]
@@ -478,274 +312,86 @@ impl Store for RedisStore {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        // One script: concurrent migrations take turns, and each later one finds the
-        // version and the epoch marked. There are no structures to create.
-        self.run(&self.invocation(&CODE.migrate), "migrate").await.map(drop)
+        schema::migrate(self).await
+    }
+
+    async fn uninstall(&self) -> Result<(), StoreError> {
+        schema::uninstall(self).await
     }
 
     async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-        if requests.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut call = self.invocation(&CODE.claim);
-        call.arg(requests.len());
-        for request in requests {
-            let (mode, reason) = mode(&request.mode);
-            call.arg(&request.tick.job)
-                .arg(request.tick.scheduled_at.timestamp_millis())
-                .arg(request.trigger.as_str())
-                .arg(&request.node)
-                .arg(millis(request.lease)?)
-                .arg(mode)
-                .arg(reason);
-        }
-        let replies: Vec<Vec<String>> = convert(self.run(&call, "claim").await?, "claim outcomes")?;
-        if replies.len() != requests.len() {
-            return Err(invalid(
-                "claim outcomes",
-                format!("{} outcomes for {} requests", replies.len(), requests.len()),
-            ));
-        }
-        let outcomes = requests
-            .iter()
-            .zip(&replies)
-            .map(|(request, reply)| decode::claim_outcome(reply, first_attempt(request), &request.node))
-            .collect::<Result<Vec<_>, _>>()?;
-        for outcome in &outcomes {
-            if let ClaimOutcome::Won(lease) = outcome {
-                tracing::debug!(run = %lease.run, node = %lease.owner, token = lease.fencing_token, "run claimed");
-            }
-        }
-        Ok(outcomes)
+        claim::claim(self, requests).await
     }
 
     async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-        let renewed: i64 = convert(self.run(&self.renew_call(lease, length)?, "renew").await?, "renew reply")?;
-        Ok(renewed == 1)
+        runs::renew(self, lease, length).await
     }
 
     async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-        assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
-        let calls = renewals.iter().map(|r| self.renew_call(&r.lease, r.length)).collect::<Result<Vec<_>, _>>()?;
-        self.run_flags(&calls, "renew").await
+        runs::renew_all(self, renewals).await
     }
 
     async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-        let call = self.finish_call(lease, end)?;
-        let finished: i64 = convert(self.run(&call, "finish").await?, "finish reply")?;
-        Ok(finished == 1)
+        runs::finish(self, lease, end).await
     }
 
     async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-        assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
-        let calls = endings.iter().map(|e| self.finish_call(&e.lease, &e.end)).collect::<Result<Vec<_>, _>>()?;
-        self.run_flags(&calls, "finish").await
+        runs::finish_all(self, endings).await
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
-        let limit = limit.min(RECORDS_PAGE_MAX);
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let mut call = self.invocation(&CODE.expired);
-        call.arg(limit);
-        let records = decode::each(self.run(&call, "expired").await?, "expired runs", decode::record)?;
-        // A record this version cannot read (written by a newer one, say) must not stop the
-        // recovery of every other run.
-        Ok(records
-            .into_iter()
-            .filter_map(|r| r.map_err(|e| tracing::error!(error = %e, "skipping an unreadable expired run")).ok())
-            .collect())
+        runs::expired(self, limit).await
     }
 
     async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
-        // Checked before the call: the script may end the run before it starts the next one.
-        if matches!(action, RecoverAction::Retry { .. }) && run.attempt == u32::MAX {
-            return Err(StoreError::Invalid(format!("run {run} has no next attempt")));
-        }
-        let next = RunId { tick: run.tick.clone(), attempt: run.attempt.saturating_add(1) };
-        let mut call = self.invocation(&CODE.recover);
-        call.arg(&run.tick.job).arg(run.tick.scheduled_at.timestamp_millis()).arg(run.attempt);
-        match action {
-            RecoverAction::Abandon { reason } => call.arg("abandon").arg(reason).arg(0),
-            RecoverAction::Retry { node, lease } => call.arg("retry").arg(node).arg(millis(*lease)?),
-        };
-        let reply: Vec<String> = convert(self.run(&call, "recover").await?, "recover reply")?;
-        let outcome = match (reply.first().map(String::as_str), action) {
-            (Some("not_needed"), _) => RecoverOutcome::NotNeeded,
-            (Some("abandoned"), RecoverAction::Abandon { .. }) => RecoverOutcome::Abandoned,
-            (Some("won"), RecoverAction::Retry { node, .. }) => {
-                RecoverOutcome::Retried(decode::won(&reply, next, node)?)
-            }
-            _ => return Err(invalid("recover reply", format!("{reply:?}"))),
-        };
-        if outcome != RecoverOutcome::NotNeeded {
-            tracing::debug!(%run, ?outcome, "expired run recovered");
-        }
-        Ok(outcome)
+        runs::recover(self, run, action).await
     }
 
     async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
-        let limit = match query.limit {
-            0 => RECORDS_PAGE_MAX,
-            n => n.min(RECORDS_PAGE_MAX),
-        };
-        let mut call = self.invocation(&CODE.history);
-        call.arg(optional(query.job.as_deref()))
-            .arg(optional(query.state.map(|s| s.as_str())))
-            .arg(optional(query.node.as_deref()))
-            .arg(optional(query.since.map(|t| t.timestamp_millis())))
-            .arg(optional(query.until.map(|t| t.timestamp_millis())))
-            .arg(limit)
-            .arg(HISTORY_EXAMINED_MAX);
-        let (bounded, records): (i64, Value) = convert(self.run(&call, "history").await?, "history reply")?;
-        let records = decode::each(records, "history", decode::record)?.into_iter().collect::<Result<Vec<_>, _>>()?;
-        if bounded == 1 {
-            tracing::warn!(
-                examined = HISTORY_EXAMINED_MAX,
-                found = records.len(),
-                "history query stopped after examining its most records; older matches are not listed"
-            );
-        }
-        Ok(records)
+        admin::history(self, query).await
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        let mut conn = self.conn.clone();
-        let (secs, micros): (i64, i64) = redis::cmd("TIME")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| redis_error(e, &format!("now on {}", self.description)))?;
-        instant(secs * 1000 + micros / 1000)
+        admin::now(self).await
     }
 
     async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
-        if jobs.is_empty() {
-            return Ok(());
-        }
-        let mut call = self.invocation(&CODE.register);
-        call.arg(node).arg(jobs.len());
-        for job in jobs {
-            call.arg(&job.job).arg(&job.schedule).arg(&job.timezone).arg(&job.definition_hash).arg(&job.summary);
-        }
-        self.run(&call, "register").await.map(drop)
+        admin::register(self, node, jobs).await
     }
 
     async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
-        let reply = self.run(&self.invocation(&CODE.registrations), "registrations").await?;
-        let mut all =
-            decode::each(reply, "registrations", decode::registration)?.into_iter().collect::<Result<Vec<_>, _>>()?;
-        all.sort_by(|a, b| (&a.definition.job, &a.node).cmp(&(&b.definition.job, &b.node)));
-        Ok(all)
+        admin::registrations(self).await
     }
 
     async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
-        let mut call = self.invocation(&CODE.set_paused);
-        call.arg(job).arg(if paused { "1" } else { "0" }).arg(by).arg(optional(reason));
-        self.run(&call, "set_paused").await.map(drop)
+        admin::set_paused(self, job, paused, by, reason).await
     }
 
     async fn controls(&self) -> Result<Vec<JobControl>, StoreError> {
-        let reply = self.run(&self.invocation(&CODE.controls), "controls").await?;
-        let mut all =
-            decode::each(reply, "job controls", decode::control)?.into_iter().collect::<Result<Vec<_>, _>>()?;
-        all.sort_by(|a, b| a.job.cmp(&b.job));
-        Ok(all)
+        admin::controls(self).await
     }
 
     async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError> {
-        let mut call = self.invocation(&CODE.request_run);
-        call.arg(job).arg(by).arg(REQUEST_SLOTS_MAX);
-        let at: i64 = convert(self.run(&call, "request_run").await?, "requested instant")?;
-        Ok(Tick::new(job, instant(at)?))
+        admin::request_run(self, job, by).await
     }
 
     fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
-        Some(Box::new(watch::RedisRequestWatch::new(self.client.clone(), format!("{}requests", self.prefix))))
+        Some(watch::watch(self))
     }
 
     async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
-        let limit = limit.min(RECORDS_PAGE_MAX);
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let mut call = self.invocation(&CODE.pending);
-        call.arg(limit);
-        let flat: Vec<String> = convert(self.run(&call, "pending_requests").await?, "pending requests")?;
-        flat.chunks(2)
-            .map(|pair| {
-                let (member, by) = match pair {
-                    [member, by] => (member, by),
-                    _ => return Err(invalid("pending requests", format!("{flat:?}"))),
-                };
-                let (at, job) = member.split_once(':').ok_or_else(|| invalid("run request", member))?;
-                let at = at.parse::<i64>().map_err(|e| invalid("run request", format!("{member}: {e}")))?;
-                Ok(RunRequest { tick: Tick::new(job, instant(at)?), requested_by: by.clone() })
-            })
-            .collect()
+        admin::pending_requests(self, limit).await
     }
 
     async fn unlock(&self, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-        let mut call = self.invocation(&CODE.unlock);
-        call.arg(job).arg(reason);
-        let ids: Vec<String> = convert(self.run(&call, "unlock").await?, "unlocked runs")?;
-        let runs = ids.iter().map(|id| decode::run_id(id)).collect::<Result<Vec<_>, _>>()?;
-        tracing::debug!(job, runs = runs.len(), "job unlocked");
-        Ok(runs)
+        runs::unlock(self, job, reason).await
     }
 
     async fn memory_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let reply = self.run(&self.invocation(&CODE.memory_since), "memory_since").await?;
-        let ms: i64 = convert(reply, "epoch")?;
-        Ok(Some(instant(ms)?))
+        admin::memory_since(self).await
     }
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
-        let mut call = self.invocation(&CODE.prune);
-        call.arg(millis(older_than)?).arg(batch.min(PRUNE_BATCH_MAX)).arg(PRUNE_BATCH_MAX);
-        let deleted: i64 = convert(self.run(&call, "prune").await?, "pruned count")?;
-        u64::try_from(deleted).map_err(|e| invalid("pruned count", e))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefixes_are_checked() {
-        for good in [DEFAULT_KEY_PREFIX, "{solocron_t0123456789abcdef}:", "app:cron:", "a"] {
-            assert!(check_prefix(good).is_ok(), "{good}");
-        }
-        for bad in ["", "{}:", "{a}{b}:", "}a{", "with space", "star*", &"x".repeat(65)] {
-            let err = check_prefix(bad).unwrap_err();
-            assert!(matches!(err, StoreError::Invalid(_)) && err.to_string().contains("{solocron}:"), "{bad}: {err}");
-        }
-    }
-
-    #[test]
-    fn passwords_are_masked() {
-        assert_eq!(mask_url("redis://:s3cret@host:6379/0"), "redis://:***@host:6379/0");
-        assert_eq!(mask_url("redis://alice:s3cret@host"), "redis://alice:***@host");
-        assert_eq!(mask_url("redis://s3cret@host"), "redis://***@host");
-        assert_eq!(mask_url("redis://host:6379"), "redis://host:6379");
-        assert_eq!(
-            mask_url("redis+unix:///run/redis.sock?db=1&pass=s3cret"),
-            "redis+unix:///run/redis.sock?db=1&pass=***"
-        );
-        assert!(!mask_url("s3cret@host").contains("s3cret"));
-    }
-
-    #[test]
-    fn absurd_durations_are_refused() {
-        assert_eq!(millis(Duration::from_millis(1500)).unwrap(), 1500);
-        assert!(millis(Duration::from_secs(u64::MAX)).is_err());
-    }
-
-    #[test]
-    fn optional_arguments_tell_none_from_empty() {
-        assert_eq!(optional(None::<&str>), "");
-        assert_eq!(optional(Some("")), "=");
-        assert_eq!(optional(Some(3)), "=3");
+        admin::prune(self, older_than, batch).await
     }
 }

@@ -7,7 +7,7 @@
 //! - **A Functions library** (Redis 7+): the head and every method's file, loaded once per
 //!   server with `FUNCTION LOAD`; each call is an `FCALL`. The head's definitions are made
 //!   once, at load, instead of on every call: about a sixth of a claim's server time
-//!   (BENCHMARKS.md, 2026-11-24 evening).
+//!   (benchmarks/2026-11-24-evening-redis-functions-mariadb-claim-7391480.md).
 //! - **One script per method** (the head, the method's file, and the call), run with
 //!   `EVALSHA`: used where the server refuses `FUNCTION LOAD` (an ACL, a proxy).
 //!

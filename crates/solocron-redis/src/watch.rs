@@ -76,3 +76,9 @@ impl RequestWatch for RedisRequestWatch {
         self.messages = None;
     }
 }
+
+/// The store's request watch: a subscription to `{prefix}requests`, on a connection of its
+/// own.
+pub(crate) fn watch(store: &crate::RedisStore) -> Box<dyn RequestWatch> {
+    Box::new(RedisRequestWatch::new(store.client.clone(), format!("{}requests", store.prefix)))
+}

@@ -1,6 +1,7 @@
 //! Redis-specific behaviour beyond the conformance suite: big batches, concurrent
 //! claimers on separate connections, fencing across a lost memory, and errors. Each test
-//! runs on a fresh key prefix (see `common`); an unreachable server skips, or fails under CI.
+//! runs on a fresh key prefix (see `solocron_conformance::server`); an unreachable server skips, or fails under CI.
+#![forbid(unsafe_code)]
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use redis::Value;
 use solocron_core::{
-    ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, Lease, RecoverAction, RecoverOutcome, RunEnd,
+    ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, Lease, Prefix, RecoverAction, RecoverOutcome, RunEnd,
     RunState, Store, StoreError, Tick, Trigger,
 };
 use solocron_redis::RedisStore;
@@ -148,7 +149,7 @@ async fn after_forgetting_everything_tokens_stay_larger_memory_moves_on_and_old_
     tokio::time::sleep(Duration::from_millis(20)).await;
     // What a Redis restart without persistence does to this prefix (the real restart is
     // tested elsewhere): every key is gone.
-    assert!(common::forget(&ns.prefix).await.expect("forget") > 0);
+    assert!(common::forget(&ns).await.expect("forget") > 0);
     let restarted = store.now().await.expect("now");
 
     // The holder of a running run finds its lease gone at its next renewal and stops.
@@ -179,10 +180,10 @@ async fn memory_since_marks_the_epoch_itself_when_nothing_else_did() {
 }
 
 /// Sets the job's token counter as a failover or a clock step could leave it.
-async fn set_counter(prefix: &str, job: &str, value: u64) {
-    let mut conn = common::raw().await.expect("connect");
+async fn set_counter(ns: &common::Namespace, job: &str, value: u64) {
+    let mut conn = common::raw(&ns.url).await.expect("connect");
     let () = redis::cmd("HSET")
-        .arg(format!("{prefix}fences"))
+        .arg(format!("{}fences", ns.prefix.redis_key_prefix()))
         .arg(job)
         .arg(value)
         .query_async(&mut conn)
@@ -199,7 +200,7 @@ async fn a_token_is_at_least_the_servers_clock_in_microseconds_even_when_the_cou
     assert!(b.fencing_token > a.fencing_token);
     // As after a failover to a replica that missed the last increments (or a restore from
     // an old snapshot): the counter is far behind the tokens handed out.
-    set_counter(&ns.prefix, "backup", 7).await;
+    set_counter(&ns, "backup", 7).await;
     let before = store.now().await.expect("now");
     let c = won(&store, run(tick("backup", 2), "a", false)).await;
     let micros = u64::try_from(before.timestamp_micros()).expect("after 1970");
@@ -226,15 +227,15 @@ async fn a_token_stays_above_the_counter_when_the_servers_clock_went_back() {
     // As if the tokens so far were handed out while the clock was an hour ahead.
     let now = u64::try_from(store.now().await.expect("now").timestamp_micros()).expect("after 1970");
     let ahead = now + 3_600_000_000;
-    set_counter(&ns.prefix, "backup", ahead).await;
+    set_counter(&ns, "backup", ahead).await;
     let a = won(&store, run(tick("backup", 0), "a", false)).await;
     assert_eq!(a.fencing_token, ahead + 1, "the counter, not the clock that went back");
 }
 
 /// Deletes every solocron Functions library on the server, as a restart without
 /// persistence, a failover to a replica that never had it, or `FUNCTION FLUSH` would.
-async fn forget_libraries() {
-    let mut conn = common::raw().await.expect("connect");
+async fn forget_libraries(url: &str) {
+    let mut conn = common::raw(url).await.expect("connect");
     let libraries: Vec<Vec<Value>> =
         redis::cmd("FUNCTION").arg("LIST").query_async(&mut conn).await.expect("function list");
     for library in libraries {
@@ -267,8 +268,8 @@ async fn the_store_calls_its_library_and_loads_it_again_after_the_server_forgot_
     assert_eq!(store.calls_library(), None, "nothing called yet");
     store.migrate().await.expect("migrate");
     assert_eq!(store.calls_library(), Some(true));
-    outlives_forgotten_code(&store, forget_libraries()).await;
-    forget_libraries().await;
+    outlives_forgotten_code(&store, forget_libraries(&ns.url)).await;
+    forget_libraries(&ns.url).await;
     store.renew(&won(&store, run(tick("c", 0), "n", false)).await, LONG).await.expect("renew");
     assert_eq!(store.calls_library(), Some(true), "loaded again, not given up");
 }
@@ -278,18 +279,18 @@ async fn the_store_calls_its_library_and_loads_it_again_after_the_server_forgot_
 #[tokio::test]
 async fn a_user_who_may_not_load_functions_is_served_by_scripts() {
     let Some(ns) = common::Namespace::new().await else { return };
-    let mut conn = common::raw().await.expect("connect");
+    let mut conn = common::raw(&ns.url).await.expect("connect");
     let user = format!("solocron_t_{}", solocron_conformance::naming::fresh_tag());
     let () = redis::cmd("ACL")
         .arg(&["SETUSER", &user, "on", ">pw", "~*", "&*", "+@all", "-function"][..])
         .query_async(&mut conn)
         .await
         .expect("create a user");
-    let url = common::url().replacen("redis://", &format!("redis://{user}:pw@"), 1);
+    let url = ns.url.replacen("redis://", &format!("redis://{user}:pw@"), 1);
     let limited = RedisStore::connect(&url, &ns.prefix).await.expect("connect as the limited user");
     let migrated = limited.migrate().await;
     let forget_scripts = async {
-        let mut conn = common::raw().await.expect("connect");
+        let mut conn = common::raw(&ns.url).await.expect("connect");
         let () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.expect("script flush");
     };
     if migrated.is_ok() {
@@ -354,8 +355,13 @@ async fn filtered_history_pages_through_more_records_than_one_page() {
 async fn a_layout_version_this_code_does_not_know_is_refused() {
     let Some(ns) = common::Namespace::new().await else { return };
     let store = ns.store().await;
-    let mut conn = common::raw().await.expect("connect");
-    let () = redis::cmd("SET").arg(format!("{}schema", ns.prefix)).arg("2").query_async(&mut conn).await.expect("set");
+    let mut conn = common::raw(&ns.url).await.expect("connect");
+    let () = redis::cmd("SET")
+        .arg(format!("{}schema", ns.prefix.redis_key_prefix()))
+        .arg("2")
+        .query_async(&mut conn)
+        .await
+        .expect("set");
     let err = store.migrate().await.unwrap_err();
     assert!(matches!(&err, StoreError::Invalid(m) if m.contains("version 2")), "{err}");
     let err = store.claim(&[run(tick("backup", 0), "a", false)]).await.unwrap_err();
@@ -365,16 +371,19 @@ async fn a_layout_version_this_code_does_not_know_is_refused() {
 #[tokio::test]
 async fn an_unreachable_server_is_unavailable_and_bad_settings_are_invalid() {
     let started = Instant::now();
-    let err = RedisStore::connect("redis://:s3cret@127.0.0.1:1/0", "{x}:").await.unwrap_err();
+    let x = Prefix::parse("x").expect("a valid prefix");
+    let err = RedisStore::connect("redis://:s3cret@127.0.0.1:1/0", &x).await.unwrap_err();
     assert!(matches!(&err, StoreError::Unavailable(m) if !m.contains("s3cret")), "{err}");
     assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
-    for (url, prefix) in [("redis://127.0.0.1:1", "bad prefix"), ("http://x", "{x}:"), ("redis://:s3cret@", "{x}:")] {
-        let err = RedisStore::connect(url, prefix).await.unwrap_err();
+    // A bad prefix cannot reach the store: the one rule refuses it first.
+    assert!(Prefix::parse("bad prefix").is_err());
+    for url in ["http://x", "redis://:s3cret@"] {
+        let err = RedisStore::connect(url, &x).await.unwrap_err();
         assert!(matches!(&err, StoreError::Invalid(m) if !m.contains("s3cret")), "{url}: {err}");
     }
     let Some(ns) = common::Namespace::new().await else { return };
     let store = ns.store().await;
-    assert!(store.describe().ends_with(&format!(" (keys {}*)", ns.prefix)), "{}", store.describe());
+    assert!(store.describe().ends_with(&format!(" (keys {}*)", ns.prefix.redis_key_prefix())), "{}", store.describe());
 }
 
 /// A user whose ACL grants keys and commands but no pub/sub channels (Redis 7's default for
@@ -385,18 +394,87 @@ async fn a_user_without_channel_rights_requests_runs_without_an_error() {
     let Some(ns) = common::Namespace::new().await else { return };
     let store = ns.store().await;
     store.migrate().await.expect("migrate");
-    let mut conn = common::raw().await.expect("connect");
+    let mut conn = common::raw(&ns.url).await.expect("connect");
     let user = format!("solocron_t_{}", solocron_conformance::naming::fresh_tag());
     let () = redis::cmd("ACL")
         .arg(&["SETUSER", &user, "on", ">pw", "~*", "+@all", "resetchannels"][..])
         .query_async(&mut conn)
         .await
         .expect("create a user");
-    let url = common::url().replacen("redis://", &format!("redis://{user}:pw@"), 1);
+    let url = ns.url.replacen("redis://", &format!("redis://{user}:pw@"), 1);
     let limited = RedisStore::connect(&url, &ns.prefix).await.expect("connect as the limited user");
     let requested = limited.request_run("backup", "op").await;
     let pending = store.pending_requests(10).await.expect("pending");
     let _: () = redis::cmd("ACL").arg(&["DELUSER", &user][..]).query_async(&mut conn).await.expect("delete the user");
     let tick = requested.expect("the request succeeds although the wake-up cannot be published");
     assert_eq!(pending.iter().map(|r| &r.tick).collect::<Vec<_>>(), [&tick], "written once");
+}
+
+/// The keys under the namespace's prefix, read behind the store's back.
+async fn keys_of(ns: &common::Namespace) -> Vec<String> {
+    let mut conn = common::raw(&ns.url).await.expect("connect");
+    common::keys(&mut conn, &format!("{}*", ns.prefix.redis_key_prefix())).await.expect("scan")
+}
+
+#[tokio::test]
+async fn uninstall_removes_every_key_of_its_prefix_and_leaves_other_prefixes_alone() {
+    let (Some(gone), Some(kept)) = (common::Namespace::new().await, common::Namespace::new().await) else { return };
+    let mut stores = Vec::new();
+    for ns in [&gone, &kept] {
+        let store = ns.migrated().await;
+        let lease = won(&store, run(tick("backup", 0), "a", false)).await;
+        store.renew(&lease, LONG).await.expect("renew");
+        store.set_paused("backup", true, "ops", None).await.expect("pause");
+        store.request_run("report", "ops").await.expect("request");
+        let definition = solocron_core::JobDefinition {
+            job: "backup".into(),
+            schedule: "* * * * *".into(),
+            timezone: "UTC".into(),
+            definition_hash: "h".into(),
+            summary: String::new(),
+        };
+        store.register("a", &[definition]).await.expect("register");
+        stores.push(store);
+    }
+    let kept_keys = keys_of(&kept).await;
+    assert!(!keys_of(&gone).await.is_empty() && !kept_keys.is_empty(), "both prefixes hold keys");
+
+    stores[0].uninstall().await.expect("uninstall");
+    assert_eq!(keys_of(&gone).await, Vec::<String>::new(), "nothing left under {}", gone.prefix.redis_key_prefix());
+    stores[0].uninstall().await.expect("a second uninstall finds nothing and is fine");
+    let mut after = keys_of(&kept).await;
+    after.sort();
+    let mut before = kept_keys;
+    before.sort();
+    assert_eq!(after, before, "the other prefix is untouched");
+    assert_eq!(stores[1].history(&HistoryQuery::default()).await.expect("history").len(), 1);
+    // The library is shared by every prefix: the other prefix's calls still find it.
+    assert_eq!(stores[1].calls_library(), Some(true));
+    won(&stores[1], run(tick("other", 1), "a", false)).await;
+}
+
+/// Neither the description nor any connect error shows a password: not for a server that
+/// is down, nor for one that refuses the password, nor for one that takes it.
+#[tokio::test]
+async fn no_password_shows_in_the_description_or_in_connect_errors() {
+    let secret = "s3cret-pw";
+    let down = RedisStore::connect(&format!("redis://alice:{secret}@127.0.0.1:1/0"), &Prefix::default()).await;
+    let err = down.unwrap_err();
+    assert!(matches!(&err, StoreError::Unavailable(_)) && !err.to_string().contains(secret), "{err}");
+    let Some(ns) = common::Namespace::new().await else { return };
+    let mut conn = common::raw(&ns.url).await.expect("connect");
+    let user = format!("solocron_t_{}", solocron_conformance::naming::fresh_tag());
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", &user, "on", &format!(">{secret}"), "~*", "&*", "+@all"][..])
+        .query_async(&mut conn)
+        .await
+        .expect("create a user");
+    let with = |password: &str| ns.url.replacen("redis://", &format!("redis://{user}:{password}@"), 1);
+    let refused = RedisStore::connect(&with("wr0ng-s3cret"), &ns.prefix).await;
+    let taken = RedisStore::connect(&with(secret), &ns.prefix).await;
+    let _: () = redis::cmd("ACL").arg(&["DELUSER", &user][..]).query_async(&mut conn).await.expect("delete the user");
+    let err = refused.unwrap_err();
+    assert!(matches!(&err, StoreError::Invalid(_)) && !err.to_string().contains("wr0ng-s3cret"), "{err}");
+    let described = taken.expect("connect with the right password").describe();
+    assert!(described.contains(&format!("{user}:***@")) && !described.contains(secret), "{described}");
 }

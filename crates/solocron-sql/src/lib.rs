@@ -2,6 +2,7 @@
 //!
 //! SQL pieces every SQL store of solocron shares, written once over sqlx's database-generic
 //! query builder. A store crate depends on this; nothing else does.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod plan;

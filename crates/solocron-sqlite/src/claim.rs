@@ -19,18 +19,58 @@ use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use solocron_core::{ClaimOutcome, ClaimRequest, StoreError, CLAIM_BATCH_MAX};
 use solocron_sql::plan::{self, Decision, Found, StateRow, Wanted};
 
-use crate::{db_err, get_in, instant, millis, SqliteStore};
+use crate::error::db_err;
+use crate::records::{get_in, instant, millis};
+use crate::{fill, SqliteStore};
 
 /// Batches of at most this many requests keep their statements prepared (sqlx's
 /// per-connection statement cache): a small batch's statements have one of a few texts,
 /// and preparing them again each time was a quarter of a one-tick claim's time when those
-/// went through here (BENCHMARKS.md, 2026-11-24 evening). Larger batches' texts vary with
+/// went through here (benchmarks/2026-11-24-evening-redis-functions-mariadb-claim-7391480.md). Larger batches' texts vary with
 /// their size and are not kept.
 const PREPARED_BATCH_MAX: usize = 8;
 
 /// Records per `INSERT`: 10 bound values each stay below SQLite's limit on a statement's
 /// parameters (32,766 in the bundled SQLite; the read binds at most ~5 per request).
 const ROWS_PER_INSERT: usize = 90;
+
+/// The batch claim's statement parts for one table prefix, built when the store connects:
+/// a batch's texts vary with its size, but their parts need no formatting per claim.
+pub(crate) struct Sql {
+    read_fences: String,
+    read_firsts: String,
+    read_running: String,
+    read_paused: String,
+    insert: String,
+}
+
+impl Sql {
+    /// The parts with the tables named `{tables}runs`, ...
+    pub(crate) fn new(tables: &str) -> Sql {
+        Sql {
+            read_fences: fill(
+                "SELECT 'f' AS kind, job, token AS n, 0 AS attempt, NULL AS who, NULL AS why FROM {p}fences WHERE job IN ",
+                tables,
+            ),
+            read_firsts: fill(
+                " UNION ALL SELECT 't', job, scheduled_at, attempt, NULL, NULL FROM {p}runs WHERE attempt = 1 AND job IN ",
+                tables,
+            ),
+            read_running: fill(
+                " UNION ALL SELECT 'r', job, scheduled_at, attempt, NULL, NULL FROM {p}runs WHERE state = 'running' AND job IN ",
+                tables,
+            ),
+            read_paused: fill(
+                " UNION ALL SELECT 'p', job, 0, 0, changed_by, reason FROM {p}jobs WHERE paused <> 0 AND job IN ",
+                tables,
+            ),
+            insert: fill(
+                r#"INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, token, state, reason, claimed_at, finished_at, lease_until) "#,
+                tables,
+            ),
+        }
+    }
+}
 
 /// Claims `requests` (see [`solocron_core::Store::claim`]).
 pub(crate) async fn claim(store: &SqliteStore, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
@@ -51,14 +91,15 @@ pub(crate) async fn claim(store: &SqliteStore, requests: &[ClaimRequest]) -> Res
     // any statement fails (the transaction rolls back when dropped).
     let keep = requests.len() <= PREPARED_BATCH_MAX;
     let mut tx = store.write_tx().await?;
-    let (found, now) = read_state(&mut tx, &Wanted::of(requests), keep).await?;
+    let sql = &store.sql.claim;
+    let (found, now) = read_state(sql, &mut tx, &Wanted::of(requests), keep).await?;
     let (decisions, counters) = plan::plan(requests, found);
     let rows: Vec<(&ClaimRequest, &Decision)> =
         requests.iter().zip(&decisions).filter(|(_, d)| !matches!(d, Decision::Taken)).collect();
-    // Each inserted run with a token advances its job's counter (the `solocron_runs_fence`
+    // Each inserted run with a token advances its job's counter (the `{p}runs_fence`
     // trigger), so the counters `plan` computed need no statement of their own.
     for chunk in rows.chunks(ROWS_PER_INSERT) {
-        insert(&mut tx, chunk, now, keep).await?;
+        insert(sql, &mut tx, chunk, now, keep).await?;
     }
     debug_assert!(counters.values().all(|t| *t >= 1));
     // Checked before the commit: once committed, the won runs must be run.
@@ -76,12 +117,15 @@ pub(crate) async fn claim(store: &SqliteStore, requests: &[ClaimRequest]) -> Res
 
 /// One read of what the batch depends on (`Wanted`), and SQLite's clock (ms): the
 /// instant every record of the batch carries.
-async fn read_state(conn: &mut SqliteConnection, wanted: &Wanted<'_>, keep: bool) -> Result<(Found, i64), StoreError> {
-    let mut sql = QueryBuilder::<Sqlite>::new(
-        "SELECT 'f' AS kind, job, token AS n, 0 AS attempt, NULL AS who, NULL AS why FROM solocron_fences WHERE job IN ",
-    );
+async fn read_state(
+    texts: &Sql,
+    conn: &mut SqliteConnection,
+    wanted: &Wanted<'_>,
+    keep: bool,
+) -> Result<(Found, i64), StoreError> {
+    let mut sql = QueryBuilder::<Sqlite>::new(&texts.read_fences);
     list(&mut sql, &wanted.jobs);
-    sql.push(" UNION ALL SELECT 't', job, scheduled_at, attempt, NULL, NULL FROM solocron_runs WHERE attempt = 1 AND job IN ");
+    sql.push(&texts.read_firsts);
     list(&mut sql, &wanted.jobs);
     sql.push(" AND scheduled_at IN (");
     let mut instants = sql.separated(", ");
@@ -90,13 +134,11 @@ async fn read_state(conn: &mut SqliteConnection, wanted: &Wanted<'_>, keep: bool
     }
     sql.push(")");
     if !wanted.overlapping.is_empty() {
-        sql.push(" UNION ALL SELECT 'r', job, scheduled_at, attempt, NULL, NULL FROM solocron_runs WHERE state = 'running' AND job IN ");
+        sql.push(&texts.read_running);
         list(&mut sql, &wanted.overlapping);
     }
     if !wanted.pausable.is_empty() {
-        sql.push(
-            " UNION ALL SELECT 'p', job, 0, 0, changed_by, reason FROM solocron_jobs WHERE paused <> 0 AND job IN ",
-        );
+        sql.push(&texts.read_paused);
         list(&mut sql, &wanted.pausable);
     }
     sql.push(concat!(" UNION ALL SELECT 'n', '', ", now!(), ", 0, NULL, NULL"));
@@ -130,6 +172,7 @@ fn list<'a>(sql: &mut QueryBuilder<'a, Sqlite>, items: &[&'a str]) {
 /// Inserts the records of `rows` (none taken), claimed at `now`. A plain `INSERT`: a record
 /// that exists despite the lock fails the transaction.
 async fn insert(
+    texts: &Sql,
     conn: &mut SqliteConnection,
     rows: &[(&ClaimRequest, &Decision)],
     now: i64,
@@ -147,9 +190,7 @@ async fn insert(
         };
         values.push((request, token, state, reason, finished, lease_until));
     }
-    let mut sql = QueryBuilder::<Sqlite>::new(
-        r#"INSERT INTO solocron_runs (job, scheduled_at, attempt, "trigger", node, token, state, reason, claimed_at, finished_at, lease_until) "#,
-    );
+    let mut sql = QueryBuilder::<Sqlite>::new(&texts.insert);
     sql.push_values(values, |mut row, (request, token, state, reason, finished, lease_until)| {
         row.push_bind(request.tick.job.as_str())
             .push_bind(request.tick.scheduled_at.timestamp_millis())

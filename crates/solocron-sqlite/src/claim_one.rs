@@ -6,15 +6,13 @@
 //! autocommit. A writing statement takes the database's write lock when it begins, before
 //! it reads (waiting in the busy handler like every other writer), so its reads (whether
 //! the tick has a record, why it would be skipped, the job's counter) cannot change before
-//! its write. The job's fencing counter is advanced by the `solocron_runs_fence` trigger
-//! that every insert of a run with a token fires (see [`crate::SCHEMA`]), inside the same
+//! its write. The job's fencing counter is advanced by the `{p}runs_fence` trigger that
+//! every insert of a run with a token fires (see [`crate::schema`]), inside the same
 //! statement. No row back: the tick was taken.
 //!
 //! The decisions are those of [`solocron_sql::plan`], spelled in SQL: a pause comes before
 //! an overlap, a manual run ignores the pause, and the overlap names the job's newest
 //! running run the way `RunId` displays it.
-
-use std::sync::OnceLock;
 
 use sqlx::sqlite::SqliteRow;
 use sqlx::Sqlite;
@@ -22,12 +20,14 @@ use sqlx::Sqlite;
 use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, StoreError, Tick, Trigger};
 use solocron_sql::plan::{self, Decision};
 
-use crate::{db_err, get, instant, millis, SqliteStore};
+use crate::error::db_err;
+use crate::records::{get, instant, millis};
+use crate::{fill, SqliteStore};
 
 /// Claims the tick of `request` (see [`solocron_core::Store::claim`]) in one statement.
 pub(crate) async fn claim_one(store: &SqliteStore, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
     let (variant, skip_reason) = variant(request);
-    let mut query = sqlx::query::<Sqlite>(claim_sql(variant))
+    let mut query = sqlx::query::<Sqlite>(store.sql.claim_one.text(variant))
         .bind(request.tick.job.as_str())
         .bind(request.tick.scheduled_at.timestamp_millis())
         .bind(request.trigger.as_str())
@@ -58,43 +58,61 @@ fn variant(request: &ClaimRequest) -> (Variant, Option<&str>) {
     }
 }
 
-/// The claim's text for `variant`, built once per variant (a claim is the hot path, and
-/// sqlx keeps each text's prepared statement per connection).
-fn claim_sql(variant: Variant) -> &'static str {
-    static TEXTS: OnceLock<[String; 5]> = OnceLock::new();
-    let texts = TEXTS.get_or_init(|| {
-        let run = |pausable, skip_if_running| build_sql(Variant::Run { pausable, skip_if_running });
-        [build_sql(Variant::Skip), run(false, false), run(false, true), run(true, false), run(true, true)]
-    });
-    let index = match variant {
-        Variant::Skip => 0,
-        Variant::Run { pausable, skip_if_running } => 1 + 2 * usize::from(pausable) + usize::from(skip_if_running),
-    };
-    &texts[index]
+/// The one-tick claim's texts for one table prefix, one per [`Variant`], built when the
+/// store connects (a claim is the hot path, and sqlx keeps each text's prepared statement
+/// per connection).
+pub(crate) struct Sql {
+    texts: [String; 5],
 }
 
-fn build_sql(variant: Variant) -> String {
+impl Sql {
+    /// The texts with the tables named `{tables}runs`, ...
+    pub(crate) fn new(tables: &str) -> Sql {
+        let run = |pausable, skip_if_running| build_sql(Variant::Run { pausable, skip_if_running }, tables);
+        Sql {
+            texts: [
+                build_sql(Variant::Skip, tables),
+                run(false, false),
+                run(false, true),
+                run(true, false),
+                run(true, true),
+            ],
+        }
+    }
+
+    /// The claim's text for `variant`.
+    fn text(&self, variant: Variant) -> &str {
+        let index = match variant {
+            Variant::Skip => 0,
+            Variant::Run { pausable, skip_if_running } => 1 + 2 * usize::from(pausable) + usize::from(skip_if_running),
+        };
+        &self.texts[index]
+    }
+}
+
+fn build_sql(variant: Variant, tables: &str) -> String {
     format!(
         concat!(
-            r#"INSERT INTO solocron_runs (job, scheduled_at, attempt, "trigger", node, token, state, reason,
+            r#"INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, token, state, reason,
                    claimed_at, finished_at, lease_until)
                SELECT ?1, ?2, 1, ?3, ?4,
-                   CASE WHEN why IS NULL THEN COALESCE((SELECT token FROM solocron_fences WHERE job = ?1), 0) + 1 END,
+                   CASE WHEN why IS NULL THEN COALESCE((SELECT token FROM {p}fences WHERE job = ?1), 0) + 1 END,
                    CASE WHEN why IS NULL THEN 'running' ELSE 'skipped' END,
                    why, now, CASE WHEN why IS NULL THEN NULL ELSE now END, CASE WHEN why IS NULL THEN now + ?5 END
                FROM (SELECT {why} AS why, "#,
             now!(),
             r#" AS now)
-               WHERE NOT EXISTS (SELECT 1 FROM solocron_runs WHERE job = ?1 AND scheduled_at = ?2 AND attempt = 1)
+               WHERE NOT EXISTS (SELECT 1 FROM {p}runs WHERE job = ?1 AND scheduled_at = ?2 AND attempt = 1)
                RETURNING token, reason, claimed_at"#
         ),
-        why = why_sql(variant)
+        p = tables,
+        why = why_sql(variant, tables)
     )
 }
 
 /// Why a request of `variant` would be recorded `skipped` rather than run, as SQL (`NULL`:
 /// run it); a skip request's reason is bound as `?6`.
-fn why_sql(variant: Variant) -> String {
+fn why_sql(variant: Variant, tables: &str) -> String {
     let (pausable, skip_if_running) = match variant {
         Variant::Skip => return "?6".into(),
         Variant::Run { pausable, skip_if_running } => (pausable, skip_if_running),
@@ -103,7 +121,7 @@ fn why_sql(variant: Variant) -> String {
     if pausable {
         reasons.push(
             "(SELECT 'paused by ' || changed_by || COALESCE(': ' || reason, '')
-              FROM solocron_jobs WHERE job = ?1 AND paused <> 0)",
+              FROM {p}jobs WHERE job = ?1 AND paused <> 0)",
         );
     }
     if skip_if_running {
@@ -112,13 +130,14 @@ fn why_sql(variant: Variant) -> String {
             "(SELECT 'overlap: previous run ' || job || '@'
                   || strftime('%Y-%m-%dT%H:%M:%fZ', scheduled_at / 1000.0, 'unixepoch')
                   || '#' || attempt || ' still running'
-              FROM solocron_runs WHERE job = ?1 AND state = 'running'
+              FROM {p}runs WHERE job = ?1 AND state = 'running'
               ORDER BY scheduled_at DESC, attempt DESC LIMIT 1)",
         );
     }
+    let reasons: Vec<String> = reasons.iter().map(|r| fill(r, tables)).collect();
     match reasons.as_slice() {
         [] => "NULL".to_owned(),
-        [one] => (*one).to_owned(),
+        [one] => one.clone(),
         many => format!("COALESCE({})", many.join(", ")),
     }
 }

@@ -1,10 +1,11 @@
 //! Separate OS processes on one database file: this test binary re-runs itself as the
 //! children, which migrate the fresh file and claim the same tick at the same instant.
+#![forbid(unsafe_code)]
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Store, Tick, Trigger};
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
 use solocron_sqlite::SqliteStore;
 
 const TEST: &str = "eight_processes_migrate_at_once_and_exactly_one_wins_the_tick";
@@ -17,7 +18,7 @@ fn epoch_ms() -> u64 {
 
 /// In a child: connect, migrate, wait for the common start instant, claim, print the outcome.
 async fn child(url: &str) {
-    let store = SqliteStore::connect(url).await.unwrap();
+    let store = SqliteStore::connect(url, &Prefix::default()).await.unwrap();
     store.migrate().await.unwrap();
     let start: u64 = std::env::var(START_AT).unwrap().parse().unwrap();
     tokio::time::sleep(Duration::from_millis(start.saturating_sub(epoch_ms()))).await;

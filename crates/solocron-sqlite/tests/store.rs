@@ -1,14 +1,17 @@
 //! What is particular to the SQLite store: URLs and files, schema versions, its clock and
 //! its indexes. Store behaviour every store shares is checked by the conformance suite
 //! (`tests/conformance.rs`).
+#![forbid(unsafe_code)]
 
-use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, RunState, Store, StoreError, Tick, Trigger};
+use solocron_core::{
+    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, Prefix, RunState, Store, StoreError, Tick, Trigger,
+};
 use solocron_sqlite::SqliteStore;
 use tempfile::TempDir;
 
 async fn fresh() -> (TempDir, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open_path(&dir.path().join("solocron.db")).await.unwrap();
+    let store = SqliteStore::open_path(&dir.path().join("solocron.db"), &Prefix::default()).await.unwrap();
     store.migrate().await.unwrap();
     (dir, store)
 }
@@ -31,9 +34,10 @@ async fn a_schema_newer_than_this_crate_is_refused() {
 async fn connecting_where_the_directory_is_missing_is_unavailable_and_names_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("no-such-dir").join("solocron.db");
-    for result in
-        [SqliteStore::connect(&format!("sqlite://{}", path.display())).await, SqliteStore::open_path(&path).await]
-    {
+    for result in [
+        SqliteStore::connect(&format!("sqlite://{}", path.display()), &Prefix::default()).await,
+        SqliteStore::open_path(&path, &Prefix::default()).await,
+    ] {
         let err = result.unwrap_err();
         assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
         assert!(err.to_string().contains(&path.display().to_string()), "{err}");
@@ -45,7 +49,7 @@ async fn connecting_where_the_directory_is_missing_is_unavailable_and_names_the_
 async fn connect_creates_the_file_and_describes_it_by_absolute_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("new.db");
-    let store = SqliteStore::connect(&format!("sqlite:{}", path.display())).await.unwrap();
+    let store = SqliteStore::connect(&format!("sqlite:{}", path.display()), &Prefix::default()).await.unwrap();
     assert!(path.exists());
     assert_eq!(store.describe(), format!("sqlite://{}", path.display()));
     assert!(store.describe().starts_with("sqlite:///"));
@@ -125,7 +129,7 @@ const VERSION_1: &[&str] = &[
 #[tokio::test]
 async fn a_version_1_database_is_upgraded_in_place_keeping_its_runs_and_tokens() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open_path(&dir.path().join("solocron.db")).await.unwrap();
+    let store = SqliteStore::open_path(&dir.path().join("solocron.db"), &Prefix::default()).await.unwrap();
     let pool = raw(&dir).await;
     for statement in VERSION_1 {
         sqlx::query(statement).execute(&pool).await.unwrap();
@@ -202,7 +206,9 @@ async fn a_node_opening_while_another_migrates_waits_instead_of_failing() {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         sqlx::query("COMMIT").execute(&mut *conn).await.unwrap();
     });
-    let second = SqliteStore::open_path(&path).await.expect("a second node opening during a migration must wait");
+    let second = SqliteStore::open_path(&path, &Prefix::default())
+        .await
+        .expect("a second node opening during a migration must wait");
     second.migrate().await.unwrap();
     release.await.unwrap();
 }
@@ -279,4 +285,89 @@ async fn many_tasks_writing_through_one_store_at_once_all_succeed() {
     let history = store.history(&HistoryQuery { limit: 100, ..HistoryQuery::default() }).await.unwrap();
     assert_eq!(history.len(), 64);
     assert!(history.iter().all(|r| r.state == RunState::Succeeded));
+}
+
+/// Every object of the schema under `prefix` in the database (tables, indexes, triggers,
+/// SQLite's automatic indexes), by type and name.
+async fn objects(pool: &sqlx::SqlitePool, prefix: &Prefix) -> Vec<(String, String)> {
+    sqlx::query_as("SELECT type, name FROM sqlite_master WHERE name GLOB ?1 OR tbl_name GLOB ?1 ORDER BY type, name")
+        .bind(format!("{}*", prefix.table_prefix()))
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// A store with some of everything: a claimed run, a pause, a registration, a request.
+async fn used(dir: &TempDir, prefix: &Prefix) -> SqliteStore {
+    let store = SqliteStore::open_path(&dir.path().join("solocron.db"), prefix).await.unwrap();
+    store.migrate().await.unwrap();
+    let won = store.claim(&[tick_request("backup", "2026-01-01T00:00:00Z")]).await.unwrap();
+    assert!(matches!(won[..], [ClaimOutcome::Won(_)]), "{won:?}");
+    store.set_paused("sync", true, "alice", None).await.unwrap();
+    store.request_run("sync", "alice").await.unwrap();
+    let definition = solocron_core::JobDefinition {
+        job: "backup".into(),
+        schedule: "0 * * * * *".into(),
+        timezone: "UTC".into(),
+        definition_hash: "h".into(),
+        summary: "s".into(),
+    };
+    store.register("n", &[definition]).await.unwrap();
+    store
+}
+
+/// Two prefixes in one file keep apart: each has the whole schema under its own names,
+/// `uninstall` drops one prefix's every table, index and trigger and leaves the other's
+/// data working, and repeating it is fine.
+#[tokio::test]
+async fn uninstall_drops_everything_of_its_prefix_only_and_may_be_repeated() {
+    let dir = tempfile::tempdir().unwrap();
+    let billing = Prefix::parse("billing").unwrap();
+    let (other, default) = (used(&dir, &billing).await, used(&dir, &Prefix::default()).await);
+    let pool = raw(&dir).await;
+    let before = objects(&pool, &Prefix::default()).await;
+    assert!(before.contains(&("trigger".into(), "solocron_runs_fence".into())), "{before:?}");
+    let renamed: Vec<_> = objects(&pool, &billing)
+        .await
+        .into_iter()
+        .map(|(kind, name)| (kind, name.replace("billing_", "solocron_")))
+        .collect();
+    assert_eq!(renamed, before, "every name of the schema carries the prefix");
+
+    other.uninstall().await.unwrap();
+    assert_eq!(objects(&pool, &billing).await, [], "nothing of the prefix is left");
+    other.uninstall().await.expect("uninstalling an empty prefix is fine");
+    assert_eq!(objects(&pool, &Prefix::default()).await, before, "the other prefix is untouched");
+    assert_eq!(default.history(&HistoryQuery::default()).await.unwrap().len(), 1);
+    assert_eq!(default.pending_requests(10).await.unwrap().len(), 1);
+    let again = default.claim(&[tick_request("backup", "2026-01-01T00:01:00Z")]).await.unwrap();
+    assert!(matches!(&again[..], [ClaimOutcome::Won(lease)] if lease.fencing_token == 2), "{again:?}");
+
+    other.migrate().await.expect("an uninstalled prefix can be installed again");
+    assert_eq!(other.history(&HistoryQuery::default()).await.unwrap().len(), 0, "and starts empty");
+    other.uninstall().await.unwrap();
+    default.uninstall().await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_master").fetch_one(&pool).await.unwrap();
+    assert_eq!(left, 0, "the two prefixes held everything in the file");
+}
+
+#[tokio::test]
+async fn connect_errors_and_descriptions_never_show_a_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = "s3cret";
+    for url in [
+        format!("sqlite://app:{secret}@localhost/solocron.db"),
+        format!("sqlite://{secret}@{}/solocron.db", dir.path().display()),
+        format!("sqlite://{}/solocron.db?password={secret}", dir.path().display()),
+        format!("postgres://app:{secret}@127.0.0.1:1/x"),
+    ] {
+        let err = SqliteStore::connect(&url, &Prefix::default()).await.unwrap_err();
+        assert!(matches!(err, StoreError::Invalid(_)), "{url}: {err}");
+        assert!(!err.to_string().contains(secret), "{url}: {err}");
+    }
+    let path = dir.path().join("solocron.db");
+    let store = SqliteStore::connect(&format!("sqlite://{}", path.display()), &Prefix::parse("billing").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(store.describe(), format!("sqlite://{} (prefix billing)", path.display()));
 }

@@ -10,7 +10,17 @@ pub(crate) struct Backoff {
     max: Duration,
 }
 
+/// Backoff while the store is unavailable: from this ...
+const STORE_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// ... up to this.
+const STORE_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
 impl Backoff {
+    /// The engine's wait between tries while the store is unavailable.
+    pub(crate) fn store() -> Backoff {
+        Backoff::new(STORE_BACKOFF_MIN, STORE_BACKOFF_MAX)
+    }
+
     pub(crate) fn new(min: Duration, max: Duration) -> Backoff {
         assert!(min <= max && !min.is_zero());
         Backoff { next: min, min, max }

@@ -23,12 +23,28 @@ use tokio::time::Instant;
 /// Batches in flight at once, of all kinds together: enough to keep a pooled store busy,
 /// few enough that a burst leaves connections for claims and recovery (PostgreSQL and
 /// MySQL pools hold 8, SQLite's 4).
-pub(crate) const BATCHES_IN_FLIGHT: usize = 3;
+const BATCHES_IN_FLIGHT: usize = 3;
 /// Longest a batch may take before its items are answered with an error (their owners retry
 /// while their leases allow); shorter when every item's caller gives up sooner.
 const BATCH_WAIT: Duration = Duration::from_secs(10);
 /// Items of a refused batch sent one by one at once.
 const ONE_BY_ONE_IN_FLIGHT: usize = 16;
+
+/// The engine's batchers: one for lease renewals and one for runs' ends, sharing
+/// [`BATCHES_IN_FLIGHT`] slots.
+pub(crate) struct Batches {
+    /// Where runs' lease renewals go.
+    pub(crate) renewals: Batcher<Renewals>,
+    /// Where runs' ends go to be recorded.
+    pub(crate) ends: Batcher<Finishes>,
+}
+
+impl Batches {
+    pub(crate) fn new(store: Arc<dyn Store>) -> Batches {
+        let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+        Batches { renewals: Batcher::new(store.clone(), slots.clone()), ends: Batcher::new(store, slots) }
+    }
+}
 
 /// One kind of call that the store takes in batches.
 pub(crate) trait Kind: Send + Sync + 'static {
@@ -247,7 +263,12 @@ mod tests {
         let runtime = || tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let first = runtime();
         let store = first.block_on(async {
-            let store = SqliteStore::connect(&format!("sqlite://{}/s.db", dir.path().display())).await.unwrap();
+            let store = SqliteStore::connect(
+                &format!("sqlite://{}/s.db", dir.path().display()),
+                &solocron_core::Prefix::default(),
+            )
+            .await
+            .unwrap();
             store.migrate().await.unwrap();
             store
         });

@@ -6,14 +6,12 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use chrono::SecondsFormat;
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
 use solocron_core::{output_tail, OUTPUT_TAIL_BYTES_MAX};
+use solocron_os::spawn::Spawned;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::timeout;
 
 use crate::job::{Handler, Outcome, RunContext};
-use crate::spawn::Spawned;
 
 /// Longest output line forwarded to the log; the record keeps the tail regardless.
 const LOG_LINE_BYTES_MAX: usize = 1024;
@@ -64,7 +62,7 @@ impl Command {
         // Its own process group, SIGKILL if the node dies, and the group killed by the
         // guardian then: a job must not outlive a node that was SIGKILLed, since its lease
         // will lapse and another node may re-run the tick.
-        crate::spawn::spawn(&self.argv, &env)
+        solocron_os::spawn::spawn(&self.argv, &env)
     }
 }
 
@@ -82,7 +80,6 @@ impl Handler for Command {
             }
         };
         // If this future is dropped (the engine gave up on it), `child` kills the group.
-        let pgid = Pid::from_raw(child.pid());
         let tail = Arc::new(Mutex::new(Vec::with_capacity(OUTPUT_TAIL_BYTES_MAX)));
         let readers = [
             child.stdout.take().map(|s| tokio::spawn(pump(s, tail.clone(), ctx.run_id.clone()))),
@@ -90,7 +87,7 @@ impl Handler for Command {
         ];
         let status = tokio::select! {
             status = child.wait() => status,
-            _ = ctx.cancel.cancelled() => stop(&mut child, pgid, ctx.kill_grace).await,
+            _ = ctx.cancel.cancelled() => stop(&mut child, ctx.kill_grace).await,
         };
         // Leftovers of the group (a backgrounded grandchild) went with the job, in `wait`.
         // Both pipes drain at once, within one PIPE_DRAIN_WAIT.
@@ -109,12 +106,12 @@ impl Handler for Command {
 }
 
 /// SIGTERM to the group, then SIGKILL after the grace.
-async fn stop(child: &mut Spawned, pgid: Pid, grace: std::time::Duration) -> std::io::Result<ExitStatus> {
-    let _ = killpg(pgid, Signal::SIGTERM);
+async fn stop(child: &mut Spawned, grace: std::time::Duration) -> std::io::Result<ExitStatus> {
+    child.terminate_group();
     match timeout(grace, child.wait()).await {
         Ok(status) => status,
         Err(_) => {
-            let _ = killpg(pgid, Signal::SIGKILL);
+            child.kill_group();
             child.wait().await
         }
     }

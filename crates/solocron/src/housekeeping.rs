@@ -5,11 +5,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use solocron_core::{ClaimRequest, Store, StoreError, Trigger, PRUNE_BATCH_MAX};
+use solocron_core::{Store, StoreError, Trigger, PRUNE_BATCH_MAX};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::scheduler::{bounded, run_mode, Engine};
+use crate::engine::{bounded, Engine};
 
 /// How often a node confirms its registrations (and looks for drift). Each refresh writes
 /// every job definition and reads every registration, so it is rare: with 10,000 jobs a
@@ -103,14 +103,7 @@ async fn claim_requests(e: &Arc<Engine>) -> Result<(), StoreError> {
         let Some(&i) = e.by_name.get(&r.tick.job) else { continue };
         let job = &e.jobs[i];
         tracing::info!(job = %job.name(), requested_by = %r.requested_by, "manual run requested");
-        let req = ClaimRequest {
-            tick: r.tick,
-            trigger: Trigger::Manual,
-            node: e.node.clone(),
-            lease: job.policy().lease,
-            mode: run_mode(job),
-        };
-        batch.push((i, req));
+        batch.push((i, e.run_request(job, r.tick, Trigger::Manual)));
     }
     if batch.is_empty() {
         return Ok(());

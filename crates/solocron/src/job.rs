@@ -53,16 +53,25 @@ pub trait Handler: Send + Sync + 'static {
     async fn run(&self, ctx: RunContext) -> Outcome;
 }
 
+/// The error a handler closure returns: any error, boxed. `?` converts `std::io::Error`,
+/// `anyhow::Error` and every other `std::error::Error` into it, and a `String` or `&str`
+/// converts with `.into()`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a handler closure returns: `Ok(())` is success; an error fails the run, and its
+/// message (with its sources) is kept as the run's output.
+pub type HandlerResult = Result<(), BoxError>;
+
 /// A [`Handler`] made of an async closure; see [`handler_fn`].
 pub struct FnHandler<F>(F);
 
-/// Wraps an async closure returning `anyhow::Result<()>` as a [`Handler`]: `Ok` is success;
-/// an error fails the run and its message is kept as the run's output.
+/// Wraps an async closure as a [`Handler`].
 ///
 /// ```
 /// use solocron::{handler_fn, RunContext};
 /// let h = handler_fn(|ctx: RunContext| async move {
 ///     println!("{} with token {}", ctx.run_id, ctx.fencing_token);
+///     std::fs::metadata("/")?; // any error type converts with `?`
 ///     Ok(())
 /// });
 /// # let _ = h;
@@ -70,7 +79,7 @@ pub struct FnHandler<F>(F);
 pub fn handler_fn<F, Fut>(f: F) -> FnHandler<F>
 where
     F: Fn(RunContext) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+    Fut: Future<Output = HandlerResult> + Send + 'static,
 {
     FnHandler(f)
 }
@@ -79,14 +88,66 @@ where
 impl<F, Fut> Handler for FnHandler<F>
 where
     F: Fn(RunContext) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+    Fut: Future<Output = HandlerResult> + Send + 'static,
 {
     async fn run(&self, ctx: RunContext) -> Outcome {
-        match (self.0)(ctx).await {
-            Ok(()) => Outcome { success: true, ..Outcome::default() },
-            Err(e) => Outcome { success: false, exit_code: None, output: format!("{e:#}") },
-        }
+        outcome_of((self.0)(ctx).await)
     }
+}
+
+/// A [`Handler`] made of an async closure and a state it shares across runs; see
+/// [`handler_with_state`].
+pub struct StateHandler<S, F> {
+    state: S,
+    f: F,
+}
+
+/// Wraps an async closure that takes a clone of `state` with each run, as axum's `State`
+/// does: share a pool or a client between runs without cloning it twice by hand.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use solocron::{handler_with_state, RunContext};
+/// let runs = Arc::new(AtomicU64::new(0));
+/// let h = handler_with_state(runs.clone(), |runs: Arc<AtomicU64>, _ctx: RunContext| async move {
+///     runs.fetch_add(1, Ordering::Relaxed);
+///     Ok(())
+/// });
+/// # let _ = h;
+/// ```
+pub fn handler_with_state<S, F, Fut>(state: S, f: F) -> StateHandler<S, F>
+where
+    S: Clone + Send + Sync + 'static,
+    F: Fn(S, RunContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + Send + 'static,
+{
+    StateHandler { state, f }
+}
+
+#[async_trait]
+impl<S, F, Fut> Handler for StateHandler<S, F>
+where
+    S: Clone + Send + Sync + 'static,
+    F: Fn(S, RunContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + Send + 'static,
+{
+    async fn run(&self, ctx: RunContext) -> Outcome {
+        outcome_of((self.f)(self.state.clone(), ctx).await)
+    }
+}
+
+/// A closure's result as an outcome: the error and its sources, `: `-separated.
+fn outcome_of(result: HandlerResult) -> Outcome {
+    let Err(e) = result else { return Outcome { success: true, ..Outcome::default() } };
+    let mut output = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        output.push_str(": ");
+        output.push_str(&s.to_string());
+        source = s.source();
+    }
+    Outcome { success: false, exit_code: None, output }
 }
 
 /// A named job: a schedule, a policy and a handler.

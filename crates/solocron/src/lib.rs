@@ -12,23 +12,35 @@
 //!   caught up by policy; shutdown drains.
 //!
 //! Jobs run async Rust code ([`handler_fn`]) or processes ([`Command`]).
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod backoff;
 mod batches;
+mod catchup;
 mod command;
-mod guardian;
+mod engine;
 mod housekeeping;
 mod job;
 mod lead;
+mod recovery;
 mod runner;
 mod scheduler;
-mod spawn;
-mod wallclock;
+mod timer;
 
 pub use command::Command;
 pub use housekeeping::{prune_pass, REGISTRATION_STALE_AFTER};
-pub use job::{handler_fn, FnHandler, Handler, Job, Outcome, RunContext};
+pub use job::{
+    handler_fn, handler_with_state, BoxError, FnHandler, Handler, HandlerResult, Job, Outcome, RunContext, StateHandler,
+};
 pub use lead::{CLAIM_AHEAD, CLAIM_AHEAD_MAX};
 pub use scheduler::{BuildError, Scheduler, SchedulerBuilder, SystemClock};
 pub use solocron_core as core;
+pub use solocron_core::{JobPolicy, Misfire, OnCrash, Overlap, Prefix, Schedule, Store, StoreError};
+/// The token that stops [`Scheduler::run`] (and tells a handler to stop: [`RunContext::cancel`]).
+pub use tokio_util::sync::CancellationToken;
+
+/// README.md's Rust blocks, compiled as doctests so the library example stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

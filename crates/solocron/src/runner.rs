@@ -10,9 +10,23 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::batches::{Batcher, Finishes, Renewals};
+use crate::batches::{Batcher, Batches, Finishes, Renewals};
 use crate::job::{Job, Outcome, RunContext};
-use crate::scheduler::Engine;
+
+/// A claimed run, ready to start: the one value every path hands to [`execute`].
+#[derive(Debug)]
+pub(crate) struct Claimed {
+    /// The job it runs.
+    pub(crate) job: Job,
+    /// The lease the claim won (its run id, owner and fencing token).
+    pub(crate) lease: Lease,
+    /// Why the tick was claimed.
+    pub(crate) trigger: Trigger,
+    /// When the claim was sent: the lease's local deadlines count from it.
+    pub(crate) sent: Instant,
+    /// When the job starts: the tick's instant for a tick claimed ahead, else at once.
+    pub(crate) start_at: Instant,
+}
 
 /// Extra time, beyond the job's kill grace, that a stopped handler gets before it is dropped
 /// (a command also drains its output pipes after the kill: up to 2 × 1 s).
@@ -88,18 +102,12 @@ impl Heartbeat {
     }
 }
 
-/// Runs a claimed run to its recorded end: the handler starts at `start_at` (the instant of
-/// a tick claimed ahead, at most `CLAIM_AHEAD_MAX` away), and `interrupt` fires when shutdown's
-/// grace is over.
-pub(crate) async fn execute(
-    engine: &Engine,
-    job: Job,
-    lease: Lease,
-    trigger: Trigger,
-    claim_sent: Instant,
-    start_at: Instant,
-    interrupt: CancellationToken,
-) {
+/// Runs a claimed run to its recorded end: the handler starts at `run.start_at` (the instant
+/// of a tick claimed ahead, at most `CLAIM_AHEAD_MAX` away), its lease is renewed and its end
+/// recorded through `batches`, and `interrupt` fires when it must stop early (shutdown's
+/// grace is over).
+pub(crate) async fn execute(run: Claimed, batches: &Batches, interrupt: CancellationToken) {
+    let Claimed { job, lease, trigger, sent: claim_sent, start_at } = run;
     let policy = job.policy().clone();
     let cancel = CancellationToken::new();
     let ctx = RunContext {
@@ -124,7 +132,7 @@ pub(crate) async fn execute(
         job = %ctx.job, scheduled_at = %ctx.scheduled_at, node = %ctx.node_id, token = ctx.fencing_token,
         attempt = ctx.attempt, trigger = %trigger, run = %ctx.run_id, "run started"
     );
-    let (renewals, ends) = (&engine.renewals, &engine.ends);
+    let (renewals, ends) = (&batches.renewals, &batches.ends);
     if Instant::now() >= hb.next_renew && !matches!(hb.beat(renewals).await, Beat::Renewed) {
         // The claim's answer came so late that the lease may be gone: never start unsure.
         let end = RunEnd {

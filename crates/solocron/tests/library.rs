@@ -1,5 +1,6 @@
 //! The library API with in-process handlers, several schedulers racing on one real SQLite
 //! file, each with its own connection pool (as separate processes would have).
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,7 +37,9 @@ fn recording_job(name: &str, expr: &str, seen: Seen, policy: JobPolicy) -> Job {
 }
 
 async fn store(dir: &tempfile::TempDir) -> Arc<dyn Store> {
-    let s = SqliteStore::connect(&format!("sqlite://{}/s.db", dir.path().display())).await.unwrap();
+    let s = SqliteStore::connect(&format!("sqlite://{}/s.db", dir.path().display()), &solocron::Prefix::default())
+        .await
+        .unwrap();
     s.migrate().await.unwrap();
     Arc::new(s)
 }
@@ -91,7 +94,7 @@ async fn a_handler_past_its_timeout_is_cancelled_and_recorded_timed_out() {
     };
     let polite = handler_fn(|ctx: RunContext| async move {
         ctx.cancel.cancelled().await;
-        anyhow::bail!("cancelled as asked")
+        Err("cancelled as asked".into())
     });
     // Ignores cancellation: the engine drops it after kill_grace (+ slack) and still records.
     let stubborn = handler_fn(|_ctx: RunContext| async move {
@@ -419,7 +422,7 @@ async fn one_herd(
             ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             async move {
                 match fails {
-                    Some(why) => Err(anyhow::anyhow!(why)),
+                    Some(why) => Err(why.into()),
                     None => Ok(()),
                 }
             }

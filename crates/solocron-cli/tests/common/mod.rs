@@ -152,65 +152,18 @@ impl Drop for Fleet {
 }
 
 impl Fleet {
-    /// Drops the tables (and functions) of this fleet's table prefix on a server store, so
-    /// test runs do not pile them up in the shared `test` database.
+    /// Removes what this fleet's prefix holds on a server store (`solocron migrate --drop
+    /// --yes`), so test runs do not pile tables and keys up in the shared servers. Only
+    /// fresh test prefixes (`solocron_f...`, from [`server_store`]) are ever dropped.
     fn drop_server_tables(&self) {
         let cfg = std::fs::read_to_string(self.config()).unwrap_or_default();
-        if let Some(prefix) =
-            cfg.lines().find_map(|l| l.strip_prefix("key_prefix = \"")).map(|p| p.trim_end_matches('"'))
-        {
-            if prefix.starts_with('/') {
-                let _ =
-                    Command::new("etcdctl").args(["--endpoints=127.0.0.1:2379", "del", "--prefix", prefix]).output();
-                return;
-            }
-            let script =
-                format!("redis-cli -h 127.0.0.1 --scan --pattern '{prefix}*' | xargs -r redis-cli -h 127.0.0.1 unlink");
-            let _ = Command::new("sh").args(["-c", &script]).output();
+        let is_test_prefix = cfg.lines().any(|l| l.starts_with("prefix = \"solocron_f"));
+        if !is_test_prefix || cfg.contains("sqlite://") {
             return;
         }
-        let Some(prefix) =
-            cfg.lines().find_map(|l| l.strip_prefix("table_prefix = \"")).map(|p| p.trim_end_matches('"'))
-        else {
-            return;
-        };
-        if !prefix.starts_with("solocron_f") {
-            return;
-        }
-        let like = prefix.replace('_', "\\_");
-        if cfg.contains("postgres://") {
-            let sql = format!(
-                "DO $$ DECLARE r record; BEGIN \
-                 FOR r IN SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE '{like}%' LOOP \
-                 EXECUTE format('DROP TABLE IF EXISTS %I CASCADE', r.tablename); END LOOP; \
-                 FOR r IN SELECT p.oid::regprocedure AS f FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
-                 WHERE n.nspname = current_schema() AND p.proname LIKE '{like}%' LOOP \
-                 EXECUTE format('DROP FUNCTION IF EXISTS %s CASCADE', r.f); END LOOP; END $$;"
-            );
-            let _ =
-                Command::new("psql").args(["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-qc", &sql]).output();
-        } else if cfg.contains("mysql://") {
-            let list = Command::new("mariadb")
-                .args(["-uroot", "-h127.0.0.1", "-N", "-e", &format!("SELECT table_name FROM information_schema.tables WHERE table_schema = 'test' AND table_name LIKE '{like}%'")])
-                .output();
-            if let Ok(out) = list {
-                let tables: Vec<String> =
-                    String::from_utf8_lossy(&out.stdout).lines().map(|t| format!("`{t}`")).collect();
-                if !tables.is_empty() {
-                    let _ = Command::new("mariadb")
-                        .args([
-                            "-uroot",
-                            "-h127.0.0.1",
-                            "test",
-                            "-e",
-                            &format!(
-                                "DROP TABLE IF EXISTS {}; DROP PROCEDURE IF EXISTS `{prefix}claim_one`",
-                                tables.join(",")
-                            ),
-                        ])
-                        .output();
-                }
-            }
+        let out = Command::new(BIN).args(["migrate", "--drop", "--yes", "--config"]).arg(self.config()).output();
+        if let Some(out) = out.ok().filter(|o| !o.status.success()) {
+            eprintln!("cleanup: migrate --drop failed: {}", String::from_utf8_lossy(&out.stderr));
         }
     }
 }
@@ -240,7 +193,7 @@ pub fn wait_for<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option
     }
 }
 
-/// A `[store]` body for a server store with a fresh table prefix, or `None` (and the test
+/// A `[store]` body for a server store with a fresh prefix, or `None` (and the test
 /// skips) when the server is unreachable and `CI` is unset. Under CI, unreachable fails.
 pub fn server_store(kind: &str) -> Option<String> {
     let (var, default, port) = match kind {
@@ -259,11 +212,7 @@ pub fn server_store(kind: &str) -> Option<String> {
         return None;
     }
     let tag = std::process::id() ^ (Instant::now().elapsed().as_nanos() as u32) ^ rand_u32();
-    Some(match kind {
-        "redis" => format!("url = \"{url}\"\nkey_prefix = \"{{solocron_f{tag:08x}}}:\""),
-        "etcd" => format!("url = \"{url}\"\nkey_prefix = \"/solocron_f{tag:08x}/\""),
-        _ => format!("url = \"{url}\"\ntable_prefix = \"solocron_f{tag:08x}_\""),
-    })
+    Some(format!("url = \"{url}\"\nprefix = \"solocron_f{tag:08x}\""))
 }
 
 fn rand_u32() -> u32 {

@@ -1,5 +1,6 @@
-//! What the test binaries share: an etcd to test against, fresh key prefixes and their
-//! cleanup, and etcd processes that die with the test binary.
+//! What the test binaries share: the test etcd, as `solocron_conformance::server` needs it
+//! (how to reach it, how to list the key prefixes of tests), and etcd processes that die
+//! with the test binary.
 //!
 //! The etcd is the one at `SOLOCRON_TEST_ETCD_URL` if set; else one already answering on
 //! 127.0.0.1:2379 (CI starts one); else one this binary starts there, on a data directory
@@ -8,38 +9,71 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, DeleteOptions, GetOptions};
+use async_trait::async_trait;
+use etcd_client::{Client, GetOptions};
+use solocron_conformance::server::{Failure, TestServer};
+use solocron_core::{Prefix, StoreError};
 use solocron_etcd::EtcdStore;
-
-/// Every test prefix starts with this.
-const TEST_ROOT: &str = "/solocron-test/";
 
 /// The default test member's client address.
 const DEFAULT_CLIENT: &str = "127.0.0.1:2379";
 
-/// The etcd to test against as an `etcd://` URL, or why there is none. Found (or started)
-/// once per test binary.
-pub fn etcd_url() -> Result<String, String> {
-    static URL: OnceLock<Result<String, String>> = OnceLock::new();
-    URL.get_or_init(|| {
-        if let Ok(url) = std::env::var("SOLOCRON_TEST_ETCD_URL") {
-            return Ok(url);
-        }
-        let url = format!("etcd://{DEFAULT_CLIENT}");
-        if healthy(DEFAULT_CLIENT) {
-            return Ok(url);
-        }
-        start_default_member()?;
-        Ok(url)
-    })
-    .clone()
+/// The etcd of `SOLOCRON_TEST_ETCD_URL`, or the one on [`DEFAULT_CLIENT`] (started if none
+/// answers there).
+pub struct Etcd;
+
+/// A fresh prefix on the test etcd (keys `/solocron_t<tag>/...`), uninstalled when
+/// dropped.
+pub type Namespace = solocron_conformance::server::Namespace<Etcd>;
+
+#[async_trait]
+impl TestServer for Etcd {
+    type Store = EtcdStore;
+    const NAME: &'static str = "etcd";
+    const URL_VAR: &'static str = "SOLOCRON_TEST_ETCD_URL";
+    const URL_DEFAULT: &'static str = "etcd://127.0.0.1:2379";
+    /// etcd's leases are whole seconds (at least 2 s on a default cluster) and its leader
+    /// scans for expired ones every 500 ms: the suite uses etcd-sized short leases.
+    const LEASE_RESOLUTION: Duration = Duration::from_secs(2);
+
+    async fn connect(url: &str, prefix: &Prefix) -> Result<EtcdStore, StoreError> {
+        EtcdStore::connect(url, prefix).await
+    }
+
+    /// The first segments of keys `/root.../...`: their prefixes.
+    async fn names(url: &str, root: &str) -> Result<Vec<String>, Failure> {
+        let mut client = client(url).await?;
+        let options = GetOptions::new().with_prefix().with_keys_only();
+        let resp = client.get(format!("/{root}"), Some(options)).await?;
+        let mut names: Vec<String> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| Some(String::from_utf8_lossy(kv.key()).strip_prefix('/')?.split_once('/')?.0.to_owned()))
+            .collect();
+        names.dedup();
+        Ok(names)
+    }
+
+    async fn serve_default() -> Result<(), String> {
+        let served =
+            tokio::task::spawn_blocking(|| if healthy(DEFAULT_CLIENT) { Ok(()) } else { start_default_member() });
+        served.await.map_err(|e| format!("cannot start etcd: {e}"))?
+    }
+}
+
+/// A plain client of the etcd at `url` (`etcd://host:port,...`), for what tests do behind
+/// the store's back.
+pub async fn client(url: &str) -> Result<Client, Failure> {
+    let hosts = url.trim_start_matches("etcd://").trim_end_matches('/');
+    let hosts = hosts.rsplit_once('@').map_or(hosts, |(_, h)| h);
+    let endpoints: Vec<String> = hosts.split(',').map(|h| format!("http://{h}")).collect();
+    Ok(tokio::time::timeout(Duration::from_secs(5), Client::connect(endpoints, None)).await??)
 }
 
 /// Starts the default member on 127.0.0.1:2379 and waits until it answers. Tries again if
@@ -153,12 +187,7 @@ pub fn spawn_tied(mut cmd: Command) -> std::io::Result<Child> {
             .expect("spawner thread");
         Mutex::new(tx)
     });
-    // SAFETY: the closure only calls prctl(2), which is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
-        });
-    }
+    solocron_os::die_with_parent(&mut cmd);
     let (reply, answer) = mpsc::channel();
     spawner.lock().unwrap().send((cmd, reply)).expect("spawner alive");
     answer.recv().expect("spawner answers")
@@ -187,94 +216,4 @@ fn fresh_data_dir() -> std::io::Result<PathBuf> {
 pub fn free_ports(n: usize) -> Vec<u16> {
     let listeners: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind")).collect();
     listeners.iter().map(|l| l.local_addr().expect("addr").port()).collect()
-}
-
-/// `/solocron-test/<8 hex of creation second><8 random hex>/`: unique, datable by cleanup.
-pub fn fresh_prefix() -> String {
-    format!("{TEST_ROOT}{}/", solocron_conformance::naming::fresh_tag())
-}
-
-/// The host list of an `etcd://` URL as client endpoints.
-fn endpoints(url: &str) -> Vec<String> {
-    let hosts = url.trim_start_matches("etcd://").trim_end_matches('/');
-    let hosts = hosts.rsplit_once('@').map_or(hosts, |(_, h)| h);
-    hosts.split(',').map(|h| format!("http://{h}")).collect()
-}
-
-/// Deletes every key under `prefix`, and (with `stale`) test prefixes older than
-/// [`STALE_AFTER`](solocron_conformance::naming::STALE_AFTER); ignores (but prints) failures: cleanup must never fail a test.
-async fn delete_prefix(url: &str, prefix: &str, stale: bool) {
-    let connect = Client::connect(endpoints(url), None);
-    let mut client = match tokio::time::timeout(Duration::from_secs(5), connect).await {
-        Ok(Ok(client)) => client,
-        _ => return eprintln!("cleanup of {prefix}: cannot connect to {url}"),
-    };
-    let mut doomed = vec![prefix.to_owned()];
-    if stale {
-        let options = GetOptions::new().with_prefix().with_keys_only();
-        if let Ok(resp) = client.get(TEST_ROOT, Some(options)).await {
-            for kv in resp.kvs() {
-                let key = String::from_utf8_lossy(kv.key());
-                let Some(id) = key.strip_prefix(TEST_ROOT).and_then(|r| r.get(..16)) else { continue };
-                if solocron_conformance::naming::is_stale(id) {
-                    doomed.push(format!("{TEST_ROOT}{id}/"));
-                }
-            }
-        }
-        doomed.dedup();
-    }
-    for prefix in doomed {
-        if let Err(e) = client.delete(prefix.as_str(), Some(DeleteOptions::new().with_prefix())).await {
-            eprintln!("cleanup of {prefix}: {e}");
-        }
-    }
-}
-
-/// A fresh key prefix on the test etcd, deleted when this guard is (even when the test
-/// panics).
-pub struct Namespace {
-    pub url: String,
-    pub prefix: String,
-}
-
-impl Namespace {
-    /// A new, empty prefix; `None` (or a panic under CI) if no etcd can be had.
-    pub async fn new() -> Option<Namespace> {
-        let url = match tokio::task::spawn_blocking(etcd_url).await.expect("etcd lookup") {
-            Ok(url) => url,
-            Err(why) => return solocron_conformance::server_unreachable("etcd", &why),
-        };
-        static STALE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-        STALE.get_or_init(|| delete_prefix(&url, "/solocron-test/none/", true)).await;
-        Some(Namespace { url, prefix: fresh_prefix() })
-    }
-
-    /// A new, independent store (its own client) on this prefix, not migrated.
-    pub async fn open(&self) -> EtcdStore {
-        EtcdStore::connect(&self.url, &self.prefix).await.expect("connect")
-    }
-
-    /// A new store on this prefix, migrated.
-    pub async fn migrated(&self) -> EtcdStore {
-        let store = self.open().await;
-        solocron_core::Store::migrate(&store).await.expect("migrate");
-        store
-    }
-}
-
-impl Drop for Namespace {
-    fn drop(&mut self) {
-        if std::env::var_os("SOLOCRON_TEST_KEEP").is_some() {
-            return eprintln!("keeping keys under {} (SOLOCRON_TEST_KEEP)", self.prefix);
-        }
-        // Drop cannot await, and may run inside the test's runtime: clean up from a thread
-        // with a runtime of its own.
-        let (url, prefix) = (self.url.clone(), self.prefix.clone());
-        let cleanup =
-            std::thread::spawn(move || match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(runtime) => runtime.block_on(delete_prefix(&url, &prefix, false)),
-                Err(e) => eprintln!("cleanup of {prefix}: no runtime: {e}"),
-            });
-        let _ = cleanup.join();
-    }
 }

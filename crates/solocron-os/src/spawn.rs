@@ -21,6 +21,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 
@@ -65,29 +67,41 @@ pub(crate) struct ChildIo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     /// A job: SIGKILL when the node dies (`PR_SET_PDEATHSIG`), and its group listed with
-    /// the [guardian](crate::guardian) from before its program starts.
+    /// the guardian from before its program starts.
     Job,
     /// The guardian itself: lives on, since it must act once the node is gone.
     Guardian,
 }
 
 /// A started job: its own process group (its pid), a pidfd to wait on, its output. The
-/// guardian knows its group from the start until its leader is reaped.
+/// node's guardian knows its group from the start until its leader is reaped.
+///
+/// Dropped before [`Spawned::wait`] returned, it kills the job's group and reaps the job
+/// on a thread of its own: a job never outlives the value that stands for it.
 #[derive(Debug)]
-pub(crate) struct Spawned {
+pub struct Spawned {
     pid: libc::pid_t,
     pidfd: AsyncFd<OwnedFd>,
-    /// Read ends of its stdout and stderr.
-    pub(crate) stdout: Option<pipe::Receiver>,
-    pub(crate) stderr: Option<pipe::Receiver>,
+    /// Read end of its stdout (taken by whoever reads it).
+    pub stdout: Option<pipe::Receiver>,
+    /// Read end of its stderr (taken by whoever reads it).
+    pub stderr: Option<pipe::Receiver>,
     reaped: bool,
 }
 
 /// Starts a job: `argv[0]` (looked up in `PATH` unless it has a `/`) with `argv`, the
 /// node's environment plus `env`, stdin from `/dev/null`, stdout and stderr to pipes, in
 /// a new process group, with SIGKILL as its death signal, and its group known to the
-/// node's [guardian](crate::guardian) from before its program starts.
-pub(crate) fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Spawned> {
+/// node's guardian (a process that kills the group if the node dies) from before its
+/// program starts. Needs a tokio runtime (the pidfd and the pipes join its reactor).
+///
+/// # Errors
+/// `NotFound` if the program is not found, the `execve` error (`EACCES`, ...) if it
+/// cannot start, `Unsupported` on a kernel without pidfds (before Linux 5.2).
+///
+/// # Panics
+/// If `argv` is empty.
+pub fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Spawned> {
     let (out_read, out_write) = pipe()?;
     let (err_read, err_write) = pipe()?;
     let stdin = OwnedFd::from(std::fs::File::open("/dev/null")?);
@@ -123,24 +137,10 @@ pub(crate) fn start(
     io: ChildIo,
     kind: Kind,
 ) -> io::Result<(libc::pid_t, OwnedFd)> {
-    assert!(!argv.is_empty(), "a command has a program");
-    let path = resolve(OsStr::new(&argv[0]))?;
-    let args: Vec<CString> = argv.iter().map(|a| cstring(a.as_bytes())).collect::<io::Result<_>>()?;
-    let mut vars: Vec<(OsString, OsString)> =
-        std::env::vars_os().filter(|(k, _)| !env.iter().any(|(name, _)| OsStr::new(name) == k)).collect();
-    vars.extend(env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
-    let envs: Vec<CString> = vars
-        .into_iter()
-        .map(|(k, v)| {
-            let mut kv = k.into_vec();
-            kv.push(b'=');
-            kv.extend(v.into_vec());
-            cstring(&kv)
-        })
-        .collect::<io::Result<_>>()?;
+    let (path, args, envs) = exec_strings(argv, env)?;
     let pointers = |v: &[CString]| v.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect::<Vec<_>>();
     let mut plan = ChildPlan {
-        path: cstring(path.as_os_str().as_bytes())?,
+        path,
         argv: pointers(&args),
         envp: pointers(&envs),
         _argv: args,
@@ -189,16 +189,7 @@ pub(crate) fn start(
     drop(stack);
     let error = plan.error.load(Ordering::SeqCst);
     if let Some(listing) = listing.take() {
-        // Unreaped, so its pid, and the group id the guardian may have heard, are ours.
-        let announced = plan.announced.load(Ordering::SeqCst);
-        let listed = (error == 0 || announced > 0) && listing.record(pid, announced);
-        drop(listing);
-        if listed {
-            crate::guardian::complete(pid, announced);
-        }
-        if error != 0 || pidfd < 0 {
-            crate::guardian::forget(pid);
-        }
+        settle_listing(listing, pid, (error == 0, pidfd >= 0), plan.announced.load(Ordering::SeqCst));
     }
     if pidfd < 0 {
         // A kernel before 5.2 ignores CLONE_PIDFD.
@@ -224,17 +215,77 @@ pub(crate) fn start(
     Ok((pid, pidfd))
 }
 
+/// The program's path, its arguments and its environment (ours, less the names in `env`,
+/// plus `env`) as the C strings `execve` takes.
+fn exec_strings(argv: &[String], env: &[(&str, String)]) -> io::Result<(CString, Vec<CString>, Vec<CString>)> {
+    assert!(!argv.is_empty(), "a command has a program");
+    let path = resolve(OsStr::new(&argv[0]))?;
+    let args: Vec<CString> = argv.iter().map(|a| cstring(a.as_bytes())).collect::<io::Result<_>>()?;
+    let mut vars: Vec<(OsString, OsString)> =
+        std::env::vars_os().filter(|(k, _)| !env.iter().any(|(name, _)| OsStr::new(name) == k)).collect();
+    vars.extend(env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
+    let envs: Vec<CString> = vars
+        .into_iter()
+        .map(|(k, v)| {
+            let mut kv = k.into_vec();
+            kv.push(b'=');
+            kv.extend(v.into_vec());
+            cstring(&kv)
+        })
+        .collect::<io::Result<_>>()?;
+    Ok((cstring(path.as_os_str().as_bytes())?, args, envs))
+}
+
+/// Records a job's group with the guardian once its `clone` returned: listed if the child
+/// exec'd or announced itself, then delisted again if it did not exec or we have no pidfd
+/// to wait on it (it is killed then). The child is unreaped, so its pid, and the group id
+/// the guardian may have heard, are ours.
+fn settle_listing(listing: crate::guardian::Listing, pid: libc::pid_t, (execd, pidfd): (bool, bool), announced: usize) {
+    let listed = (execd || announced > 0) && listing.record(pid, announced);
+    drop(listing);
+    if listed {
+        crate::guardian::complete(pid, announced);
+    }
+    if !execd || !pidfd {
+        crate::guardian::forget(pid);
+    }
+}
+
 impl Spawned {
     /// The process id, which is also its process group id.
-    pub(crate) fn pid(&self) -> libc::pid_t {
+    pub fn pid(&self) -> libc::pid_t {
         self.pid
+    }
+
+    /// Sends SIGTERM to the job's process group (a polite stop; [`Spawned::wait`] then
+    /// tells when it is over). Nothing once the job was reaped: its group's id may name a
+    /// stranger's group by then.
+    pub fn terminate_group(&self) {
+        self.signal_group(Signal::SIGTERM);
+    }
+
+    /// Sends SIGKILL to the job's process group. Nothing once the job was reaped.
+    pub fn kill_group(&self) {
+        self.signal_group(Signal::SIGKILL);
+    }
+
+    fn signal_group(&self, signal: Signal) {
+        if self.reaped {
+            return;
+        }
+        // The group may be empty (all exited, leader a zombie): ESRCH is no error here.
+        let _ = killpg(Pid::from_raw(self.pid), signal);
     }
 
     /// Waits for the process to exit, kills what is left of its process group (a
     /// backgrounded grandchild), tells the guardian, and reaps it. The group is killed
     /// before the reap: until then the leader's pid, and so the group's id, cannot be
-    /// reused by a stranger.
-    pub(crate) async fn wait(&mut self) -> io::Result<ExitStatus> {
+    /// reused by a stranger. Cancel-safe: dropped before it returns, nothing is lost.
+    ///
+    /// # Errors
+    /// The `waitid`/`waitpid` error; `ECHILD` if the embedding program reaped the job
+    /// itself (a `waitpid(-1)`, or SIGCHLD ignored), whose status is then gone.
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
         loop {
             let mut ready = self.pidfd.readable().await?;
             // SAFETY: an all-zero siginfo_t is valid; waitid fills it.
@@ -322,9 +373,14 @@ pub(crate) fn reap_blocking(pid: libc::pid_t) {
 /// system call (glibc's wrapper would refuse to block its internal signals).
 ///
 /// # Safety
-/// Both pointers valid.
+/// The caller must be ready for the new mask: blocking every signal, glibc's internal ones
+/// included, is only for the moments around a `clone`.
 unsafe fn block_signals(set: &libc::sigset_t, old: &mut libc::sigset_t) {
-    libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, set as *const _, old as *mut _, KERNEL_SIGSET_BYTES);
+    // SAFETY: both pointers come from references, valid for the kernel's 8 bytes (glibc's
+    // sigset_t is larger).
+    unsafe {
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, set as *const _, old as *mut _, KERNEL_SIGSET_BYTES)
+    };
 }
 
 /// The kernel's signal set: 64 signals (glibc's `sigset_t` is larger).
@@ -461,7 +517,7 @@ fn is_executable(path: &Path) -> bool {
 }
 
 /// A pipe, both ends close-on-exec: (read, write).
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: pipe2 fills two descriptors we then own.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {

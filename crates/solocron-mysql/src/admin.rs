@@ -1,10 +1,18 @@
-//! The job registry and operators' controls: registrations, pause, manual run requests.
+//! What operators and housekeeping read and change: history, the store's clock, the job
+//! registry, pauses, manual run requests, unlock and pruning.
 
-use solocron_core::{JobControl, JobDefinition, Registration, RunRequest, StoreError, Tick, RECORDS_PAGE_MAX};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use solocron_core::{
+    HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest, StoreError, Tick,
+    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+};
 use sqlx::mysql::MySqlRow;
+use sqlx::{MySql, QueryBuilder};
 
 use crate::error::{invalid, retrying, Failure};
-use crate::records::{check_name, check_text, get, instant, opt_text, text};
+use crate::records::{check_name, check_text, get, instant, millis, opt_text, record, text, COLUMNS};
 use crate::MySqlStore;
 
 /// Definitions per `INSERT` of [`register`]: 6 placeholders each, far below MySQL's
@@ -207,6 +215,97 @@ pub(crate) async fn pending_requests(store: &MySqlStore, limit: usize) -> Result
         })
     };
     rows.iter().map(|row| request(row).map_err(|f| f.into_store(context))).collect()
+}
+
+/// Run records, newest first, filtered.
+pub(crate) async fn history(store: &MySqlStore, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
+    let mut sql = QueryBuilder::<MySql>::new(store.sql(&format!("SELECT {COLUMNS} FROM {{p}}runs WHERE 1 = 1")));
+    solocron_sql::push_history_filters(&mut sql, query);
+    let context = "cannot read history";
+    let rows = sql.build().fetch_all(&store.pool).await.map_err(|e| Failure::from(e).into_store(context))?;
+    rows.iter().map(|row| record(row).map_err(|f| f.into_store(context))).collect()
+}
+
+/// The server's clock.
+pub(crate) async fn now(store: &MySqlStore) -> Result<DateTime<Utc>, StoreError> {
+    let context = "cannot read the server clock";
+    let ms: i64 = sqlx::query_scalar(&store.sql("SELECT NOW_MS"))
+        .fetch_one(&store.pool)
+        .await
+        .map_err(|e| Failure::from(e).into_store(context))?;
+    instant(ms).map_err(|f| f.into_store(context))
+}
+
+/// Ends every running run of `job` as `abandoned`; their identities.
+pub(crate) async fn unlock(store: &MySqlStore, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+    check_name("job", job).map_err(|f| f.into_store("cannot unlock"))?;
+    let runs = retrying("cannot unlock", || unlock_once(store, job, reason)).await?;
+    if !runs.is_empty() {
+        tracing::info!(job, count = runs.len(), reason, "running runs unlocked");
+    }
+    Ok(runs)
+}
+
+/// One transaction: the job's fence lock (no claim of the job can add a running run until
+/// it commits), the running rows locked and listed, then ended.
+async fn unlock_once(store: &MySqlStore, job: &str, reason: &str) -> Result<Vec<RunId>, Failure> {
+    let mut tx = store.pool.begin().await?;
+    sqlx::query(&store.sql("INSERT INTO {p}fences (job, token) VALUES (?, 0) ON DUPLICATE KEY UPDATE token = token"))
+        .bind(job)
+        .execute(&mut *tx)
+        .await?;
+    let rows = sqlx::query(&store.sql(
+        "SELECT job, scheduled_at, attempt FROM {p}runs WHERE job = ? AND state = 'running'
+         ORDER BY scheduled_at, attempt FOR UPDATE",
+    ))
+    .bind(job)
+    .fetch_all(&mut *tx)
+    .await?;
+    let runs = rows.iter().map(crate::records::run_id).collect::<Result<Vec<_>, _>>()?;
+    if runs.is_empty() {
+        tx.rollback().await?;
+        return Ok(runs);
+    }
+    let ended = sqlx::query(&store.sql(
+        "UPDATE {p}runs SET state = 'abandoned', reason = ?, finished_at = NOW_MS, lease_until = NULL
+         WHERE job = ? AND state = 'running'",
+    ))
+    .bind(reason)
+    .bind(job)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if ended != runs.len() as u64 {
+        return Err(Failure::Conflict(format!("{} running runs listed, {ended} ended", runs.len())));
+    }
+    tx.commit().await?;
+    Ok(runs)
+}
+
+/// Deletes at most `batch` ended records older than the cutoff, oldest first, and the run
+/// requests as old; one transaction.
+pub(crate) async fn prune(store: &MySqlStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
+    let older_than = millis(older_than).map_err(|f| f.into_store("cannot prune"))?;
+    let batch = batch.min(PRUNE_BATCH_MAX) as i64;
+    retrying("cannot prune", || async {
+        let mut tx = store.pool.begin().await?;
+        let deleted = sqlx::query(&store.sql(
+            "DELETE FROM {p}runs WHERE state <> 'running' AND scheduled_at < NOW_MS - ?
+             ORDER BY scheduled_at, attempt LIMIT ?",
+        ))
+        .bind(older_than)
+        .bind(batch)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        sqlx::query(&store.sql("DELETE FROM {p}requests WHERE requested_at < NOW_MS - ?"))
+            .bind(older_than)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(deleted)
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -22,7 +22,14 @@ use tokio::io::unix::AsyncFd;
 const ARMED_AHEAD_SECS: i64 = 365 * 86_400;
 
 /// Wakes when the wall clock was set.
-pub(crate) struct ClockSteps {
+///
+/// ```no_run
+/// # async fn f() -> std::io::Result<()> {
+/// let mut steps = solocron_os::wallclock::ClockSteps::new()?;
+/// steps.stepped().await?; // the clock was set: look at it again
+/// # Ok(()) }
+/// ```
+pub struct ClockSteps {
     fd: AsyncFd<Timer>,
 }
 
@@ -36,8 +43,13 @@ impl AsRawFd for Timer {
 }
 
 impl ClockSteps {
-    /// Needs a tokio runtime (the fd is registered with its reactor).
-    pub(crate) fn new() -> io::Result<ClockSteps> {
+    /// Watches the wall clock from now on. Needs a tokio runtime (the fd is registered
+    /// with its reactor).
+    ///
+    /// # Errors
+    /// The `timerfd_create`/`timerfd_settime` error (a kernel or sandbox without
+    /// `TFD_TIMER_CANCEL_ON_SET`), or the reactor's.
+    pub fn new() -> io::Result<ClockSteps> {
         let timer = TimerFd::new(ClockId::CLOCK_REALTIME, TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC)?;
         arm(&timer)?;
         // SAFETY: the ClockSteps owns the timer until it is dropped, and never swaps it.
@@ -47,7 +59,11 @@ impl ClockSteps {
 
     /// Returns once the wall clock was set since the previous return (or since `new`).
     /// Cancel-safe: a step seen by a dropped call is seen by the next one.
-    pub(crate) async fn stepped(&mut self) -> io::Result<()> {
+    ///
+    /// # Errors
+    /// A read of the timer that fails otherwise than by the step, or a failure to arm it
+    /// again.
+    pub async fn stepped(&mut self) -> io::Result<()> {
         loop {
             let mut ready = self.fd.readable().await?;
             match ready.get_inner().0.wait() {

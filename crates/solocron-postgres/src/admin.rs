@@ -1,0 +1,220 @@
+//! What operators and housekeeping read and change: history, the store's clock, the job
+//! registry, pauses, manual run requests, unlock and pruning. Each one statement.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use solocron_core::{
+    HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest, StoreError, Tick,
+    PRUNE_BATCH_MAX,
+};
+use sqlx::{Postgres, QueryBuilder};
+
+use crate::error::{retrying, step, Res};
+use crate::records::{control, instant, millis, page, record, registration, run_id, run_request, RUN_COLUMNS};
+use crate::PgStore;
+
+/// How many instants after the first `request_run` tries for one request; far more than two
+/// operators can ask for in one millisecond.
+const REQUEST_CANDIDATES: i64 = 100;
+/// Statements [`request_run`] tries before giving up (each collision means another request
+/// of the same job won that instant).
+const REQUEST_ATTEMPTS: i64 = 30;
+
+/// How many free instants the `attempt`-th try skips: 0 at first, then random below
+/// `attempt + 1` (bounded by a quarter of the candidates).
+fn jitter(attempt: i64) -> i64 {
+    use std::hash::{BuildHasher, Hasher};
+    if attempt == 0 {
+        return 0;
+    }
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_i64(attempt);
+    (h.finish() % (attempt as u64 + 1).min(REQUEST_CANDIDATES as u64 / 4)) as i64
+}
+
+/// Run records, newest first, filtered.
+pub(crate) async fn history(store: &PgStore, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
+    history_once(store, query).await.map_err(|e| e.into_store("history"))
+}
+
+async fn history_once(store: &PgStore, query: &HistoryQuery) -> Res<Vec<RunRecord>> {
+    let mut sql = QueryBuilder::<Postgres>::new(store.sql(&format!("SELECT {RUN_COLUMNS} FROM {{p}}runs WHERE true")));
+    solocron_sql::push_history_filters(&mut sql, query);
+    let rows = sql.build().fetch_all(&store.pool).await?;
+    Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+}
+
+/// The server's clock.
+pub(crate) async fn now(store: &PgStore) -> Result<DateTime<Utc>, StoreError> {
+    let ms: i64 = sqlx::query_scalar(&store.sql("SELECT {now}")).fetch_one(&store.pool).await.map_err(step("now"))?;
+    instant(ms)
+}
+
+/// Upserts `node`'s registration of each job, in one statement.
+pub(crate) async fn register(store: &PgStore, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
+    // One row per job: an upsert cannot touch the same row twice in one statement.
+    let unique: BTreeMap<&str, &JobDefinition> = jobs.iter().map(|d| (d.job.as_str(), d)).collect();
+    if unique.is_empty() {
+        return Ok(());
+    }
+    let column = |f: fn(&JobDefinition) -> &str| unique.values().map(|d| f(d)).collect::<Vec<_>>();
+    sqlx::query(&store.sql(
+        "INSERT INTO {p}registry (job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen)
+         SELECT d.job, $1, d.schedule, d.timezone, d.definition_hash, d.summary, {now}, {now}
+         FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+              AS d(job, schedule, timezone, definition_hash, summary)
+         ON CONFLICT (job, node) DO UPDATE SET schedule = excluded.schedule, timezone = excluded.timezone,
+            definition_hash = excluded.definition_hash, summary = excluded.summary, last_seen = excluded.last_seen",
+    ))
+    .bind(node)
+    .bind(column(|d| &d.job))
+    .bind(column(|d| &d.schedule))
+    .bind(column(|d| &d.timezone))
+    .bind(column(|d| &d.definition_hash))
+    .bind(column(|d| &d.summary))
+    .execute(&store.pool)
+    .await
+    .map_err(step("register"))?;
+    Ok(())
+}
+
+/// Every registration, by job then node.
+pub(crate) async fn registrations(store: &PgStore) -> Result<Vec<Registration>, StoreError> {
+    let rows = sqlx::query(&store.sql("SELECT * FROM {p}registry ORDER BY job, node"))
+        .fetch_all(&store.pool)
+        .await
+        .map_err(step("registrations"))?;
+    rows.iter().map(registration).collect()
+}
+
+/// Upserts the job's switch; one statement.
+pub(crate) async fn set_paused(
+    store: &PgStore,
+    job: &str,
+    paused: bool,
+    by: &str,
+    reason: Option<&str>,
+) -> Result<(), StoreError> {
+    sqlx::query(&store.sql(
+        "INSERT INTO {p}jobs (job, paused, changed_by, reason, changed_at) VALUES ($1, $2, $3, $4, {now})
+         ON CONFLICT (job) DO UPDATE SET paused = excluded.paused, changed_by = excluded.changed_by,
+            reason = excluded.reason, changed_at = excluded.changed_at",
+    ))
+    .bind(job)
+    .bind(paused)
+    .bind(by)
+    .bind(reason)
+    .execute(&store.pool)
+    .await
+    .map_err(step("set_paused"))?;
+    tracing::info!(job, paused, by, reason, "job switch changed");
+    Ok(())
+}
+
+/// Every job's switch, by job.
+pub(crate) async fn controls(store: &PgStore) -> Result<Vec<JobControl>, StoreError> {
+    let rows = sqlx::query(&store.sql("SELECT * FROM {p}jobs ORDER BY job"))
+        .fetch_all(&store.pool)
+        .await
+        .map_err(step("controls"))?;
+    rows.iter().map(control).collect()
+}
+
+/// Records a manual run request at a free instant from the server's now on, never a whole
+/// second.
+pub(crate) async fn request_run(store: &PgStore, job: &str, by: &str) -> Result<Tick, StoreError> {
+    // The statement picks a free instant itself; it comes back empty only if a
+    // concurrent request for the same job took that instant. Racers that collided then
+    // pick at random among the first few free instants, so they spread out instead of
+    // colliding again.
+    for attempt in 0..REQUEST_ATTEMPTS {
+        let skip = jitter(attempt);
+        if let Some(at) = request_once(store, job, by, skip).await.map_err(|e| e.into_store("request_run"))? {
+            return Ok(Tick::new(job, instant(at)?));
+        }
+    }
+    Err(StoreError::Invalid(format!(
+        "request_run: {REQUEST_ATTEMPTS} tries found no free instant for a manual run of `{job}` (other requests of it took them); try again"
+    )))
+}
+
+/// One attempt at [`request_run`]: the free instant from now on that is not a whole
+/// second, after skipping `skip` free ones, or `None` if a concurrent request took it in
+/// between.
+async fn request_once(store: &PgStore, job: &str, by: &str, skip: i64) -> Res<Option<i64>> {
+    let at: Option<i64> = sqlx::query_scalar(&store.sql(
+        // The notice wakes every node's request watch when the request commits.
+        "WITH ins AS (INSERT INTO {p}requests (job, requested_at, requested_by)
+         SELECT $1, c.at, $2 FROM (
+             SELECT b.base + n AS at FROM (SELECT {now} AS base) b, generate_series(0, 2 * $3) AS n
+             WHERE (b.base + n) % 1000 <> 0 ORDER BY 1 LIMIT $3
+         ) c
+         WHERE NOT EXISTS (SELECT 1 FROM {p}requests q WHERE q.job = $1 AND q.requested_at = c.at)
+         ORDER BY c.at OFFSET $4 LIMIT 1
+         ON CONFLICT (job, requested_at) DO NOTHING RETURNING requested_at)
+         SELECT ins.requested_at FROM ins, pg_notify('{p}requests', '')",
+    ))
+    .bind(job)
+    .bind(by)
+    .bind(REQUEST_CANDIDATES)
+    .bind(skip)
+    .fetch_optional(&store.pool)
+    .await?;
+    Ok(at)
+}
+
+/// Requests whose tick has no record yet, oldest first.
+pub(crate) async fn pending_requests(store: &PgStore, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
+    let rows = sqlx::query(&store.sql(
+        "SELECT q.job, q.requested_at, q.requested_by FROM {p}requests q
+         WHERE NOT EXISTS (SELECT 1 FROM {p}runs r
+                           WHERE r.job = q.job AND r.scheduled_at = q.requested_at AND r.attempt = 1)
+         ORDER BY q.requested_at, q.job LIMIT $1",
+    ))
+    .bind(page(limit))
+    .fetch_all(&store.pool)
+    .await
+    .map_err(step("pending_requests"))?;
+    rows.iter().map(run_request).collect()
+}
+
+/// Ends every running run of `job` as `abandoned`; their identities.
+pub(crate) async fn unlock(store: &PgStore, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+    let sql = store.sql(
+        "UPDATE {p}runs SET state = 'abandoned', reason = $2, finished_at = {now}, lease_until = NULL
+         WHERE job = $1 AND state = 'running' RETURNING job, scheduled_at, attempt",
+    );
+    let rows =
+        retrying("unlock", || async { Ok(sqlx::query(&sql).bind(job).bind(reason).fetch_all(&store.pool).await?) })
+            .await?;
+    let mut ids = rows.iter().map(run_id).collect::<Result<Vec<_>, _>>()?;
+    ids.sort();
+    tracing::info!(job, reason, runs = ids.len(), "job unlocked");
+    Ok(ids)
+}
+
+/// Deletes at most `batch` ended records older than the cutoff, oldest first, and the run
+/// requests as old.
+pub(crate) async fn prune(store: &PgStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
+    // One statement: PostgreSQL runs every data-modifying CTE exactly once, read or not.
+    let deleted: i64 = sqlx::query_scalar(&store.sql(
+        "WITH cutoff AS (SELECT {now} - $1 AS at),
+         doomed AS (SELECT r.job, r.scheduled_at, r.attempt FROM {p}runs r, cutoff
+                    WHERE r.state <> 'running' AND r.scheduled_at < cutoff.at
+                    ORDER BY r.scheduled_at, r.attempt LIMIT $2),
+         gone AS (DELETE FROM {p}runs r USING doomed d
+                  WHERE r.job = d.job AND r.scheduled_at = d.scheduled_at AND r.attempt = d.attempt
+                    AND r.state <> 'running'
+                  RETURNING 1),
+         old_requests AS (DELETE FROM {p}requests q USING cutoff WHERE q.requested_at < cutoff.at)
+         SELECT count(*) FROM gone",
+    ))
+    .bind(millis(older_than)?)
+    .bind(batch.min(PRUNE_BATCH_MAX) as i64)
+    .fetch_one(&store.pool)
+    .await
+    .map_err(step("prune"))?;
+    Ok(deleted as u64)
+}

@@ -1,0 +1,35 @@
+//! The claim of one tick (most claims: a job's own schedule): one call of `{p}claim_one`,
+//! the one-tick twin of `{p}claim` (see the schema), which takes scalars instead of arrays.
+
+use solocron_core::{ClaimOutcome, ClaimRequest};
+use sqlx::postgres::PgRow;
+use sqlx::PgPool;
+
+use crate::claim::{outcomes, Batch};
+use crate::error::Res;
+use crate::PgStore;
+
+/// One try at claiming the one request of `batch`: one round trip, one transaction.
+pub(crate) async fn claim_one(store: &PgStore, batch: &Batch, requests: &[ClaimRequest]) -> Res<Vec<ClaimOutcome>> {
+    let rows =
+        batch.send_one(&store.pool, &store.sql("SELECT * FROM {p}claim_one($1, $2, $3, $4, $5, $6, $7)")).await?;
+    Ok(outcomes(requests, &rows)?)
+}
+
+impl Batch {
+    /// Calls `{p}claim_one` (`sql`) with the batch's one request: one round trip, one
+    /// transaction.
+    async fn send_one(&self, pool: &PgPool, sql: &str) -> Res<Vec<PgRow>> {
+        assert_eq!(self.jobs.len(), 1, "send_one sends a batch of one");
+        Ok(sqlx::query(sql)
+            .bind(&self.jobs[0])
+            .bind(self.ticks[0])
+            .bind(self.triggers[0])
+            .bind(&self.nodes[0])
+            .bind(self.leases[0])
+            .bind(self.modes[0])
+            .bind(&self.reasons[0])
+            .fetch_all(pool)
+            .await?)
+    }
+}

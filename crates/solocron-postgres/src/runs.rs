@@ -1,0 +1,323 @@
+//! A held run's life after its claim: renewals and ends (one or a batch, each one
+//! statement), and the recovery of runs whose lease expired (one transaction).
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use solocron_core::{
+    output_tail, Ending, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord, StoreError,
+    FINISH_BATCH_MAX, RENEW_BATCH_MAX,
+};
+use sqlx::PgConnection;
+
+use crate::error::{retrying, step, Res};
+use crate::records::{attempt_param, get, instant, millis, page, record, token, RUN_COLUMNS};
+use crate::PgStore;
+
+/// Extends a live lease held by its owner; one `UPDATE`.
+pub(crate) async fn renew(store: &PgStore, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
+    let sql = store.sql(
+        "UPDATE {p}runs SET lease_until = {now} + $1
+         WHERE job = $2 AND scheduled_at = $3 AND attempt = $4 AND node = $5 AND token = $6
+           AND state = 'running' AND lease_until > {now}",
+    );
+    let changed =
+        solocron_sql::bind_lease(sqlx::query(&sql).bind(millis(length)?), lease, attempt_param(lease.run.attempt)?)?
+            .execute(&store.pool)
+            .await
+            .map_err(step("renew"))?
+            .rows_affected();
+    Ok(changed == 1)
+}
+
+/// Records a held run's end: [`finish_all`]'s one statement, with one end.
+pub(crate) async fn finish(store: &PgStore, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
+    let answers = finish_all(store, &[Ending { lease: lease.clone(), end: end.clone() }]).await?;
+    Ok(answers == [true])
+}
+
+/// Records several held runs' ends in one statement.
+pub(crate) async fn finish_all(store: &PgStore, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+    assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
+    if endings.is_empty() {
+        return Ok(Vec::new());
+    }
+    // One statement for the batch: an `UPDATE` joined to the ends as arrays, answering
+    // the positions of the runs it ended. No expiry check: a run whose lease lapsed but
+    // that nobody recovered yet still records its true end. `claimed_at + NULL` is NULL:
+    // never started.
+    let sql = store.sql(
+        "UPDATE {p}runs AS r SET state = e.state, reason = e.reason, exit_code = e.exit_code,
+            output = e.output, finished_at = {now}, lease_until = NULL,
+            started_at = r.claimed_at + e.started_after
+         FROM unnest($1::int[], $2::text[], $3::bigint[], $4::int[], $5::text[], $6::bigint[],
+                     $7::text[], $8::text[], $9::int[], $10::text[], $11::bigint[])
+           AS e(i, job, scheduled_at, attempt, node, token, state, reason, exit_code, output, started_after)
+         WHERE r.job = e.job AND r.scheduled_at = e.scheduled_at AND r.attempt = e.attempt
+           AND r.node = e.node AND r.token = e.token AND r.state = 'running'
+         RETURNING e.i",
+    );
+    let ends: Vec<Cow<'_, RunEnd>> = endings.iter().map(|e| storable(&e.end)).collect();
+    let mut cols = FinishColumns::default();
+    for (i, (e, end)) in endings.iter().zip(&ends).enumerate() {
+        cols.push(i, &e.lease, end)?;
+    }
+    let ended: Vec<i32> = sqlx::query_scalar(&sql)
+        .bind(cols.lease.i)
+        .bind(cols.lease.job)
+        .bind(cols.lease.scheduled_at)
+        .bind(cols.lease.attempt)
+        .bind(cols.lease.node)
+        .bind(cols.lease.token)
+        .bind(cols.state)
+        .bind(cols.reason)
+        .bind(cols.exit_code)
+        .bind(cols.output)
+        .bind(cols.started_after)
+        .fetch_all(&store.pool)
+        .await
+        .map_err(step("finish"))?;
+    answered(ended, endings.len(), "finish")
+}
+
+/// Extends several leases in one statement.
+pub(crate) async fn renew_all(store: &PgStore, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+    assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+    if renewals.is_empty() {
+        return Ok(Vec::new());
+    }
+    // One statement for the batch, as in `finish_all`: `renew`'s `UPDATE` joined to the
+    // renewals as arrays. A lease sent twice in one batch (a renewal re-sent while the
+    // first was queued) updates its row once and returns one position: the answer for
+    // each position is whether its lease was extended, by that row's key.
+    let sql = store.sql(
+        "UPDATE {p}runs AS r SET lease_until = {now} + e.length
+         FROM unnest($1::int[], $2::text[], $3::bigint[], $4::int[], $5::text[], $6::bigint[], $7::bigint[])
+           AS e(i, job, scheduled_at, attempt, node, token, length)
+         WHERE r.job = e.job AND r.scheduled_at = e.scheduled_at AND r.attempt = e.attempt
+           AND r.node = e.node AND r.token = e.token AND r.state = 'running' AND r.lease_until > {now}
+         RETURNING e.i",
+    );
+    let mut cols = LeaseColumns::default();
+    let mut length = Vec::with_capacity(renewals.len());
+    for (i, r) in renewals.iter().enumerate() {
+        cols.push(i, &r.lease)?;
+        length.push(millis(r.length)?);
+    }
+    let positions: Vec<i32> = sqlx::query_scalar(&sql)
+        .bind(cols.i)
+        .bind(cols.job)
+        .bind(cols.scheduled_at)
+        .bind(cols.attempt)
+        .bind(cols.node)
+        .bind(cols.token)
+        .bind(length)
+        .fetch_all(&store.pool)
+        .await
+        .map_err(step("renew"))?;
+    let renewed = answered(positions, renewals.len(), "renew")?;
+    // Only a position answered `false` can be a copy of one that was extended.
+    let same = |a: &Lease, b: &Lease| a.run == b.run && a.owner == b.owner && a.fencing_token == b.fencing_token;
+    let extended = |lease: &Lease| renewals.iter().zip(&renewed).any(|(r, done)| *done && same(&r.lease, lease));
+    Ok(renewals.iter().zip(&renewed).map(|(r, done)| *done || extended(&r.lease)).collect())
+}
+
+/// Running runs whose lease expired, oldest expiry first.
+pub(crate) async fn expired(store: &PgStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+    let rows = sqlx::query(&store.sql(&format!(
+        "SELECT {RUN_COLUMNS} FROM {{p}}runs WHERE state = 'running' AND lease_until < {{now}}
+         ORDER BY lease_until LIMIT $1"
+    )))
+    .bind(page(limit))
+    .fetch_all(&store.pool)
+    .await
+    .map_err(step("expired"))?;
+    // A row this version cannot read (written by a newer one, say) must not stop the
+    // recovery of every other run.
+    Ok(rows
+        .iter()
+        .filter_map(|row| {
+            record(row).map_err(|e| tracing::error!(error = %e, "skipping an unreadable expired run")).ok()
+        })
+        .collect())
+}
+
+/// Ends an expired run, or retries it as its next attempt; only one caller can succeed.
+pub(crate) async fn recover(
+    store: &PgStore,
+    run: &RunId,
+    action: &RecoverAction,
+) -> Result<RecoverOutcome, StoreError> {
+    retrying("recover", || recover_once(store, run, action)).await
+}
+
+/// One attempt at [`recover`], as one transaction.
+async fn recover_once(store: &PgStore, run: &RunId, action: &RecoverAction) -> Res<RecoverOutcome> {
+    let mut tx = store.pool.begin().await?;
+    if lock_expired(store, &mut tx, run).await?.is_none() {
+        return Ok(RecoverOutcome::NotNeeded); // rolled back on drop; nothing was written
+    }
+    let outcome = match action {
+        RecoverAction::Abandon { reason } => {
+            end_run(store, &mut tx, run, "abandoned", reason).await?;
+            RecoverOutcome::Abandoned
+        }
+        RecoverAction::Retry { node, lease } => {
+            let attempt = run
+                .attempt
+                .checked_add(1)
+                .ok_or_else(|| StoreError::Invalid(format!("run {run} has no next attempt")))?;
+            let reason = format!("lease expired; retried as attempt {attempt} by {node}");
+            end_run(store, &mut tx, run, "lost", &reason).await?;
+            let next = RunId { tick: run.tick.clone(), attempt };
+            match start_retry(store, &mut tx, &next, node, *lease).await? {
+                Some(lease) => RecoverOutcome::Retried(lease),
+                // The next attempt exists already: undo rather than leave the tick
+                // with no running attempt.
+                None => return Ok(RecoverOutcome::NotNeeded),
+            }
+        }
+    };
+    tx.commit().await?;
+    tracing::debug!(%run, ?outcome, "expired run recovered");
+    Ok(outcome)
+}
+
+/// The run row locked if it is `running` with an expired lease, else `None`.
+async fn lock_expired(store: &PgStore, conn: &mut PgConnection, run: &RunId) -> Res<Option<()>> {
+    let row = sqlx::query(&store.sql(
+        "SELECT 1 FROM {p}runs WHERE job = $1 AND scheduled_at = $2 AND attempt = $3
+           AND state = 'running' AND lease_until < {now} FOR UPDATE",
+    ))
+    .bind(&run.tick.job)
+    .bind(run.tick.scheduled_at.timestamp_millis())
+    .bind(attempt_param(run.attempt)?)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(|_| ()))
+}
+
+/// Ends the (locked) run with `state` and `reason`.
+async fn end_run(store: &PgStore, conn: &mut PgConnection, run: &RunId, state: &str, reason: &str) -> Res<()> {
+    sqlx::query(&store.sql(
+        "UPDATE {p}runs SET state = $4, reason = $5, finished_at = {now}, lease_until = NULL
+         WHERE job = $1 AND scheduled_at = $2 AND attempt = $3",
+    ))
+    .bind(&run.tick.job)
+    .bind(run.tick.scheduled_at.timestamp_millis())
+    .bind(attempt_param(run.attempt)?)
+    .bind(state)
+    .bind(reason)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Starts attempt `next` as `running` for `node` with the job's next token; `None` if
+/// that attempt already exists (the caller then rolls back).
+async fn start_retry(
+    store: &PgStore,
+    conn: &mut PgConnection,
+    next: &RunId,
+    node: &str,
+    lease: Duration,
+) -> Res<Option<Lease>> {
+    let fence: i64 = sqlx::query_scalar(&store.sql(
+        "INSERT INTO {p}fences (job, token) VALUES ($1, 1)
+         ON CONFLICT (job) DO UPDATE SET token = {p}fences.token + 1 RETURNING token",
+    ))
+    .bind(&next.tick.job)
+    .fetch_one(&mut *conn)
+    .await?;
+    let row = sqlx::query(&store.sql(
+        r#"INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, token, state, claimed_at, lease_until)
+           VALUES ($1, $2, $3, 'retry', $4, $5, 'running', {now}, {now} + $6)
+           ON CONFLICT (job, scheduled_at, attempt) DO NOTHING RETURNING claimed_at, lease_until"#,
+    ))
+    .bind(&next.tick.job)
+    .bind(next.tick.scheduled_at.timestamp_millis())
+    .bind(attempt_param(next.attempt)?)
+    .bind(node)
+    .bind(fence)
+    .bind(millis(lease)?)
+    .fetch_optional(conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(Lease {
+        run: next.clone(),
+        owner: node.to_owned(),
+        fencing_token: token(fence)?,
+        claimed_at: instant(get(&row, "claimed_at")?)?,
+        lease_until: instant(get(&row, "lease_until")?)?,
+    }))
+}
+
+/// `end` as PostgreSQL can store it: `text` cannot hold a NUL byte (a command's output may
+/// carry one), so each becomes U+FFFD, the replacement character.
+fn storable(end: &RunEnd) -> Cow<'_, RunEnd> {
+    let nul = |t: &str| t.contains('\0');
+    if !nul(&end.output) && !end.reason.as_deref().is_some_and(nul) {
+        return Cow::Borrowed(end);
+    }
+    let clean = |t: &str| t.replace('\0', "\u{FFFD}");
+    Cow::Owned(RunEnd { output: clean(&end.output), reason: end.reason.as_deref().map(clean), ..end.clone() })
+}
+
+/// The leases of a batch, as the arrays its statement joins to: one element per lease.
+#[derive(Default)]
+struct LeaseColumns<'a> {
+    i: Vec<i32>,
+    job: Vec<&'a str>,
+    scheduled_at: Vec<i64>,
+    attempt: Vec<i32>,
+    node: Vec<&'a str>,
+    token: Vec<i64>,
+}
+
+impl<'a> LeaseColumns<'a> {
+    /// Adds the lease at position `i` of the batch.
+    fn push(&mut self, i: usize, lease: &'a Lease) -> Result<(), StoreError> {
+        let i = i32::try_from(i).map_err(|_| StoreError::Invalid(format!("position {i} is out of range")))?;
+        self.i.push(i);
+        self.job.push(&lease.run.tick.job);
+        self.scheduled_at.push(lease.run.tick.scheduled_at.timestamp_millis());
+        self.attempt.push(attempt_param(lease.run.attempt)?);
+        self.node.push(&lease.owner);
+        self.token.push(solocron_sql::token_param(lease.fencing_token)?);
+        Ok(())
+    }
+}
+
+/// The ends of a batch, as the arrays its statement joins to: one element per end.
+#[derive(Default)]
+struct FinishColumns<'a> {
+    lease: LeaseColumns<'a>,
+    state: Vec<&'static str>,
+    reason: Vec<Option<&'a str>>,
+    exit_code: Vec<Option<i32>>,
+    output: Vec<&'a str>,
+    started_after: Vec<Option<i64>>,
+}
+
+impl<'a> FinishColumns<'a> {
+    fn push(&mut self, i: usize, lease: &'a Lease, end: &'a RunEnd) -> Result<(), StoreError> {
+        assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
+        self.lease.push(i, lease)?;
+        self.state.push(end.state.as_str());
+        self.reason.push(end.reason.as_deref());
+        self.exit_code.push(end.exit_code);
+        self.output.push(output_tail(&end.output));
+        self.started_after.push(end.started_after.map(millis).transpose()?);
+        Ok(())
+    }
+}
+
+/// One answer per item of a batch of `len`, from the positions its statement returned.
+fn answered(positions: Vec<i32>, len: usize, what: &str) -> Result<Vec<bool>, StoreError> {
+    let mut answers = vec![false; len];
+    for i in positions {
+        let slot = usize::try_from(i).ok().and_then(|i| answers.get_mut(i));
+        *slot.ok_or_else(|| StoreError::Invalid(format!("{what} answered position {i} of {len}")))? = true;
+    }
+    Ok(answers)
+}

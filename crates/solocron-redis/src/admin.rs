@@ -1,0 +1,149 @@
+//! What operators and housekeeping read and change: history, the store's clock, the job
+//! registry, pause switches, manual run requests, where the present memory begins, and
+//! pruning. Each is one call of the store's Lua code (or `TIME`).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redis::Value;
+use solocron_core::{
+    HistoryQuery, JobControl, JobDefinition, Registration, RunRecord, RunRequest, StoreError, Tick, PRUNE_BATCH_MAX,
+    RECORDS_PAGE_MAX,
+};
+
+use crate::call::{millis, optional};
+use crate::decode::{self, convert, instant, invalid};
+use crate::error::redis_error;
+use crate::scripts::CODE;
+use crate::RedisStore;
+
+/// Most records one filtered [`Store::history`](solocron_core::Store::history) call
+/// examines (see "Cost" in the crate docs).
+const HISTORY_EXAMINED_MAX: usize = 50_000;
+
+/// How many successive milliseconds [`request_run`] tries before giving up.
+const REQUEST_SLOTS_MAX: usize = 100;
+
+/// Run records, newest first (see [`solocron_core::Store::history`]).
+pub(crate) async fn history(store: &RedisStore, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
+    let limit = match query.limit {
+        0 => RECORDS_PAGE_MAX,
+        n => n.min(RECORDS_PAGE_MAX),
+    };
+    let mut call = store.invocation(&CODE.history);
+    call.arg(optional(query.job.as_deref()))
+        .arg(optional(query.state.map(|s| s.as_str())))
+        .arg(optional(query.node.as_deref()))
+        .arg(optional(query.since.map(|t| t.timestamp_millis())))
+        .arg(optional(query.until.map(|t| t.timestamp_millis())))
+        .arg(limit)
+        .arg(HISTORY_EXAMINED_MAX);
+    let (bounded, records): (i64, Value) = convert(store.run(&call, "history").await?, "history reply")?;
+    let records = decode::each(records, "history", decode::record)?.into_iter().collect::<Result<Vec<_>, _>>()?;
+    if bounded == 1 {
+        tracing::warn!(
+            examined = HISTORY_EXAMINED_MAX,
+            found = records.len(),
+            "history query stopped after examining its most records; older matches are not listed"
+        );
+    }
+    Ok(records)
+}
+
+/// Redis's clock (`TIME`).
+pub(crate) async fn now(store: &RedisStore) -> Result<DateTime<Utc>, StoreError> {
+    let mut conn = store.conn.clone();
+    let (secs, micros): (i64, i64) = redis::cmd("TIME")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| redis_error(e, &format!("now on {}", store.description)))?;
+    instant(secs * 1000 + micros / 1000)
+}
+
+/// Registers a node's job definitions (see [`solocron_core::Store::register`]).
+pub(crate) async fn register(store: &RedisStore, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    let mut call = store.invocation(&CODE.register);
+    call.arg(node).arg(jobs.len());
+    for job in jobs {
+        call.arg(&job.job).arg(&job.schedule).arg(&job.timezone).arg(&job.definition_hash).arg(&job.summary);
+    }
+    store.run(&call, "register").await.map(drop)
+}
+
+/// Every registration, by job then node.
+pub(crate) async fn registrations(store: &RedisStore) -> Result<Vec<Registration>, StoreError> {
+    let reply = store.run(&store.invocation(&CODE.registrations), "registrations").await?;
+    let mut all =
+        decode::each(reply, "registrations", decode::registration)?.into_iter().collect::<Result<Vec<_>, _>>()?;
+    all.sort_by(|a, b| (&a.definition.job, &a.node).cmp(&(&b.definition.job, &b.node)));
+    Ok(all)
+}
+
+/// Sets a job's pause switch (see [`solocron_core::Store::set_paused`]).
+pub(crate) async fn set_paused(
+    store: &RedisStore,
+    job: &str,
+    paused: bool,
+    by: &str,
+    reason: Option<&str>,
+) -> Result<(), StoreError> {
+    let mut call = store.invocation(&CODE.set_paused);
+    call.arg(job).arg(if paused { "1" } else { "0" }).arg(by).arg(optional(reason));
+    store.run(&call, "set_paused").await.map(drop)
+}
+
+/// Every job's switches, by job.
+pub(crate) async fn controls(store: &RedisStore) -> Result<Vec<JobControl>, StoreError> {
+    let reply = store.run(&store.invocation(&CODE.controls), "controls").await?;
+    let mut all = decode::each(reply, "job controls", decode::control)?.into_iter().collect::<Result<Vec<_>, _>>()?;
+    all.sort_by(|a, b| a.job.cmp(&b.job));
+    Ok(all)
+}
+
+/// Requests a manual run (see [`solocron_core::Store::request_run`]).
+pub(crate) async fn request_run(store: &RedisStore, job: &str, by: &str) -> Result<Tick, StoreError> {
+    let mut call = store.invocation(&CODE.request_run);
+    call.arg(job).arg(by).arg(REQUEST_SLOTS_MAX);
+    let at: i64 = convert(store.run(&call, "request_run").await?, "requested instant")?;
+    Ok(Tick::new(job, instant(at)?))
+}
+
+/// Requests whose tick has no record yet, oldest first.
+pub(crate) async fn pending_requests(store: &RedisStore, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
+    let limit = limit.min(RECORDS_PAGE_MAX);
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let mut call = store.invocation(&CODE.pending);
+    call.arg(limit);
+    let flat: Vec<String> = convert(store.run(&call, "pending_requests").await?, "pending requests")?;
+    flat.chunks(2)
+        .map(|pair| {
+            let (member, by) = match pair {
+                [member, by] => (member, by),
+                _ => return Err(invalid("pending requests", format!("{flat:?}"))),
+            };
+            let (at, job) = member.split_once(':').ok_or_else(|| invalid("run request", member))?;
+            let at = at.parse::<i64>().map_err(|e| invalid("run request", format!("{member}: {e}")))?;
+            Ok(RunRequest { tick: Tick::new(job, instant(at)?), requested_by: by.clone() })
+        })
+        .collect()
+}
+
+/// When the present memory began (see "Amnesia" in the crate docs), marked now if unmarked.
+pub(crate) async fn memory_since(store: &RedisStore) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let reply = store.run(&store.invocation(&CODE.memory_since), "memory_since").await?;
+    let ms: i64 = convert(reply, "epoch")?;
+    Ok(Some(instant(ms)?))
+}
+
+/// Deletes old ended records, requests and registrations (see [`solocron_core::Store::prune`]).
+pub(crate) async fn prune(store: &RedisStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
+    let mut call = store.invocation(&CODE.prune);
+    call.arg(millis(older_than)?).arg(batch.min(PRUNE_BATCH_MAX)).arg(PRUNE_BATCH_MAX);
+    let deleted: i64 = convert(store.run(&call, "prune").await?, "pruned count")?;
+    u64::try_from(deleted).map_err(|e| invalid("pruned count", e))
+}

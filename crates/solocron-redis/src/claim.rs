@@ -1,0 +1,59 @@
+//! The claim: a whole batch (up to [`CLAIM_BATCH_MAX`](solocron_core::CLAIM_BATCH_MAX)
+//! requests) in one call of `lua/claim.lua`, so one round trip and one atomic step; one
+//! outcome per request in request order, each request seeing the effect of the earlier
+//! ones. Nothing else in this crate claims.
+
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, StoreError, Tick};
+
+use crate::call::millis;
+use crate::decode::{self, convert, invalid};
+use crate::scripts::CODE;
+use crate::RedisStore;
+
+/// Claims `requests` (see [`solocron_core::Store::claim`]).
+pub(crate) async fn claim(store: &RedisStore, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+    if requests.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut call = store.invocation(&CODE.claim);
+    call.arg(requests.len());
+    for request in requests {
+        let (mode, reason) = mode(&request.mode);
+        call.arg(&request.tick.job)
+            .arg(request.tick.scheduled_at.timestamp_millis())
+            .arg(request.trigger.as_str())
+            .arg(&request.node)
+            .arg(millis(request.lease)?)
+            .arg(mode)
+            .arg(reason);
+    }
+    let replies: Vec<Vec<String>> = convert(store.run(&call, "claim").await?, "claim outcomes")?;
+    if replies.len() != requests.len() {
+        return Err(invalid("claim outcomes", format!("{} outcomes for {} requests", replies.len(), requests.len())));
+    }
+    let outcomes = requests
+        .iter()
+        .zip(&replies)
+        .map(|(request, reply)| decode::claim_outcome(reply, first_attempt(request), &request.node))
+        .collect::<Result<Vec<_>, _>>()?;
+    for outcome in &outcomes {
+        if let ClaimOutcome::Won(lease) = outcome {
+            tracing::debug!(run = %lease.run, node = %lease.owner, token = lease.fencing_token, "run claimed");
+        }
+    }
+    Ok(outcomes)
+}
+
+/// The store's scripts' mode names.
+fn mode(mode: &ClaimMode) -> (&'static str, &str) {
+    match mode {
+        ClaimMode::Skip { reason } => ("skip", reason),
+        ClaimMode::Run { skip_if_running: true } => ("exclusive", ""),
+        ClaimMode::Run { skip_if_running: false } => ("run", ""),
+    }
+}
+
+/// Attempt 1 of a request's tick, at the millisecond precision the store keeps.
+fn first_attempt(request: &ClaimRequest) -> RunId {
+    RunId { tick: Tick::new(request.tick.job.clone(), request.tick.scheduled_at), attempt: 1 }
+}

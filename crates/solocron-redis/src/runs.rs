@@ -1,0 +1,131 @@
+//! A held run's life after its claim: renew, finish (one or a pipelined batch), the expiry
+//! scan, recovery, and an operator's unlock. Each is one call of the store's Lua code,
+//! which compares the owner and fencing token (or the state and lease expiry) in the same
+//! atomic step that writes.
+
+use std::time::Duration;
+
+use solocron_core::{
+    output_tail, Ending, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord, StoreError,
+    FINISH_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
+};
+
+use crate::call::{millis, optional, Call};
+use crate::decode::{self, convert, invalid};
+use crate::scripts::CODE;
+use crate::RedisStore;
+
+/// Extends a lease (see [`solocron_core::Store::renew`]).
+pub(crate) async fn renew(store: &RedisStore, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
+    let renewed: i64 = convert(store.run(&renew_call(store, lease, length)?, "renew").await?, "renew reply")?;
+    Ok(renewed == 1)
+}
+
+/// Extends several leases in one pipeline (see [`solocron_core::Store::renew_all`]).
+pub(crate) async fn renew_all(store: &RedisStore, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+    assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+    let calls = renewals.iter().map(|r| renew_call(store, &r.lease, r.length)).collect::<Result<Vec<_>, _>>()?;
+    store.run_flags(&calls, "renew").await
+}
+
+/// Records a run's end (see [`solocron_core::Store::finish`]).
+pub(crate) async fn finish(store: &RedisStore, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
+    let call = finish_call(store, lease, end)?;
+    let finished: i64 = convert(store.run(&call, "finish").await?, "finish reply")?;
+    Ok(finished == 1)
+}
+
+/// Records several runs' ends in one pipeline (see [`solocron_core::Store::finish_all`]).
+pub(crate) async fn finish_all(store: &RedisStore, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+    assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
+    let calls = endings.iter().map(|e| finish_call(store, &e.lease, &e.end)).collect::<Result<Vec<_>, _>>()?;
+    store.run_flags(&calls, "finish").await
+}
+
+/// Running runs whose lease passed by Redis's clock (see [`solocron_core::Store::expired`]).
+pub(crate) async fn expired(store: &RedisStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+    let limit = limit.min(RECORDS_PAGE_MAX);
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let mut call = store.invocation(&CODE.expired);
+    call.arg(limit);
+    let records = decode::each(store.run(&call, "expired").await?, "expired runs", decode::record)?;
+    // A record this version cannot read (written by a newer one, say) must not stop the
+    // recovery of every other run.
+    Ok(records
+        .into_iter()
+        .filter_map(|r| r.map_err(|e| tracing::error!(error = %e, "skipping an unreadable expired run")).ok())
+        .collect())
+}
+
+/// Abandons or retries an expired run (see [`solocron_core::Store::recover`]).
+pub(crate) async fn recover(
+    store: &RedisStore,
+    run: &RunId,
+    action: &RecoverAction,
+) -> Result<RecoverOutcome, StoreError> {
+    // Checked before the call: the script may end the run before it starts the next one.
+    if matches!(action, RecoverAction::Retry { .. }) && run.attempt == u32::MAX {
+        return Err(StoreError::Invalid(format!("run {run} has no next attempt")));
+    }
+    let next = RunId { tick: run.tick.clone(), attempt: run.attempt.saturating_add(1) };
+    let mut call = store.invocation(&CODE.recover);
+    call.arg(&run.tick.job).arg(run.tick.scheduled_at.timestamp_millis()).arg(run.attempt);
+    match action {
+        RecoverAction::Abandon { reason } => call.arg("abandon").arg(reason).arg(0),
+        RecoverAction::Retry { node, lease } => call.arg("retry").arg(node).arg(millis(*lease)?),
+    };
+    let reply: Vec<String> = convert(store.run(&call, "recover").await?, "recover reply")?;
+    let outcome = match (reply.first().map(String::as_str), action) {
+        (Some("not_needed"), _) => RecoverOutcome::NotNeeded,
+        (Some("abandoned"), RecoverAction::Abandon { .. }) => RecoverOutcome::Abandoned,
+        (Some("won"), RecoverAction::Retry { node, .. }) => RecoverOutcome::Retried(decode::won(&reply, next, node)?),
+        _ => return Err(invalid("recover reply", format!("{reply:?}"))),
+    };
+    if outcome != RecoverOutcome::NotNeeded {
+        tracing::debug!(%run, ?outcome, "expired run recovered");
+    }
+    Ok(outcome)
+}
+
+/// Ends every running run of a job for an operator (see [`solocron_core::Store::unlock`]).
+pub(crate) async fn unlock(store: &RedisStore, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+    let mut call = store.invocation(&CODE.unlock);
+    call.arg(job).arg(reason);
+    let ids: Vec<String> = convert(store.run(&call, "unlock").await?, "unlocked runs")?;
+    let runs = ids.iter().map(|id| decode::run_id(id)).collect::<Result<Vec<_>, _>>()?;
+    tracing::debug!(job, runs = runs.len(), "job unlocked");
+    Ok(runs)
+}
+
+/// The `renew` script's call for one lease.
+fn renew_call(store: &RedisStore, lease: &Lease, length: Duration) -> Result<Call, StoreError> {
+    let mut call = store.invocation(&CODE.renew);
+    lease_args(&mut call, lease);
+    call.arg(millis(length)?);
+    Ok(call)
+}
+
+/// The `finish` script's call for one end.
+fn finish_call(store: &RedisStore, lease: &Lease, end: &RunEnd) -> Result<Call, StoreError> {
+    assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
+    let started_after = end.started_after.map(millis).transpose()?;
+    let mut call = store.invocation(&CODE.finish);
+    lease_args(&mut call, lease);
+    call.arg(end.state.as_str())
+        .arg(optional(end.reason.as_deref()))
+        .arg(optional(end.exit_code))
+        .arg(output_tail(&end.output))
+        .arg(optional(started_after));
+    Ok(call)
+}
+
+/// The identity of a run and its holder's proof, as renew and finish send them.
+fn lease_args(call: &mut Call, lease: &Lease) {
+    call.arg(&lease.run.tick.job)
+        .arg(lease.run.tick.scheduled_at.timestamp_millis())
+        .arg(lease.run.attempt)
+        .arg(&lease.owner)
+        .arg(lease.fencing_token.to_string());
+}

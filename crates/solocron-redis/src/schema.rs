@@ -1,0 +1,67 @@
+//! The layout's life: `migrate` marks (or checks) the layout version and the epoch; there
+//! are no structures to create. `uninstall` removes every key under the prefix.
+//!
+//! The Functions library is not removed: its name comes from its code's hash, not from the
+//! prefix (the prefix is each call's first argument), so every prefix on the server served
+//! by the same build shares it, and it holds no data. `FUNCTION DELETE solocron_<hash>`
+//! removes it once no fleet of that build is left.
+
+use solocron_core::StoreError;
+
+use crate::error::redis_error;
+use crate::scripts::CODE;
+use crate::RedisStore;
+
+/// Keys `SCAN` is asked to look at per step of [`uninstall`] (the keys found in a step are
+/// deleted with one `UNLINK`).
+const UNINSTALL_SCAN_COUNT: usize = 1000;
+
+/// Most `SCAN` steps of one [`uninstall`]: a billion keys on the server at
+/// [`UNINSTALL_SCAN_COUNT`] a step, far above any real one.
+const UNINSTALL_SCAN_STEPS_MAX: usize = 1_000_000;
+
+/// Checks the layout version and marks it, and when the present memory began.
+pub(crate) async fn migrate(store: &RedisStore) -> Result<(), StoreError> {
+    // One script: concurrent migrations take turns, and each later one finds the version
+    // and the epoch marked. There are no structures to create.
+    store.run(&store.invocation(&CODE.migrate), "migrate").await.map(drop)
+}
+
+/// Deletes every key under the prefix (see [`solocron_core::Store::uninstall`]): `SCAN`
+/// with the prefix as pattern, `UNLINK` of what each step finds. Not one atomic step (a
+/// script walking the keyspace would block the server): a node still running on the prefix
+/// may write keys again, so stop the fleet first. Keys of other prefixes never match: the
+/// pattern ends in the prefix's `}:`.
+pub(crate) async fn uninstall(store: &RedisStore) -> Result<(), StoreError> {
+    // `Prefix` allows only a-z, 0-9 and `_` inside the braces: no glob metacharacter.
+    debug_assert!(!store.prefix.contains(['*', '?', '[', ']', '\\']), "{}", store.prefix);
+    let pattern = format!("{}*", store.prefix);
+    let context = || format!("uninstall on {}", store.description);
+    let mut conn = store.conn.clone();
+    let (mut cursor, mut deleted) = (0u64, 0usize);
+    for _ in 0..UNINSTALL_SCAN_STEPS_MAX {
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(UNINSTALL_SCAN_COUNT)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| redis_error(e, &context()))?;
+        if !keys.is_empty() {
+            let unlinked: usize =
+                redis::cmd("UNLINK").arg(&keys).query_async(&mut conn).await.map_err(|e| redis_error(e, &context()))?;
+            deleted += unlinked;
+        }
+        if next == 0 {
+            tracing::info!(keys = deleted, prefix = %store.prefix, "uninstalled");
+            return Ok(());
+        }
+        cursor = next;
+    }
+    Err(StoreError::Unavailable(format!(
+        "{}: the key scan did not end within {UNINSTALL_SCAN_STEPS_MAX} steps; run it again",
+        context()
+    )))
+}

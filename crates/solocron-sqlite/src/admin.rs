@@ -1,0 +1,248 @@
+//! What operators and housekeeping read and change: run history, the job registry, job
+//! switches (pause, unlock), manual run requests, pruning, and the store's clock. Each
+//! write is one `BEGIN IMMEDIATE` transaction.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use solocron_core::{
+    HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest, StoreError, Tick,
+    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+};
+use sqlx::{QueryBuilder, Sqlite};
+
+use crate::error::db_err;
+use crate::records::{control, instant, millis, record, registration, request, run_id};
+use crate::{fill, SqliteStore};
+
+/// How many successive milliseconds [`request_run`] tries before giving up: only that many
+/// requests of one job within a few milliseconds can exhaust it.
+const REQUEST_SLOTS_MAX: usize = 100;
+
+// The statements' templates, `{p}` standing for the table prefix.
+
+/// Run records, newest first: the head that [`solocron_sql::push_history_filters`] ends.
+const HISTORY: &str = concat!("SELECT ", columns!(), " FROM {p}runs WHERE 1 = 1");
+/// Records or refreshes one job a node runs.
+const REGISTER: &str = concat!(
+    "INSERT INTO {p}registry
+                   (job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen)
+                 VALUES (?, ?, ?, ?, ?, ?, ",
+    now!(),
+    ", ",
+    now!(),
+    ") ON CONFLICT (job, node) DO UPDATE SET schedule = excluded.schedule,
+                   timezone = excluded.timezone, definition_hash = excluded.definition_hash,
+                   summary = excluded.summary, last_seen = excluded.last_seen"
+);
+/// Every registration.
+const REGISTRATIONS: &str = "SELECT job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen
+             FROM {p}registry ORDER BY job, node";
+/// Sets a job's pause switch.
+const SET_PAUSED: &str = concat!(
+    "INSERT INTO {p}jobs (job, paused, changed_by, reason, changed_at) VALUES (?, ?, ?, ?, ",
+    now!(),
+    ") ON CONFLICT (job) DO UPDATE SET paused = excluded.paused, changed_by = excluded.changed_by,
+               reason = excluded.reason, changed_at = excluded.changed_at"
+);
+/// Every job's switches.
+const CONTROLS: &str = "SELECT job, paused, changed_by, reason, changed_at FROM {p}jobs ORDER BY job";
+/// A manual run request at one millisecond, unless that one is taken.
+const REQUEST_RUN: &str = "INSERT INTO {p}requests (job, requested_at, requested_by) VALUES (?, ?, ?)
+                 ON CONFLICT (job, requested_at) DO NOTHING";
+/// Requests whose tick has no record yet, oldest first.
+const PENDING_REQUESTS: &str = "SELECT job, requested_at, requested_by FROM {p}requests AS r
+             WHERE NOT EXISTS (SELECT 1 FROM {p}runs
+                               WHERE job = r.job AND scheduled_at = r.requested_at AND attempt = 1)
+             ORDER BY requested_at, job LIMIT ?";
+/// Ends a job's running runs as `abandoned`.
+const UNLOCK: &str = concat!(
+    "UPDATE {p}runs SET state = 'abandoned', reason = ?, finished_at = ",
+    now!(),
+    ", lease_until = NULL WHERE job = ? AND state = 'running' RETURNING job, scheduled_at, attempt"
+);
+/// Deletes a batch of ended runs older than a cutoff, oldest first.
+const PRUNE_RUNS: &str = "DELETE FROM {p}runs WHERE rowid IN (
+               SELECT rowid FROM {p}runs WHERE state <> 'running' AND scheduled_at < ?
+               ORDER BY scheduled_at, attempt LIMIT ?)";
+/// Deletes the requests older than a cutoff.
+const PRUNE_REQUESTS: &str = "DELETE FROM {p}requests WHERE requested_at < ?";
+
+/// The operators' and housekeeping's statements for one table prefix, built when the
+/// store connects.
+pub(crate) struct Sql {
+    history: String,
+    register: String,
+    registrations: String,
+    set_paused: String,
+    controls: String,
+    request_run: String,
+    pending_requests: String,
+    unlock: String,
+    prune_runs: String,
+    prune_requests: String,
+}
+
+impl Sql {
+    /// The statements with the tables named `{tables}runs`, ...
+    pub(crate) fn new(tables: &str) -> Sql {
+        Sql {
+            history: fill(HISTORY, tables),
+            register: fill(REGISTER, tables),
+            registrations: fill(REGISTRATIONS, tables),
+            set_paused: fill(SET_PAUSED, tables),
+            controls: fill(CONTROLS, tables),
+            request_run: fill(REQUEST_RUN, tables),
+            pending_requests: fill(PENDING_REQUESTS, tables),
+            unlock: fill(UNLOCK, tables),
+            prune_runs: fill(PRUNE_RUNS, tables),
+            prune_requests: fill(PRUNE_REQUESTS, tables),
+        }
+    }
+}
+
+/// Run records matching `query`, newest first (see [`solocron_core::Store::history`]).
+pub(crate) async fn history(store: &SqliteStore, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
+    let mut sql = QueryBuilder::<Sqlite>::new(&store.sql.admin.history);
+    solocron_sql::push_history_filters(&mut sql, query);
+    let rows = sql.build().fetch_all(&store.pool).await.map_err(db_err)?;
+    rows.iter().map(record).collect()
+}
+
+/// SQLite's clock (see [`solocron_core::Store::now`]).
+pub(crate) async fn now(store: &SqliteStore) -> Result<DateTime<Utc>, StoreError> {
+    let ms: i64 = sqlx::query_scalar(concat!("SELECT ", now!())).fetch_one(&store.pool).await.map_err(db_err)?;
+    instant(ms)
+}
+
+/// Records that `node` runs `jobs` (see [`solocron_core::Store::register`]).
+pub(crate) async fn register(store: &SqliteStore, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
+    let mut tx = store.write_tx().await?;
+    for job in jobs {
+        sqlx::query(&store.sql.admin.register)
+            .bind(&job.job)
+            .bind(node)
+            .bind(&job.schedule)
+            .bind(&job.timezone)
+            .bind(&job.definition_hash)
+            .bind(&job.summary)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+    }
+    tx.commit().await.map_err(db_err)
+}
+
+/// Every node's registered jobs (see [`solocron_core::Store::registrations`]).
+pub(crate) async fn registrations(store: &SqliteStore) -> Result<Vec<Registration>, StoreError> {
+    let rows = sqlx::query(&store.sql.admin.registrations).fetch_all(&store.pool).await.map_err(db_err)?;
+    rows.iter().map(registration).collect()
+}
+
+/// Pauses or resumes a job fleet-wide (see [`solocron_core::Store::set_paused`]).
+pub(crate) async fn set_paused(
+    store: &SqliteStore,
+    job: &str,
+    paused: bool,
+    by: &str,
+    reason: Option<&str>,
+) -> Result<(), StoreError> {
+    let mut tx = store.write_tx().await?;
+    sqlx::query(&store.sql.admin.set_paused)
+        .bind(job)
+        .bind(i64::from(paused))
+        .bind(by)
+        .bind(reason)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    tx.commit().await.map_err(db_err)
+}
+
+/// Every job's switches (see [`solocron_core::Store::controls`]).
+pub(crate) async fn controls(store: &SqliteStore) -> Result<Vec<JobControl>, StoreError> {
+    let rows = sqlx::query(&store.sql.admin.controls).fetch_all(&store.pool).await.map_err(db_err)?;
+    rows.iter().map(control).collect()
+}
+
+/// Requests a manual run of `job` at a free millisecond from now (see
+/// [`solocron_core::Store::request_run`]).
+pub(crate) async fn request_run(store: &SqliteStore, job: &str, by: &str) -> Result<Tick, StoreError> {
+    let mut tx = store.write_tx().await?;
+    let now: i64 = sqlx::query_scalar(concat!("SELECT ", now!())).fetch_one(&mut *tx).await.map_err(db_err)?;
+    // Start at the first non-whole-second millisecond at or after now.
+    let mut at = if now % 1000 == 0 { now + 1 } else { now };
+    for _ in 0..REQUEST_SLOTS_MAX {
+        let inserted = sqlx::query(&store.sql.admin.request_run)
+            .bind(job)
+            .bind(at)
+            .bind(by)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?
+            .rows_affected();
+        if inserted == 1 {
+            tx.commit().await.map_err(db_err)?;
+            return Ok(Tick::new(job, instant(at)?));
+        }
+        at = next_manual_ms(at);
+    }
+    Err(StoreError::Invalid(format!(
+        "{REQUEST_SLOTS_MAX} manual runs of `{job}` already requested around this instant; try again"
+    )))
+}
+
+/// The millisecond after `t` that is not a whole second: manual ticks never fall on one,
+/// so they never coincide with a scheduled tick.
+fn next_manual_ms(t: i64) -> i64 {
+    if (t + 1) % 1000 == 0 {
+        t + 2
+    } else {
+        t + 1
+    }
+}
+
+/// Requests no run has claimed yet, oldest first (see
+/// [`solocron_core::Store::pending_requests`]).
+pub(crate) async fn pending_requests(store: &SqliteStore, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
+    let rows = sqlx::query(&store.sql.admin.pending_requests)
+        .bind(limit.min(RECORDS_PAGE_MAX) as i64)
+        .fetch_all(&store.pool)
+        .await
+        .map_err(db_err)?;
+    rows.iter().map(request).collect()
+}
+
+/// Ends every running run of `job` as abandoned (see [`solocron_core::Store::unlock`]).
+pub(crate) async fn unlock(store: &SqliteStore, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+    let mut tx = store.write_tx().await?;
+    let rows = sqlx::query(&store.sql.admin.unlock).bind(reason).bind(job).fetch_all(&mut *tx).await.map_err(db_err)?;
+    let runs = rows.iter().map(run_id).collect::<Result<Vec<_>, _>>()?;
+    tx.commit().await.map_err(db_err)?;
+    tracing::debug!(job, runs = runs.len(), "job unlocked");
+    Ok(runs)
+}
+
+/// Deletes up to `batch` ended runs, and the requests, older than `older_than` (see
+/// [`solocron_core::Store::prune`]).
+pub(crate) async fn prune(store: &SqliteStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
+    let batch = batch.min(PRUNE_BATCH_MAX) as i64;
+    let mut tx = store.write_tx().await?;
+    // One cutoff for both tables: SQLite's clock may move between statements.
+    let cutoff: i64 = sqlx::query_scalar(concat!("SELECT ", now!(), " - ?"))
+        .bind(millis(older_than)?)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    // By rowid: SQLite's DELETE takes no LIMIT unless compiled to.
+    let deleted = sqlx::query(&store.sql.admin.prune_runs)
+        .bind(cutoff)
+        .bind(batch)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?
+        .rows_affected();
+    sqlx::query(&store.sql.admin.prune_requests).bind(cutoff).execute(&mut *tx).await.map_err(db_err)?;
+    tx.commit().await.map_err(db_err)?;
+    Ok(deleted)
+}

@@ -1,0 +1,322 @@
+//! A held run's life after its claim: renewing its lease, recording its end, and the
+//! recovery of runs whose lease expired (abandon, or retry as the next attempt). A
+//! renewal or a finish is one statement in autocommit; a batch of them, or a recovery, is
+//! one `BEGIN IMMEDIATE` transaction.
+
+use std::time::Duration;
+
+use solocron_core::{
+    Ending, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord, StoreError, Trigger,
+    FINISH_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
+};
+use sqlx::query::Query;
+use sqlx::sqlite::{SqliteArguments, SqliteConnection};
+use sqlx::Sqlite;
+
+use crate::error::db_err;
+use crate::records::{get, instant, millis, record};
+use crate::{fill, SqliteStore};
+
+// The statements' templates, `{p}` standing for the table prefix.
+
+/// Extends a live lease held by its owner, judged by SQLite's clock.
+const RENEW: &str = concat!(
+    "UPDATE {p}runs SET lease_until = ",
+    now!(),
+    " + ? WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ?
+           AND state = 'running' AND lease_until > ",
+    now!()
+);
+/// Records a held run's end (see [`finish_query`]).
+const FINISH: &str = concat!(
+    "UPDATE {p}runs SET state = ?, reason = ?, exit_code = ?, output = ?, finished_at = ",
+    now!(),
+    ", lease_until = NULL, started_at = claimed_at + ?
+             WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ? AND state = 'running'"
+);
+/// Running runs whose lease expired, oldest expiry first.
+const EXPIRED: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM {p}runs WHERE state = 'running' AND lease_until < ",
+    now!(),
+    " ORDER BY lease_until LIMIT ?"
+);
+/// Ends an expired run as `abandoned`.
+const ABANDON: &str = concat!(
+    "UPDATE {p}runs SET state = 'abandoned', reason = ?, finished_at = ",
+    now!(),
+    ", lease_until = NULL
+         WHERE job = ? AND scheduled_at = ? AND attempt = ? AND state = 'running' AND lease_until < ",
+    now!()
+);
+/// Ends an expired run as `lost`, before its retry.
+const LOSE: &str = concat!(
+    "UPDATE {p}runs SET state = 'lost', reason = ?, finished_at = ",
+    now!(),
+    ", lease_until = NULL
+         WHERE job = ? AND scheduled_at = ? AND attempt = ? AND state = 'running' AND lease_until < ",
+    now!()
+);
+/// Creates a run as `running` unless its record exists (no row back then).
+const START: &str = concat!(
+    r#"INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, state, claimed_at, lease_until)
+           VALUES (?, ?, ?, ?, ?, 'running', "#,
+    now!(),
+    ", ",
+    now!(),
+    " + ?) ON CONFLICT (job, scheduled_at, attempt) DO NOTHING RETURNING claimed_at, lease_until"
+);
+/// Hands a run just started its token.
+const SET_TOKEN: &str = "UPDATE {p}runs SET token = ? WHERE job = ? AND scheduled_at = ? AND attempt = ?";
+/// Advances a job's fencing counter (created at 1).
+const NEXT_TOKEN: &str = "INSERT INTO {p}fences (job, token) VALUES (?, 1)
+         ON CONFLICT (job) DO UPDATE SET token = token + 1 RETURNING token";
+
+/// The statements of a run's life for one table prefix, built when the store connects.
+pub(crate) struct Sql {
+    renew: String,
+    finish: String,
+    expired: String,
+    abandon: String,
+    lose: String,
+    start: String,
+    set_token: String,
+    next_token: String,
+}
+
+impl Sql {
+    /// The statements with the tables named `{tables}runs`, ...
+    pub(crate) fn new(tables: &str) -> Sql {
+        Sql {
+            renew: fill(RENEW, tables),
+            finish: fill(FINISH, tables),
+            expired: fill(EXPIRED, tables),
+            abandon: fill(ABANDON, tables),
+            lose: fill(LOSE, tables),
+            start: fill(START, tables),
+            set_token: fill(SET_TOKEN, tables),
+            next_token: fill(NEXT_TOKEN, tables),
+        }
+    }
+}
+
+/// Extends a held lease (see [`solocron_core::Store::renew`]).
+pub(crate) async fn renew(store: &SqliteStore, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
+    // One statement, so no explicit transaction: in autocommit SQLite takes the write
+    // lock (waiting in the busy handler) for the statement alone, instead of across
+    // the round trips of `BEGIN IMMEDIATE` and `COMMIT` while other nodes wait for it.
+    let query = renew_query(&store.sql.runs, lease, length)?;
+    let changed = query.execute(&store.pool).await.map_err(db_err)?.rows_affected();
+    debug_assert!(changed <= 1);
+    Ok(changed == 1)
+}
+
+/// Extends held leases in one transaction (see [`solocron_core::Store::renew_all`]).
+pub(crate) async fn renew_all(store: &SqliteStore, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+    assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+    if renewals.is_empty() {
+        return Ok(Vec::new());
+    }
+    // One transaction: one wait for the write lock and one commit for the batch.
+    let mut tx = store.write_tx().await?;
+    let mut answers = Vec::with_capacity(renewals.len());
+    for r in renewals {
+        let query = renew_query(&store.sql.runs, &r.lease, r.length)?;
+        let changed = query.execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+        debug_assert!(changed <= 1);
+        answers.push(changed == 1);
+    }
+    tx.commit().await.map_err(db_err)?;
+    Ok(answers)
+}
+
+/// Records a held run's end (see [`solocron_core::Store::finish`]).
+pub(crate) async fn finish(store: &SqliteStore, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
+    // One statement in autocommit, as in `renew`.
+    let changed =
+        finish_query(&store.sql.runs, lease, end)?.execute(&store.pool).await.map_err(db_err)?.rows_affected();
+    debug_assert!(changed <= 1);
+    Ok(changed == 1)
+}
+
+/// Records held runs' ends in one transaction (see [`solocron_core::Store::finish_all`]).
+pub(crate) async fn finish_all(store: &SqliteStore, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+    assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
+    // One transaction: one wait for the write lock and one commit (fsync) for the batch.
+    let mut tx = store.write_tx().await?;
+    let mut answers = Vec::with_capacity(endings.len());
+    for e in endings {
+        let changed =
+            finish_query(&store.sql.runs, &e.lease, &e.end)?.execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+        debug_assert!(changed <= 1);
+        answers.push(changed == 1);
+    }
+    tx.commit().await.map_err(db_err)?;
+    Ok(answers)
+}
+
+/// The `UPDATE` that extends a live lease held by its owner, judged by SQLite's clock.
+fn renew_query<'q>(
+    sql: &'q Sql,
+    lease: &'q Lease,
+    length: Duration,
+) -> Result<Query<'q, Sqlite, SqliteArguments<'q>>, StoreError> {
+    let query = sqlx::query(&sql.renew).bind(millis(length)?);
+    solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt))
+}
+
+/// The `UPDATE` that records a held run's end. No expiry check: a run whose lease lapsed
+/// but that nobody recovered yet still records its true end. `claimed_at + NULL` is NULL:
+/// never started.
+fn finish_query<'q>(
+    sql: &'q Sql,
+    lease: &'q Lease,
+    end: &'q RunEnd,
+) -> Result<Query<'q, Sqlite, SqliteArguments<'q>>, StoreError> {
+    assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
+    let started_after = end.started_after.map(millis).transpose()?;
+    let query = solocron_sql::bind_end(sqlx::query(&sql.finish), end, started_after);
+    solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt))
+}
+
+/// Running runs whose lease expired by SQLite's clock, oldest expiry first (see
+/// [`solocron_core::Store::expired`]).
+pub(crate) async fn expired(store: &SqliteStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+    let limit = limit.min(RECORDS_PAGE_MAX) as i64;
+    let rows = sqlx::query(&store.sql.runs.expired).bind(limit).fetch_all(&store.pool).await.map_err(db_err)?;
+    // A row this version cannot read (written by a newer one, say) must not stop the
+    // recovery of every other run.
+    Ok(rows
+        .iter()
+        .filter_map(|row| {
+            record(row).map_err(|e| tracing::error!(error = %e, "skipping an unreadable expired run")).ok()
+        })
+        .collect())
+}
+
+/// Recovers an expired run, in one transaction (see [`solocron_core::Store::recover`]).
+pub(crate) async fn recover(
+    store: &SqliteStore,
+    run: &RunId,
+    action: &RecoverAction,
+) -> Result<RecoverOutcome, StoreError> {
+    let sql = &store.sql.runs;
+    let mut tx = store.write_tx().await?;
+    let outcome = match action {
+        RecoverAction::Abandon { reason } => match abandon(sql, &mut tx, run, reason).await? {
+            true => RecoverOutcome::Abandoned,
+            false => RecoverOutcome::NotNeeded,
+        },
+        RecoverAction::Retry { node, lease } => match retry(sql, &mut tx, run, node, *lease).await? {
+            Some(lease) => RecoverOutcome::Retried(lease),
+            None => RecoverOutcome::NotNeeded,
+        },
+    };
+    // NotNeeded may follow a partial step (the old run marked lost, but its next
+    // attempt already existed): undo it rather than leave a tick with no running attempt.
+    if outcome == RecoverOutcome::NotNeeded {
+        tx.rollback().await.map_err(db_err)?;
+    } else {
+        tx.commit().await.map_err(db_err)?;
+        tracing::debug!(%run, ?outcome, "expired run recovered");
+    }
+    Ok(outcome)
+}
+
+/// Creates `id` as `running` for `node` unless it exists, and hands it the job's next
+/// fencing token; the lease, or `None` if a record of `id` already exists.
+async fn start_run(
+    sql: &Sql,
+    conn: &mut SqliteConnection,
+    id: &RunId,
+    trigger: Trigger,
+    node: &str,
+    lease: Duration,
+) -> Result<Option<Lease>, StoreError> {
+    let (job, at) = (&id.tick.job, id.tick.scheduled_at.timestamp_millis());
+    // RETURNING gives the instants exactly as stored (both `now`s are the same within one
+    // statement), and no row when the record already exists.
+    let row = sqlx::query(&sql.start)
+        .bind(job)
+        .bind(at)
+        .bind(i64::from(id.attempt))
+        .bind(trigger.as_str())
+        .bind(node)
+        .bind(millis(lease)?)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db_err)?;
+    let Some(row) = row else { return Ok(None) };
+    let token = next_token(sql, conn, job).await?;
+    let updated = sqlx::query(&sql.set_token)
+        .bind(solocron_sql::token_param(token)?)
+        .bind(job)
+        .bind(at)
+        .bind(i64::from(id.attempt))
+        .execute(conn)
+        .await
+        .map_err(db_err)?
+        .rows_affected();
+    assert_eq!(updated, 1, "the run just inserted must take its token");
+    let lease = Lease {
+        run: id.clone(),
+        owner: node.to_owned(),
+        fencing_token: token,
+        claimed_at: instant(get(&row, "claimed_at")?)?,
+        lease_until: instant(get(&row, "lease_until")?)?,
+    };
+    tracing::debug!(run = %lease.run, node, token, "run claimed");
+    Ok(Some(lease))
+}
+
+/// The job's next fencing token, from its counter (created at 1).
+async fn next_token(sql: &Sql, conn: &mut SqliteConnection, job: &str) -> Result<u64, StoreError> {
+    let token: i64 = sqlx::query_scalar(&sql.next_token).bind(job).fetch_one(conn).await.map_err(db_err)?;
+    assert!(token > 0, "fencing tokens start at 1 and only grow, got {token}");
+    Ok(token as u64)
+}
+
+/// Ends an expired run as `abandoned`; whether it was (still running and expired).
+async fn abandon(sql: &Sql, conn: &mut SqliteConnection, run: &RunId, reason: &str) -> Result<bool, StoreError> {
+    let changed = sqlx::query(&sql.abandon)
+        .bind(reason)
+        .bind(&run.tick.job)
+        .bind(run.tick.scheduled_at.timestamp_millis())
+        .bind(i64::from(run.attempt))
+        .execute(conn)
+        .await
+        .map_err(db_err)?
+        .rows_affected();
+    debug_assert!(changed <= 1);
+    Ok(changed == 1)
+}
+
+/// Ends an expired run as `lost` and starts its next attempt for `node`; the new lease, or
+/// `None` if there was nothing to do (the caller then rolls back).
+async fn retry(
+    sql: &Sql,
+    conn: &mut SqliteConnection,
+    run: &RunId,
+    node: &str,
+    lease: Duration,
+) -> Result<Option<Lease>, StoreError> {
+    let attempt =
+        run.attempt.checked_add(1).ok_or_else(|| StoreError::Invalid(format!("run {run} has no next attempt")))?;
+    let reason = format!("lease expired; retried as attempt {attempt} by {node}");
+    let changed = sqlx::query(&sql.lose)
+        .bind(&reason)
+        .bind(&run.tick.job)
+        .bind(run.tick.scheduled_at.timestamp_millis())
+        .bind(i64::from(run.attempt))
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err)?
+        .rows_affected();
+    debug_assert!(changed <= 1);
+    if changed == 0 {
+        return Ok(None);
+    }
+    let next = RunId { tick: run.tick.clone(), attempt };
+    start_run(sql, conn, &next, Trigger::Retry, node, lease).await
+}

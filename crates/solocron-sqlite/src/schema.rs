@@ -1,0 +1,166 @@
+//! The schema: its statements, [`migrate`] (create or upgrade, idempotent) and
+//! [`uninstall`] (drop everything under the store's prefix). Every name starts with the
+//! store's table prefix (`{p}` in the templates below), so several prefixes share one
+//! file; the default prefix gives the names of every earlier release (`solocron_runs`, ...).
+
+use solocron_core::{Store as _, StoreError};
+
+use crate::error::db_err;
+use crate::{fill, SqliteStore};
+
+/// The schema version this crate writes and understands. Version 1 lacked the jobs,
+/// registry and requests tables; [`SCHEMA`] adds them, so migrating a version 1 database
+/// only has to record the new version.
+const SCHEMA_VERSION: i64 = 2;
+
+/// Schema statements, each idempotent; [`migrate`] runs them in one transaction.
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS {p}schema (version INTEGER NOT NULL)",
+    r#"CREATE TABLE IF NOT EXISTS {p}runs (
+        job TEXT NOT NULL,
+        scheduled_at INTEGER NOT NULL,
+        attempt INTEGER NOT NULL CHECK (attempt >= 1),
+        "trigger" TEXT NOT NULL,
+        node TEXT NOT NULL,
+        token INTEGER NULL,
+        state TEXT NOT NULL,
+        reason TEXT NULL,
+        claimed_at INTEGER NOT NULL,
+        started_at INTEGER NULL,
+        finished_at INTEGER NULL,
+        lease_until INTEGER NULL,
+        exit_code INTEGER NULL,
+        output TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (job, scheduled_at, attempt)
+    )"#,
+    // Per-job fencing counters: a separate row per job, so a token is never reused even
+    // after run records are pruned.
+    "CREATE TABLE IF NOT EXISTS {p}fences (job TEXT PRIMARY KEY, token INTEGER NOT NULL)",
+    // Serves `expired`: running runs by lease expiry, oldest first.
+    "CREATE INDEX IF NOT EXISTS {p}runs_expiry ON {p}runs (lease_until) WHERE state = 'running'",
+    // Serves the overlap check of `claim` (skip_if_running): the newest running run of a
+    // job. Ordered like the primary key, or the planner prefers walking the job's whole
+    // history through the primary key to avoid a sort.
+    "CREATE INDEX IF NOT EXISTS {p}runs_running ON {p}runs (job, scheduled_at, attempt) WHERE state = 'running'",
+    // Serves `history` across jobs, newest first (per-job history uses the primary key).
+    "CREATE INDEX IF NOT EXISTS {p}runs_newest ON {p}runs (scheduled_at, attempt)",
+    // Version 2: fleet-wide job switches (pause), the job registry, manual run requests.
+    r#"CREATE TABLE IF NOT EXISTS {p}jobs (
+        job TEXT PRIMARY KEY,
+        paused INTEGER NOT NULL,
+        changed_by TEXT NOT NULL,
+        reason TEXT NULL,
+        changed_at INTEGER NOT NULL
+    )"#,
+    r#"CREATE TABLE IF NOT EXISTS {p}registry (
+        job TEXT NOT NULL,
+        node TEXT NOT NULL,
+        schedule TEXT NOT NULL,
+        timezone TEXT NOT NULL,
+        definition_hash TEXT NOT NULL,
+        summary TEXT NOT NULL,
+        first_seen INTEGER NOT NULL,
+        last_seen INTEGER NOT NULL,
+        PRIMARY KEY (job, node)
+    )"#,
+    r#"CREATE TABLE IF NOT EXISTS {p}requests (
+        job TEXT NOT NULL,
+        requested_at INTEGER NOT NULL,
+        requested_by TEXT NOT NULL,
+        PRIMARY KEY (job, requested_at)
+    )"#,
+    // Serves `pending_requests` (oldest first) and the request side of `prune`.
+    "CREATE INDEX IF NOT EXISTS {p}requests_oldest ON {p}requests (requested_at, job)",
+    // Every run inserted with a token advances its job's fencing counter to at least that
+    // token, within the inserting statement: the one-statement claim (`claim_one`) relies
+    // on it, and batched claims no longer write the counters themselves. Added to version 2
+    // without a new version number: solocron builds that predate it write the counter
+    // themselves, to the same value, and work beside it.
+    r#"CREATE TRIGGER IF NOT EXISTS {p}runs_fence AFTER INSERT ON {p}runs
+       WHEN NEW.token IS NOT NULL
+       BEGIN
+           INSERT INTO {p}fences (job, token) VALUES (NEW.job, NEW.token)
+               ON CONFLICT (job) DO UPDATE SET token = max(token, excluded.token);
+       END"#,
+];
+
+/// What [`uninstall`] drops, each idempotent: everything [`SCHEMA`] creates. Dropping a
+/// table drops its indexes and triggers too; they are named anyway, so that this list is
+/// the whole inventory of a prefix.
+const DROP: &[&str] = &[
+    "DROP TRIGGER IF EXISTS {p}runs_fence",
+    "DROP INDEX IF EXISTS {p}runs_expiry",
+    "DROP INDEX IF EXISTS {p}runs_running",
+    "DROP INDEX IF EXISTS {p}runs_newest",
+    "DROP INDEX IF EXISTS {p}requests_oldest",
+    "DROP TABLE IF EXISTS {p}runs",
+    "DROP TABLE IF EXISTS {p}fences",
+    "DROP TABLE IF EXISTS {p}jobs",
+    "DROP TABLE IF EXISTS {p}registry",
+    "DROP TABLE IF EXISTS {p}requests",
+    "DROP TABLE IF EXISTS {p}schema",
+];
+
+/// The schema's statements for one table prefix, built when the store connects.
+pub(crate) struct Sql {
+    create: Vec<String>,
+    version: String,
+    first_version: String,
+    set_version: String,
+    drop: Vec<String>,
+}
+
+impl Sql {
+    /// The statements with the tables named `{tables}runs`, ...
+    pub(crate) fn new(tables: &str) -> Sql {
+        let all = |templates: &[&str]| templates.iter().map(|t| fill(t, tables)).collect();
+        Sql {
+            create: all(SCHEMA),
+            version: fill("SELECT max(version) FROM {p}schema", tables),
+            first_version: fill("INSERT INTO {p}schema (version) VALUES (?)", tables),
+            set_version: fill("UPDATE {p}schema SET version = ?", tables),
+            drop: all(DROP),
+        }
+    }
+}
+
+/// Creates or upgrades the schema (see [`Store::migrate`](solocron_core::Store::migrate)).
+pub(crate) async fn migrate(store: &SqliteStore) -> Result<(), StoreError> {
+    let sql = &store.sql.schema;
+    // One IMMEDIATE transaction: nodes migrating at once take turns, and each later one
+    // finds everything in place.
+    let mut tx = store.write_tx().await?;
+    for statement in &sql.create {
+        sqlx::query(statement).execute(&mut *tx).await.map_err(db_err)?;
+    }
+    let version: Option<i64> = sqlx::query_scalar(&sql.version).fetch_one(&mut *tx).await.map_err(db_err)?;
+    match version {
+        None => {
+            sqlx::query(&sql.first_version).bind(SCHEMA_VERSION).execute(&mut *tx).await.map_err(db_err)?;
+        }
+        Some(SCHEMA_VERSION) => {}
+        // Version 1 differs only by the tables the statements above just created.
+        Some(1) => {
+            sqlx::query(&sql.set_version).bind(SCHEMA_VERSION).execute(&mut *tx).await.map_err(db_err)?;
+        }
+        Some(v) => {
+            return Err(StoreError::Invalid(format!(
+                "{} has schema version {v}; this solocron understands version {SCHEMA_VERSION}",
+                store.describe()
+            )))
+        }
+    }
+    tx.commit().await.map_err(db_err)
+}
+
+/// Drops every table, index and trigger of the store's prefix, in one transaction; the
+/// file and other prefixes' tables stay (see [`Store::uninstall`](solocron_core::Store::uninstall)).
+pub(crate) async fn uninstall(store: &SqliteStore) -> Result<(), StoreError> {
+    let mut tx = store.write_tx().await?;
+    for statement in &store.sql.schema.drop {
+        sqlx::query(statement).execute(&mut *tx).await.map_err(db_err)?;
+    }
+    tx.commit().await.map_err(db_err)?;
+    tracing::debug!(store = %store.describe(), "uninstalled");
+    Ok(())
+}

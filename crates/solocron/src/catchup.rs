@@ -1,0 +1,97 @@
+//! Catch-up: missed ticks of one job (and late ticks queued behind them) run one after the
+//! other, oldest first, each claimed just before it runs, at most one sequence per job on
+//! this node.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use solocron_core::{ClaimOutcome, ClaimRequest, HistoryQuery, Overlap, RunState, Tick, Trigger};
+use tokio::time::Instant;
+
+use crate::backoff::Backoff;
+use crate::engine::{bounded, Engine};
+
+/// How often a catch-up sequence looks whether the job is still running elsewhere.
+const IDLE_POLL: Duration = Duration::from_millis(200);
+
+/// Ticks of one job to claim and run in sequence, oldest first.
+pub(crate) type Sequence = Vec<(DateTime<Utc>, Trigger)>;
+
+/// Starts a catch-up sequence of job `job` unless one is already under way on this node.
+pub(crate) fn spawn(e: &Arc<Engine>, job: usize, ticks: Sequence) {
+    if !e.catching_up.lock().expect("not poisoned").insert(job) {
+        return;
+    }
+    let engine = e.clone();
+    e.tracker.spawn(async move {
+        let _guard = CatchingUp(engine.clone(), job);
+        run_sequence(&engine, job, ticks).await
+    });
+}
+
+async fn run_sequence(e: &Arc<Engine>, i: usize, ticks: Sequence) {
+    for (t, trigger) in ticks {
+        if e.interrupt.is_cancelled() || e.tracker.is_closed() {
+            break;
+        }
+        let job = &e.jobs[i];
+        // Several nodes may catch up the same job at once (after a fleet-wide outage). With
+        // overlap = skip, a tick claimed while another node's catch-up run is in progress
+        // would be recorded skipped; waiting for the job to be idle first makes the fleet's
+        // catch-up sequences run one tick at a time instead.
+        if job.policy().overlap == Overlap::Skip && !wait_until_idle(e, job.name()).await {
+            break;
+        }
+        let req = e.run_request(job, Tick::new(job.name(), t), trigger);
+        let Some((outcome, sent)) = claim_one(e, &req).await else { break };
+        match outcome {
+            // The sequence may end with this round's on-time ticks, claimed ahead: the run
+            // waits for its instant like any other.
+            ClaimOutcome::Won(lease) => {
+                let run = e.claimed(i, lease, trigger, sent);
+                let _ = e.start(run, e.interrupt.clone()).await;
+            }
+            other => e.on_claimed(i, &req, other, sent),
+        }
+    }
+}
+
+/// Waits until no run of `job` is running anywhere; false on shutdown.
+async fn wait_until_idle(e: &Engine, job: &str) -> bool {
+    let q = HistoryQuery { job: Some(job.to_owned()), state: Some(RunState::Running), limit: 1, ..Default::default() };
+    while !e.tracker.is_closed() {
+        match bounded(e.store.history(&q)).await {
+            Ok(running) if running.is_empty() => return true,
+            Ok(_) => {}
+            Err(err) => tracing::debug!(error = %err, "cannot tell whether the job is running"),
+        }
+        tokio::time::sleep(IDLE_POLL).await;
+    }
+    false
+}
+
+/// One claim, retried while the store is unavailable; `None` on shutdown.
+async fn claim_one(e: &Engine, req: &ClaimRequest) -> Option<(ClaimOutcome, Instant)> {
+    let mut backoff = Backoff::store();
+    while !e.tracker.is_closed() {
+        let sent = Instant::now();
+        match e.claim(std::slice::from_ref(req)).await {
+            Ok(mut o) => return o.pop().map(|o| (o, sent)),
+            Err(err) => tracing::warn!(error = %err, "catch-up claim failed; retrying"),
+        }
+        backoff.wait().await;
+    }
+    None
+}
+
+/// Marks a job's catch-up sequence as over when dropped (even by a panic).
+struct CatchingUp(Arc<Engine>, usize);
+
+impl Drop for CatchingUp {
+    fn drop(&mut self) {
+        if let Ok(mut set) = self.0.catching_up.lock() {
+            set.remove(&self.1);
+        }
+    }
+}

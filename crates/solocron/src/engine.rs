@@ -1,0 +1,271 @@
+//! Claiming ticks and starting claimed runs: the node's shared state ([`Engine`]), the one
+//! constructor of a claim request ([`Engine::request`]), the claim round trip, and the one
+//! door through which every claimed run starts ([`Engine::start`]): on time, catch-up,
+//! manual, retry and `run_here` alike.
+//!
+//! The engine never decides who may run a tick: the store's claim does. It decides what to
+//! ask for and what to do with the answer.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use solocron_core::{
+    ClaimMode, ClaimOutcome, ClaimRequest, Clock, Lease, Overlap, Store, StoreError, Tick, Trigger, CLAIM_BATCH_MAX,
+};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::batches::Batches;
+use crate::job::Job;
+use crate::lead::CLAIM_AHEAD_MAX;
+use crate::runner::{execute, Claimed};
+
+/// Longest a single store call may take before the engine treats the store as unavailable.
+/// Half the late tolerance, so a tick delayed by one slow call is still late, not missed.
+const STORE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+const _: () = assert!(STORE_CALL_TIMEOUT.as_millis() * 2 <= solocron_core::LATE_TOLERANCE.as_millis());
+
+/// A node's shared state: its jobs, its store and batchers, and its running runs.
+pub(crate) struct Engine {
+    pub(crate) store: Arc<dyn Store>,
+    /// Where runs' lease renewals and ends go to be sent in batches.
+    pub(crate) batches: Batches,
+    pub(crate) node: String,
+    pub(crate) clock: Arc<dyn Clock>,
+    /// `clock` is the system clock, whose steps the kernel announces.
+    pub(crate) system_clock: bool,
+    pub(crate) jobs: Vec<Job>,
+    pub(crate) by_name: HashMap<String, usize>,
+    pub(crate) history_retention: Option<Duration>,
+    pub(crate) shutdown_grace: Duration,
+    pub(crate) max_concurrent_runs: usize,
+    pub(crate) recovery_interval: Duration,
+    in_flight: Arc<AtomicUsize>,
+    /// Jobs with a catch-up sequence under way on this node (at most one each).
+    pub(crate) catching_up: Mutex<HashSet<usize>>,
+    pub(crate) tracker: TaskTracker,
+    /// Fired when shutdown's grace is over: running jobs are stopped.
+    pub(crate) interrupt: CancellationToken,
+}
+
+/// What an [`Engine`] is made of; see [`Engine::new`].
+pub(crate) struct Parts {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) node: String,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) system_clock: bool,
+    pub(crate) jobs: Vec<Job>,
+    pub(crate) by_name: HashMap<String, usize>,
+    pub(crate) history_retention: Option<Duration>,
+    pub(crate) shutdown_grace: Duration,
+    pub(crate) max_concurrent_runs: usize,
+    pub(crate) recovery_interval: Duration,
+}
+
+impl Engine {
+    pub(crate) fn new(p: Parts) -> Engine {
+        assert_eq!(p.jobs.len(), p.by_name.len(), "job names are unique");
+        assert!(p.max_concurrent_runs > 0);
+        Engine {
+            batches: Batches::new(p.store.clone()),
+            store: p.store,
+            node: p.node,
+            clock: p.clock,
+            system_clock: p.system_clock,
+            jobs: p.jobs,
+            by_name: p.by_name,
+            history_retention: p.history_retention,
+            shutdown_grace: p.shutdown_grace,
+            max_concurrent_runs: p.max_concurrent_runs,
+            recovery_interval: p.recovery_interval,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            catching_up: Mutex::new(HashSet::new()),
+            tracker: TaskTracker::new(),
+            interrupt: CancellationToken::new(),
+        }
+    }
+
+    /// Runs in progress on this node.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// The one constructor of a claim request: a tick of `job`, asked for by this node
+    /// with the job's lease.
+    pub(crate) fn request(&self, job: &Job, tick: Tick, trigger: Trigger, mode: ClaimMode) -> ClaimRequest {
+        debug_assert_eq!(tick.job, job.name());
+        ClaimRequest { tick, trigger, node: self.node.clone(), lease: job.policy().lease, mode }
+    }
+
+    /// A request to run a tick of `job` now (its overlap policy decides whether a run in
+    /// progress blocks it).
+    pub(crate) fn run_request(&self, job: &Job, tick: Tick, trigger: Trigger) -> ClaimRequest {
+        let mode = ClaimMode::Run { skip_if_running: job.policy().overlap == Overlap::Skip };
+        self.request(job, tick, trigger, mode)
+    }
+
+    /// One claim round trip, bounded in time, with the store's answer checked.
+    pub(crate) async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let outcomes = bounded(self.store.claim(requests)).await?;
+        if outcomes.len() != requests.len() {
+            return Err(StoreError::Invalid(format!(
+                "the store answered {} claim requests with {} outcomes",
+                requests.len(),
+                outcomes.len()
+            )));
+        }
+        Ok(outcomes)
+    }
+
+    /// Claims a round's requests (each with the index of its job) in chunks of at most
+    /// [`CLAIM_BATCH_MAX`], then starts what was won; returns the jobs whose chunk failed
+    /// (store unavailable). `round` (ms) varies the chunk a node starts at.
+    ///
+    /// Every chunk is claimed before any run starts: runs that end at once would otherwise
+    /// queue their `finish` calls ahead of the next chunk's claim (a 10,000-tick herd then
+    /// started its last runs seconds late).
+    pub(crate) async fn claim_and_start(
+        self: &Arc<Self>,
+        batch: &[(usize, ClaimRequest)],
+        round: i64,
+    ) -> HashSet<usize> {
+        let mut failed = HashSet::new();
+        let mut answered = Vec::with_capacity(batch.len());
+        let jobs: Vec<usize> = batch.iter().map(|(i, _)| *i).collect();
+        for range in chunk_order(&jobs, CLAIM_BATCH_MAX, &self.node, round) {
+            let chunk = &batch[range];
+            let requests: Vec<ClaimRequest> = chunk.iter().map(|(_, r)| r.clone()).collect();
+            let sent = Instant::now();
+            match self.claim(&requests).await {
+                Ok(outcomes) => answered.extend(chunk.iter().zip(outcomes).map(|((i, req), o)| (*i, req, o, sent))),
+                Err(err) => {
+                    tracing::warn!(error = %err, ticks = requests.len(), "claim failed; nothing runs until the store answers");
+                    failed.extend(chunk.iter().map(|(i, _)| *i));
+                }
+            }
+        }
+        for (i, req, outcome, sent) in answered {
+            self.on_claimed(i, req, outcome, sent);
+        }
+        failed
+    }
+
+    /// Acts on one claim's answer: a won tick starts (through [`Engine::start`]), a skipped
+    /// or taken one is only logged.
+    pub(crate) fn on_claimed(self: &Arc<Self>, job: usize, req: &ClaimRequest, outcome: ClaimOutcome, sent: Instant) {
+        match outcome {
+            ClaimOutcome::Won(lease) => {
+                self.start(self.claimed(job, lease, req.trigger, sent), self.interrupt.clone());
+            }
+            ClaimOutcome::Skipped { reason } => {
+                tracing::info!(job = %req.tick.job, scheduled_at = %req.tick.scheduled_at, node = %self.node, state = "skipped", reason, "tick skipped")
+            }
+            ClaimOutcome::Taken => {
+                tracing::debug!(job = %req.tick.job, scheduled_at = %req.tick.scheduled_at, "tick taken by another node")
+            }
+        }
+    }
+
+    /// The claimed run of a won lease of job `job`, whose claim was sent at `sent`. It
+    /// starts at its instant by this node's clock (a tick claimed ahead), or at once if that
+    /// has passed; never later than [`CLAIM_AHEAD_MAX`] after the claim was sent, so before
+    /// the lease's first renewal is due even if the wall clock was set back meanwhile.
+    pub(crate) fn claimed(&self, job: usize, lease: Lease, trigger: Trigger, sent: Instant) -> Claimed {
+        let job = self.jobs[job].clone();
+        assert_eq!(lease.run.tick.job, job.name(), "a lease runs its own job");
+        let until = (lease.run.tick.scheduled_at - self.clock.now()).to_std().unwrap_or_default();
+        let start_at = (Instant::now() + until).min(sent + CLAIM_AHEAD_MAX);
+        Claimed { job, lease, trigger, sent, start_at }
+    }
+
+    /// The one door through which every claimed run starts: counted as in flight, tracked
+    /// for the drain, and run to its recorded end; `interrupt` stops it early (shutdown's
+    /// grace is over, or the caller of `run_here` gave up). Await the handle to wait for
+    /// the end.
+    pub(crate) fn start(self: &Arc<Self>, run: Claimed, interrupt: CancellationToken) -> JoinHandle<()> {
+        let guard = InFlight::new(&self.in_flight);
+        let engine = self.clone();
+        self.tracker.spawn(async move {
+            let _guard = guard;
+            execute(run, &engine.batches, interrupt).await
+        })
+    }
+}
+
+/// The chunks of at most `max` requests that a round's batch (the job of each request, in
+/// order) is claimed in, in the order this node claims them. When no job has requests in
+/// two chunks, each node starts at a different chunk (a hash of its id and the round), so
+/// that racing nodes first win chunks of their own instead of queueing on the same rows
+/// and then finding each other's chunks already taken (cheap). A job split across chunks
+/// keeps them in order, so its ticks are claimed oldest first and their tokens grow with
+/// their instants.
+fn chunk_order(jobs: &[usize], max: usize, node: &str, round: i64) -> Vec<std::ops::Range<usize>> {
+    assert!(max > 0, "a chunk holds at least one request");
+    let mut chunks: Vec<_> = (0..jobs.len()).step_by(max).map(|start| start..(start + max).min(jobs.len())).collect();
+    if chunks.len() > 1 {
+        let mut owner: HashMap<usize, usize> = HashMap::with_capacity(jobs.len());
+        let split = jobs.iter().enumerate().any(|(k, j)| *owner.entry(*j).or_insert(k / max) != k / max);
+        if !split {
+            let first = solocron_core::spread_start(node, round, chunks.len());
+            chunks.rotate_left(first);
+        }
+    }
+    chunks
+}
+
+/// A store call bounded by [`STORE_CALL_TIMEOUT`]; a hung connection counts as unavailable.
+pub(crate) async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(STORE_CALL_TIMEOUT, call).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::Unavailable(format!("no answer within {STORE_CALL_TIMEOUT:?}"))),
+    }
+}
+
+/// Counts a run as in flight for as long as it lives.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(counter: &Arc<AtomicUsize>) -> InFlight {
+        counter.fetch_add(1, Ordering::SeqCst);
+        InFlight(counter.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let before = self.0.fetch_sub(1, Ordering::SeqCst);
+        debug_assert!(before > 0, "a run leaves flight once");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_order;
+
+    #[test]
+    fn nodes_start_at_different_chunks_but_never_reorder_a_jobs_ticks() {
+        let distinct: Vec<usize> = (0..10_000).collect();
+        let starts: std::collections::HashSet<usize> =
+            (0..8).map(|n| chunk_order(&distinct, 1000, &format!("node-{n}"), 0)[0].start).collect();
+        assert!(starts.len() > 3, "8 nodes start at {starts:?}");
+        for node in ["a", "b"] {
+            let order = chunk_order(&distinct, 1000, node, 7);
+            let mut covered: Vec<usize> = order.iter().flat_map(|r| r.clone()).collect();
+            covered.sort_unstable();
+            assert_eq!(covered, distinct, "every request once");
+            assert!(order.iter().all(|r| r.len() == 1000));
+            assert_eq!(order, chunk_order(&distinct, 1000, node, 7), "stable for a node and round");
+        }
+        // Job 5 has ticks at the end of chunk 0 and the start of chunk 1: no rotation.
+        let split = [1, 2, 3, 5, 5, 6, 7, 8];
+        assert_eq!(chunk_order(&split, 4, "a", 0), vec![0..4, 4..8]);
+        assert_eq!(chunk_order(&split[..3], 4, "a", 0), vec![0..3], "one chunk");
+        assert!(chunk_order(&[], 4, "a", 0).is_empty());
+    }
+}

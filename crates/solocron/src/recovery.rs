@@ -1,0 +1,89 @@
+//! Recovery: runs whose lease expired (their node died or stalled) are found and handed to
+//! the store's `recover` with the job's `on_crash` action; a retry won here starts like any
+//! claimed run.
+
+use std::sync::Arc;
+
+use solocron_core::{OnCrash, RecoverAction, RecoverOutcome, RunRecord, StoreError, Trigger};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::engine::{bounded, Engine};
+
+/// Most expired runs examined per recovery scan.
+const EXPIRED_PER_SCAN_MAX: usize = 100;
+
+/// Finds runs whose lease expired and applies the job's `on_crash` policy, every
+/// recovery interval, until `shutdown`.
+pub(crate) async fn recovery_loop(e: Arc<Engine>, shutdown: CancellationToken) {
+    let mut backoff = Backoff::store();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(e.recovery_interval) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        match recover_expired(&e, &shutdown).await {
+            Ok(()) => backoff.reset(),
+            Err(err) => {
+                tracing::warn!(error = %err, "recovery scan failed; retrying");
+                tokio::select! {
+                    _ = backoff.wait() => {}
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+        }
+    }
+}
+
+async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Result<(), StoreError> {
+    for run in bounded(e.store.expired(EXPIRED_PER_SCAN_MAX)).await? {
+        if shutdown.is_cancelled() {
+            break;
+        }
+        let action = recover_action(e, &run);
+        let sent = Instant::now();
+        let outcome = match bounded(e.store.recover(&run.id, &action)).await {
+            Ok(o) => o,
+            Err(err @ StoreError::Unavailable(_)) => return Err(err),
+            // One run the store refuses must not stop the recovery of all the others.
+            Err(err) => {
+                tracing::error!(run = %run.id, error = %err, "cannot recover this run; skipping it");
+                continue;
+            }
+        };
+        match outcome {
+            RecoverOutcome::Retried(lease) => {
+                tracing::warn!(run = %run.id, dead_node = %run.node, attempt = lease.run.attempt, token = lease.fencing_token,
+                    "lease expired; retrying the tick here");
+                // Only a job configured here is retried here (see `recover_action`).
+                let job = e.by_name[&run.id.tick.job];
+                e.start(e.claimed(job, lease, Trigger::Retry, sent), e.interrupt.clone());
+            }
+            RecoverOutcome::Abandoned => {
+                tracing::warn!(run = %run.id, dead_node = %run.node, state = "abandoned", "lease expired; run abandoned")
+            }
+            RecoverOutcome::NotNeeded => tracing::debug!(run = %run.id, "already recovered elsewhere"),
+        }
+    }
+    Ok(())
+}
+
+/// What to do with an expired run, by its job's policy on this node.
+fn recover_action(e: &Engine, run: &RunRecord) -> RecoverAction {
+    let Some(job) = e.by_name.get(&run.id.tick.job).map(|&i| &e.jobs[i]) else {
+        return RecoverAction::Abandon { reason: format!("lease expired; job is not configured on node {}", e.node) };
+    };
+    let p = job.policy();
+    match p.on_crash {
+        OnCrash::Retry if run.id.attempt < p.max_attempts => {
+            RecoverAction::Retry { node: e.node.clone(), lease: p.lease }
+        }
+        OnCrash::Retry => RecoverAction::Abandon {
+            reason: format!("lease of node {} expired; max_attempts ({}) reached", run.node, p.max_attempts),
+        },
+        OnCrash::Abandon => RecoverAction::Abandon {
+            reason: format!("lease of node {} expired (node died or stalled); on_crash = abandon", run.node),
+        },
+    }
+}

@@ -1,0 +1,273 @@
+//! The timer and what is due: one heap of next fire instants for all jobs; at each wake-up
+//! the ticks due up to the claim lead ahead are planned by each job's policy (on time,
+//! caught up, recorded skipped) and claimed in one batch.
+//!
+//! Ticks come from the schedule (job, instant), never from when the node woke: a late node
+//! asks for the same ticks a punctual one did, and the store's claim makes one of them win.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use solocron_core::{plan_due, ClaimMode, ClaimRequest, Overlap, Tick, Trigger, LATE_TOLERANCE};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::catchup::{self, Sequence};
+use crate::engine::{bounded, Engine};
+use crate::lead::{Lead, CLAIM_AHEAD_MAX};
+use solocron_os::wallclock::ClockSteps;
+
+/// Longest the timer sleeps before looking at the wall clock again, with the system clock
+/// (whose steps the kernel announces, see `solocron-os`) and with a clock given by the
+/// caller or when the announcement is unavailable (so a jump is noticed within a second).
+/// Idle, the wake-ups were a third of a node's CPU at one per second.
+const TIMER_SLEEP_MAX: Duration = Duration::from_secs(60);
+const TIMER_SLEEP_MAX_UNANNOUNCED: Duration = Duration::from_secs(1);
+/// Most jobs handled in one wake-up; the rest go in the next (immediate) round.
+const DUE_JOBS_PER_ROUND_MAX: usize = 10_000;
+
+/// Where the timer stands with one job.
+#[derive(Debug, Clone, Copy)]
+struct Cursor {
+    /// The last instant already handled.
+    handled: DateTime<Utc>,
+    /// Did the job's last claim round succeed? Only then are ticks since `handled` late
+    /// rather than missed (a slow round is not an outage). `None` until the job's first
+    /// claim round: ticks that came due after this node started are late, not missed, even
+    /// when the first rounds of a huge start (10,000 jobs per round) take a while.
+    healthy: Option<bool>,
+}
+
+/// The instants of one claim round.
+#[derive(Debug, Clone, Copy)]
+struct Round {
+    /// When this node's timer began.
+    started: DateTime<Utc>,
+    now: DateTime<Utc>,
+    /// Ticks up to here are claimed: `now` plus the claim lead (at most `CLAIM_AHEAD_MAX`).
+    horizon: DateTime<Utc>,
+}
+
+/// What a round asks the store for.
+#[derive(Default)]
+struct Plan {
+    /// Claims of this round (each with its job's index), in order.
+    claims: Vec<(usize, ClaimRequest)>,
+    /// Jobs whose ticks run one after the other instead.
+    catch_ups: Vec<(usize, Sequence)>,
+}
+
+/// The timer: wakes at the earliest next fire instant, claims everything due in batches,
+/// until `shutdown`.
+pub(crate) async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
+    let mut timer = Timer::new(e).await;
+    let mut backoff = Backoff::store();
+    let mut lead = Lead::new(Instant::now());
+    while !shutdown.is_cancelled() {
+        let now = e.clock.now();
+        let ahead = chrono::Duration::from_std(lead.get(Instant::now())).expect("at most CLAIM_AHEAD_MAX");
+        let round = Round { started: timer.started, now, horizon: now + ahead };
+        let due = timer.due(round.horizon);
+        if due.is_empty() {
+            timer.sleep(round.horizon, shutdown).await;
+            continue;
+        }
+        let sent = Instant::now();
+        let failed = claim_due(e, &due, &mut timer.cursors, round).await;
+        if failed.is_empty() {
+            lead.observe(Instant::now(), sent.elapsed());
+            backoff.reset();
+        }
+        timer.reschedule(e, &due, &failed, now);
+        if !failed.is_empty() {
+            tokio::select! {
+                _ = backoff.wait() => {}
+                _ = shutdown.cancelled() => {}
+            }
+        }
+    }
+}
+
+/// The heap of next fire instants and each job's cursor.
+struct Timer {
+    started: DateTime<Utc>,
+    heap: BinaryHeap<Reverse<(DateTime<Utc>, usize)>>,
+    cursors: Vec<Cursor>,
+    /// The kernel's notice of wall clock steps, when the clock is the system's.
+    steps: Option<ClockSteps>,
+}
+
+impl Timer {
+    async fn new(e: &Engine) -> Timer {
+        let started = e.clock.now();
+        // Never look back before the store's memory began: a tick it forgot is not missed.
+        let memory_since = match bounded(e.store.memory_since()).await {
+            Ok(since) => since,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot ask the store since when it remembers; not catching up at start");
+                Some(started)
+            }
+        };
+        // A job with a catch-up window starts that far back, so missed ticks go through its
+        // misfire policy.
+        let cursors: Vec<Cursor> = e
+            .jobs
+            .iter()
+            .map(|j| started - chrono::Duration::from_std(j.policy().catchup).unwrap_or(chrono::Duration::zero()))
+            .map(|c| memory_since.map_or(c, |m| c.max(m.min(started))))
+            .map(|handled| Cursor { handled, healthy: None })
+            .collect();
+        let mut heap = BinaryHeap::with_capacity(e.jobs.len());
+        for (i, j) in e.jobs.iter().enumerate() {
+            if let Some(next) = j.schedule().next_after(cursors[i].handled) {
+                heap.push(Reverse((next, i)));
+            }
+        }
+        let steps = if e.system_clock {
+            ClockSteps::new()
+                .inspect_err(
+                    |err| tracing::warn!(error = %err, "cannot watch the wall clock for steps; looking at it every second"),
+                )
+                .ok()
+        } else {
+            None
+        };
+        Timer { started, heap, cursors, steps }
+    }
+
+    /// The jobs with a tick due up to `horizon` (at most [`DUE_JOBS_PER_ROUND_MAX`]).
+    fn due(&mut self, horizon: DateTime<Utc>) -> Vec<usize> {
+        let mut due = Vec::new();
+        while let Some(Reverse((t, i))) = self.heap.peek().copied() {
+            if t > horizon || due.len() >= DUE_JOBS_PER_ROUND_MAX {
+                break;
+            }
+            self.heap.pop();
+            due.push(i);
+        }
+        due
+    }
+
+    /// Sleeps until the next tick comes within the lead, the wall clock is set, or shutdown.
+    async fn sleep(&mut self, horizon: DateTime<Utc>, shutdown: &CancellationToken) {
+        let most = if self.steps.is_some() { TIMER_SLEEP_MAX } else { TIMER_SLEEP_MAX_UNANNOUNCED };
+        let wait = self.heap.peek().map_or(most, |Reverse((t, _))| (*t - horizon).to_std().unwrap_or_default());
+        tokio::select! {
+            _ = tokio::time::sleep(wait.min(most)) => {}
+            stepped = async { self.steps.as_mut().expect("only polled when present").stepped().await }, if self.steps.is_some() => {
+                match stepped {
+                    Ok(()) => tracing::info!("the wall clock was set; looking at the schedule again"),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "cannot watch the wall clock any more; looking at it every second");
+                        self.steps = None;
+                    }
+                }
+            }
+            _ = shutdown.cancelled() => {}
+        }
+    }
+
+    /// Puts the round's jobs back on the heap: at their next tick, or, where the claim
+    /// failed, at once (the backoff paces the retry) with their cursor unmoved.
+    fn reschedule(&mut self, e: &Engine, due: &[usize], failed: &HashSet<usize>, now: DateTime<Utc>) {
+        for &i in due {
+            let ok = !failed.contains(&i);
+            self.cursors[i].healthy = Some(ok);
+            let after = if ok { self.cursors[i].handled } else { now };
+            if let Some(next) = e.jobs[i].schedule().next_after(after) {
+                self.heap.push(Reverse((if ok { next } else { now }, i)));
+            }
+        }
+    }
+}
+
+/// Plans and claims the ticks of `due` jobs up to the round's horizon; returns the jobs
+/// whose claim failed (store unavailable): their cursor stays, so nothing is lost.
+async fn claim_due(e: &Arc<Engine>, due: &[usize], cursors: &mut [Cursor], round: Round) -> HashSet<usize> {
+    debug_assert!(round.now <= round.horizon);
+    debug_assert!((round.horizon - round.now).to_std().is_ok_and(|d| d <= CLAIM_AHEAD_MAX));
+    // After failed claims the store may have restarted and forgotten (Redis without
+    // persistence): never look back before its memory began, so a tick that ran just before
+    // the restart is not run again. Only asked while some due job is failing (cheap).
+    let failing: Vec<usize> = due.iter().copied().filter(|&i| cursors[i].healthy == Some(false)).collect();
+    if !failing.is_empty() {
+        match bounded(e.store.memory_since()).await {
+            Ok(Some(since)) => {
+                for i in failing {
+                    cursors[i].handled = cursors[i].handled.max(since.min(round.now));
+                }
+            }
+            Ok(None) => {}
+            Err(_) => return due.iter().copied().collect(),
+        }
+    }
+    let mut plan = Plan::default();
+    let mut run_slots = e.max_concurrent_runs.saturating_sub(e.in_flight());
+    for &i in due {
+        plan_job(e, i, cursors[i], round, &mut run_slots, &mut plan);
+    }
+    let failed = e.claim_and_start(&plan.claims, round.horizon.timestamp_millis()).await;
+    for &i in due {
+        if !failed.contains(&i) {
+            cursors[i].handled = round.horizon;
+        }
+    }
+    for (i, ticks) in plan.catch_ups {
+        if !failed.contains(&i) {
+            catchup::spawn(e, i, ticks);
+        }
+    }
+    failed
+}
+
+/// Adds what job `i` asks for in this round to `plan`: its on-time ticks to claim (while
+/// this node has `run_slots`), its missed ticks to record skipped, or a catch-up sequence.
+fn plan_job(e: &Engine, i: usize, cursor: Cursor, round: Round, run_slots: &mut usize, plan: &mut Plan) {
+    let job = &e.jobs[i];
+    let tolerance_start = round.now - chrono::Duration::from_std(LATE_TOLERANCE).expect("small");
+    let late_from = match cursor.healthy {
+        Some(true) => cursor.handled.min(tolerance_start),
+        Some(false) => tolerance_start,
+        None => tolerance_start.min(round.started),
+    };
+    let mut due = plan_due(job.schedule(), job.policy(), cursor.handled, round.horizon, late_from);
+    if due.not_examined > 0 {
+        tracing::warn!(job = %job.name(), ticks = due.not_examined, "missed ticks beyond max_catchup were not examined");
+    }
+    if due.older_not_examined {
+        tracing::info!(job = %job.name(), catchup = ?job.policy().catchup,
+            "ticks older than the catch-up window came due while this node was not claiming; not examined");
+    }
+    let sequence_active = e.catching_up.lock().expect("not poisoned").contains(&i);
+    if !due.catch_up.is_empty() && sequence_active {
+        let reason = "missed; a catch-up of this job was already under way on this node";
+        due.record_skipped.extend(due.catch_up.drain(..).map(|t| (t, reason.to_owned())));
+    }
+    for (t, reason) in due.record_skipped {
+        plan.claims.push((i, e.request(job, Tick::new(job.name(), t), Trigger::Catchup, ClaimMode::Skip { reason })));
+    }
+    // Several late ticks of one job (after an outage or a stall) did not overlap one another
+    // when they came due: with overlap = skip they run one after the other, like a
+    // catch-up, instead of all but the first being recorded as overlapping.
+    let queued_late = due.on_time.len() > 1 && job.policy().overlap == Overlap::Skip && !sequence_active;
+    if !due.catch_up.is_empty() || queued_late {
+        // Missed runs go first, oldest first; this pass's on-time ticks queue behind them,
+        // so the overlap policy sees them in schedule order.
+        let mut seq: Sequence = due.catch_up.into_iter().map(|t| (t, Trigger::Catchup)).collect();
+        seq.extend(due.on_time.into_iter().map(|t| (t, Trigger::Schedule)));
+        plan.catch_ups.push((i, seq));
+        return;
+    }
+    for t in due.on_time {
+        if *run_slots == 0 {
+            tracing::warn!(job = %job.name(), scheduled_at = %t, "node at max_concurrent_runs; leaving the tick to other nodes");
+            continue;
+        }
+        *run_slots -= 1;
+        plan.claims.push((i, e.run_request(job, Tick::new(job.name(), t), Trigger::Schedule)));
+    }
+}
