@@ -20,6 +20,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[macro_use]
+mod names;
+
 mod duration;
 mod policy;
 mod prefix;

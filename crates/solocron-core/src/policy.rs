@@ -2,8 +2,6 @@
 //! which are caught up, which are recorded as missed; when to renew a lease and when a
 //! node must consider it lost. No I/O here, so every rule is tested without sleeping.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -73,33 +71,9 @@ pub enum OnCrash {
     Retry,
 }
 
-macro_rules! policy_names {
-    ($t:ident { $($v:ident => $s:literal),* }) => {
-        impl $t {
-            /// The name used in configuration.
-            pub fn as_str(self) -> &'static str {
-                match self { $(Self::$v => $s),* }
-            }
-        }
-        impl fmt::Display for $t {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-        impl FromStr for $t {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                match s {
-                    $($s => Ok(Self::$v),)*
-                    other => Err(format!("`{other}` is not one of: {}", [$($s),*].join(", "))),
-                }
-            }
-        }
-    };
-}
-policy_names!(Overlap { Skip => "skip", Allow => "allow" });
-policy_names!(Misfire { Skip => "skip", Once => "once", All => "all" });
-policy_names!(OnCrash { Abandon => "abandon", Retry => "retry" });
+string_enum!("The name used in configuration.", Overlap { Skip => "skip", Allow => "allow" }, |other, valid| format!("`{other}` is not one of: {valid}"));
+string_enum!("The name used in configuration.", Misfire { Skip => "skip", Once => "once", All => "all" }, |other, valid| format!("`{other}` is not one of: {valid}"));
+string_enum!("The name used in configuration.", OnCrash { Abandon => "abandon", Retry => "retry" }, |other, valid| format!("`{other}` is not one of: {valid}"));
 
 /// Everything about how a job runs, apart from its schedule and what it runs.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,7 +2,6 @@
 //! engine, every store and the CLI.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -87,32 +86,7 @@ pub enum RunState {
     Interrupted,
 }
 
-macro_rules! names {
-    ($t:ty { $($v:ident => $s:literal),* $(,)? }) => {
-        impl $t {
-            /// The lower-case name used in stores, logs and output.
-            pub fn as_str(self) -> &'static str {
-                match self { $(Self::$v => $s),* }
-            }
-        }
-        impl fmt::Display for $t {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-        impl FromStr for $t {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                match s {
-                    $($s => Ok(Self::$v),)*
-                    other => Err(format!("unknown {} `{other}`; expected one of: {}", stringify!($t), [$($s),*].join(", "))),
-                }
-            }
-        }
-    };
-}
-
-names!(RunState {
+string_enum!("The lower-case name used in stores, logs and output.", RunState {
     Running => "running",
     Succeeded => "succeeded",
     Failed => "failed",
@@ -121,9 +95,13 @@ names!(RunState {
     Abandoned => "abandoned",
     Skipped => "skipped",
     Interrupted => "interrupted",
-});
+}, |other, valid| format!("unknown RunState `{other}`; expected one of: {valid}"));
 
-names!(Trigger { Schedule => "schedule", Catchup => "catchup", Retry => "retry", Manual => "manual" });
+string_enum!(
+    "The lower-case name used in stores, logs and output.",
+    Trigger { Schedule => "schedule", Catchup => "catchup", Retry => "retry", Manual => "manual" },
+    |other, valid| format!("unknown Trigger `{other}`; expected one of: {valid}")
+);
 
 impl RunState {
     /// True for every state a run can end in (all but `Running`).

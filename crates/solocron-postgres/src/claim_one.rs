@@ -5,8 +5,8 @@ use solocron_core::{ClaimOutcome, ClaimRequest};
 use sqlx::postgres::PgRow;
 use sqlx::PgPool;
 
-use crate::claim::{outcomes, Batch};
 use crate::error::Res;
+use crate::records::{outcomes, Batch};
 use crate::PgStore;
 
 /// One try at claiming the one request of `batch`: one round trip, one transaction.

@@ -1,12 +1,15 @@
 //! Decoding rows into the core types, with every surprise reported as `Invalid`, and
-//! values checked on their way into a statement.
+//! values checked on their way into a statement: among them a claim batch as the claim
+//! functions' arrays ([`Batch`]) and their answers ([`outcomes`]), shared by `claim.rs` and
+//! `claim_one.rs`.
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest, StoreError, Tick, RECORDS_PAGE_MAX,
+    ClaimMode, ClaimOutcome, ClaimRequest, JobControl, JobDefinition, Lease, Registration, RunId, RunRecord,
+    RunRequest, StoreError, Tick, RECORDS_PAGE_MAX,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row};
@@ -127,6 +130,84 @@ pub(crate) fn run_request(row: &PgRow) -> Result<RunRequest, StoreError> {
         tick: Tick::new(get::<String>(row, "job")?, instant(get(row, "requested_at")?)?),
         requested_by: get(row, "requested_by")?,
     })
+}
+
+/// A batch as the function's parallel arrays (one element per request, in order).
+#[derive(Default)]
+pub(crate) struct Batch {
+    pub(crate) jobs: Vec<String>,
+    pub(crate) ticks: Vec<i64>,
+    pub(crate) triggers: Vec<&'static str>,
+    pub(crate) nodes: Vec<String>,
+    pub(crate) leases: Vec<i64>,
+    pub(crate) modes: Vec<&'static str>,
+    pub(crate) reasons: Vec<String>,
+}
+
+impl Batch {
+    /// The arrays of `requests`, checked before anything is sent.
+    pub(crate) fn new(requests: &[ClaimRequest]) -> Result<Batch, StoreError> {
+        let mut batch = Batch::default();
+        for request in requests {
+            let (mode, reason) = match &request.mode {
+                ClaimMode::Skip { reason } => ("skip", reason.clone()),
+                ClaimMode::Run { skip_if_running: true } => ("run-unless-running", String::new()),
+                ClaimMode::Run { skip_if_running: false } => ("run", String::new()),
+            };
+            batch.jobs.push(request.tick.job.clone());
+            batch.ticks.push(request.tick.scheduled_at.timestamp_millis());
+            batch.triggers.push(request.trigger.as_str());
+            batch.nodes.push(request.node.clone());
+            batch.leases.push(millis(request.lease)?);
+            batch.modes.push(mode);
+            batch.reasons.push(reason);
+        }
+        Ok(batch)
+    }
+}
+
+/// The outcomes of `requests` from the function's rows, which must answer each request
+/// once, in order.
+pub(crate) fn outcomes(requests: &[ClaimRequest], rows: &[PgRow]) -> Result<Vec<ClaimOutcome>, StoreError> {
+    if rows.len() != requests.len() {
+        return Err(StoreError::Invalid(format!(
+            "the claim function answered {} of {} requests",
+            rows.len(),
+            requests.len()
+        )));
+    }
+    let mut outcomes = Vec::with_capacity(rows.len());
+    for (i, (request, row)) in requests.iter().zip(rows).enumerate() {
+        let index: i32 = get(row, "o_index")?;
+        if usize::try_from(index).ok() != Some(i + 1) {
+            return Err(StoreError::Invalid(format!("the claim function answered request {index} in place {}", i + 1)));
+        }
+        outcomes.push(outcome(request, row)?);
+    }
+    Ok(outcomes)
+}
+
+fn outcome(request: &ClaimRequest, row: &PgRow) -> Result<ClaimOutcome, StoreError> {
+    let kind: String = get(row, "o_outcome")?;
+    match kind.as_str() {
+        "taken" => Ok(ClaimOutcome::Taken),
+        "skipped" => Ok(ClaimOutcome::Skipped { reason: get(row, "o_reason")? }),
+        "won" => {
+            // Normalized to the millisecond precision the store keeps, so that the lease
+            // names the run exactly as history will.
+            let tick = Tick::new(request.tick.job.clone(), request.tick.scheduled_at);
+            let lease = Lease {
+                run: RunId { tick, attempt: 1 },
+                owner: request.node.clone(),
+                fencing_token: token(get(row, "o_token")?)?,
+                claimed_at: instant(get(row, "o_claimed_at")?)?,
+                lease_until: instant(get(row, "o_lease_until")?)?,
+            };
+            tracing::debug!(run = %lease.run, node = %lease.owner, token = lease.fencing_token, "run claimed");
+            Ok(ClaimOutcome::Won(lease))
+        }
+        other => Err(StoreError::Invalid(format!("the claim function answered `{other}`"))),
+    }
 }
 
 #[cfg(test)]
