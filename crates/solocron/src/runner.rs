@@ -3,9 +3,11 @@
 //!
 //! This is the one function that owns a run's control flow; everything it calls computes.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
-use solocron_core::{output_tail, Ending, JobPolicy, Lease, Renewal, RunEnd, RunState, Trigger};
+use solocron_core::{output_tail, Ending, JobPolicy, Lease, Renewal, RunEnd, RunState, StoreError, Trigger};
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -73,34 +75,51 @@ impl Heartbeat {
         }
     }
 
-    /// One renewal (through the engine's batches of renewals), bounded by the local
-    /// deadline (and by one renew interval, so a hung connection gets another try before
-    /// the deadline).
-    async fn beat(&mut self, renewals: &Batcher<Renewals>) -> Beat {
+    /// Sends one renewal (through the engine's batches of renewals), bounded by the local
+    /// deadline and by one renew interval, so a hung connection gets another try before the
+    /// deadline. The returned future owns what it needs: the run's supervision goes on
+    /// while it is pending, so a renewal that hangs (a partition: nothing refused, nothing
+    /// answered) never delays the stop, the timeout or shutdown.
+    fn send(&self, renewals: &Batcher<Renewals>) -> PendingRenewal {
         let sent = Instant::now();
         let bound = self.deadline.min(sent + self.policy.renew_interval());
         let renewal = Renewal { lease: self.lease.clone(), length: self.policy.lease };
-        match timeout_at(bound, renewals.send(renewal, bound)).await {
-            Ok(Ok(true)) => {
+        let renewals = renewals.clone();
+        Box::pin(async move { (sent, timeout_at(bound, renewals.send(renewal, bound)).await.ok()) })
+    }
+
+    /// Takes the answer to the renewal sent at `sent` (`None`: no answer within its bound).
+    fn answered(&mut self, sent: Instant, answer: Option<Result<bool, StoreError>>) -> Beat {
+        match answer {
+            Some(Ok(true)) => {
                 self.deadline = sent + self.policy.local_lease_deadline();
                 self.stop_at = sent + self.policy.local_stop_deadline();
                 self.next_renew = sent + self.policy.renew_interval();
                 Beat::Renewed
             }
-            Ok(Ok(false)) => Beat::Gone,
-            Ok(Err(e)) => {
+            Some(Ok(false)) => Beat::Gone,
+            Some(Err(e)) => {
                 tracing::warn!(run = %self.lease.run, error = %e, "lease renewal failed; retrying until the lease deadline");
                 self.next_renew = Instant::now() + (self.policy.renew_interval() / 4).max(Duration::from_millis(50));
                 Beat::Retry
             }
-            Err(_) => {
+            None => {
                 tracing::warn!(run = %self.lease.run, "lease renewal timed out");
                 self.next_renew = Instant::now();
                 Beat::Retry
             }
         }
     }
+
+    /// One renewal, awaited: only before the job starts, when nothing else needs watching.
+    async fn beat(&mut self, renewals: &Batcher<Renewals>) -> Beat {
+        let (sent, answer) = self.send(renewals).await;
+        self.answered(sent, answer)
+    }
 }
+
+/// A renewal on its way: when it was sent, and the store's answer if one came in time.
+type PendingRenewal = Pin<Box<dyn Future<Output = (Instant, Option<Result<bool, StoreError>>)> + Send>>;
 
 /// Runs a claimed run to its recorded end: the handler starts at `run.start_at` (the instant
 /// of a tick claimed ahead, at most `CLAIM_AHEAD_MAX` away), its lease is renewed and its end
@@ -174,6 +193,8 @@ async fn supervise(
     let mut stop: Option<Stop> = None;
     let mut hard_stop = far;
     let mut renewing = true;
+    // At most one renewal in flight; it is polled beside every other reason to stop.
+    let mut pending: Option<PendingRenewal> = None;
     loop {
         let mut stop_now = None;
         tokio::select! {
@@ -182,10 +203,13 @@ async fn supervise(
                 return (res.ok().or_else(|| Some(Outcome { output: "handler panicked".into(), ..Outcome::default() })), stop);
             }
             _ = sleep_until(hb.stop_at), if renewing => stop_now = Some(Stop::Lost("could not renew the lease in time")),
-            _ = sleep_until(hb.next_renew), if renewing => match hb.beat(renewals).await {
-                Beat::Renewed | Beat::Retry => {}
-                Beat::Gone => stop_now = Some(Stop::Lost("the lease was taken away (expired, recovered or unlocked)")),
-            },
+            (sent, answer) = async { pending.as_mut().expect("polled only when present").await }, if renewing && pending.is_some() => {
+                pending = None;
+                if let Beat::Gone = hb.answered(sent, answer) {
+                    stop_now = Some(Stop::Lost("the lease was taken away (expired, recovered or unlocked)"));
+                }
+            }
+            _ = sleep_until(hb.next_renew), if renewing && pending.is_none() => pending = Some(hb.send(renewals)),
             _ = sleep_until(timeout_at), if stop.is_none() => stop_now = Some(Stop::TimedOut),
             _ = interrupt.cancelled(), if stop.is_none() => stop_now = Some(Stop::Interrupted),
             _ = sleep_until(hard_stop) => {
@@ -197,6 +221,7 @@ async fn supervise(
         if let Some(s) = stop_now {
             if let Stop::Lost(why) = s {
                 renewing = false;
+                pending = None;
                 tracing::warn!(run = %hb.lease.run, why, "lease lost; stopping the job");
             }
             if stop.is_none() || matches!(s, Stop::Lost(_)) {

@@ -315,6 +315,8 @@ struct Distant {
     /// Calls of `renew` and of `renew_all`.
     renew_calls: AtomicUsize,
     renew_all_calls: AtomicUsize,
+    /// Renewals hang (never answer) while set: a partition that refuses nothing.
+    hang_renewals: std::sync::atomic::AtomicBool,
 }
 
 const DISTANT_CALL: Duration = Duration::from_millis(20);
@@ -327,6 +329,13 @@ impl Distant {
             claim_delay: Duration::ZERO,
             renew_calls: AtomicUsize::new(0),
             renew_all_calls: AtomicUsize::new(0),
+            hang_renewals: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    async fn hang_if_partitioned(&self) {
+        if self.hang_renewals.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
         }
     }
 
@@ -361,11 +370,13 @@ macro_rules! distant {
             }
             async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
                 self.renew_calls.fetch_add(1, Ordering::SeqCst);
+                self.hang_if_partitioned().await;
                 tokio::time::sleep(DISTANT_CALL).await;
                 self.inner.renew(lease, length).await
             }
             async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
                 self.renew_all_calls.fetch_add(1, Ordering::SeqCst);
+                self.hang_if_partitioned().await;
                 tokio::time::sleep(DISTANT_CALL).await;
                 self.inner.renew_all(renewals).await
             }
@@ -497,4 +508,54 @@ async fn an_end_the_store_refuses_fails_only_itself_not_its_batch() {
     assert_eq!(ran, JOBS, "every job ran once");
     assert_eq!(states.get("succeeded"), Some(&(JOBS - 1)), "every other run recorded its end: {states:?}");
     assert_eq!(states.get("running").or(states.get("abandoned")), Some(&1), "{states:?}");
+}
+
+/// A renewal that hangs (a partition: nothing refused, nothing answered) never keeps the
+/// job running past its local stop: the handler is told to stop `kill_grace` before the
+/// local lease deadline, as when the store refuses, and the run ends `lost`. (Awaiting the
+/// pending renewal used to delay the stop to the deadline itself.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_renewal_does_not_delay_the_stop_of_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let distant = Arc::new(Distant::new(store(&dir).await));
+    distant.hang_renewals.store(true, Ordering::SeqCst);
+    let lease = Duration::from_secs(10);
+    let policy = JobPolicy { lease, kill_grace: JobPolicy::default_kill_grace(lease), ..JobPolicy::default() };
+    let (stop_at, deadline) = (policy.local_stop_deadline(), policy.local_lease_deadline());
+    let times: Arc<Mutex<Vec<std::time::Instant>>> = Arc::default();
+    let seen = times.clone();
+    let handler = handler_fn(move |ctx: RunContext| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().push(std::time::Instant::now());
+            ctx.cancel.cancelled().await;
+            seen.lock().unwrap().push(std::time::Instant::now());
+            Ok(())
+        }
+    });
+    let at = Utc::now() + chrono::Duration::seconds(3);
+    let expr = format!("{} {} {} * * *", at.format("%S"), at.format("%M"), at.format("%H"));
+    let job = Job::new("partitioned", Schedule::parse(&expr, "UTC").unwrap(), handler).with_policy(policy);
+    let shutdown = CancellationToken::new();
+    let node = Scheduler::builder(distant.clone()).node_id("n").job(job).build().unwrap();
+    let node = tokio::spawn(node.run(shutdown.clone()));
+    let waited = std::time::Instant::now();
+    while times.lock().unwrap().len() < 2 && waited.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    node.await.unwrap();
+    let times = times.lock().unwrap().clone();
+    assert_eq!(times.len(), 2, "the job started and was told to stop");
+    let ran = times[1] - times[0];
+    // The stop counts from the claim, which precedes the start by at most the claim lead.
+    assert!(ran + Duration::from_millis(1000) >= stop_at, "stopped after {ran:?}, before its stop at {stop_at:?}");
+    assert!(
+        ran + Duration::from_millis(700) <= deadline,
+        "stopped after {ran:?}: the hung renewal held the stop to the local deadline ({deadline:?}), not {stop_at:?}"
+    );
+    let q = HistoryQuery { job: Some("partitioned".into()), ..Default::default() };
+    let runs = distant.history(&q).await.unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].state, RunState::Lost, "{:?}", runs[0]);
 }
