@@ -1,6 +1,7 @@
 //! `solocron run`: the daemon.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use solocron::{Command, Job, Scheduler};
@@ -23,6 +24,9 @@ pub struct RunArgs {
     /// The namespace of solocron's tables or keys in the store (overrides [store].prefix).
     #[arg(long, value_name = "NAME")]
     prefix: Option<solocron_core::Prefix>,
+    /// Exit (code 2) when the store cannot be reached at start, instead of waiting for it.
+    #[arg(long)]
+    fail_fast: bool,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -36,19 +40,51 @@ enum LogFormat {
 
 pub async fn run(a: RunArgs) -> Result<(), Failure> {
     init_logging(a.log_format);
+    // Signals first: a SIGTERM while the store is awaited ends the wait, not the process.
+    let shutdown = CancellationToken::new();
+    tokio::spawn(on_signal(shutdown.clone()));
     let cfg = load(&a.config)?;
     let target = crate::Target { config: a.config.clone(), store: a.store.clone(), prefix: a.prefix.clone() };
     // `open`, not `connect`: with `store.migrate = false` the schema is someone else's job.
-    let store = target.open(Some(&cfg)).await?;
+    let Some(store) = open_when_reachable(&target, &cfg, a.fail_fast, &shutdown).await? else { return Ok(()) };
     if cfg.store.migrate {
         let (_, key) = target.store_config(Some(&cfg));
         store.migrate().await.map_err(|e| bad_input(format!("{key}: {e}")))?;
     }
     let scheduler = scheduler(&cfg, store, a.node_id)?;
-    let shutdown = CancellationToken::new();
-    tokio::spawn(on_signal(shutdown.clone()));
     scheduler.run(shutdown).await;
     Ok(())
+}
+
+/// Longest wait between two tries to reach a store that was unreachable at start.
+const START_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// The store, once it answers: a store that is only unreachable (down, restarting, not yet
+/// started beside this node) is tried again with a bounded backoff, and the wait said in
+/// the log, unless `fail_fast`; a misconfigured one fails at once. `None`: shutdown came
+/// first.
+async fn open_when_reachable(
+    target: &crate::Target,
+    cfg: &Config,
+    fail_fast: bool,
+    shutdown: &CancellationToken,
+) -> Result<Option<std::sync::Arc<dyn solocron_core::Store>>, Failure> {
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match target.try_open(Some(cfg)).await {
+            Ok(store) => return Ok(Some(store)),
+            Err((failure, true)) if !fail_fast => tracing::warn!(
+                error = %failure.1, retry_in = ?wait,
+                "the store cannot be reached; waiting for it (--fail-fast exits instead)"
+            ),
+            Err((failure, _)) => return Err(failure),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.cancelled() => return Ok(None),
+        }
+        wait = (wait * 2).min(START_RETRY_MAX);
+    }
 }
 
 /// The scheduler for a configuration: every job a command job.
@@ -78,9 +114,13 @@ async fn on_signal(shutdown: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    // SIGHUP drains too (its default would kill the node without recording its runs' ends)
+    // until a configuration reload gives it a meaning of its own.
+    let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: draining"),
         _ = int.recv() => tracing::info!("SIGINT: draining"),
+        _ = hup.recv() => tracing::info!("SIGHUP: draining (no reload yet)"),
     }
     shutdown.cancel();
 }

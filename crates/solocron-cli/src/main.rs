@@ -151,10 +151,20 @@ impl Target {
     /// Opens the store without touching its schema; a failure is bad input (exit 2) naming
     /// where the URL came from.
     pub async fn open(&self, cfg: Option<&Config>) -> Result<Arc<dyn Store>, Failure> {
+        self.try_open(cfg).await.map_err(|(failure, _)| failure)
+    }
+
+    /// [`Target::open`], saying besides whether the store was only unreachable (the daemon
+    /// waits for such a store).
+    pub async fn try_open(&self, cfg: Option<&Config>) -> Result<Arc<dyn Store>, (Failure, bool)> {
         let (store_cfg, key) = self.store_config(cfg);
-        let store = stores::open(&store_cfg).await.map_err(|e| bad_input(format!("{key}: {e}")))?;
+        let store =
+            stores::open(&store_cfg).await.map_err(|e| (bad_input(format!("{key}: {}", e.message)), e.unreachable))?;
         // A store we cannot even read the clock of is unreachable: say so before doing anything.
-        store.now().await.map_err(|e| bad_input(format!("{key}: {e}")))?;
+        store.now().await.map_err(|e| {
+            let unreachable = matches!(e, solocron_core::StoreError::Unavailable(_));
+            (bad_input(format!("{key}: {e}")), unreachable)
+        })?;
         Ok(store)
     }
 

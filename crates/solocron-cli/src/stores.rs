@@ -26,11 +26,27 @@ fn with_password(cfg: &StoreConfig) -> Result<String, String> {
     Ok(u.to_string())
 }
 
+/// Why a store could not be opened: what is wrong (never with a password), and whether it
+/// is only unreachable (it may answer later) rather than misconfigured.
+#[derive(Debug)]
+pub struct OpenFailed {
+    pub message: String,
+    pub unreachable: bool,
+}
+
+impl OpenFailed {
+    fn bad(message: String) -> OpenFailed {
+        OpenFailed { message, unreachable: false }
+    }
+}
+
 /// Connects to the configured store, its tables or keys behind the configured prefix.
-/// Errors say what is wrong, never with a password.
-pub async fn open(cfg: &StoreConfig) -> Result<Arc<dyn Store>, String> {
-    let url = with_password(cfg)?;
-    solocron_stores::open(&url, &cfg.prefix).await.map_err(|e| e.to_string())
+pub async fn open(cfg: &StoreConfig) -> Result<Arc<dyn Store>, OpenFailed> {
+    let url = with_password(cfg).map_err(OpenFailed::bad)?;
+    solocron_stores::open(&url, &cfg.prefix).await.map_err(|e| OpenFailed {
+        unreachable: matches!(e, solocron_stores::OpenError::Store(solocron_core::StoreError::Unavailable(_))),
+        message: e.to_string(),
+    })
 }
 
 /// What `migrate --drop` would remove, in words; the URL's password stays out of it.

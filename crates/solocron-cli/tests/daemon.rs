@@ -1,0 +1,143 @@
+//! The daemon's life with the outside world: signals, and a store that is not there yet.
+//! Real processes: the `solocron` binary, and a real `redis-server` started late.
+#![forbid(unsafe_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// The daemon's stderr, line by line, as it comes.
+type Log = Arc<Mutex<Vec<String>>>;
+
+fn config(dir: &Path, store_url: &str, command: &str) -> std::path::PathBuf {
+    let path = dir.join("solocron.toml");
+    let text = format!(
+        "[store]\nurl = \"{store_url}\"\n\n[node]\nshutdown_grace = \"10s\"\n\n[[jobs]]\nname = \"tick\"\nschedule = \"* * * * * *\"\nlease = \"6s\"\ncommand = [\"/bin/sh\", \"-c\", {command:?}]\n"
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn start(config: &Path, extra: &[&str]) -> (Child, Log) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_solocron"))
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .args(extra)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the daemon");
+    let log: Log = Arc::default();
+    let lines = log.clone();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            lines.lock().unwrap().push(line);
+        }
+    });
+    (child, log)
+}
+
+fn wait_for(log: &Log, what: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if log.lock().unwrap().iter().any(|l| l.contains(what)) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+fn exit_within(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    None
+}
+
+fn signal(child: &Child, sig: Signal) {
+    kill(Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
+/// SIGHUP drains like SIGTERM (its default would kill the node and leave its run
+/// `running` until another node's recovery): the running job finishes and is recorded.
+#[test]
+fn sighup_drains_the_node_and_records_the_running_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/s.db", dir.path().display());
+    let cfg = config(dir.path(), &url, "sleep 1; echo slept");
+    let (mut node, log) = start(&cfg, &[]);
+    assert!(wait_for(&log, "run started", Duration::from_secs(15)), "no run started: {:?}", log.lock().unwrap());
+    signal(&node, Signal::SIGHUP);
+    let status = exit_within(&mut node, Duration::from_secs(15)).expect("the node exits after draining");
+    let lines = log.lock().unwrap().clone();
+    assert!(status.success(), "exit {status:?}: {lines:?}");
+    let hup = lines.iter().position(|l| l.contains("SIGHUP: draining")).expect("the drain is logged");
+    assert!(
+        lines[hup..].iter().any(|l| l.contains("run ended") && l.contains("state=succeeded")),
+        "the running job was not finished and recorded after SIGHUP: {lines:?}"
+    );
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A store that is down when the node starts (a host booting, a database restarting) is
+/// waited for, with the wait in the log; once it comes up, the node runs its ticks.
+#[test]
+fn a_store_that_comes_up_after_the_node_is_waited_for() {
+    if Command::new("redis-server").arg("--version").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "redis-server is needed under CI");
+        eprintln!("skipping: no redis-server");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let out = dir.path().join("ran");
+    let cfg = config(dir.path(), &format!("redis://127.0.0.1:{port}"), &format!("echo ran >> {}", out.display()));
+    let (mut node, log) = start(&cfg, &[]);
+    assert!(wait_for(&log, "waiting for it", Duration::from_secs(10)), "no wait logged: {:?}", log.lock().unwrap());
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(node.try_wait().unwrap().is_none(), "the node gave up: {:?}", log.lock().unwrap());
+    let mut redis = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start redis-server");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !out.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    signal(&node, Signal::SIGTERM);
+    let status = exit_within(&mut node, Duration::from_secs(15));
+    let _ = redis.kill();
+    let _ = redis.wait();
+    assert!(out.exists(), "no tick ran once the store came up: {:?}", log.lock().unwrap());
+    assert!(status.is_some_and(|s| s.success()), "exit {status:?}: {:?}", log.lock().unwrap());
+}
+
+/// `--fail-fast` keeps the old behaviour: an unreachable store at start is bad input.
+#[test]
+fn fail_fast_exits_at_once_when_the_store_is_unreachable() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), &format!("redis://127.0.0.1:{}", free_port()), "true");
+    let (mut node, log) = start(&cfg, &["--fail-fast"]);
+    let status = exit_within(&mut node, Duration::from_secs(15)).expect("the node exits");
+    assert_eq!(status.code(), Some(2), "{:?}", log.lock().unwrap());
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(log.lock().unwrap().iter().any(|l| l.contains("store.url")), "{:?}", log.lock().unwrap());
+}
