@@ -1,4 +1,4 @@
-//! Real `solocron run` processes on the PostgreSQL and MariaDB servers of this machine:
+//! Real `solocron run` processes on the PostgreSQL, MariaDB, Redis and etcd test servers:
 //! exactly once across three processes, and a restart of the server mid-run.
 //! Tests in this file take a lock: a server restart must not cut a neighbour's test.
 #![forbid(unsafe_code)]
@@ -10,6 +10,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
+#[cfg(feature = "etcd")]
+use solocron_conformance::server::ETCD;
+use solocron_conformance::server::{ServerUrl, MYSQL, POSTGRES, REDIS};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -20,14 +23,14 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 #[test]
 fn three_postgres_nodes_run_every_tick_exactly_once() {
     let _g = serial();
-    let Some(store) = server_store("postgres") else { return };
+    let Some(store) = server_store(POSTGRES) else { return };
     three_nodes_exactly_once(Some(&store), 12);
 }
 
 #[test]
 fn three_mariadb_nodes_run_every_tick_exactly_once() {
     let _g = serial();
-    let Some(store) = server_store("mysql") else { return };
+    let Some(store) = server_store(MYSQL) else { return };
     three_nodes_exactly_once(Some(&store), 12);
 }
 
@@ -157,28 +160,28 @@ command = ["/bin/sh", "-c", "exec sleep 6"]
 #[test]
 fn a_postgres_restart_mid_run_loses_nothing_and_duplicates_nothing() {
     let _g = serial();
-    let Some(store) = server_store("postgres") else { return };
+    let Some(store) = server_store(POSTGRES) else { return };
     survives_a_restart(&store, restart_postgres);
 }
 
 #[test]
 fn a_mariadb_restart_mid_run_loses_nothing_and_duplicates_nothing() {
     let _g = serial();
-    let Some(store) = server_store("mysql") else { return };
+    let Some(store) = server_store(MYSQL) else { return };
     survives_a_restart(&store, restart_mariadb);
 }
 
 #[test]
 fn ten_nodes_starting_at_once_on_an_empty_postgres_all_come_up() {
     let _g = serial();
-    let Some(store) = server_store("postgres") else { return };
+    let Some(store) = server_store(POSTGRES) else { return };
     ten_nodes_come_up(&store);
 }
 
 #[test]
 fn ten_nodes_starting_at_once_on_an_empty_mariadb_all_come_up() {
     let _g = serial();
-    let Some(store) = server_store("mysql") else { return };
+    let Some(store) = server_store(MYSQL) else { return };
     ten_nodes_come_up(&store);
 }
 
@@ -207,7 +210,7 @@ fn ten_nodes_come_up(store: &str) {
 #[test]
 fn three_redis_nodes_run_every_tick_exactly_once() {
     let _g = serial();
-    let Some(store) = server_store("redis") else { return };
+    let Some(store) = server_store(REDIS) else { return };
     three_nodes_exactly_once(Some(&store), 12);
 }
 
@@ -224,7 +227,7 @@ fn restart_redis(down_for: Duration) {
 #[test]
 fn a_redis_restart_forgets_history_but_never_reruns_a_tick_and_tokens_keep_rising() {
     let _g = serial();
-    let Some(store) = server_store("redis") else { return };
+    let Some(store) = server_store(REDIS) else { return };
     let mut f = Fleet::on(
         Some(&store),
         r#"
@@ -269,15 +272,16 @@ command = ["/bin/sh", "-c", "echo $SOLOCRON_SCHEDULED_AT $SOLOCRON_FENCING_TOKEN
 #[test]
 fn three_etcd_nodes_run_every_tick_exactly_once() {
     let _g = serial();
-    let Some(store) = server_store("etcd") else { return };
+    let Some(store) = server_store(ETCD) else { return };
     three_nodes_exactly_once(Some(&store), 12);
 }
 
 /// `migrate --drop --yes` on a server store empties its prefix and only its: a neighbour
 /// whose prefix extends it (`p` and `p_b`: a pattern `p_%` would take both) keeps its pause.
-fn drop_empties_one_prefix_and_keeps_its_neighbour(kind: &str) {
+fn drop_empties_one_prefix_and_keeps_its_neighbour(server: ServerUrl) {
     let _g = serial();
-    let Some(a) = server_store(kind) else { return };
+    let Some(a) = server_store(server) else { return };
+    let kind = server.name;
     let b = format!("{}_b\"", a.trim_end_matches('"'));
     let job = "[[jobs]]\nname = \"j\"\nschedule = \"0 0 0 1 1 *\"\ncommand = [\"/bin/true\"]\n";
     let (fa, fb) = (Fleet::on(Some(&a), job), Fleet::on(Some(&b), job));
@@ -295,20 +299,21 @@ fn drop_empties_one_prefix_and_keeps_its_neighbour(kind: &str) {
 
 #[test]
 fn migrate_drop_on_postgres_empties_one_prefix_and_keeps_its_neighbour() {
-    drop_empties_one_prefix_and_keeps_its_neighbour("postgres");
+    drop_empties_one_prefix_and_keeps_its_neighbour(POSTGRES);
 }
 
 #[test]
 fn migrate_drop_on_mariadb_empties_one_prefix_and_keeps_its_neighbour() {
-    drop_empties_one_prefix_and_keeps_its_neighbour("mysql");
+    drop_empties_one_prefix_and_keeps_its_neighbour(MYSQL);
 }
 
 #[test]
 fn migrate_drop_on_redis_empties_one_prefix_and_keeps_its_neighbour() {
-    drop_empties_one_prefix_and_keeps_its_neighbour("redis");
+    drop_empties_one_prefix_and_keeps_its_neighbour(REDIS);
 }
 
+#[cfg(feature = "etcd")]
 #[test]
 fn migrate_drop_on_etcd_empties_one_prefix_and_keeps_its_neighbour() {
-    drop_empties_one_prefix_and_keeps_its_neighbour("etcd");
+    drop_empties_one_prefix_and_keeps_its_neighbour(ETCD);
 }

@@ -46,6 +46,45 @@ use crate::{naming, server_unreachable, StoreFactory};
 /// run can tell a killed run's leftovers (old tag) from a run still under way.
 pub const TEST_ROOT: &str = "solocron_t";
 
+/// Where the tests of every crate find one server: the environment variable that names its
+/// URL, and the URL when that is unset (the server `./scripts/services` starts on this
+/// machine). One table for the store crates' [`TestServer`]s and for tests that reach a
+/// server another way (the CLI's, through its config file); it names servers, not stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerUrl {
+    /// The server's name in messages: `PostgreSQL`.
+    pub name: &'static str,
+    /// The environment variable that names the test server's URL.
+    pub var: &'static str,
+    /// The URL when [`var`](Self::var) is unset.
+    pub default: &'static str,
+}
+
+impl ServerUrl {
+    /// The test server's URL: [`var`](Self::var)'s value, or [`default`](Self::default).
+    pub fn url(&self) -> String {
+        std::env::var(self.var).unwrap_or_else(|_| self.default.to_owned())
+    }
+}
+
+/// The PostgreSQL test server.
+pub const POSTGRES: ServerUrl = ServerUrl {
+    name: "PostgreSQL",
+    var: "SOLOCRON_TEST_POSTGRES_URL",
+    default: "postgres://postgres@127.0.0.1:5432/test",
+};
+
+/// The MariaDB (or MySQL) test server.
+pub const MYSQL: ServerUrl =
+    ServerUrl { name: "MariaDB", var: "SOLOCRON_TEST_MYSQL_URL", default: "mysql://root@127.0.0.1:3306/test" };
+
+/// The Redis test server.
+pub const REDIS: ServerUrl =
+    ServerUrl { name: "Redis", var: "SOLOCRON_TEST_REDIS_URL", default: "redis://127.0.0.1:6379" };
+
+/// The etcd test server.
+pub const ETCD: ServerUrl = ServerUrl { name: "etcd", var: "SOLOCRON_TEST_ETCD_URL", default: "etcd://127.0.0.1:2379" };
+
 /// Why the server's names could not be listed (any error of the store's client).
 pub type Failure = Box<dyn std::error::Error + Send + Sync>;
 

@@ -1,13 +1,18 @@
-//! Helpers for tests that run real `solocron` processes on a shared SQLite file.
+//! Helpers for tests that run real `solocron` processes on a shared store: a SQLite file
+//! in a test directory, or a fresh prefix on a test server.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
+use solocron_conformance::server::{self, ServerUrl};
+use solocron_conformance::server_unreachable;
+use solocron_stores::{OpenError, Prefix, StoreError};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_solocron");
 
@@ -154,10 +159,10 @@ impl Drop for Fleet {
 impl Fleet {
     /// Removes what this fleet's prefix holds on a server store (`solocron migrate --drop
     /// --yes`), so test runs do not pile tables and keys up in the shared servers. Only
-    /// fresh test prefixes (`solocron_f...`, from [`server_store`]) are ever dropped.
+    /// fresh test prefixes (`solocron_t...`, from [`server_store`]) are ever dropped.
     fn drop_server_tables(&self) {
         let cfg = std::fs::read_to_string(self.config()).unwrap_or_default();
-        let is_test_prefix = cfg.lines().any(|l| l.starts_with("prefix = \"solocron_f"));
+        let is_test_prefix = cfg.lines().any(|l| l.starts_with(&format!("prefix = \"{}", server::TEST_ROOT)));
         if !is_test_prefix || cfg.contains("sqlite://") {
             return;
         }
@@ -193,33 +198,47 @@ pub fn wait_for<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option
     }
 }
 
-/// A `[store]` body for a server store with a fresh prefix, or `None` (and the test
-/// skips) when the server is unreachable and `CI` is unset. Under CI, unreachable fails.
-pub fn server_store(kind: &str) -> Option<String> {
-    let (var, default, port) = match kind {
-        "postgres" => ("SOLOCRON_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test", 5432),
-        "mysql" => ("SOLOCRON_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test", 3306),
-        "redis" => ("SOLOCRON_TEST_REDIS_URL", "redis://127.0.0.1:6379", 6379),
-        "etcd" => ("SOLOCRON_TEST_ETCD_URL", "etcd://127.0.0.1:2379", 2379),
-        other => panic!("unknown server store {other}"),
-    };
-    let url = std::env::var(var).unwrap_or_else(|_| default.to_owned());
-    if std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(2)).is_err() {
-        if std::env::var_os("CI").is_some() {
-            panic!("{kind} at 127.0.0.1:{port} is unreachable under CI");
-        }
-        eprintln!("skipping: {kind} at 127.0.0.1:{port} is unreachable (set CI=1 to make this a failure)");
-        return None;
-    }
-    let tag = std::process::id() ^ (Instant::now().elapsed().as_nanos() as u32) ^ rand_u32();
-    Some(format!("url = \"{url}\"\nprefix = \"solocron_f{tag:08x}\""))
+/// A `[store]` body for a server store with a fresh prefix, or `None` (the test skips;
+/// under CI, it fails) when the server is unreachable: see
+/// [`server_unreachable`](solocron_conformance::server_unreachable).
+///
+/// The prefix is the shared datable `solocron_t<tag>`: [`Fleet`]'s drop removes it, and
+/// what a killed run leaves behind is removed, once stale, by the store crates' tests
+/// (their namespaces sweep every stale `solocron_t` prefix on the server).
+pub fn server_store(server: ServerUrl) -> Option<String> {
+    let url = reachable_url(server)?;
+    Some(format!("url = \"{url}\"\nprefix = \"{}\"", server::fresh_prefix()))
 }
 
-fn rand_u32() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
-    h.finish() as u32
+/// `server`'s URL if a store connects to it, else what [`server_unreachable`] decides.
+/// Found out once per test binary, as the store crates' tests do: a missing server costs
+/// one connect timeout, and a server restarted by a test is not asked again mid-start.
+fn reachable_url(server: ServerUrl) -> Option<String> {
+    static PROBED: Mutex<Vec<(ServerUrl, Result<String, String>)>> = Mutex::new(Vec::new());
+    let mut probed = PROBED.lock().unwrap_or_else(PoisonError::into_inner);
+    let known = probed.iter().find(|(s, _)| *s == server).map(|(_, answer)| answer.clone());
+    let answer = known.unwrap_or_else(|| {
+        let answer = probe(server);
+        probed.push((server, answer.clone()));
+        answer
+    });
+    drop(probed); // server_unreachable panics under CI: never with the lock held
+    answer.map_or_else(|why| server_unreachable(server.name, &why), Some)
+}
+
+/// Connects a store (the one the CLI would open) to `server`'s URL: `Err(why)` if the
+/// server is unavailable; a panic if it answers but refuses (bad URL or credentials), or
+/// if this build has no such store, since skipping would hide either.
+fn probe(server: ServerUrl) -> Result<String, String> {
+    let url = server.url();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
+    runtime.block_on(async {
+        match solocron_stores::open(&url, &Prefix::default()).await {
+            Ok(_store) => Ok(url),
+            Err(OpenError::Store(StoreError::Unavailable(why))) => Err(why),
+            Err(e) => panic!("cannot use the {} test server: {e}", server.name),
+        }
+    })
 }
 
 /// Three nodes, a job every second for `secs`: every tick in the window ran exactly once

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use etcd_client::{Client, GetOptions};
-use solocron_conformance::server::{Failure, TestServer};
+use solocron_conformance::server::{self, Failure, TestServer};
 use solocron_core::{Prefix, StoreError};
 use solocron_etcd::EtcdStore;
 
@@ -35,9 +35,9 @@ pub type Namespace = solocron_conformance::server::Namespace<Etcd>;
 #[async_trait]
 impl TestServer for Etcd {
     type Store = EtcdStore;
-    const NAME: &'static str = "etcd";
-    const URL_VAR: &'static str = "SOLOCRON_TEST_ETCD_URL";
-    const URL_DEFAULT: &'static str = "etcd://127.0.0.1:2379";
+    const NAME: &'static str = server::ETCD.name;
+    const URL_VAR: &'static str = server::ETCD.var;
+    const URL_DEFAULT: &'static str = server::ETCD.default;
     /// etcd's leases are whole seconds (at least 2 s on a default cluster) and its leader
     /// scans for expired ones every 500 ms: the suite uses etcd-sized short leases.
     const LEASE_RESOLUTION: Duration = Duration::from_secs(2);

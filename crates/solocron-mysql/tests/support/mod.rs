@@ -3,7 +3,7 @@
 #![allow(dead_code)] // Each test binary uses a different part.
 
 use async_trait::async_trait;
-use solocron_conformance::server::{Failure, TestServer};
+use solocron_conformance::server::{self, Failure, TestServer};
 use solocron_core::{Prefix, StoreError};
 use solocron_mysql::MySqlStore;
 
@@ -16,9 +16,9 @@ pub type Namespace = solocron_conformance::server::Namespace<MariaDb>;
 #[async_trait]
 impl TestServer for MariaDb {
     type Store = MySqlStore;
-    const NAME: &'static str = "MariaDB";
-    const URL_VAR: &'static str = "SOLOCRON_TEST_MYSQL_URL";
-    const URL_DEFAULT: &'static str = "mysql://root@127.0.0.1:3306/test";
+    const NAME: &'static str = server::MYSQL.name;
+    const URL_VAR: &'static str = server::MYSQL.var;
+    const URL_DEFAULT: &'static str = server::MYSQL.default;
 
     async fn connect(url: &str, prefix: &Prefix) -> Result<MySqlStore, StoreError> {
         MySqlStore::connect(url, prefix).await

@@ -3,7 +3,7 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 
 use async_trait::async_trait;
-use solocron_conformance::server::{Failure, TestServer};
+use solocron_conformance::server::{self, Failure, TestServer};
 use solocron_core::{Prefix, StoreError};
 use solocron_postgres::PgStore;
 
@@ -16,9 +16,9 @@ pub type Namespace = solocron_conformance::server::Namespace<Postgres>;
 #[async_trait]
 impl TestServer for Postgres {
     type Store = PgStore;
-    const NAME: &'static str = "PostgreSQL";
-    const URL_VAR: &'static str = "SOLOCRON_TEST_POSTGRES_URL";
-    const URL_DEFAULT: &'static str = "postgres://postgres@127.0.0.1:5432/test";
+    const NAME: &'static str = server::POSTGRES.name;
+    const URL_VAR: &'static str = server::POSTGRES.var;
+    const URL_DEFAULT: &'static str = server::POSTGRES.default;
 
     async fn connect(url: &str, prefix: &Prefix) -> Result<PgStore, StoreError> {
         PgStore::connect(url, prefix).await

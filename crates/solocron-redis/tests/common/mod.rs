@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
-use solocron_conformance::server::{Failure, TestServer};
+use solocron_conformance::server::{self, Failure, TestServer};
 use solocron_core::{Prefix, StoreError};
 use solocron_redis::RedisStore;
 
@@ -22,9 +22,9 @@ pub type Namespace = solocron_conformance::server::Namespace<Redis>;
 #[async_trait]
 impl TestServer for Redis {
     type Store = RedisStore;
-    const NAME: &'static str = "Redis";
-    const URL_VAR: &'static str = "SOLOCRON_TEST_REDIS_URL";
-    const URL_DEFAULT: &'static str = "redis://127.0.0.1:6379";
+    const NAME: &'static str = server::REDIS.name;
+    const URL_VAR: &'static str = server::REDIS.var;
+    const URL_DEFAULT: &'static str = server::REDIS.default;
 
     async fn connect(url: &str, prefix: &Prefix) -> Result<RedisStore, StoreError> {
         RedisStore::connect(url, prefix).await
