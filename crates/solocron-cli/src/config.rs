@@ -274,14 +274,9 @@ fn toml_error_place(text: &str, e: &toml::de::Error) -> String {
 type KeyError = (String, String);
 
 fn resolve_job(i: usize, j: &RawJob, d: &RawJob) -> Result<JobConfig, KeyError> {
-    let name = j
-        .name
-        .clone()
-        .filter(|n| !n.trim().is_empty())
-        .ok_or_else(|| (format!("jobs[{i}].name"), "is required".into()))?;
-    if name.chars().any(|c| c.is_whitespace() || c == '@' || c == '#') {
-        return Err((format!("jobs[{i}].name"), format!("`{name}` may not contain whitespace, `@` or `#`")));
-    }
+    let name = j.name.clone().ok_or_else(|| (format!("jobs[{i}].name"), "is required".into()))?;
+    // The library's rule, so a configuration names only jobs the scheduler accepts.
+    solocron_core::validate_job_name(&name).map_err(|e| (format!("jobs[{i}].name"), e.to_string()))?;
     let key = |k: &str| format!("jobs[{i}] ({name}).{k}");
     let schedule_expr = j.schedule.as_deref().ok_or_else(|| (key("schedule"), "is required".into()))?;
     let zone = j.timezone.as_deref().or(d.timezone.as_deref()).unwrap_or("UTC");
@@ -418,6 +413,30 @@ catchup = "1h"
             let e = error_of(&toml);
             assert!(e.starts_with("test.toml: "), "{e}");
             assert!(e.contains(want), "expected `{want}` in: {e}");
+        }
+    }
+
+    #[test]
+    fn a_bad_job_name_is_refused_by_the_core_rule_at_its_file_and_key() {
+        let long = "x".repeat(solocron_core::JOB_NAME_CHARS_MAX + 1);
+        let cases = [
+            ("a@b", "test.toml: jobs[1].name: job name `a@b` contains `@`, which separates the parts of a run id"),
+            ("b#2", "test.toml: jobs[1].name: job name `b#2` contains `#`"),
+            ("", "test.toml: jobs[1].name: the job name is empty"),
+            ("nightly backup", "test.toml: jobs[1].name: job name `nightly backup` contains a space"),
+            ("b\\u0007", "test.toml: jobs[1].name: job name `b\\u{7}` contains a control character (U+0007)"),
+            (&long, "test.toml: jobs[1].name: job name `xxxx"),
+        ];
+        for (name, want) in cases {
+            let e = error_of(&GOOD.replace("name = \"b\"", &format!("name = \"{name}\"")));
+            assert!(e.starts_with(want), "{name}: expected `{want}` at the start of: {e}");
+            assert!(e.contains("a job name is 1 to 191 characters with no whitespace"), "says what is allowed: {e}");
+        }
+        let missing = error_of(&GOOD.replace("name = \"b\"\n", ""));
+        assert_eq!(missing, "test.toml: jobs[1].name: is required");
+        for fine in ["billing.invoices-daily", "a/b:c", "日次"] {
+            let c = Config::parse("test.toml", &GOOD.replace("name = \"b\"", &format!("name = \"{fine}\""))).unwrap();
+            assert_eq!(c.jobs[1].name, fine);
         }
     }
 

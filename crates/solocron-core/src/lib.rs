@@ -1,9 +1,9 @@
 //! # solocron-core
 //!
 //! The vocabulary and rules of solocron, with no I/O: cron [`Schedule`]s in a time zone,
-//! [`Tick`]s (job, scheduled instant), run records, per-job [`JobPolicy`] and the pure
-//! decisions built on it ([`plan_due`]), and the [`Store`] trait every coordination store
-//! implements.
+//! [`Tick`]s (job, scheduled instant) and the one rule for job names ([`validate_job_name`]),
+//! run records, per-job [`JobPolicy`] and the pure decisions built on it ([`plan_due`]),
+//! and the [`Store`] trait every coordination store implements.
 //!
 //! This crate knows no concrete store, no configuration file, no process and no wall
 //! clock: time comes in as arguments, or through [`Clock`].
@@ -24,6 +24,7 @@
 mod names;
 
 mod duration;
+mod job_name;
 mod policy;
 mod prefix;
 mod redact;
@@ -32,6 +33,7 @@ mod schedule;
 mod store;
 
 pub use duration::{format_duration, parse_duration, DurationError};
+pub use job_name::{validate_job_name, JobNameError, JOB_NAME_CHARS_MAX};
 pub use policy::{
     plan_due, retention_floor, DuePlan, JobPolicy, Misfire, OnCrash, Overlap, PolicyError, KILL_GRACE_DEFAULT_MAX,
     LATE_TOLERANCE, LEASE_MAX, LEASE_MIN, LONG_DURATION_MAX, MAX_ATTEMPTS_MAX, MAX_CATCHUP_MAX, RETENTION_MIN,

@@ -305,14 +305,21 @@ mod tests {
 
     #[test]
     fn interval_job_keeps_its_pace_through_the_repeated_hour() {
-        // An hourly job runs every real hour through the fall-back change, never twice at one instant.
+        // America/New_York falls back on 2026-11-01 at 06:00Z (02:00 EDT becomes 01:00 EST),
+        // so the local hour 01:00 happens twice. An hourly job runs every real hour through
+        // the change: in both 01:00s (one an hour after the other), neither skipped nor run
+        // twice at one instant, 5 ticks in these 5 real hours.
         let s = Schedule::parse("0 0 * * * *", "America/New_York").unwrap();
-        let ticks = s.ticks_between(at("2026-11-01T03:30:00Z"), at("2026-11-01T08:30:00Z"), 10);
-        let mut dedup = ticks.clone();
-        dedup.dedup();
-        assert_eq!(ticks, dedup);
-        assert!(ticks.windows(2).all(|w| w[1] > w[0]));
-        assert!(ticks.len() >= 4, "{ticks:?}");
+        let (after, until) = (at("2026-11-01T03:30:00Z"), at("2026-11-01T08:30:00Z"));
+        let want = vec![
+            at("2026-11-01T04:00:00Z"), // 00:00 EDT
+            at("2026-11-01T05:00:00Z"), // 01:00 EDT, the first 01:00
+            at("2026-11-01T06:00:00Z"), // 01:00 EST, the repeated 01:00
+            at("2026-11-01T07:00:00Z"), // 02:00 EST
+            at("2026-11-01T08:00:00Z"), // 03:00 EST
+        ];
+        assert_eq!(s.ticks_between(after, until, 10), want);
+        assert_eq!(s.newest_ticks_between(after, until, 10), want, "walking back agrees");
     }
 
     #[test]

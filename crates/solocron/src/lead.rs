@@ -19,7 +19,7 @@ use solocron_core::LEASE_MIN;
 pub const CLAIM_AHEAD: Duration = Duration::from_millis(50);
 
 /// The longest lead: while recent claim rounds took long, ticks are claimed up to this long
-/// before their instant (see [`Lead`]).
+/// before their instant (the node learns its lead from its recent claim rounds).
 pub const CLAIM_AHEAD_MAX: Duration = Duration::from_millis(150);
 
 // A run claimed ahead starts before its first renewal is due (lease / 3, at least 166 ms).

@@ -1,7 +1,7 @@
 //! # solocron
 //!
 //! Exactly-once cron across a fleet. Every node runs the same [`Scheduler`] with the same
-//! [`Job`]s over a shared [`Store`](solocron_core::Store); each scheduled run of each job
+//! [`Job`]s over a shared [`Store`]; each scheduled run of each job
 //! (a tick: job name and scheduled instant) executes exactly once across all of them.
 //!
 //! - A tick is claimed with one atomic store operation, batched for ticks due together.

@@ -38,6 +38,19 @@ pub enum BuildError {
     /// Two jobs share a name.
     #[error("job `{0}` is defined twice; job names must be unique")]
     DuplicateJob(String),
+    /// A job's name breaks the rule every part of solocron shares (see
+    /// [`solocron_core::validate_job_name`]): a name like `a@b` could not be told apart in
+    /// a run id (`job@instant#attempt`), and an empty one names nothing.
+    #[error("the job added at index {index}: {error}")]
+    JobName {
+        /// Where the job is in the order [`SchedulerBuilder::job`] added it, from 0: the
+        /// name alone may not identify it (it may be empty).
+        index: usize,
+        /// The name as given.
+        job: String,
+        /// What is wrong, and what a name may be.
+        error: solocron_core::JobNameError,
+    },
     /// A job's policy is out of bounds.
     #[error("job `{job}`: {error}")]
     Policy {
@@ -127,6 +140,11 @@ impl SchedulerBuilder {
         }
         let mut by_name = HashMap::new();
         for (i, job) in self.jobs.iter().enumerate() {
+            solocron_core::validate_job_name(job.name()).map_err(|error| BuildError::JobName {
+                index: i,
+                job: job.name().to_owned(),
+                error,
+            })?;
             job.policy().validate().map_err(|error| BuildError::Policy { job: job.name().to_owned(), error })?;
             if by_name.insert(job.name().to_owned(), i).is_some() {
                 return Err(BuildError::DuplicateJob(job.name().to_owned()));

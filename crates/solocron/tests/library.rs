@@ -559,3 +559,27 @@ async fn a_hung_renewal_does_not_delay_the_stop_of_the_job() {
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].state, RunState::Lost, "{:?}", runs[0]);
 }
+
+/// The builder refuses a job name that breaks the core's one rule: an empty name names
+/// nothing, and `a@b` would make its run ids (`job@instant#attempt`) ambiguous. The error
+/// names the job (by its place, since the name may be empty) and the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_builder_refuses_an_empty_job_name_and_one_with_an_at_sign() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(&dir).await;
+    let seen: Seen = Arc::default();
+    for (bad, reason) in [("", "the job name is empty"), ("a@b", "job name `a@b` contains `@`")] {
+        let built = Scheduler::builder(store.clone())
+            .node_id("n")
+            .job(recording_job("fine", "* * * * * *", seen.clone(), JobPolicy::default()))
+            .job(recording_job(bad, "* * * * * *", seen.clone(), JobPolicy::default()))
+            .build();
+        let Err(err) = built else { panic!("the job name {bad:?} was accepted") };
+        assert!(matches!(&err, solocron::BuildError::JobName { index: 1, job, .. } if job == bad), "{bad:?}: {err:?}");
+        let message = err.to_string();
+        assert!(message.starts_with("the job added at index 1: ") && message.contains(reason), "{message}");
+        assert!(message.contains("no `@` and no `#`"), "says what is allowed: {message}");
+    }
+    let fine = recording_job("fine", "* * * * * *", seen, JobPolicy::default());
+    assert!(Scheduler::builder(store).node_id("n").job(fine).build().is_ok(), "a good name is accepted");
+}
