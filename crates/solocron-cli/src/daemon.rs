@@ -94,6 +94,7 @@ pub fn scheduler(
     node_id: Option<String>,
 ) -> Result<Scheduler, Failure> {
     let mut builder = Scheduler::builder(store)
+        .migrate(cfg.store.migrate)
         .shutdown_grace(cfg.shutdown_grace)
         .max_concurrent_runs(cfg.max_concurrent_runs)
         .history_retention(cfg.history_retention);

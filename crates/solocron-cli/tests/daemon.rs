@@ -141,3 +141,26 @@ fn fail_fast_exits_at_once_when_the_store_is_unreachable() {
     std::thread::sleep(Duration::from_millis(100));
     assert!(log.lock().unwrap().iter().any(|l| l.contains("store.url")), "{:?}", log.lock().unwrap());
 }
+
+/// With `store.migrate = false` the schema is someone else's job: the daemon neither
+/// creates nor upgrades it (nor does the library's scheduler behind it).
+#[test]
+fn a_node_told_not_to_migrate_leaves_the_schema_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let cfg = config(dir.path(), &format!("sqlite://{}", db.display()), "true");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace("[store]\n", "[store]\nmigrate = false\n");
+    std::fs::write(&cfg, text).unwrap();
+    let (mut node, log) = start(&cfg, &[]);
+    std::thread::sleep(Duration::from_secs(3));
+    signal(&node, Signal::SIGTERM);
+    let status = exit_within(&mut node, Duration::from_secs(15));
+    assert!(status.is_some_and(|s| s.success()), "exit {status:?}: {:?}", log.lock().unwrap());
+    let tables = Command::new("sqlite3").arg(&db).arg(".tables").output();
+    let listed = match tables {
+        Ok(out) => String::from_utf8_lossy(&out.stdout).into_owned(),
+        // No sqlite3 CLI: an untouched schema leaves the file empty or absent.
+        Err(_) => String::from_utf8_lossy(&std::fs::read(&db).unwrap_or_default()).into_owned(),
+    };
+    assert!(!listed.contains("solocron_"), "the node created its schema: {listed}");
+}

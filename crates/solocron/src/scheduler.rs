@@ -84,9 +84,18 @@ pub struct SchedulerBuilder {
     max_concurrent_runs: usize,
     recovery_interval: Option<Duration>,
     history_retention: Option<Duration>,
+    migrate: bool,
 }
 
 impl SchedulerBuilder {
+    /// Whether [`Scheduler::run`] creates or upgrades the store's schema before it starts
+    /// (default: yes). Off where the schema is someone else's job (a migration step of a
+    /// deployment, a database user without DDL rights): the node then only uses it.
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
     /// Delete run records older than this, in bounded batches, once an hour (default 30
     /// days; `None`: never). Refused below [`solocron_core::retention_floor`] of the jobs.
     pub fn history_retention(mut self, retention: Option<Duration>) -> Self {
@@ -163,6 +172,7 @@ impl SchedulerBuilder {
         let recovery_interval =
             self.recovery_interval.unwrap_or(default_interval).clamp(RECOVERY_INTERVAL_MIN, RECOVERY_INTERVAL_MAX);
         Ok(Scheduler {
+            migrate: self.migrate,
             engine: Arc::new(Engine::new(Parts {
                 store: self.store,
                 node: self.node_id,
@@ -198,6 +208,8 @@ impl SchedulerBuilder {
 /// ```
 pub struct Scheduler {
     engine: Arc<Engine>,
+    /// `run` migrates the store first.
+    migrate: bool,
 }
 
 impl Scheduler {
@@ -213,6 +225,7 @@ impl Scheduler {
             max_concurrent_runs: 1024,
             recovery_interval: None,
             history_retention: Some(Duration::from_secs(30 * 86_400)),
+            migrate: true,
         }
     }
 
@@ -262,7 +275,7 @@ impl Scheduler {
     pub async fn run(self, shutdown: CancellationToken) {
         let e = self.engine;
         tracing::info!(node = %e.node, store = %e.store.describe(), jobs = e.jobs.len(), "scheduler starting");
-        if !migrate(&e, &shutdown).await {
+        if self.migrate && !migrate(&e, &shutdown).await {
             return;
         }
         let mut side = vec![
