@@ -22,7 +22,7 @@ fn run_with(cmd: &str, toml: &str) -> (i32, String, bool) {
     let text = toml.replace("$DB", &db.display().to_string());
     std::fs::write(&cfg, text).unwrap();
     let mut c = Command::new(BIN);
-    c.args([cmd, "--config"]).arg(&cfg);
+    c.args(cmd.split_whitespace()).arg("--config").arg(&cfg);
     let out = c.output().unwrap();
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned(), db.exists())
 }
@@ -64,8 +64,9 @@ fn an_unreachable_or_unknown_store_is_refused_with_exit_2() {
         ("[store]\nurl = \"postgres://app:hunter2@127.0.0.1:1/db\"\n", "unavailable"),
         ("[store]\nurl = \"mysql://app:hunter2@127.0.0.1:1/db\"\n", "unavailable"),
     ];
+    // `--fail-fast`: without it the daemon waits for an unreachable store (tests/daemon.rs).
     for (store, want) in cases {
-        let (code, err, _) = run_with("run", &format!("{store}{GOOD_JOB}"));
+        let (code, err, _) = run_with("run --fail-fast", &format!("{store}{GOOD_JOB}"));
         assert_eq!(code, 2, "{err}");
         assert!(err.contains("store.url"), "the key is named: {err}");
         assert!(err.contains(want), "expected `{want}` in: {err}");

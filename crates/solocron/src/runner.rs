@@ -231,6 +231,11 @@ async fn supervise(
                 cancel.cancel();
                 hard_stop = Instant::now() + policy.kill_grace + STOP_SLACK;
             }
+            // Past the local deadline the lease may be another node's: whatever ignores the
+            // stop is dropped then (a command's group is killed by the drop), not later.
+            if let Stop::Lost(_) = s {
+                hard_stop = hard_stop.min(hb.deadline.max(Instant::now()));
+            }
         }
     }
 }

@@ -583,3 +583,53 @@ async fn the_builder_refuses_an_empty_job_name_and_one_with_an_at_sign() {
     let fine = recording_job("fine", "* * * * * *", seen, JobPolicy::default());
     assert!(Scheduler::builder(store).node_id("n").job(fine).build().is_ok(), "a good name is accepted");
 }
+
+/// A handler that ignores its cancellation cannot outlive the lease it lost: with renewals
+/// that never answer, it is dropped at the local lease deadline (9 s of a 10 s lease) and
+/// the run recorded `lost`; it used to be dropped `kill_grace` + 3 s after the stop (12 s),
+/// after the store's lease had ended and another node could have started the tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_ignoring_its_stop_is_dropped_at_the_local_deadline_when_the_lease_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let distant = Arc::new(Distant::new(store(&dir).await));
+    distant.hang_renewals.store(true, Ordering::SeqCst);
+    let lease = Duration::from_secs(10);
+    let policy = JobPolicy { lease, kill_grace: JobPolicy::default_kill_grace(lease), ..JobPolicy::default() };
+    let deadline = policy.local_lease_deadline();
+    let started: Arc<Mutex<Option<std::time::Instant>>> = Arc::default();
+    let seen = started.clone();
+    let handler = handler_fn(move |_ctx: RunContext| {
+        let seen = seen.clone();
+        async move {
+            *seen.lock().unwrap() = Some(std::time::Instant::now());
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(())
+        }
+    });
+    let at = Utc::now() + chrono::Duration::seconds(3);
+    let expr = format!("{} {} {} * * *", at.format("%S"), at.format("%M"), at.format("%H"));
+    let job = Job::new("stubborn", Schedule::parse(&expr, "UTC").unwrap(), handler).with_policy(policy);
+    let shutdown = CancellationToken::new();
+    let node = Scheduler::builder(distant.clone()).node_id("n").job(job).build().unwrap();
+    let node = tokio::spawn(node.run(shutdown.clone()));
+    let q = HistoryQuery { job: Some("stubborn".into()), state: Some(RunState::Lost), ..Default::default() };
+    let waited = std::time::Instant::now();
+    let mut lost_after = None;
+    while waited.elapsed() < Duration::from_secs(25) {
+        let start = *started.lock().unwrap();
+        if let Some(start) = start {
+            if !distant.history(&q).await.unwrap().is_empty() {
+                lost_after = Some(start.elapsed());
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shutdown.cancel();
+    node.await.unwrap();
+    let lost_after = lost_after.expect("the run was recorded lost");
+    assert!(
+        lost_after <= deadline + Duration::from_millis(1200),
+        "recorded lost {lost_after:?} after its start: the handler outlived the local deadline ({deadline:?})"
+    );
+}
