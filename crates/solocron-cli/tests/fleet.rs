@@ -231,3 +231,56 @@ command = ["/bin/sh", "-c", "echo started >> $DIR/e.txt; exec sleep 60"]
     let hist = f.history("endless");
     assert_eq!(state(&hist[0]), "interrupted", "{hist:#?}");
 }
+
+/// `on_crash = "retry"` gives a tick `max_attempts` tries in all: when the holder of the
+/// last one dies too, the tick is abandoned with the reason, and no attempt beyond the
+/// limit is ever made. Each attempt ran on another node, with a larger token.
+#[test]
+fn a_tick_whose_holder_dies_on_every_attempt_is_abandoned_at_max_attempts() {
+    let mut f = Fleet::new(&format!(
+        r#"
+[[jobs]]
+name = "doomed"
+schedule = "{}"
+lease = "2s"
+on_crash = "retry"
+max_attempts = 2
+command = ["/bin/sh", "-c", "{} >> $DIR/starts.txt; exec sleep 60"]
+"#,
+        once_in(3),
+        RECORD.replace('"', "\\\"")
+    ));
+    let (first, _) = kill_the_holder(&mut f);
+    let second =
+        fields(&wait_for(Duration::from_secs(10), || f.lines("starts.txt").get(1).cloned()).expect("no retry"));
+    let holder = f.nodes.iter().position(|n| n.id == second[1]).expect("the retry runs on a live node");
+    f.signal(holder, Signal::SIGKILL);
+    let abandoned =
+        wait_for(Duration::from_secs(10), || f.history("doomed").into_iter().find(|r| state(r) == "abandoned"))
+            .unwrap_or_else(|| {
+                panic!("the last attempt was never recorded abandoned; starts: {:?}", f.lines("starts.txt"))
+            });
+    // Long enough for a third attempt to start if recovery wrongly retried: lease (2 s),
+    // a recovery scan, and slack for a loaded machine.
+    std::thread::sleep(Duration::from_secs(4));
+    f.stop_all();
+    let starts: Vec<Vec<String>> = f.lines("starts.txt").iter().map(|l| fields(l)).collect();
+    assert_eq!(starts.len(), 2, "exactly max_attempts (2) starts: {starts:?}");
+    assert_eq!((first[0].as_str(), first[3].as_str()), (starts[0][0].as_str(), "1"));
+    assert_eq!((second[0].as_str(), second[3].as_str()), (first[0].as_str(), "2"), "attempt 2 is the same tick");
+    assert_ne!(second[1], first[1], "the retry ran on another node");
+    let mut hist = f.history("doomed");
+    hist.reverse(); // oldest first
+    let summary: Vec<_> = hist.iter().map(|r| (r["attempt"].as_u64(), state(r).to_owned())).collect();
+    assert_eq!(summary, [(Some(1), "lost".to_owned()), (Some(2), "abandoned".to_owned())], "{hist:#?}");
+    assert_eq!(hist[1], abandoned, "nothing changed after the abandon");
+    for (record, start) in hist.iter().zip(&starts) {
+        assert_eq!(record["node"].as_str(), Some(start[1].as_str()), "each attempt's record names its node");
+        assert_eq!(record["fencing_token"].to_string(), start[2], "each attempt's record has the token its job saw");
+        assert_eq!(record["scheduled_at"], hist[0]["scheduled_at"], "one tick");
+    }
+    let tokens: Vec<u64> = starts.iter().map(|s| s[2].parse().unwrap()).collect();
+    assert!(tokens[1] > tokens[0], "the retry's token is larger: {tokens:?}");
+    let reason = abandoned["reason"].as_str().unwrap_or_default();
+    assert_eq!(reason, format!("lease of node {} expired; max_attempts (2) reached", second[1]), "{abandoned:#}");
+}

@@ -633,3 +633,109 @@ async fn a_handler_ignoring_its_stop_is_dropped_at_the_local_deadline_when_the_l
         "recorded lost {lost_after:?} after its start: the handler outlived the local deadline ({deadline:?})"
     );
 }
+
+/// Claims a run of `job`'s tick `ago` before now and, if `end`, ends it `succeeded`.
+async fn past_run(store: &dyn Store, job: &str, ago: chrono::Duration, end: bool) -> RunId {
+    let request = ClaimRequest {
+        tick: Tick::new(job, Utc::now() - ago),
+        trigger: solocron_core::Trigger::Schedule,
+        node: "earlier".into(),
+        // Long enough that no recovery scan sees the running one expire during the test.
+        lease: Duration::from_secs(3600),
+        mode: solocron_core::ClaimMode::Run { skip_if_running: false },
+    };
+    let outcomes = store.claim(&[request]).await.unwrap();
+    let [ClaimOutcome::Won(lease)] = outcomes.as_slice() else { panic!("claim refused: {outcomes:?}") };
+    if end {
+        let done = RunEnd {
+            state: RunState::Succeeded,
+            reason: None,
+            exit_code: Some(0),
+            output: String::new(),
+            started_after: None,
+        };
+        assert!(store.finish(lease, &done).await.unwrap());
+    }
+    lease.run.clone()
+}
+
+/// Lets the scheduler's tasks do what is due at the current (paused) instant, for `real`
+/// real time, until `done` holds; whether it did.
+async fn settle(real: Duration, mut done: impl AsyncFnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + real;
+    while std::time::Instant::now() < until {
+        if done().await {
+            return true;
+        }
+        tokio::task::yield_now().await;
+    }
+    done().await
+}
+
+/// A scheduler with a history retention prunes ended records older than the retention a
+/// minute after it starts and then every hour, never a running one nor a newer one. The
+/// store's clock (SQLite's: the host's) decides what is old; tokio's paused clock stands
+/// in for the minute and the hour.
+#[tokio::test]
+async fn a_scheduler_with_a_retention_prunes_old_ended_records_after_a_minute_then_hourly() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir).await;
+    let day = chrono::Duration::days(1);
+    let stuck = past_run(st.as_ref(), "old", day * 41, false).await;
+    let gone = past_run(st.as_ref(), "old", day * 40, true).await;
+    let stale = past_run(st.as_ref(), "old", day * 3, true).await;
+    let young = past_run(st.as_ref(), "old", chrono::Duration::hours(1), true).await;
+    let remaining = async || -> Vec<RunId> {
+        let q = HistoryQuery { job: Some("old".into()), ..HistoryQuery::default() };
+        let mut ids: Vec<RunId> = st.history(&q).await.unwrap().into_iter().map(|r| r.id).collect();
+        ids.sort_by_key(|id| id.tick.scheduled_at);
+        ids
+    };
+    let noop = handler_fn(|_ctx: RunContext| async { Ok(()) });
+    let s = Scheduler::builder(st.clone())
+        .node_id("n1")
+        .job(Job::new("yearly", Schedule::parse("0 0 0 1 1 *", "UTC").unwrap(), noop))
+        .history_retention(Some(solocron_core::RETENTION_MIN))
+        .build()
+        .unwrap();
+    // A task that always has work keeps paused time from jumping ahead on its own while
+    // the store's worker thread answers (it would fire the store calls' timeouts): time
+    // moves only when the test advances it.
+    let spinner = tokio::spawn(async {
+        loop {
+            tokio::task::yield_now().await;
+        }
+    });
+    tokio::time::pause();
+    let shutdown = CancellationToken::new();
+    let node = tokio::spawn(s.run(shutdown.clone()));
+    let quiet = Duration::from_millis(500);
+    let all = vec![stuck.clone(), gone, stale, young.clone()];
+    // Its jobs registered: the scheduler is past its migration and its side tasks, the
+    // prune loop among them, have started their timers at the paused instant.
+    let registered = async || st.registrations().await.unwrap().iter().any(|r| r.node == "n1");
+    assert!(settle(Duration::from_secs(10), registered).await, "the scheduler never registered its job");
+    tokio::time::advance(Duration::from_secs(59)).await;
+    settle(quiet, async || false).await;
+    assert!(remaining().await == all, "pruned before the first minute: {:?}", remaining().await);
+
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let first_pass = vec![stuck.clone(), young.clone()];
+    let pruned = settle(Duration::from_secs(10), async || remaining().await == first_pass).await;
+    assert!(pruned, "a minute in, only the running and the young record should stay: {:?}", remaining().await);
+
+    // An old record added after the first pass waits for the next, an hour after it.
+    let later = past_run(st.as_ref(), "old", day * 2, true).await;
+    let with_later = vec![stuck.clone(), later, young.clone()];
+    tokio::time::advance(Duration::from_secs(3590)).await;
+    settle(quiet, async || false).await;
+    assert!(remaining().await == with_later, "pruned again within the hour: {:?}", remaining().await);
+    tokio::time::advance(Duration::from_secs(20)).await;
+    let pruned = settle(Duration::from_secs(10), async || remaining().await == first_pass).await;
+    assert!(pruned, "the hourly pass did not prune the newly old record: {:?}", remaining().await);
+
+    shutdown.cancel();
+    settle(Duration::from_secs(10), async || node.is_finished()).await;
+    assert!(node.is_finished(), "the scheduler did not stop");
+    spinner.abort();
+}
