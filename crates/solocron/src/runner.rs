@@ -173,7 +173,7 @@ pub(crate) async fn execute(run: Claimed, batches: &Batches, interrupt: Cancella
     tracing::info!(
         job = %job.name(), scheduled_at = %hb.lease.run.tick.scheduled_at, node = %hb.lease.owner,
         token = hb.lease.fencing_token, attempt = hb.lease.run.attempt, state = %end.state,
-        duration = %solocron_core::format_duration(started.elapsed()), exit_code = ?end.exit_code,
+        duration = %solocron_core::format_duration(started.elapsed()), exit_code = end.exit_code,
         reason = end.reason.as_deref().unwrap_or(""), "run ended"
     );
 }
