@@ -139,7 +139,7 @@ async fn view(
 
 pub async fn status(a: StatusArgs) -> Result<(), Failure> {
     let cfg = a.target.config()?;
-    let store = a.target.connect(cfg.as_ref()).await?;
+    let store = a.target.connect_existing(cfg.as_ref()).await?;
     let fleet = Fleet::read(cfg, store.as_ref()).await?;
     let names: Vec<String> = match &a.job {
         Some(j) => {
@@ -328,7 +328,7 @@ fn instant_arg(flag: &str, s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>,
 
 pub async fn history(a: HistoryArgs) -> Result<(), Failure> {
     let cfg = a.target.config()?;
-    let store = a.target.connect(cfg.as_ref()).await?;
+    let store = a.target.connect_existing(cfg.as_ref()).await?;
     let fleet = Fleet::read(cfg, store.as_ref()).await?;
     if let Some(id) = &a.output {
         return show_output(store.as_ref(), id, a.format).await;

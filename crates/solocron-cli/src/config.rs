@@ -133,7 +133,11 @@ impl Config {
             key: "(file)".into(),
             message: format!("cannot read: {e}"),
         })?;
-        Config::parse(&file, &text)
+        let mut cfg = Config::parse(&file, &text)?;
+        if let Some(url) = path.parent().and_then(|dir| rebase_sqlite(&cfg.store.url, dir)) {
+            cfg.store.url = url;
+        }
+        Ok(cfg)
     }
 
     /// Parses and validates `text`, naming `file` in errors.
@@ -214,6 +218,18 @@ fn history_retention(node: &RawNode, jobs: &[JobConfig]) -> Result<Option<Durati
 }
 
 /// `[store]`, with the defaults filled in.
+/// A `sqlite:` URL whose file path is relative, made relative to `dir` (the configuration
+/// file's folder), so that every command given the same file opens the same database
+/// whatever directory it runs from; `None` when there is nothing to change.
+fn rebase_sqlite(url: &str, dir: &Path) -> Option<String> {
+    let rest = url.strip_prefix("sqlite:")?;
+    let path = rest.strip_prefix("//").unwrap_or(rest);
+    if path.is_empty() || path.starts_with('/') || dir.as_os_str().is_empty() {
+        return None;
+    }
+    Some(format!("sqlite://{}", dir.join(path).display()))
+}
+
 fn resolve_store(store: &RawStore) -> Result<StoreConfig, KeyError> {
     let prefix = store_prefix(store)?;
     if store.password_env.is_some() && store.password_file.is_some() {
@@ -456,5 +472,16 @@ catchup = "1h"
             let e = error_of(&with(line));
             assert!(e.starts_with("test.toml: ") && e.contains(key) && e.contains(advice), "{line}: {e}");
         }
+    }
+
+    #[test]
+    fn a_relative_sqlite_path_is_relative_to_the_configuration_file() {
+        let dir = Path::new("/etc/solocron");
+        assert_eq!(rebase_sqlite("sqlite://app.db", dir).as_deref(), Some("sqlite:///etc/solocron/app.db"));
+        assert_eq!(rebase_sqlite("sqlite:data/app.db", dir).as_deref(), Some("sqlite:///etc/solocron/data/app.db"));
+        assert_eq!(rebase_sqlite("sqlite://app.db", Path::new("sub")).as_deref(), Some("sqlite://sub/app.db"));
+        assert_eq!(rebase_sqlite("sqlite:///var/app.db", dir), None, "absolute stays");
+        assert_eq!(rebase_sqlite("sqlite://app.db", Path::new("")), None, "a file in the current directory");
+        assert_eq!(rebase_sqlite("postgres://db/app", dir), None);
     }
 }

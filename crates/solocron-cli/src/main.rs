@@ -168,6 +168,20 @@ impl Target {
         Ok(store)
     }
 
+    /// [`Target::connect`] for read commands (`status`, `history`): a store kept in a file
+    /// that does not exist is not created, since a typo in a path must not look like an
+    /// empty history.
+    pub async fn connect_existing(&self, cfg: Option<&Config>) -> Result<Arc<dyn Store>, Failure> {
+        let (store_cfg, key) = self.store_config(cfg);
+        if let Some(file) = solocron_stores::local_file(&store_cfg.url).filter(|f| !f.exists()) {
+            return Err(bad_input(format!(
+                "{key}: no store at {}: `solocron run` or `solocron migrate` creates it",
+                file.display()
+            )));
+        }
+        self.connect(cfg).await
+    }
+
     /// Opens the store and brings its schema up to date: admin commands work on a store no
     /// node has prepared yet (migrations are idempotent).
     pub async fn connect(&self, cfg: Option<&Config>) -> Result<Arc<dyn Store>, Failure> {

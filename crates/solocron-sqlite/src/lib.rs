@@ -140,6 +140,18 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// The absolute path of the database file a `sqlite:` URL names (relative paths are
+    /// relative to the current directory), without opening or creating it: for callers
+    /// that must not create a store where none is (read commands of a CLI).
+    ///
+    /// ```
+    /// let path = solocron_sqlite::SqliteStore::database_path("sqlite:///var/lib/app/solocron.db").unwrap();
+    /// assert_eq!(path, std::path::Path::new("/var/lib/app/solocron.db"));
+    /// ```
+    pub fn database_path(url: &str) -> Result<std::path::PathBuf, StoreError> {
+        url::parse(url).map(|(_, path)| path)
+    }
+
     /// Opens (creating it if missing) the database at `url`: `sqlite://path/to/file.db`,
     /// `sqlite:///abs/path.db` or `sqlite:path`; relative paths are relative to the current
     /// directory. Its tables are named with `prefix` ([`Prefix::table_prefix`]; the default

@@ -125,6 +125,22 @@ fn not_in_this_build(url: &str) -> OpenError {
     }
 }
 
+/// The file a URL's store lives in, for a store kept in a local file (SQLite): so that a
+/// caller can tell "no store there yet" from "an empty store" without creating the file.
+/// `None` for a server store, or a URL that names no file.
+///
+/// ```
+/// let file = solocron_stores::local_file("sqlite:///var/lib/app/solocron.db");
+/// assert_eq!(file.as_deref(), Some(std::path::Path::new("/var/lib/app/solocron.db")));
+/// assert_eq!(solocron_stores::local_file("postgres://db/app"), None);
+/// ```
+pub fn local_file(url: &str) -> Option<std::path::PathBuf> {
+    if !url.starts_with("sqlite:") {
+        return None;
+    }
+    solocron_sqlite::SqliteStore::database_path(url).ok()
+}
+
 /// What [`Store::uninstall`] would remove for `prefix` at `url`, in words, for a
 /// confirmation prompt: "tables and routines named `billing_*` in sqlite://app.db".
 pub fn footprint(url: &str, prefix: &Prefix) -> Result<String, OpenError> {
