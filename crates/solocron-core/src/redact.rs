@@ -2,9 +2,9 @@
 
 /// `url` with every password replaced by `***`: the password of `user:password@`, a lone
 /// `secret@` (it may be a password put there), and the value of any query parameter whose
-/// name contains `pass` (`?password=...`). Text without `://` that holds an `@` is hidden
-/// whole, since where its secret sits cannot be told. Used by every store's `describe` and
-/// every error that names a URL.
+/// name contains `pass` (`?password=...`). Text without `://` after a scheme that holds an
+/// `@` is hidden whole, since where its secret sits cannot be told. Used by every store's
+/// `describe` and every error that names a URL.
 ///
 /// ```
 /// use solocron_core::redact_url;
@@ -16,7 +16,11 @@
 /// assert_eq!(redact_url("sqlite://app.db"), "sqlite://app.db");
 /// ```
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    // A `://` after something that is no scheme is not where the URL's parts start: drivers
+    // parse the WHATWG way (the `url` crate), which drops tabs and newlines and reads
+    // `https:u:pw@h` as `https://u:pw@h`, so `mysql:/\n/u:pw@h/?a=b://c` holds a password
+    // before its first `://` (found by fuzzing). Such text is hidden whole, like any without.
+    let Some((scheme, rest)) = url.split_once("://").filter(|(scheme, _)| is_scheme(scheme)) else {
         return if url.contains('@') { "<a URL without `://`, hidden>".to_owned() } else { url.to_owned() };
     };
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
@@ -41,6 +45,12 @@ pub fn redact_url(url: &str) -> String {
         })
         .collect();
     format!("{scheme}://{authority}{path}?{}{fragment}", query.join("&"))
+}
+
+/// Whether `s` is a URL scheme: a letter, then letters, digits, `+`, `-` or `.`.
+fn is_scheme(s: &str) -> bool {
+    s.starts_with(|c: char| c.is_ascii_alphabetic())
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
 }
 
 /// `text` (an error message, say) with every occurrence of `url` replaced by its redacted
@@ -75,6 +85,10 @@ mod tests {
             format!("etcd://user:{secret}@h1:2379,h2:2379"),
             format!("postgres://app@db/x?password={secret}#frag"),
             format!("user:{secret}@host"),
+            // The drivers' URL parser drops tabs and newlines and needs no `//` after
+            // `https:`: the password comes before the first `://` (found by fuzzing).
+            format!("mysql:/\n\n/u:{secret}@h/dj?passwostgres://app@dbw@h/"),
+            format!("https:\x08:{secret}@h/db?q,://u:pQw@h/dh"),
         ] {
             let shown = redact_url(&url);
             assert!(!shown.contains(secret), "{url} -> {shown}");

@@ -9,10 +9,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, Weak};
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
-use croner::Cron;
+use croner::{Cron, YEAR_UPPER_LIMIT};
 
 /// Field names, in order, of a 6-field expression (seconds first).
 const FIELDS_6: [&str; 6] = ["second", "minute", "hour", "day-of-month", "month", "day-of-week"];
@@ -20,6 +20,13 @@ const FIELDS_6: [&str; 6] = ["second", "minute", "hour", "day-of-month", "month"
 /// What each field allows, in the order of [`FIELDS_6`].
 const ALLOWED_6: [&str; 6] =
     ["0-59", "0-59", "0-23", "1-31, L, W", "1-12 or JAN-DEC", "0-7 (0 and 7 are Sunday) or SUN-SAT, #, L"];
+
+/// Years after which the Gregorian calendar, weekdays included, repeats (146,097 days).
+const CALENDAR_CYCLE_YEARS: i32 = 400;
+
+/// Why an expression that matches no date at all is refused.
+const NEVER_FIRES: &str =
+    "it matches no moment in any year (like February 30, or a field that allows nothing), so the job would never run";
 
 /// Most ticks [`Schedule::ticks_between`] will enumerate in one call.
 pub const TICKS_ENUMERATED_MAX: usize = 100_000;
@@ -100,6 +107,12 @@ fn interned(expr: &str) -> Result<Arc<Cron>, ScheduleError> {
     let cron = Arc::new(
         parser().parse(expr).map_err(|e| ScheduleError::Expression { expr: expr.to_owned(), why: e.to_string() })?,
     );
+    // A pattern that matches nothing (`0 0 30 2 *`) parses, but then every `next_after`
+    // walks to croner's year 5000 before it answers `None` (seconds per call), and the job
+    // silently never runs: refuse it here, once per expression.
+    if !fires_ever(&cron) {
+        return Err(ScheduleError::Expression { expr: expr.to_owned(), why: NEVER_FIRES.into() });
+    }
     let mut parsed = PARSED.lock().expect("not poisoned");
     let map = parsed.get_or_insert_with(HashMap::new);
     // Bounded by the live expressions: dead entries go whenever the map doubles.
@@ -114,6 +127,22 @@ fn interned(expr: &str) -> Result<Arc<Cron>, ScheduleError> {
             Ok(cron)
         }
     }
+}
+
+/// Whether `cron` has a tick at all. A time of day no field allows is seen at once; for the
+/// date fields, the Gregorian calendar repeats every [`CALENDAR_CYCLE_YEARS`] (a whole
+/// number of weeks, so weekdays repeat too): a pattern with no tick in one cycle has none
+/// ever, so the walk starts one cycle (and a year) before croner's last year, not at 1970.
+fn fires_ever(cron: &Cron) -> bool {
+    let p = &cron.pattern;
+    let any = |count: u32, matches: &dyn Fn(u32) -> Result<bool, croner::errors::CronError>| {
+        (0..count).any(|v| matches(v).unwrap_or(false))
+    };
+    if !any(60, &|s| p.second_match(s)) || !any(60, &|m| p.minute_match(m)) || !any(24, &|h| p.hour_match(h)) {
+        return false;
+    }
+    let cycle_start = Utc.with_ymd_and_hms(YEAR_UPPER_LIMIT - CALENDAR_CYCLE_YEARS - 1, 1, 1, 0, 0, 0).single();
+    cycle_start.is_some_and(|start| cron.find_next_occurrence(&start, false).is_ok())
 }
 
 impl Schedule {
@@ -270,6 +299,23 @@ mod tests {
         assert!(e.to_string().contains("has 3 fields"), "{e}");
         let e = Schedule::parse("@fortnightly", "UTC").unwrap_err();
         assert!(matches!(e, ScheduleError::Expression { .. }), "{e}");
+    }
+
+    #[test]
+    fn an_expression_matching_no_date_is_refused_at_once() {
+        // Found by fuzzing (fuzz/ target `schedule`): each of these parsed (`,` allows no
+        // minute, a lone `L` no weekday), then every next_after walked to the year 5000
+        // (seconds) to return None, and the job never ran.
+        for expr in ["0 0 30 2 *", "0 0 31 4 *", "0 0 0 31 JUN,SEP,NOV *", ", 0 ? * 7", "0 0 * * L"] {
+            let started = std::time::Instant::now();
+            let e = Schedule::parse(expr, "UTC").unwrap_err();
+            assert!(matches!(e, ScheduleError::Expression { .. }), "{expr}: {e}");
+            assert!(e.to_string().contains("matches no moment"), "{expr}: {e}");
+            assert!(started.elapsed() < std::time::Duration::from_secs(30), "{expr}: refused too slowly");
+        }
+        // A date that exists only in some years is not refused.
+        let leap = Schedule::parse("0 0 29 2 *", "UTC").unwrap();
+        assert_eq!(leap.next_after(at("2026-01-01T00:00:00Z")), Some(at("2028-02-29T00:00:00Z")));
     }
 
     #[test]
