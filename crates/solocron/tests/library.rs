@@ -510,6 +510,24 @@ async fn an_end_the_store_refuses_fails_only_itself_not_its_batch() {
     assert_eq!(states.get("running").or(states.get("abandoned")), Some(&1), "{states:?}");
 }
 
+/// A job whose one tick falls 3 s from now, on one node over `distant`, with a 10 s lease
+/// (renewed every 3.3 s, local stop at 7 s, local deadline at 9 s): the node and its
+/// shutdown token.
+fn one_tick_node(
+    distant: &Arc<Distant>,
+    name: &str,
+    handler: impl solocron::Handler,
+) -> (tokio::task::JoinHandle<()>, CancellationToken, JobPolicy) {
+    let lease = Duration::from_secs(10);
+    let policy = JobPolicy { lease, kill_grace: JobPolicy::default_kill_grace(lease), ..JobPolicy::default() };
+    let at = Utc::now() + chrono::Duration::seconds(3);
+    let expr = format!("{} {} {} * * *", at.format("%S"), at.format("%M"), at.format("%H"));
+    let job = Job::new(name, Schedule::parse(&expr, "UTC").unwrap(), handler).with_policy(policy.clone());
+    let shutdown = CancellationToken::new();
+    let node = Scheduler::builder(distant.clone()).node_id("n").job(job).build().unwrap();
+    (tokio::spawn(node.run(shutdown.clone())), shutdown, policy)
+}
+
 /// A renewal that hangs (a partition: nothing refused, nothing answered) never keeps the
 /// job running past its local stop: the handler is told to stop `kill_grace` before the
 /// local lease deadline, as when the store refuses, and the run ends `lost`. (Awaiting the
@@ -519,9 +537,6 @@ async fn a_hung_renewal_does_not_delay_the_stop_of_the_job() {
     let dir = tempfile::tempdir().unwrap();
     let distant = Arc::new(Distant::new(store(&dir).await));
     distant.hang_renewals.store(true, Ordering::SeqCst);
-    let lease = Duration::from_secs(10);
-    let policy = JobPolicy { lease, kill_grace: JobPolicy::default_kill_grace(lease), ..JobPolicy::default() };
-    let (stop_at, deadline) = (policy.local_stop_deadline(), policy.local_lease_deadline());
     let times: Arc<Mutex<Vec<std::time::Instant>>> = Arc::default();
     let seen = times.clone();
     let handler = handler_fn(move |ctx: RunContext| {
@@ -533,12 +548,8 @@ async fn a_hung_renewal_does_not_delay_the_stop_of_the_job() {
             Ok(())
         }
     });
-    let at = Utc::now() + chrono::Duration::seconds(3);
-    let expr = format!("{} {} {} * * *", at.format("%S"), at.format("%M"), at.format("%H"));
-    let job = Job::new("partitioned", Schedule::parse(&expr, "UTC").unwrap(), handler).with_policy(policy);
-    let shutdown = CancellationToken::new();
-    let node = Scheduler::builder(distant.clone()).node_id("n").job(job).build().unwrap();
-    let node = tokio::spawn(node.run(shutdown.clone()));
+    let (node, shutdown, policy) = one_tick_node(&distant, "partitioned", handler);
+    let (stop_at, deadline) = (policy.local_stop_deadline(), policy.local_lease_deadline());
     let waited = std::time::Instant::now();
     while times.lock().unwrap().len() < 2 && waited.elapsed() < Duration::from_secs(20) {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -593,9 +604,6 @@ async fn a_handler_ignoring_its_stop_is_dropped_at_the_local_deadline_when_the_l
     let dir = tempfile::tempdir().unwrap();
     let distant = Arc::new(Distant::new(store(&dir).await));
     distant.hang_renewals.store(true, Ordering::SeqCst);
-    let lease = Duration::from_secs(10);
-    let policy = JobPolicy { lease, kill_grace: JobPolicy::default_kill_grace(lease), ..JobPolicy::default() };
-    let deadline = policy.local_lease_deadline();
     let started: Arc<Mutex<Option<std::time::Instant>>> = Arc::default();
     let seen = started.clone();
     let handler = handler_fn(move |_ctx: RunContext| {
@@ -606,12 +614,8 @@ async fn a_handler_ignoring_its_stop_is_dropped_at_the_local_deadline_when_the_l
             Ok(())
         }
     });
-    let at = Utc::now() + chrono::Duration::seconds(3);
-    let expr = format!("{} {} {} * * *", at.format("%S"), at.format("%M"), at.format("%H"));
-    let job = Job::new("stubborn", Schedule::parse(&expr, "UTC").unwrap(), handler).with_policy(policy);
-    let shutdown = CancellationToken::new();
-    let node = Scheduler::builder(distant.clone()).node_id("n").job(job).build().unwrap();
-    let node = tokio::spawn(node.run(shutdown.clone()));
+    let (node, shutdown, policy) = one_tick_node(&distant, "stubborn", handler);
+    let deadline = policy.local_lease_deadline();
     let q = HistoryQuery { job: Some("stubborn".into()), state: Some(RunState::Lost), ..Default::default() };
     let waited = std::time::Instant::now();
     let mut lost_after = None;
