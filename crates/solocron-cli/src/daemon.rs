@@ -93,8 +93,10 @@ pub fn scheduler(
     store: std::sync::Arc<dyn solocron_core::Store>,
     node_id: Option<String>,
 ) -> Result<Scheduler, Failure> {
+    // The daemon migrates before it builds this (and only with `store.migrate`), failing
+    // with a clear error; the scheduler need not do it again.
     let mut builder = Scheduler::builder(store)
-        .migrate(cfg.store.migrate)
+        .migrate(false)
         .shutdown_grace(cfg.shutdown_grace)
         .max_concurrent_runs(cfg.max_concurrent_runs)
         .history_retention(cfg.history_retention);
