@@ -479,12 +479,19 @@ mod tests {
         let mut admin = MySqlConnection::connect_with(&url::parse(&test_url()).unwrap()).await.expect("connect");
         sqlx::query(&format!("KILL CONNECTION {id}")).execute(&mut admin).await.expect("kill");
         admin.close().await.expect("close");
-        if let Err(err) = store.now().await {
-            assert!(
-                matches!(err, StoreError::Unavailable(_)),
-                "a dropped connection is unavailable, not invalid: {err}"
-            );
+        // KILL returns before the server has closed the socket, so the step that meets the
+        // dead connection may be the first or a later one: count failures over a few steps.
+        let mut failed = 0;
+        for _ in 0..4 {
+            if let Err(err) = store.now().await {
+                assert!(
+                    matches!(err, StoreError::Unavailable(_)),
+                    "a dropped connection is unavailable, not invalid: {err}"
+                );
+                failed += 1;
+            }
         }
+        assert!(failed <= 1, "a dropped connection failed {failed} steps, not at most one");
         store.now().await.expect("a new connection");
         store.close().await;
     }
