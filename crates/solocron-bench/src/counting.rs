@@ -93,17 +93,17 @@ impl Store for Counting {
         self.hit();
         self.inner.controls().await
     }
-    async fn request_run(&self, j: &str, b: &str) -> Result<Tick, StoreError> {
+    async fn request_run(&self, j: &str, b: &str, r: Option<&str>) -> Result<Tick, StoreError> {
         self.hit();
-        self.inner.request_run(j, b).await
+        self.inner.request_run(j, b, r).await
     }
     async fn pending_requests(&self, n: usize) -> Result<Vec<RunRequest>, StoreError> {
         self.hit();
         self.inner.pending_requests(n).await
     }
-    async fn unlock(&self, j: &str, r: &str) -> Result<Vec<RunId>, StoreError> {
+    async fn unlock(&self, j: &str, b: &str, r: &str) -> Result<Vec<RunId>, StoreError> {
         self.hit();
-        self.inner.unlock(j, r).await
+        self.inner.unlock(j, b, r).await
     }
     async fn memory_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
         self.hit();
@@ -112,5 +112,21 @@ impl Store for Counting {
     async fn prune(&self, o: Duration, b: usize) -> Result<u64, StoreError> {
         self.hit();
         self.inner.prune(o, b).await
+    }
+    async fn heartbeat(&self, b: &NodeBeat) -> Result<(), StoreError> {
+        self.hit();
+        self.inner.heartbeat(b).await
+    }
+    async fn goodbye(&self, n: &str) -> Result<(), StoreError> {
+        self.hit();
+        self.inner.goodbye(n).await
+    }
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        self.hit();
+        self.inner.nodes().await
+    }
+    async fn actions(&self, q: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
+        self.hit();
+        self.inner.actions(q).await
     }
 }

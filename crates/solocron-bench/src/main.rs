@@ -1,5 +1,6 @@
 //! `solocron-bench`: what solocron costs — claim overhead against the raw store, start
-//! lateness, thundering herds, idle cost, failover and growth — for one store per run.
+//! lateness, thundering herds, idle cost, failover, growth and the HTTP API — for one store
+//! per run.
 //!
 //! ```text
 //! cargo run --release -p solocron-bench -- --store postgres://postgres@127.0.0.1:5432/test all
@@ -11,6 +12,7 @@
 //! duplicate.
 #![forbid(unsafe_code)]
 
+mod api;
 mod counting;
 mod fleet;
 mod floor;
@@ -59,6 +61,7 @@ enum Scenario {
     Idle,
     Failover,
     Growth,
+    Api,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -85,12 +88,13 @@ fn main() -> anyhow::Result<()> {
         println!("{}\n", sections.last().unwrap());
     }
     type Run = fn(&scenarios::Ctx) -> anyhow::Result<String>;
-    let rest: [(Scenario, Run); 5] = [
+    let rest: [(Scenario, Run); 6] = [
         (Scenario::Herd, scenarios::thundering_herd),
         (Scenario::Lateness, scenarios::lateness),
         (Scenario::Idle, scenarios::idle),
         (Scenario::Failover, scenarios::failover),
         (Scenario::Growth, scenarios::growth),
+        (Scenario::Api, api::api),
     ];
     for (s, run) in rest {
         if wanted(s) {

@@ -1,7 +1,7 @@
 //! The TOML configuration: parsing, defaults, and validation with errors that name the
 //! file and the key.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::Duration;
 
@@ -31,6 +31,25 @@ struct RawConfig {
     defaults: RawJob,
     #[serde(default)]
     jobs: Vec<RawJob>,
+    #[serde(default)]
+    http: RawHttp,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawHttp {
+    listen: Option<String>,
+    #[serde(default)]
+    tokens: Vec<RawToken>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawToken {
+    name: Option<String>,
+    role: Option<String>,
+    token_env: Option<String>,
+    token_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -56,7 +75,8 @@ struct RawNode {
     history_retention: Option<String>,
 }
 
-/// One `[[jobs]]` entry, or `[defaults]` (where `name`, `schedule` and `command` are refused).
+/// One `[[jobs]]` entry, or `[defaults]` (where `name`, `schedule`, `command` and `http` are
+/// refused).
 #[derive(Debug, Deserialize, Default, Clone)]
 #[serde(deny_unknown_fields)]
 struct RawJob {
@@ -73,6 +93,27 @@ struct RawJob {
     on_crash: Option<String>,
     max_attempts: Option<u32>,
     kill_grace: Option<String>,
+    http: Option<RawHttpJob>,
+}
+
+/// A job's `http = { ... }`: a request instead of a command.
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct RawHttpJob {
+    url: Option<String>,
+    method: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    /// Header name to the environment variable holding its (secret) value.
+    #[serde(default)]
+    headers_env: BTreeMap<String, String>,
+    /// Header name to the file holding its (secret) value.
+    #[serde(default)]
+    headers_file: BTreeMap<String, String>,
+    body: Option<String>,
+    timeout: Option<String>,
+    expect_status: Option<String>,
+    ca_file: Option<String>,
 }
 
 /// A validated configuration.
@@ -87,6 +128,34 @@ pub struct Config {
     pub shutdown_grace: Duration,
     pub max_concurrent_runs: usize,
     pub jobs: Vec<JobConfig>,
+    pub http: HttpConfig,
+}
+
+/// `[http]`: where the API, metrics and console are served, and the tokens they accept.
+#[derive(Debug, Clone, Default)]
+pub struct HttpConfig {
+    /// `[http] listen`; `None`: no HTTP unless `--http` says.
+    pub listen: Option<std::net::SocketAddr>,
+    /// `[[http.tokens]]`, whose secrets are read only when serving.
+    pub tokens: Vec<TokenConfig>,
+}
+
+/// One `[[http.tokens]]` entry: the secret stays where it is (an environment variable or a
+/// file) until the server starts, and is never printed.
+#[derive(Debug, Clone)]
+pub struct TokenConfig {
+    /// The key, for errors: `http.tokens[0]`.
+    pub key: String,
+    pub name: String,
+    pub role: solocron_http::Role,
+    pub source: SecretSource,
+}
+
+/// Where a secret is read from.
+#[derive(Debug, Clone)]
+pub enum SecretSource {
+    Env(String),
+    File(String),
 }
 
 /// Where the store is and how to reach it.
@@ -120,8 +189,40 @@ impl StoreConfig {
 pub struct JobConfig {
     pub name: String,
     pub schedule: Schedule,
-    pub command: Vec<String>,
+    pub work: Work,
     pub policy: JobPolicy,
+}
+
+/// What a job runs: exactly one of `command` and `http`.
+#[derive(Debug, Clone)]
+pub enum Work {
+    /// `command`: a non-empty argv.
+    Command(Vec<String>),
+    /// `http`: a request.
+    Http(Box<HttpWork>),
+}
+
+/// A job's `http`, checked by the library's rules. Its secrets and CA file stay where they
+/// are until the scheduler is built (`daemon::scheduler`), and are never printed.
+#[derive(Debug, Clone)]
+pub struct HttpWork {
+    /// The request without its secret headers or CA file.
+    pub request: solocron::HttpJob,
+    pub secret_headers: Vec<SecretHeader>,
+    /// `http.ca_file`, as written (relative paths from the working directory, like every
+    /// other `*_file` key).
+    pub ca_file: Option<String>,
+    /// The key of the job's `http`, for errors: `jobs[0] (sync).http`.
+    pub key: String,
+}
+
+/// One entry of `http.headers_env` or `http.headers_file`.
+#[derive(Debug, Clone)]
+pub struct SecretHeader {
+    /// The key, for errors: `jobs[0] (sync).http.headers_env.Authorization`.
+    pub key: String,
+    pub name: String,
+    pub source: SecretSource,
 }
 
 impl Config {
@@ -142,17 +243,17 @@ impl Config {
 
     /// Parses and validates `text`, naming `file` in errors.
     pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError {
-            file: file.to_owned(),
-            key: toml_error_key(&e),
-            message: e.message().to_owned() + &toml_error_place(text, &e),
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let (key, message) = toml_error(text, &e);
+            ConfigError { file: file.to_owned(), key, message }
         })?;
         let err = |key: String, message: String| ConfigError { file: file.to_owned(), key, message };
-        for key in ["name", "schedule", "command"] {
+        for key in ["name", "schedule", "command", "http"] {
             let set = match key {
                 "name" => raw.defaults.name.is_some(),
                 "schedule" => raw.defaults.schedule.is_some(),
-                _ => raw.defaults.command.is_some(),
+                "command" => raw.defaults.command.is_some(),
+                _ => raw.defaults.http.is_some(),
             };
             if set {
                 return Err(err(format!("defaults.{key}"), "cannot be defaulted; set it on each job".into()));
@@ -182,6 +283,7 @@ impl Config {
         }
         let history_retention = history_retention(node, &jobs).map_err(|(key, message)| err(key, message))?;
         let store = resolve_store(&raw.store).map_err(|(key, message)| err(key, message))?;
+        let http = resolve_http(&raw.http).map_err(|(key, message)| err(key, message))?;
         Ok(Config {
             file: file.to_owned(),
             store,
@@ -190,8 +292,37 @@ impl Config {
             shutdown_grace,
             max_concurrent_runs: node.max_concurrent_runs.unwrap_or(1024),
             jobs,
+            http,
         })
     }
+}
+
+/// `[http]`, checked: an address that parses, tokens with a name, a role and one secret
+/// source each, no name twice.
+fn resolve_http(http: &RawHttp) -> Result<HttpConfig, KeyError> {
+    let listen = match &http.listen {
+        Some(s) => Some(s.parse().map_err(|_| {
+            ("http.listen".to_owned(), format!("`{s}` is not an address and port, such as 127.0.0.1:9090"))
+        })?),
+        None => None,
+    };
+    let mut tokens: Vec<TokenConfig> = Vec::new();
+    for (i, t) in http.tokens.iter().enumerate() {
+        let key = format!("http.tokens[{i}]");
+        let name = t.name.clone().ok_or_else(|| (format!("{key}.name"), "is required".into()))?;
+        let role = t.role.as_deref().ok_or_else(|| (format!("{key}.role"), "is required: read or operate".into()))?;
+        let role = role.parse().map_err(|e| (format!("{key}.role"), e))?;
+        let source = match (&t.token_env, &t.token_file) {
+            (Some(v), None) => SecretSource::Env(v.clone()),
+            (None, Some(f)) => SecretSource::File(f.clone()),
+            _ => return Err((format!("{key}.token_env"), "set token_env or token_file (exactly one)".into())),
+        };
+        if tokens.iter().any(|o| o.name == name) {
+            return Err((format!("{key}.name"), format!("token name `{name}` is used twice")));
+        }
+        tokens.push(TokenConfig { key, name, role, source });
+    }
+    Ok(HttpConfig { listen, tokens })
 }
 
 /// `[node] history_retention`: `None` keeps every record. A retention shorter than the
@@ -270,21 +401,195 @@ fn store_prefix(store: &RawStore) -> Result<Prefix, KeyError> {
     }
 }
 
-/// The dotted key a TOML error points at, where it can be told from the message.
-fn toml_error_key(e: &toml::de::Error) -> String {
+/// A TOML error as (key, message): the key it is at, named once (`jobs[0] (a).command`),
+/// and what is wrong in words a newcomer can act on: the type expected, or for an unknown
+/// key the likeliest meant one and every key that table takes.
+fn toml_error(text: &str, e: &toml::de::Error) -> KeyError {
+    let place = toml_error_place(text, e);
+    let path = e.span().and_then(|span| toml_key_path(text, span.start));
     let msg = e.message();
-    if let Some(rest) = msg.strip_prefix("unknown field `") {
-        if let Some(end) = rest.find('`') {
-            return format!("unknown key `{}`", &rest[..end]);
-        }
+    if let Some((unknown, valid)) = unknown_field(msg) {
+        // In an inline table (`http = { urll = ... }`) the path stops at the table.
+        let key = match path {
+            Some(p) if p == unknown || p.ends_with(&format!(".{unknown}")) => p,
+            Some(p) => format!("{p}.{unknown}"),
+            None => unknown.clone(),
+        };
+        let keys = if valid.is_empty() { "none".to_owned() } else { valid.join(", ") };
+        let message = match closest(&unknown, &valid) {
+            Some(meant) => format!("unknown key{place}; did you mean `{meant}`? The keys here are: {keys}"),
+            None => format!("unknown key{place}; the keys here are: {keys}"),
+        };
+        return (key, message);
     }
-    "(syntax)".to_owned()
+    match (wrong_type(msg), path) {
+        (Some((found, expected)), Some(key)) => {
+            let example = if key.ends_with(".command") {
+                ": the program and its arguments, e.g. command = [\"/bin/sh\", \"-c\", \"echo hi\"]"
+            } else if key.ends_with(".http") {
+                ": the request, e.g. http = { url = \"https://billing.internal/jobs/invoices\" }"
+            } else {
+                ""
+            };
+            (key, format!("must be {expected}, not {found}{place}{example}"))
+        }
+        (_, key) => (key.unwrap_or_else(|| "(syntax)".to_owned()), format!("{msg}{place}")),
+    }
 }
 
 fn toml_error_place(text: &str, e: &toml::de::Error) -> String {
     let Some(span) = e.span() else { return String::new() };
-    let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+    let Some(before) = text.get(..span.start) else { return String::new() };
+    let line = before.matches('\n').count() + 1;
     format!(" (line {line})")
+}
+
+/// Serde's `unknown field `x`, expected one of `a`, `b`` as (`x`, [`a`, `b`]).
+fn unknown_field(msg: &str) -> Option<(String, Vec<String>)> {
+    let rest = msg.strip_prefix("unknown field ")?;
+    let mut quoted = rest.split('`').skip(1).step_by(2).map(str::to_owned);
+    let unknown = quoted.next()?;
+    Some((unknown, quoted.collect()))
+}
+
+/// Serde's `invalid type: string "x", expected a sequence` (or `invalid value: ...`) as
+/// (what was found, what was expected), in TOML's words.
+fn wrong_type(msg: &str) -> Option<(String, String)> {
+    let rest = msg.strip_prefix("invalid type: ").or_else(|| msg.strip_prefix("invalid value: "))?;
+    let (found, expected) = rest.split_once(", expected ")?;
+    let expected = match expected {
+        "a sequence" => "an array".to_owned(),
+        "a boolean" => "true or false, without quotes".to_owned(),
+        e if ["u8", "u16", "u32", "u64", "usize"].contains(&e) => "a whole number of 0 or more, without quotes".into(),
+        e if ["i8", "i16", "i32", "i64", "isize"].contains(&e) => "a whole number, without quotes".to_owned(),
+        e if e.starts_with("struct ") || e == "a map" => "a table".to_owned(),
+        e => e.to_owned(),
+    };
+    let found = match found {
+        "sequence" => "an array".to_owned(),
+        "map" => "a table".to_owned(),
+        f => match f.split_once(' ') {
+            Some((kind, value)) if kind.starts_with(['a', 'e', 'i', 'o', 'u']) => format!("an {kind} {value}"),
+            Some((kind, value)) => format!("a {kind} {value}"),
+            None => f.to_owned(),
+        },
+    };
+    Some((found, expected))
+}
+
+/// The dotted key at byte `at` of `text`: the table its line is in (`[[jobs]]` counted, so
+/// `jobs[1]`, with the job's name where it has one, and `[jobs.http]` as that job's), the
+/// key on that line, and the keys of the inline tables `at` is in (`http.headers.X`).
+fn toml_key_path(text: &str, at: usize) -> Option<String> {
+    let line_start = text.get(..at)?.rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next().unwrap_or_default();
+    let mut table = String::new();
+    let mut arrays: HashMap<String, usize> = HashMap::new();
+    for l in text[..line_start].lines() {
+        match toml_header(l) {
+            Some((name, true)) => {
+                let n = arrays.entry(name.clone()).or_default();
+                table = format!("{name}[{n}]");
+                *n += 1;
+            }
+            Some((name, false)) => table = array_member(&name, &arrays),
+            None => {}
+        }
+    }
+    let key = match toml_header(line) {
+        Some((name, _)) => return Some(name),
+        None => match inline_keys(text.get(line_start..at)?) {
+            keys if !keys.is_empty() => keys.join("."),
+            _ => line.split_once('=')?.0.trim().trim_matches('"').to_owned(),
+        },
+    };
+    if key.is_empty() || key.contains(['{', '[']) {
+        return None;
+    }
+    if let Some((i, rest)) = table.strip_prefix("jobs[").and_then(|r| r.split_once(']')) {
+        if let Some(name) = i.parse::<usize>().ok().and_then(|i| job_name_at(text, i)) {
+            table = format!("jobs[{i}] ({name}){rest}");
+        }
+    }
+    Some(if table.is_empty() { key } else { format!("{table}.{key}") })
+}
+
+/// A `[a.b]` table inside the last `[[a]]` entry, as `a[n].b`.
+fn array_member(name: &str, arrays: &HashMap<String, usize>) -> String {
+    for (array, n) in arrays {
+        if let Some(rest) = name.strip_prefix(array.as_str()).filter(|r| r.starts_with('.')) {
+            return format!("{array}[{}]{rest}", n.saturating_sub(1));
+        }
+    }
+    name.to_owned()
+}
+
+/// The keys leading to the end of `before` (a line's start up to an error) through its
+/// inline tables: `http = { headers = { X = ` gives [http, headers, X]; empty at a line's
+/// first key. Quoted text is skipped, so a brace in a string does not count.
+fn inline_keys(before: &str) -> Vec<String> {
+    let (mut open, mut key, mut token) = (Vec::new(), String::new(), String::new());
+    let mut quote: Option<char> = None;
+    for c in before.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => token.push(c),
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '=') => key = std::mem::take(&mut token).trim().to_owned(),
+            (None, '{') => open.push(std::mem::take(&mut key)),
+            (None, '}') => {
+                open.pop();
+                key.clear();
+            }
+            (None, ',') => {
+                key.clear();
+                token.clear();
+            }
+            (None, c) => token.push(c),
+        }
+    }
+    if open.is_empty() {
+        return Vec::new();
+    }
+    open.extend((!key.is_empty()).then_some(key));
+    open
+}
+
+/// A table header line, `[a.b]` or `[[a.b]]`: (its dotted name, whether an array of tables).
+fn toml_header(line: &str) -> Option<(String, bool)> {
+    let l = line.trim();
+    let (inner, array) = match l.strip_prefix("[[") {
+        Some(rest) => (rest.split_once("]]")?.0, true),
+        None => (l.strip_prefix('[')?.split_once(']')?.0, false),
+    };
+    let name: Vec<&str> = inner.split('.').map(|p| p.trim().trim_matches('"')).collect();
+    Some((name.join("."), array))
+}
+
+/// The `name` of the `i`th job, when the text parses as TOML (a wrong type still does).
+fn job_name_at(text: &str, i: usize) -> Option<String> {
+    let doc: toml::Table = text.parse().ok()?;
+    Some(doc.get("jobs")?.get(i)?.get("name")?.as_str()?.to_owned())
+}
+
+/// The valid key `word` was likeliest meant to be: within a third of its length in edits.
+fn closest<'a>(word: &str, valid: &'a [String]) -> Option<&'a str> {
+    let within = (word.chars().count() / 3).max(1);
+    valid.iter().map(|v| (edit_distance(word, v), v.as_str())).filter(|(d, _)| *d <= within).min().map(|(_, v)| v)
+}
+
+/// Levenshtein distance, in characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur.push((prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
 }
 
 type KeyError = (String, String);
@@ -300,14 +605,87 @@ fn resolve_job(i: usize, j: &RawJob, d: &RawJob) -> Result<JobConfig, KeyError> 
         let k = if matches!(e, solocron_core::ScheduleError::TimeZone(_)) { "timezone" } else { "schedule" };
         (key(k), e.to_string())
     })?;
-    let command = j.command.clone().ok_or_else(|| {
-        (key("command"), "is required (an argv array, e.g. [\"/usr/bin/env\", \"sh\", \"-c\", \"echo hi\"])".into())
+    let (work, policy) = match (&j.command, &j.http) {
+        (Some(_), Some(_)) => {
+            return Err((key("http"), "a job runs a `command` or calls `http`, not both: remove one".into()))
+        }
+        (None, None) => return Err((
+            key("command"),
+            "is required (an argv array, e.g. [\"/usr/bin/env\", \"sh\", \"-c\", \"echo hi\"]), or instead http = { url = \"https://...\" }"
+                .into(),
+        )),
+        (Some(command), None) => {
+            if command.is_empty() || command[0].is_empty() {
+                return Err((key("command"), "must name a program: a non-empty argv array".into()));
+            }
+            (Work::Command(command.clone()), resolve_policy(j, d, &key)?)
+        }
+        (None, Some(http)) => {
+            let work = resolve_http_job(http, &key)?;
+            (Work::Http(Box::new(work)), http_policy(j, http, d, &key)?)
+        }
+    };
+    Ok(JobConfig { name, schedule, work, policy })
+}
+
+/// A job's `http`, checked by the library's rules (`solocron::HttpJob`), each error at its key.
+fn resolve_http_job(h: &RawHttpJob, key: &dyn Fn(&str) -> String) -> Result<HttpWork, KeyError> {
+    let at = |e: solocron::HttpJobError| (key(&format!("http.{}", e.field)), e.why);
+    let url = h.url.as_deref().ok_or_else(|| {
+        (key("http.url"), "is required: the endpoint to call, e.g. \"https://billing.internal/jobs/invoices\"".into())
     })?;
-    if command.is_empty() || command[0].is_empty() {
-        return Err((key("command"), "must name a program: a non-empty argv array".into()));
+    let mut request = solocron::HttpJob::new(url).map_err(at)?;
+    if let Some(m) = &h.method {
+        request = request.method(m).map_err(at)?;
     }
-    let policy = resolve_policy(j, d, &key)?;
-    Ok(JobConfig { name, schedule, command, policy })
+    for (name, value) in &h.headers {
+        request = request.header(name, value).map_err(|e| (key(&format!("http.headers.{name}")), e.why))?;
+    }
+    if let Some(b) = &h.body {
+        request = request.body(b.as_bytes());
+    }
+    if let Some(s) = &h.expect_status {
+        request = request.expect_status(s).map_err(at)?;
+    }
+    let mut names = std::collections::HashSet::new();
+    let tables = [("headers", &h.headers), ("headers_env", &h.headers_env), ("headers_file", &h.headers_file)];
+    for (table, name) in tables.iter().flat_map(|(t, m)| m.keys().map(move |n| (t, n))) {
+        if !names.insert(name.to_ascii_lowercase()) {
+            let why = format!("`{name}` is set twice (in headers, headers_env or headers_file): keep one");
+            return Err((key(&format!("http.{table}.{name}")), why));
+        }
+    }
+    let mut secret_headers = Vec::new();
+    let sources = h.headers_env.iter().map(|(n, v)| ("headers_env", n, SecretSource::Env(v.clone())));
+    let sources = sources.chain(h.headers_file.iter().map(|(n, v)| ("headers_file", n, SecretSource::File(v.clone()))));
+    for (table, name, source) in sources {
+        let k = key(&format!("http.{table}.{name}"));
+        let (SecretSource::Env(what) | SecretSource::File(what)) = &source;
+        if what.is_empty() {
+            let what = if table == "headers_env" { "an environment variable" } else { "a file" };
+            return Err((k, format!("must name {what}")));
+        }
+        // The name by the library's rule; the value is read when the scheduler is built.
+        request.clone().secret_header(name, "").map_err(|e| (k.clone(), e.why))?;
+        secret_headers.push(SecretHeader { key: k, name: name.clone(), source });
+    }
+    if h.ca_file.as_deref() == Some("") {
+        return Err((key("http.ca_file"), "must name a PEM file of CA certificates".into()));
+    }
+    Ok(HttpWork { request, secret_headers, ca_file: h.ca_file.clone(), key: key("http") })
+}
+
+/// An HTTP job's policy: `http.timeout` is the job's `timeout` (one limit: past it the
+/// request is dropped and the run recorded `timed_out`), so setting both is refused.
+fn http_policy(j: &RawJob, h: &RawHttpJob, d: &RawJob, key: &dyn Fn(&str) -> String) -> Result<JobPolicy, KeyError> {
+    let Some(t) = &h.timeout else { return resolve_policy(j, d, key) };
+    if j.timeout.is_some() {
+        return Err((key("http.timeout"), "is the job's timeout: set `timeout` or `http.timeout`, not both".into()));
+    }
+    parse_duration(t).map_err(|e| (key("http.timeout"), e.to_string()))?;
+    let with = RawJob { timeout: Some(t.clone()), ..j.clone() };
+    let http_key = |k: &str| if k == "timeout" { key("http.timeout") } else { key(k) };
+    resolve_policy(&with, d, &http_key)
 }
 
 fn resolve_policy(j: &RawJob, d: &RawJob, key: &dyn Fn(&str) -> String) -> Result<JobPolicy, KeyError> {
@@ -408,7 +786,7 @@ catchup = "1h"
             (GOOD.replace("name = \"b\"", "name = \"a\""), "already used by jobs[0]"),
             (GOOD.replace("on_crash = \"retry\"", "on_crash = \"pray\""), "jobs[1] (b).on_crash"),
             (GOOD.replace("max_attempts = 5", "max_attempts = 0"), "jobs[1] (b).max_attempts"),
-            (GOOD.replace("[node]", "[node]\ncolour = \"red\""), "unknown key `colour`"),
+            (GOOD.replace("[node]", "[node]\ncolour = \"red\""), "node.colour: unknown key (line 5)"),
             (GOOD.replace("command = [\"/bin/true\"]\nlease", "command = []\nlease"), "jobs[1] (b).command"),
             (GOOD.replace("[defaults]", "[defaults]\nschedule = \"* * * * *\""), "defaults.schedule"),
             (
@@ -430,6 +808,42 @@ catchup = "1h"
             assert!(e.starts_with("test.toml: "), "{e}");
             assert!(e.contains(want), "expected `{want}` in: {e}");
         }
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_key_and_the_type_expected() {
+        let e = error_of(&GOOD.replace("command = [\"/bin/true\"]\nlease", "command = \"echo hi\"\nlease"));
+        assert!(
+            e.starts_with("test.toml: jobs[1] (b).command: must be an array, not a string \"echo hi\" (line 17)"),
+            "{e}"
+        );
+        assert!(e.contains("e.g. command = [\"/bin/sh\", \"-c\", \"echo hi\"]"), "{e}");
+        let e = error_of(&GOOD.replace("max_attempts = 5", "max_attempts = \"5\""));
+        assert!(e.starts_with("test.toml: jobs[1] (b).max_attempts: must be a whole number"), "{e}");
+        let e = error_of(&GOOD.replace("[node]", "[node]\nmax_concurrent_runs = true"));
+        assert!(e.starts_with("test.toml: node.max_concurrent_runs: must be a whole number"), "{e}");
+        let e = error_of("[store]\nmigrate = \"yes\"\n");
+        assert_eq!(e, "test.toml: store.migrate: must be true or false, without quotes, not a string \"yes\" (line 2)");
+    }
+
+    #[test]
+    fn an_unknown_key_is_named_once_with_the_likeliest_meant_and_the_keys_of_its_table() {
+        let e = error_of(&GOOD.replace("name = \"b\"", "name = \"b\"\nschedul = \"x\""));
+        assert!(
+            e.starts_with("test.toml: jobs[1] (b).schedul: unknown key (line 15); did you mean `schedule`?"),
+            "{e}"
+        );
+        assert!(e.contains("The keys here are: name, schedule, command, timezone"), "{e}");
+        assert_eq!(e.matches("schedul`").count() + e.matches(".schedul:").count(), 1, "named once: {e}");
+        let e = error_of(&GOOD.replace("[node]", "[nodes]"));
+        assert!(e.starts_with("test.toml: nodes: unknown key (line 4); did you mean `node`?"), "{e}");
+        let e = error_of(&format!("{GOOD}retries = 3\n"));
+        assert!(e.starts_with("test.toml: jobs[1] (b).retries: unknown key"), "{e}");
+        assert!(!e.contains("did you mean"), "nothing is close to `retries`: {e}");
+        assert_eq!(
+            (edit_distance("schedul", "schedule"), edit_distance("", "ab"), edit_distance("kitten", "sitting")),
+            (1, 2, 3)
+        );
     }
 
     #[test]
@@ -471,6 +885,74 @@ catchup = "1h"
         for (line, key, advice) in cases {
             let e = error_of(&with(line));
             assert!(e.starts_with("test.toml: ") && e.contains(key) && e.contains(advice), "{line}: {e}");
+        }
+    }
+
+    const HTTP: &str = r#"
+[[jobs]]
+name = "sync"
+schedule = "0 */5 * * * *"
+http = { url = "https://billing.internal/jobs/sync", method = "PUT", headers = { "Content-Type" = "application/json" }, headers_env = { Authorization = "SERVICE_TOKEN" }, headers_file = { X-Api-Key = "/run/secrets/key" }, body = "{}", timeout = "30s", expect_status = "2xx,304", ca_file = "/etc/ssl/private-ca.pem" }
+"#;
+
+    #[test]
+    fn an_http_job_is_a_request_whose_timeout_is_the_jobs_and_whose_secrets_stay_unread() {
+        let c = Config::parse("test.toml", HTTP).unwrap();
+        let Work::Http(w) = &c.jobs[0].work else { panic!("{:?}", c.jobs[0].work) };
+        assert_eq!(c.jobs[0].policy.timeout, Some(Duration::from_secs(30)));
+        assert_eq!(w.ca_file.as_deref(), Some("/etc/ssl/private-ca.pem"));
+        assert_eq!(w.key, "jobs[0] (sync).http");
+        let secrets: Vec<(&str, &str)> = w.secret_headers.iter().map(|h| (h.key.as_str(), h.name.as_str())).collect();
+        assert_eq!(
+            secrets,
+            [
+                ("jobs[0] (sync).http.headers_env.Authorization", "Authorization"),
+                ("jobs[0] (sync).http.headers_file.X-Api-Key", "X-Api-Key")
+            ]
+        );
+        let fingerprint = w.request.fingerprint();
+        assert!(fingerprint.starts_with("http PUT https://billing.internal/jobs/sync"), "{fingerprint}");
+        assert!(fingerprint.contains("expect 2xx,304"), "{fingerprint}");
+        let toml = "[[jobs]]\nname = \"s\"\nschedule = \"* * * * *\"\n[jobs.http]\nurl = \"http://127.0.0.1:8080/x\"\n";
+        assert!(matches!(Config::parse("t.toml", toml).unwrap().jobs[0].work, Work::Http(_)), "a [jobs.http] table");
+    }
+
+    #[test]
+    fn each_bad_http_part_names_its_key() {
+        let http = |from: &str, to: &str| {
+            assert!(HTTP.contains(from), "{from}");
+            HTTP.replace(from, to)
+        };
+        let cases = [
+            (http("http = {", "command = [\"/bin/true\"]\nhttp = {"), "jobs[0] (sync).http: a job runs a `command` or calls `http`, not both"),
+            (http("https://billing", "ftp://billing"), "jobs[0] (sync).http.url: `ftp://billing.internal/jobs/sync` must start with http:// or https://"),
+            (http("url = \"https://billing.internal/jobs/sync\"", "url = \"https://ops:pw@\""), "jobs[0] (sync).http.url: `https://ops:***@` "),
+            (http("url = \"https://billing.internal/jobs/sync\", ", ""), "jobs[0] (sync).http.url: is required"),
+            (http("2xx,304", "2xx,abc"), "jobs[0] (sync).http.expect_status: `abc` is not a status"),
+            (http("\"PUT\"", "\"P T\""), "jobs[0] (sync).http.method: `P T` is not an HTTP method"),
+            (http("\"Content-Type\"", "\"Idempotency-Key\""), "jobs[0] (sync).http.headers.Idempotency-Key: `Idempotency-Key` is set by solocron"),
+            (http("X-Api-Key", "Authorization"), "jobs[0] (sync).http.headers_file.Authorization: `Authorization` is set twice"),
+            (http("\"SERVICE_TOKEN\"", "\"\""), "jobs[0] (sync).http.headers_env.Authorization: must name an environment variable"),
+            (http("timeout = \"30s\"", "timeout = \"30 parsecs\""), "jobs[0] (sync).http.timeout"),
+            (http("schedule =", "timeout = \"1m\"\nschedule ="), "jobs[0] (sync).http.timeout: is the job's timeout: set `timeout` or `http.timeout`, not both"),
+            (http("ca_file = \"/etc/ssl/private-ca.pem\"", "ca_file = \"\""), "jobs[0] (sync).http.ca_file: must name"),
+            (http("url =", "urll = \"x\", url ="), "jobs[0] (sync).http.urll: unknown key (line 5); did you mean `url`?"),
+            (http("\"2xx,304\"", "200"), "jobs[0] (sync).http.expect_status: must be a string, not an integer `200` (line 5)"),
+            (http("\"/run/secrets/key\"", "3"), "jobs[0] (sync).http.headers_file.X-Api-Key: must be a string"),
+            (http("name = \"sync\"", "name = \"sync\"\n[defaults.http]\nurl = \"http://x\"\n[[jobs]]\nname = \"x\""), "defaults.http: cannot be defaulted"),
+            (
+                "[[jobs]]\nname = \"s\"\nschedule = \"* * * * *\"\n[jobs.http]\nurl = \"http://h/\"\nmethd = \"GET\"\n".into(),
+                "jobs[0] (s).http.methd: unknown key (line 6); did you mean `method`? The keys here are: url, method, headers",
+            ),
+            (
+                "[[jobs]]\nname = \"s\"\nschedule = \"* * * * *\"\n".into(),
+                "jobs[0] (s).command: is required (an argv array, e.g. [\"/usr/bin/env\", \"sh\", \"-c\", \"echo hi\"]), or instead http = { url",
+            ),
+        ];
+        for (toml, want) in cases {
+            let e = error_of(&toml);
+            assert!(e.starts_with(&format!("test.toml: {want}")), "expected `test.toml: {want}` at the start of: {e}");
+            assert!(!e.contains(":pw@"), "{e}");
         }
     }
 

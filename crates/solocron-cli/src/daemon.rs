@@ -4,10 +4,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use solocron::{Command, Job, Scheduler};
+use solocron::{Command, HttpJob, Job, Scheduler};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, HttpWork, SecretSource, Work};
 use crate::{bad_input, load, Failure};
 
 #[derive(Args)]
@@ -30,10 +30,14 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Serve the HTTP API, metrics and console on this address and port (default: [http]
+    /// listen; none: no HTTP). A non-loopback address needs [[http.tokens]].
+    #[arg(long, value_name = "ADDR")]
+    http: Option<std::net::SocketAddr>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
@@ -51,8 +55,18 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
         let (_, key) = target.store_config(Some(&cfg));
         store.migrate().await.map_err(|e| bad_input(format!("{key}: {e}")))?;
     }
-    let scheduler = scheduler(&cfg, store, a.node_id)?;
+    let scheduler = scheduler(&cfg, store.clone(), a.node_id)?;
+    // The server outlives the drain, so operators watch it; it stops once the node has.
+    let http_stop = CancellationToken::new();
+    let server = match crate::http::listen(a.http, Some(&cfg)) {
+        Some(addr) => Some(crate::http::start(addr, Some(&cfg), store, http_stop.clone()).await?),
+        None => None,
+    };
     scheduler.run(shutdown).await;
+    http_stop.cancel();
+    if let Some(s) = server {
+        let _ = s.await;
+    }
     Ok(())
 }
 
@@ -87,7 +101,7 @@ async fn open_when_reachable(
     }
 }
 
-/// The scheduler for a configuration: every job a command job.
+/// The scheduler for a configuration: command jobs and HTTP jobs.
 pub fn scheduler(
     cfg: &Config,
     store: std::sync::Arc<dyn solocron_core::Store>,
@@ -104,16 +118,61 @@ pub fn scheduler(
         builder = builder.node_id(id);
     }
     for j in &cfg.jobs {
-        let cmd = Command::new(j.command.clone()).expect("validated: non-empty");
-        let job = Job::new(j.name.clone(), j.schedule.clone(), cmd)
-            .with_policy(j.policy.clone())
-            .with_fingerprint(format!("command {:?}", j.command));
-        builder = builder.job(job);
+        let job = match &j.work {
+            Work::Command(argv) => {
+                let cmd = Command::new(argv.clone()).expect("validated: non-empty");
+                Job::new(j.name.clone(), j.schedule.clone(), cmd).with_fingerprint(format!("command {argv:?}"))
+            }
+            Work::Http(w) => {
+                let http = http_job(&cfg.file, w)?;
+                // Secret headers by name only: a rotated token is no drift.
+                let fingerprint = http.fingerprint();
+                Job::new(j.name.clone(), j.schedule.clone(), http).with_fingerprint(fingerprint)
+            }
+        };
+        builder = builder.job(job.with_policy(j.policy.clone()));
     }
     builder.build().map_err(|e| bad_input(format!("{}: {e}", cfg.file)))
 }
 
+/// An HTTP job with its secret headers and CA file read. Errors name the key and the
+/// variable or file, never a value.
+fn http_job(file: &str, w: &HttpWork) -> Result<HttpJob, Failure> {
+    let mut http = w.request.clone();
+    for h in &w.secret_headers {
+        let (value, from) = match &h.source {
+            SecretSource::Env(var) => {
+                let v = std::env::var(var)
+                    .map_err(|_| bad_input(format!("{file}: {}: the environment variable {var} is not set", h.key)))?;
+                (v, format!("the environment variable {var}"))
+            }
+            SecretSource::File(path) => {
+                let v = std::fs::read_to_string(path)
+                    .map_err(|e| bad_input(format!("{file}: {}: cannot read {path}: {e}", h.key)))?;
+                (v, path.clone())
+            }
+        };
+        // A file's trailing newline is no part of a token.
+        http = http.secret_header(&h.name, value.trim()).map_err(|_| {
+            bad_input(format!(
+                "{file}: {}: the value in {from} holds a line break, a control character or non-ASCII",
+                h.key
+            ))
+        })?;
+    }
+    if let Some(ca) = &w.ca_file {
+        http = http.ca_file(ca).map_err(|e| bad_input(format!("{file}: {}.ca_file: {}", w.key, e.why)))?;
+    }
+    Ok(http)
+}
+
 async fn on_signal(shutdown: CancellationToken) {
+    wait_for_signal().await;
+    shutdown.cancel();
+}
+
+/// Returns at the first SIGTERM, SIGINT or SIGHUP, saying which in the log.
+pub(crate) async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
@@ -125,10 +184,9 @@ async fn on_signal(shutdown: CancellationToken) {
         _ = int.recv() => tracing::info!("SIGINT: draining"),
         _ = hup.recv() => tracing::info!("SIGHUP: draining (no reload yet)"),
     }
-    shutdown.cancel();
 }
 
-fn init_logging(format: LogFormat) {
+pub(crate) fn init_logging(format: LogFormat) {
     use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

@@ -1,8 +1,6 @@
 //! `solocron completions SHELL` and `solocron man`: generated from the same clap definition
 //! the commands are parsed with, so they can never list a command or flag that is not there.
 
-use std::io::Write as _;
-
 use clap::{Args, CommandFactory};
 use clap_complete::Shell;
 
@@ -40,11 +38,10 @@ pub fn man<C: CommandFactory>(a: ManArgs) -> Result<(), Failure> {
         return write_stdout(&out);
     };
     clap_mangen::generate_to(C::command(), &dir).map_err(|e| Failure(1, format!("{}: {e}", dir.display())))?;
-    println!("wrote the man pages to {}", dir.display());
-    Ok(())
+    crate::output::line(format_args!("wrote the man pages to {}", dir.display()))
 }
 
+/// Through [`crate::output::emit`]: a reader that closed the pipe ends the command quietly.
 fn write_stdout(bytes: &[u8]) -> Result<(), Failure> {
-    let mut stdout = std::io::stdout().lock();
-    stdout.write_all(bytes).and_then(|()| stdout.flush()).map_err(|e| Failure(1, format!("stdout: {e}")))
+    crate::output::emit(bytes)
 }

@@ -1,18 +1,27 @@
 //! `solocron`: the daemon (`run`) and the admin commands, a thin shell over the
 //! `solocron` library.
 //!
-//! Exit codes: 0 success; 1 a runtime failure (the store failed mid-command); 2 bad input
-//! (arguments, configuration, an unknown job, a malformed duration, an unreachable store).
+//! Exit codes: 0 success; 1 a runtime failure (the store failed mid-command, a triggered run
+//! did not succeed, an unlock was not confirmed); 2 bad input (arguments, configuration, an
+//! unknown job, a malformed duration, an unreachable store).
+//!
+//! A reader that closes stdout early (`solocron history | head -1`) ends the command
+//! quietly with exit 0, as ripgrep does, never with a panic: the reader took what it wanted,
+//! and `set -o pipefail` scripts must not fail for it (a write to stdout goes through
+//! [`output::emit`]). Rust ignores SIGPIPE, so the alternative, 141 as if killed by the
+//! signal, would be a number we make up rather than a signal the shell saw.
 #![forbid(unsafe_code)]
 
 mod admin;
 mod config;
 mod daemon;
 mod docs;
+mod http;
 mod output;
 mod setup;
 mod stores;
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -59,8 +68,12 @@ enum Cmd {
     Check(setup::CheckArgs),
     /// Create or upgrade the store's schema; with --drop --yes, remove it.
     Migrate(setup::MigrateArgs),
-    /// Show each job: schedule, next fire, pause, last run, run in progress, drift, nodes.
+    /// Show each job: schedule, next fire, pause, last run, run in progress, drift, staleness,
+    /// and the nodes; with JOB, its detail and the operators' recent actions on it.
     Status(admin::StatusArgs),
+    /// Show the nodes: alive, stale (silent) or gone (said goodbye), last heartbeat, version,
+    /// jobs, runs held.
+    Nodes(admin::NodesArgs),
     /// Show run records, newest first.
     History(admin::HistoryArgs),
     /// Ask for one run of a job now (picked up by a running node within a second).
@@ -71,6 +84,8 @@ enum Cmd {
     Resume(admin::PauseArgs),
     /// End a stuck running run as abandoned; its holder, if alive, stops the job.
     Unlock(admin::UnlockArgs),
+    /// Serve the HTTP API, metrics and console over the store, with no jobs of its own.
+    Serve(http::ServeArgs),
     /// Delete run records older than a duration, in bounded batches.
     Prune(admin::PruneArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -79,8 +94,31 @@ enum Cmd {
     Man(docs::ManArgs),
 }
 
-/// An error with its exit code.
+/// An error with its exit code; an empty message prints nothing (it was said already).
 pub struct Failure(pub u8, pub String);
+
+impl Failure {
+    /// Stdout's reader went away: stop, quietly, with exit 0 (see the crate doc).
+    pub fn closed_pipe() -> Failure {
+        Failure(0, String::new())
+    }
+
+    /// The command said why on stdout already (a failed run's report): only the exit code.
+    pub fn said(code: u8) -> Failure {
+        Failure(code, String::new())
+    }
+}
+
+/// A store failure is 1; anything else the fleet refuses (an unknown job, a bad id or
+/// parameter) is the operator's input: 2.
+impl From<solocron_fleet::FleetError> for Failure {
+    fn from(e: solocron_fleet::FleetError) -> Failure {
+        match e {
+            solocron_fleet::FleetError::Store(e) => store_failed(e),
+            other => bad_input(other.to_string()),
+        }
+    }
+}
 
 /// Bad input: exit code 2.
 pub fn bad_input(msg: impl Into<String>) -> Failure {
@@ -101,12 +139,14 @@ fn main() -> ExitCode {
             Cmd::Check(a) => setup::check(a),
             Cmd::Migrate(a) => setup::migrate(a).await,
             Cmd::Status(a) => admin::status(a).await,
+            Cmd::Nodes(a) => admin::nodes(a).await,
             Cmd::History(a) => admin::history(a).await,
             Cmd::Trigger(a) => admin::trigger(a).await,
             Cmd::Pause(a) => admin::set_paused(a, true).await,
             Cmd::Resume(a) => admin::set_paused(a, false).await,
             Cmd::Unlock(a) => admin::unlock(a).await,
             Cmd::Prune(a) => admin::prune(a).await,
+            Cmd::Serve(a) => http::serve(a).await,
             Cmd::Completions(a) => docs::completions::<Cli>(a),
             Cmd::Man(a) => docs::man::<Cli>(a),
         }
@@ -114,14 +154,25 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(code, msg)) => {
-            eprintln!("solocron: {msg}");
+            if !msg.is_empty() {
+                // Not eprintln!: a closed stderr must not turn an error into a panic.
+                let _ = writeln!(std::io::stderr(), "solocron: {msg}");
+            }
             ExitCode::from(code)
         }
     }
 }
 
-/// Loads the configuration; a missing file is only an error when it is needed.
+/// Loads the configuration, saying how to name another when there is none at `path`.
 pub fn load(path: &std::path::Path) -> Result<Config, Failure> {
+    load_or(path, "give --config FILE")
+}
+
+/// [`load`], with `how` (what else the command accepts) when there is no file at `path`.
+fn load_or(path: &std::path::Path, how: &str) -> Result<Config, Failure> {
+    if !path.exists() {
+        return Err(bad_input(format!("{}: no configuration file there: {how}", path.display())));
+    }
     Config::load(path).map_err(|e| bad_input(e.to_string()))
 }
 
@@ -131,7 +182,7 @@ impl Target {
         if self.store.is_some() && !self.config.exists() {
             return Ok(None);
         }
-        load(&self.config).map(Some)
+        load_or(&self.config, "give --config FILE, or --store URL to work on a store without one").map(Some)
     }
 
     /// The store this command works on, and where its URL came from (for errors): `--store`

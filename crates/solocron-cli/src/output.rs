@@ -1,12 +1,37 @@
-//! Output for humans (aligned tables, times in the job's zone, humane durations, colour on a
-//! terminal only) and for machines (JSON).
+//! Output for humans (aligned tables and labelled details, times in one zone, humane
+//! durations, colour on a terminal only) and for machines (JSON), and the one way to write
+//! to stdout: a reader that went away ends the command quietly, never with a panic.
 
-use std::io::IsTerminal as _;
+use std::io::{IsTerminal as _, Write as _};
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use chrono_tz::Tz;
 use serde_json::json;
-use solocron_core::{format_duration, RunRecord, RunState};
+use solocron_core::{format_duration, RunState};
+use solocron_fleet::RunView;
+
+use crate::Failure;
+
+/// Writes `text` to stdout. When the reader has gone (`solocron history | head -1`), the
+/// command stops at once with [`Failure::closed_pipe`]: what it had to say was not wanted.
+pub fn emit(text: impl AsRef<[u8]>) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_ref()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Failure::closed_pipe()),
+        Err(e) => Err(Failure(1, format!("stdout: {e}"))),
+    }
+}
+
+/// [`emit`] of one line.
+pub fn line(text: impl std::fmt::Display) -> Result<(), Failure> {
+    emit(format!("{text}\n"))
+}
+
+/// Pretty JSON on stdout.
+pub fn print_json(v: &serde_json::Value) -> Result<(), Failure> {
+    line(serde_json::to_string_pretty(v).expect("a serde_json::Value always serializes"))
+}
 
 /// True when stdout is a terminal and `NO_COLOR` is not set.
 pub fn colour_enabled() -> bool {
@@ -33,21 +58,30 @@ impl From<&str> for Cell {
 
 /// The colour of a run state: green for success, red for failures, yellow for runs ended
 /// by someone else, dim for skipped, cyan while running.
-pub fn state_cell(state: RunState) -> Cell {
-    let colour = match state {
-        RunState::Succeeded => "32",
-        RunState::Failed | RunState::TimedOut | RunState::Lost => "31",
-        RunState::Abandoned | RunState::Interrupted => "33",
-        RunState::Skipped => "2",
-        RunState::Running => "36",
+pub fn state_cell(state: &str) -> Cell {
+    let colour = match state.parse::<RunState>() {
+        Ok(RunState::Succeeded) => Some("32"),
+        Ok(RunState::Failed | RunState::TimedOut | RunState::Lost) => Some("31"),
+        Ok(RunState::Abandoned | RunState::Interrupted) => Some("33"),
+        Ok(RunState::Skipped) => Some("2"),
+        Ok(RunState::Running) => Some("36"),
+        Err(_) => None,
     };
-    Cell { text: state.as_str().to_owned(), colour: Some(colour) }
+    Cell { text: state.to_owned(), colour }
 }
 
 /// Renders rows under `header`, columns aligned on the visible text.
-pub fn table(header: &[&str], rows: Vec<Vec<Cell>>, colour: bool) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+pub fn table<H: AsRef<str>>(header: &[H], rows: Vec<Vec<Cell>>, colour: bool) -> String {
+    let header: Vec<Cell> = header.iter().map(|h| Cell::from(h.as_ref())).collect();
+    columns(std::iter::once(header).chain(rows).collect(), colour).into_iter().map(|l| l + "\n").collect()
+}
+
+/// Rows of cells as lines, each column as wide as its widest cell, two spaces apart, with
+/// no trailing spaces.
+pub fn columns(rows: Vec<Vec<Cell>>, colour: bool) -> Vec<String> {
+    let mut widths: Vec<usize> = Vec::new();
     for r in &rows {
+        widths.resize(widths.len().max(r.len()), 0);
         for (w, c) in widths.iter_mut().zip(r) {
             *w = (*w).max(c.text.chars().count());
         }
@@ -64,11 +98,22 @@ pub fn table(header: &[&str], rows: Vec<Vec<Cell>>, colour: bool) -> String {
                 }
             })
             .collect();
-        parts.join("  ").trim_end().to_owned() + "\n"
+        parts.join("  ").trim_end().to_owned()
     };
-    let mut out = render(header.iter().map(|h| Cell::from(*h)).collect());
-    for r in rows {
-        out += &render(r);
+    rows.into_iter().map(render).collect()
+}
+
+/// Labelled lines: the labels in one column, the values in the next, all starting at the
+/// same place. A value of several lines continues under the first, with an empty label.
+pub fn labelled(rows: &[(&str, String)]) -> String {
+    let width = rows.iter().map(|(label, _)| label.chars().count()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (label, value) in rows {
+        for (i, part) in value.lines().enumerate() {
+            let label = if i == 0 { *label } else { "" };
+            out += format!("{label:<width$}  {part}").trim_end();
+            out.push('\n');
+        }
     }
     out
 }
@@ -76,6 +121,23 @@ pub fn table(header: &[&str], rows: Vec<Vec<Cell>>, colour: bool) -> String {
 /// An instant in `zone`, with the UTC offset: `2026-11-22 21:00:05 +08:00`.
 pub fn local_time(t: DateTime<Utc>, zone: Tz) -> String {
     t.with_timezone(&zone).format("%Y-%m-%d %H:%M:%S %:z").to_string()
+}
+
+/// When a run started, in `zone`, to the millisecond: the time of day alone when it started
+/// on the day it was scheduled (the SCHEDULED column says which), else the date too.
+pub fn start_time(scheduled: DateTime<Utc>, started: DateTime<Utc>, zone: Tz) -> String {
+    let (s, t) = (scheduled.with_timezone(&zone), started.with_timezone(&zone));
+    if s.date_naive() == t.date_naive() {
+        t.format("%H:%M:%S%.3f").to_string()
+    } else {
+        t.format("%Y-%m-%d %H:%M:%S%.3f").to_string()
+    }
+}
+
+/// A signed lateness: `+12ms`, `+1.2s`, `+3m 05s`, `-4ms`.
+pub fn lateness(ms: i64) -> String {
+    let sign = if ms < 0 { '-' } else { '+' };
+    format!("{sign}{}", format_duration(std::time::Duration::from_millis(ms.unsigned_abs())))
 }
 
 /// How long ago (or from now) `t` is, humanely: `3m 05s ago`, `in 12.0s`.
@@ -86,49 +148,57 @@ pub fn relative(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
     }
 }
 
-fn rfc(t: Option<DateTime<Utc>>) -> Option<String> {
-    t.map(|d| d.to_rfc3339_opts(SecondsFormat::Millis, true))
+/// An instant as RFC 3339 in UTC with milliseconds: the one spelling in the CLI's JSON.
+pub fn rfc(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-/// A run record as JSON.
-pub fn run_json(r: &RunRecord) -> serde_json::Value {
+/// A run as JSON. The field names are a stable interface: new ones are added, none renamed.
+pub fn run_json(r: &RunView) -> serde_json::Value {
     json!({
-        "run_id": r.id.to_string(),
-        "job": r.id.tick.job,
-        "scheduled_at": rfc(Some(r.id.tick.scheduled_at)),
-        "attempt": r.id.attempt,
-        "trigger": r.trigger.as_str(),
+        "run_id": r.id,
+        "job": r.job,
+        "scheduled_at": rfc(r.scheduled_at),
+        "attempt": r.attempt,
+        "trigger": r.trigger,
         "node": r.node,
         "fencing_token": r.fencing_token,
-        "state": r.state.as_str(),
+        "state": r.state,
         "reason": r.reason,
-        "claimed_at": rfc(Some(r.claimed_at)),
-        "started_at": rfc(r.started_at),
-        "finished_at": rfc(r.finished_at),
-        "lease_until": rfc(r.lease_until),
-        "duration_ms": r.duration().map(|d| d.as_millis() as u64),
+        "claimed_at": rfc(r.claimed_at),
+        "started_at": r.started_at.map(rfc),
+        "finished_at": r.finished_at.map(rfc),
+        "lease_until": r.lease_until.map(rfc),
+        "lateness_ms": r.lateness_ms,
+        "duration_ms": r.duration_ms,
         "exit_code": r.exit_code,
-        "output": r.output,
     })
 }
 
-/// Columns of [`run_row`].
-pub const RUN_HEADER: [&str; 10] =
-    ["JOB", "SCHEDULED", "ATTEMPT", "TRIGGER", "STATE", "NODE", "TOKEN", "DURATION", "EXIT", "REASON"];
+/// Columns of [`run_row`], the instants in `zone`.
+pub fn run_header(zone: Tz) -> Vec<String> {
+    let scheduled = format!("SCHEDULED ({})", zone.name());
+    ["RUN ID", &scheduled, "STARTED", "LATE", "TRIGGER", "STATE", "NODE", "TOKEN", "DURATION", "EXIT", "REASON"]
+        .map(str::to_owned)
+        .to_vec()
+}
 
-/// A run record as a table row; the instant in `zone`.
-pub fn run_row(r: &RunRecord, zone: Tz) -> Vec<Cell> {
+/// A run as a table row, its instants in `zone`.
+pub fn run_row(r: &RunView, zone: Tz) -> Vec<Cell> {
+    let dash = || Cell::from("-");
     vec![
-        r.id.tick.job.clone().into(),
-        local_time(r.id.tick.scheduled_at, zone).into(),
-        r.id.attempt.to_string().into(),
+        r.id.as_str().into(),
+        local_time(r.scheduled_at, zone).into(),
+        r.started_at.map_or_else(dash, |t| start_time(r.scheduled_at, t, zone).into()),
+        r.lateness_ms.map_or_else(dash, |ms| lateness(ms).into()),
         r.trigger.as_str().into(),
-        state_cell(r.state),
-        r.node.clone().into(),
-        r.fencing_token.map_or("-".into(), |t| t.to_string()).into(),
-        r.duration().map_or("-".into(), format_duration).into(),
-        r.exit_code.map_or("-".into(), |c| c.to_string()).into(),
-        r.reason.clone().unwrap_or_default().into(),
+        state_cell(&r.state),
+        r.node.as_str().into(),
+        r.fencing_token.map_or_else(dash, |t| t.to_string().into()),
+        r.duration_ms
+            .map_or_else(dash, |ms| format_duration(std::time::Duration::from_millis(ms.unsigned_abs())).into()),
+        r.exit_code.map_or_else(dash, |c| c.to_string().into()),
+        r.reason.as_deref().unwrap_or_default().into(),
     ]
 }
 
@@ -138,20 +208,30 @@ mod tests {
 
     #[test]
     fn columns_align_on_visible_text_and_colour_only_when_asked() {
-        let rows = vec![vec![state_cell(RunState::Succeeded), "x".into()], vec!["running-long".into(), "y".into()]];
+        let rows = vec![vec![state_cell("succeeded"), "x".into()], vec!["running-long".into(), "y".into()]];
         let plain = table(&["STATE", "N"], rows, false);
         assert!(!plain.contains('\x1b'));
         let lines: Vec<&str> = plain.lines().collect();
         assert_eq!(lines[1].find('x'), lines[2].find('y'));
-        let coloured = table(&["STATE", "N"], vec![vec![state_cell(RunState::Failed), "x".into()]], true);
+        let coloured = table(&["STATE", "N"], vec![vec![state_cell("failed"), "x".into()]], true);
         assert!(coloured.contains("\x1b[31mfailed"));
     }
 
     #[test]
-    fn times_show_the_zone_offset() {
+    fn labelled_values_start_in_one_column_and_continue_under_themselves() {
+        let text = labelled(&[("job", "backup".into()), ("next fire", "soon".into()), ("nodes", "n1\nn2".into())]);
+        assert_eq!(text, "job        backup\nnext fire  soon\nnodes      n1\n           n2\n");
+    }
+
+    #[test]
+    fn times_show_the_zone_offset_and_lateness_its_sign() {
         let t: DateTime<Utc> = "2026-06-01T12:00:00Z".parse().unwrap();
-        assert_eq!(local_time(t, "Asia/Shanghai".parse().unwrap()), "2026-06-01 20:00:00 +08:00");
+        let shanghai: Tz = "Asia/Shanghai".parse().unwrap();
+        assert_eq!(local_time(t, shanghai), "2026-06-01 20:00:00 +08:00");
         let now = t + chrono::Duration::seconds(123);
         assert_eq!(relative(t, now), "2m 03s ago");
+        assert_eq!(start_time(t, t + chrono::Duration::milliseconds(12), shanghai), "20:00:00.012");
+        assert_eq!(start_time(t, t + chrono::Duration::hours(4), shanghai), "2026-06-02 00:00:00.000");
+        assert_eq!((lateness(12), lateness(1_200), lateness(-4)), ("+12ms".into(), "+1.2s".into(), "-4ms".into()));
     }
 }

@@ -19,20 +19,22 @@ pub struct CheckArgs {
 pub fn check(a: CheckArgs) -> Result<(), Failure> {
     let cfg = crate::load(&a.config)?;
     let store = solocron_core::redact_url(&cfg.store.url);
-    println!("{}: OK, {} job(s), store {store}, prefix {}", cfg.file, cfg.jobs.len(), cfg.store.prefix);
+    output::line(format_args!(
+        "{}: OK, {} job(s), store {store}, prefix {}",
+        cfg.file,
+        cfg.jobs.len(),
+        cfg.store.prefix
+    ))?;
     let now = Utc::now();
     for j in &cfg.jobs {
-        println!("\njob {}  schedule \"{}\"  zone {}", j.name, j.schedule.expr(), j.schedule.zone());
+        output::line(format_args!("\njob {}  schedule \"{}\"  zone {}", j.name, j.schedule.expr(), j.schedule.zone()))?;
         let ticks = j.schedule.ticks_between(now, now + chrono::Duration::days(3660), 5);
         if ticks.is_empty() {
-            println!("  (never fires)");
+            output::line("  (never fires)")?;
         }
         for t in ticks {
-            println!(
-                "  {}   {}",
-                output::local_time(t, j.schedule.zone()),
-                t.to_rfc3339_opts(SecondsFormat::Secs, true)
-            );
+            let utc = t.to_rfc3339_opts(SecondsFormat::Secs, true);
+            output::line(format_args!("  {}   {utc}", output::local_time(t, j.schedule.zone())))?;
         }
     }
     Ok(())
@@ -59,8 +61,7 @@ pub async fn migrate(a: MigrateArgs) -> Result<(), Failure> {
     }
     // `connect` brings the schema up to date (once).
     let store = a.target.connect(cfg.as_ref()).await?;
-    println!("{}: schema is current", store.describe());
-    Ok(())
+    output::line(format_args!("{}: schema is current", store.describe()))
 }
 
 /// Uninstalls; without `yes` it only says what it would remove, touching nothing (not even
@@ -79,6 +80,5 @@ async fn uninstall(target: &Target, cfg: Option<&crate::config::Config>, yes: bo
     // `open`, not `connect`: migrating first would create what is about to be removed.
     let store = target.open(cfg).await?;
     store.uninstall().await.map_err(store_failed)?;
-    println!("removed {what} (prefix `{}`)", store_cfg.prefix);
-    Ok(())
+    output::line(format_args!("removed {what} (prefix `{}`)", store_cfg.prefix))
 }

@@ -39,7 +39,16 @@ fn every_bad_config_is_refused_with_file_key_and_exit_2_and_nothing_written() {
         (format!("{GOOD_JOB}timezone = \"Europe/Nowhere\""), "jobs[0] (a).timezone"),
         (format!("{GOOD_JOB}timeout = \"ten minutes\""), "jobs[0] (a).timeout"),
         (format!("{GOOD_JOB}{GOOD_JOB}"), "already used by jobs[0]"),
-        (format!("{GOOD_JOB}retries = 3"), "unknown key `retries`"),
+        (format!("{GOOD_JOB}retries = 3"), "jobs[0] (a).retries: unknown key (line 8)"),
+        (
+            GOOD_JOB.replace("schedule =", "schedul ="),
+            "jobs[0] (a).schedul: unknown key (line 6); did you mean `schedule`?",
+        ),
+        (
+            GOOD_JOB.replace("[\"/bin/true\"]", "\"echo hi\""),
+            "jobs[0] (a).command: must be an array, not a string \"echo hi\" (line 7)",
+        ),
+        (format!("{GOOD_JOB}max_attempts = \"3\""), "jobs[0] (a).max_attempts: must be a whole number"),
         (format!("{GOOD_JOB}overlap = \"sometimes\""), "jobs[0] (a).overlap"),
         (format!("{GOOD_JOB}lease = \"10ms\""), "jobs[0] (a).lease"),
         ("[[jobs]]\nname = \"x\"\ncommand = [\"/bin/true\"]\n".to_owned(), "jobs[0] (x).schedule: is required"),
@@ -54,6 +63,17 @@ fn every_bad_config_is_refused_with_file_key_and_exit_2_and_nothing_written() {
             assert!(!db_written, "{cmd}: nothing may be written for bad input ({want})");
         }
     }
+}
+
+#[test]
+fn an_unknown_key_is_reported_once_with_every_key_its_table_takes() {
+    let (code, err, _) = run_with("check", &format!("{GOOD_JOB}retries = 3"));
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.matches("retries").count(), 1, "the key is named once: {err}");
+    assert!(err.contains("the keys here are: name, schedule, command, timezone"), "{err}");
+    assert!(err.contains("max_attempts"), "{err}");
+    let (_, err, _) = run_with("check", "[nodes]\nid = \"n1\"\n");
+    assert!(err.contains("bad.toml: nodes: unknown key (line 1); did you mean `node`?"), "{err}");
 }
 
 #[test]

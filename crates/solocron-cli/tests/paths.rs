@@ -49,3 +49,23 @@ fn a_relative_sqlite_path_in_a_configuration_is_relative_to_that_file() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!elsewhere.join("solocron.db").exists(), "a read from elsewhere created a store there");
 }
+
+#[test]
+fn a_command_without_a_configuration_says_how_to_name_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for (cmd, how) in [
+        (&["status"][..], &["--config FILE", "--store URL"][..]),
+        (&["history", "--job", "x"], &["--config FILE", "--store URL"]),
+        (&["check"], &["--config FILE"]),
+        (&["run"], &["--config FILE"]),
+    ] {
+        let out = solocron(dir.path(), cmd);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {err}");
+        assert!(err.contains("solocron.toml: no configuration file there"), "{cmd:?}: {err}");
+        for flag in how {
+            assert!(err.contains(flag), "{cmd:?}: expected `{flag}` in: {err}");
+        }
+    }
+    assert!(!dir.path().join("solocron.db").exists(), "nothing is created");
+}

@@ -3,7 +3,7 @@
 //! One set of checks, written once against the [`Store`] trait, that every store must pass
 //! unchanged: claim uniqueness under concurrency, batch claims, fencing, leases judged by
 //! the store's clock, recovery, overlap, misfire bookkeeping, history and pruning, the job
-//! registry, pause, manual runs and unlock.
+//! registry, pause, manual runs and unlock, node heartbeats and the audit log.
 //!
 //! A server store crate runs the whole suite with one line in `tests/conformance.rs`:
 //!
@@ -57,6 +57,13 @@ pub trait StoreFactory: Send + Sync + 'static {
     /// (millisecond leases, expired when the store's clock says so).
     fn lease_resolution(&self) -> std::time::Duration {
         std::time::Duration::ZERO
+    }
+
+    /// A factory onto another namespace beside this one (another prefix in the same file or
+    /// on the same server), empty like this one, for the checks that one prefix never sees
+    /// another's data. Default: `None`, and those checks skip that part.
+    fn neighbour(&self) -> Option<Box<dyn StoreFactory>> {
+        None
     }
 
     /// A new, independent store instance like [`connect`](Self::connect), migrated.
@@ -155,6 +162,11 @@ macro_rules! conformance_tests {
             manual_requests_get_unique_off_second_ticks_and_stay_pending_until_claimed,
             a_request_made_elsewhere_wakes_the_request_watch,
             unlock_abandons_the_jobs_running_runs_and_fences_out_their_holders,
+            // Nodes and the audit log.
+            a_heartbeat_lists_the_node_by_store_clock_until_its_goodbye_and_a_later_beat_restarts_it,
+            every_action_is_recorded_with_who_why_and_what_newest_first_and_by_job,
+            nodes_and_actions_of_another_prefix_are_not_seen,
+            prune_forgets_old_actions_and_long_silent_nodes,
             // Schema.
             migrate_is_safe_when_many_nodes_start_at_once,
         );

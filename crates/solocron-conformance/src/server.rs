@@ -193,6 +193,12 @@ impl<S: TestServer> StoreFactory for Namespace<S> {
     fn lease_resolution(&self) -> Duration {
         S::LEASE_RESOLUTION
     }
+
+    /// `{this prefix}_nb`: its names begin like this one's, so a store that matched names
+    /// by their start would show it.
+    fn neighbour(&self) -> Option<Box<dyn StoreFactory>> {
+        Some(Box::new(self.nested("nb")))
+    }
 }
 
 impl<S: TestServer> Drop for Namespace<S> {

@@ -24,6 +24,7 @@
 mod names;
 
 mod duration;
+mod fleet;
 mod job_name;
 mod policy;
 mod prefix;
@@ -33,6 +34,10 @@ mod schedule;
 mod store;
 
 pub use duration::{format_duration, parse_duration, DurationError};
+pub use fleet::{
+    ActionKind, ActionQuery, ActionRecord, Liveness, NodeBeat, NodeRecord, ALREADY_PAUSED, ALREADY_RUNNING,
+    HEARTBEAT_EVERY, NODES_MAX, NODE_FORGET_AFTER, NODE_STALE_AFTER, NOTHING_RUNNING, UNLOCK_DETAIL_RUNS_MAX,
+};
 pub use job_name::{validate_job_name, JobNameError, JOB_NAME_CHARS_MAX};
 pub use policy::{
     plan_due, retention_floor, DuePlan, JobPolicy, Misfire, OnCrash, Overlap, PolicyError, KILL_GRACE_DEFAULT_MAX,

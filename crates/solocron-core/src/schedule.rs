@@ -175,6 +175,16 @@ impl Schedule {
         self.zone
     }
 
+    /// The schedule in words (croner's English description), for people reading a console.
+    ///
+    /// ```
+    /// let s = solocron_core::Schedule::parse("0 12 * * MON-FRI", "UTC").unwrap();
+    /// assert!(s.describe().contains("12"));
+    /// ```
+    pub fn describe(&self) -> String {
+        self.cron.describe()
+    }
+
     /// The first fire instant strictly after `after`, or `None` if there is none.
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let local = after.with_timezone(&self.zone);

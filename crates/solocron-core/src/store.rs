@@ -13,6 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use crate::fleet::{ActionQuery, ActionRecord, NodeBeat, NodeRecord};
 use crate::run::{RunId, RunRecord, RunState, Tick, Trigger};
 
 /// Most requests one [`Store::claim`] call carries; the engine splits larger batches.
@@ -396,16 +397,27 @@ pub trait Store: Send + Sync + 'static {
     /// Every registration of every node, by job then node.
     async fn registrations(&self) -> Result<Vec<Registration>, StoreError>;
 
-    /// Pauses (`paused = true`) or resumes a job for the whole fleet at once. While paused,
-    /// a [`ClaimMode::Run`] claim of a tick of this job (other than a [`Trigger::Manual`]
-    /// one) records the tick `skipped` with a reason naming who paused it and why.
+    /// Pauses (`paused = true`) or resumes a job for the whole fleet at once, and appends
+    /// the action (pause or resume, `by`, `reason`) to the audit log ([`Store::actions`]) in
+    /// the same atomic step. While paused, a [`ClaimMode::Run`] claim of a tick of this job
+    /// (other than a [`Trigger::Manual`] one) records the tick `skipped` with a reason
+    /// naming who paused it and why.
+    ///
+    /// Pausing a job that is paused already, without a `reason`, leaves its switch as it was
+    /// (who paused it, why and when stay: the earlier reason is not erased); with a reason,
+    /// the switch takes the new `by` and `reason`. Either way the action is recorded with
+    /// the detail [`crate::ALREADY_PAUSED`]. Resuming a job that is not paused records
+    /// [`crate::ALREADY_RUNNING`]. A pause or resume that changes the switch has an empty
+    /// detail.
     async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError>;
 
     /// The switches of every job an operator ever touched.
     async fn controls(&self) -> Result<Vec<JobControl>, StoreError>;
 
-    /// Asks for one manual run of `job` now; returns its tick (see [`RunRequest`]).
-    async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError>;
+    /// Asks for one manual run of `job` now, and appends the action (trigger, `by`,
+    /// `reason`, and as detail the manual run's id, `job@instant#1`) to the audit log in the
+    /// same atomic step; returns its tick (see [`RunRequest`]).
+    async fn request_run(&self, job: &str, by: &str, reason: Option<&str>) -> Result<Tick, StoreError>;
 
     /// How long after a lease's end the store may still report the run as alive (etcd
     /// expires leases in a periodic scan: up to 500 ms). Nodes look for expired runs that
@@ -424,9 +436,12 @@ pub trait Store: Send + Sync + 'static {
     /// Manual run requests whose tick has no run record yet, oldest first, at most `limit`.
     async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError>;
 
-    /// Ends every `running` run of `job` as `abandoned` with `reason` (an operator's
-    /// unlock). The holder, if alive, finds its lease gone at its next renewal and stops.
-    async fn unlock(&self, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError>;
+    /// Ends every `running` run of `job` as `abandoned` (an operator's unlock), recorded
+    /// with the reason [`ActionRecord::unlock_reason`]`(by, reason)`, and appends the action
+    /// (unlock, `by`, `reason`, and as detail [`ActionRecord::unlock_detail`] of the runs it
+    /// ended) to the audit log in the same atomic step; returns the runs it ended, sorted.
+    /// The holder, if alive, finds its lease gone at its next renewal and stops.
+    async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError>;
 
     /// The instant (store clock) since which this store remembers every claim, or `None` if
     /// it never lost its data. A store that can forget everything (Redis without
@@ -438,7 +453,30 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Deletes at most `batch` ended run records (never a `running` one) of ticks scheduled
-    /// before the store's now minus `older_than`, and the run requests as old; returns how
-    /// many records it deleted. Callers loop (boundedly) until it returns less than `batch`.
+    /// before the store's now minus `older_than`, the run requests as old, at most
+    /// [`PRUNE_BATCH_MAX`] audit log actions as old, and the nodes not heard from for
+    /// longer than the smaller of `older_than` and [`crate::NODE_FORGET_AFTER`] (a node that
+    /// said goodbye, or died, is forgotten a day later). Returns how many run records it
+    /// deleted. Callers loop (boundedly) until it returns less than `batch`.
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError>;
+
+    /// Records `beat` as the node's latest heartbeat, `last_seen` being the store's now. The
+    /// first beat after a goodbye (or ever) also sets `started_at`; every beat clears
+    /// `left_at`. One cheap write: every node calls it every [`crate::HEARTBEAT_EVERY`].
+    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError>;
+
+    /// Records that `node` shut down cleanly (`left_at` = the store's now); a node never
+    /// heard from is left unknown.
+    async fn goodbye(&self, node: &str) -> Result<(), StoreError>;
+
+    /// Every node heard from and not yet forgotten (see [`Store::prune`]), by id; at most
+    /// [`crate::NODES_MAX`], the first by id.
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
+
+    /// Operator actions (pause, resume, trigger, unlock) of `query.job` (or of every job),
+    /// newest first (store clock; actions of one instant in the order recorded), at most
+    /// [`ActionQuery::effective_limit`]. Stores that keep everything in memory (Redis) or
+    /// in a small keyspace (etcd) also keep at most a bounded number of the newest actions
+    /// per prefix; their crate docs say how many.
+    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError>;
 }

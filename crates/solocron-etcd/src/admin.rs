@@ -1,5 +1,6 @@
 //! What operators and housekeeping read and change: history, the client's clock (etcd has
-//! none), the job registry, pause switches, manual run requests, and pruning.
+//! none), the job registry, pause switches, manual run requests, and pruning. An operator's
+//! action is appended to the audit log in the `Txn` of the step (`fleet.rs`).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -7,14 +8,15 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
 use solocron_core::{
-    HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest, RunState, StoreError, Tick,
-    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest,
+    RunState, StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 
 use crate::codec::{
     decode, encode, instant, millis, Guard, StoredControl, StoredRegistration, StoredRequest, StoredRun,
 };
-use crate::etcd::{bounded, get, now_ms, range, range_all, read, single, txn, TXN_OPS_MAX};
+use crate::etcd::{get, now_ms, range, range_all, read, single, txn, TXN_OPS_MAX};
+use crate::fleet::{action_key, put_action, trim, Action};
 use crate::keys::prefix_end;
 use crate::runs::running_records;
 use crate::EtcdStore;
@@ -171,8 +173,11 @@ async fn read_family(store: &EtcdStore, family: &str) -> Result<Vec<etcd_client:
     Ok(range_all(&store.client, "a read", (&start, &prefix_end(&start)), false, 0).await?.0)
 }
 
-/// Sets a job's pause switch: one put (the last operator wins, as with an upsert). Claims
-/// compare the switch's revision, so none decides on a switch changed under it.
+/// Sets a job's pause switch (left as it is by a pause of a paused job without a reason)
+/// and records the action: a read of the switch, then one `Txn` comparing its revision, so
+/// that the action's detail is true of the switch it changed (a lost compare decides
+/// again, bounded). Claims compare the switch's revision too, so none decides on a switch
+/// changed under it.
 pub(crate) async fn set_paused(
     store: &EtcdStore,
     job: &str,
@@ -180,20 +185,35 @@ pub(crate) async fn set_paused(
     by: &str,
     reason: Option<&str>,
 ) -> Result<(), StoreError> {
-    let control = StoredControl {
-        job: job.to_owned(),
-        paused,
-        changed_by: by.to_owned(),
-        reason: reason.map(str::to_owned),
-        changed_at: now_ms(),
-    };
-    let (key, value) = (store.keys.control(job), encode(&control));
-    bounded(&store.client, "a pause", |mut c| {
-        let (key, value) = (key.clone(), value.clone());
-        async move { c.put(key, value, None).await }
-    })
-    .await?;
-    Ok(())
+    let key = store.keys.control(job);
+    for _ in 0..crate::runs::CAS_ATTEMPTS {
+        let found = read(&store.client, vec![get(key.clone())]).await?.into_iter().next().and_then(single);
+        let (was_paused, revision) = match &found {
+            Some(kv) => (decode::<StoredControl>(kv.value(), "job control")?.paused, kv.mod_revision()),
+            None => (false, 0),
+        };
+        let (action, at) = action_key(store);
+        let mut puts = Vec::new();
+        if !(paused && was_paused && reason.is_none()) {
+            let control = StoredControl {
+                job: job.to_owned(),
+                paused,
+                changed_by: by.to_owned(),
+                reason: reason.map(str::to_owned),
+                changed_at: at,
+            };
+            puts.push(TxnOp::put(key.clone(), encode(&control), None));
+        }
+        let kind = if paused { ActionKind::Pause } else { ActionKind::Resume };
+        let detail = ActionRecord::pause_detail(paused, was_paused);
+        puts.push(put_action(&action, at, Action { job, kind, by, reason, detail }));
+        let unchanged = vec![Compare::mod_revision(key.clone(), CompareOp::Equal, revision)];
+        if txn(&store.client, "a pause", Txn::new().when(unchanged).and_then(puts)).await?.succeeded() {
+            trim(store).await;
+            return Ok(());
+        }
+    }
+    Err(crate::runs::contended("a pause"))
 }
 
 /// Every job's switches, by job.
@@ -217,18 +237,27 @@ fn next_manual_ms(t: i64) -> i64 {
 }
 
 /// Requests a manual run: one `Txn` creating the request key if absent, at the first free
-/// off-second millisecond from the client's now.
-pub(crate) async fn request_run(store: &EtcdStore, job: &str, by: &str) -> Result<Tick, StoreError> {
-    let now = now_ms();
+/// off-second millisecond from the client's now, with the action.
+pub(crate) async fn request_run(
+    store: &EtcdStore,
+    job: &str,
+    by: &str,
+    reason: Option<&str>,
+) -> Result<Tick, StoreError> {
+    let (action, now) = action_key(store);
     let mut at = if now.rem_euclid(1000) == 0 { now + 1 } else { now };
     for _ in 0..REQUEST_SLOTS_MAX {
         let key = store.keys.request(job, at);
         let request = StoredRequest { job: job.to_owned(), requested_at: at, requested_by: by.to_owned() };
-        let create = Txn::new()
-            .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then(vec![TxnOp::put(key, encode(&request), None)]);
+        let tick = Tick::new(job, instant(at)?);
+        let detail = RunId { tick: tick.clone(), attempt: 1 }.to_string();
+        let create = Txn::new().when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then(vec![
+            TxnOp::put(key, encode(&request), None),
+            put_action(&action, now, Action { job, kind: ActionKind::Trigger, by, reason, detail: &detail }),
+        ]);
         if txn(&store.client, "a run request", create).await?.succeeded() {
-            return Ok(Tick::new(job, instant(at)?));
+            trim(store).await;
+            return Ok(tick);
         }
         at = next_manual_ms(at);
     }
@@ -272,15 +301,16 @@ pub(crate) async fn pending_requests(store: &EtcdStore, limit: usize) -> Result<
     Ok(out)
 }
 
-/// Deletes old ended records, oldest first, and old requests (see
-/// [`solocron_core::Store::prune`]). One read at one revision (every job guard, to know the
+/// Deletes old ended records, oldest first, old requests and actions, and forgets silent
+/// nodes (see [`solocron_core::Store::prune`]). One read at one revision (every job guard, to know the
 /// running runs, and the oldest record keys before the cutoff), then delete `Txn`s of
 /// [`TXN_OPS_MAX`] keys. Records ended at that revision never change again, so deleting them
 /// needs no compare. etcd sorts that range server-side after reading all of it (records
 /// older than the cutoff): prune regularly and it stays short.
 pub(crate) async fn prune(store: &EtcdStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
     let batch = batch.min(PRUNE_BATCH_MAX);
-    let cutoff = now_ms().saturating_sub(millis(older_than));
+    let now = now_ms();
+    let cutoff = now.saturating_sub(millis(older_than));
     let (guards, runs) = (store.keys.family("job"), store.keys.family("run"));
     let (guards, at) = range_all(&store.client, "a prune read", (&guards, &prefix_end(&guards)), false, 0).await?;
     let mut running = std::collections::HashSet::new();
@@ -323,6 +353,7 @@ pub(crate) async fn prune(store: &EtcdStore, older_than: Duration, batch: usize)
         Some(etcd_client::DeleteOptions::new().with_range(store.keys.requests_from(cutoff))),
     )]);
     txn(&store.client, "a request prune", old_requests).await?;
+    crate::fleet::prune(store, now, older_than).await?;
     Ok(deleted)
 }
 

@@ -6,7 +6,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use solocron_core::{JobControl, Lease, Registration, RunId, RunRecord, RunState, Tick, Trigger};
+use solocron_core::{
+    ActionRecord, JobControl, Lease, NodeBeat, Registration, RunId, RunRecord, RunState, Tick, Trigger,
+};
 
 use crate::StoreError;
 
@@ -196,6 +198,57 @@ pub(crate) struct StoredRequest {
     pub job: String,
     pub requested_at: i64,
     pub requested_by: String,
+}
+
+/// What a node said in its last heartbeat, under `{p}node/{node}/beat`, and when (this
+/// process's clock: etcd has none).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StoredBeat {
+    pub node: String,
+    pub version: String,
+    pub jobs: u32,
+    pub running: u32,
+    pub last_seen: i64,
+}
+
+impl StoredBeat {
+    pub(crate) fn new(beat: &NodeBeat, now: i64) -> StoredBeat {
+        StoredBeat {
+            node: beat.node.clone(),
+            version: beat.version.clone(),
+            jobs: beat.jobs,
+            running: beat.running,
+            last_seen: now,
+        }
+    }
+
+    pub(crate) fn to_beat(&self) -> NodeBeat {
+        NodeBeat { node: self.node.clone(), version: self.version.clone(), jobs: self.jobs, running: self.running }
+    }
+}
+
+/// An operator's action under `{p}action/{at↓}/{tag}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StoredAction {
+    pub job: String,
+    pub kind: String,
+    pub by: String,
+    pub reason: Option<String>,
+    pub at: i64,
+    pub detail: String,
+}
+
+impl StoredAction {
+    pub(crate) fn to_record(&self) -> Result<ActionRecord, StoreError> {
+        Ok(ActionRecord {
+            job: self.job.clone(),
+            kind: self.kind.parse().map_err(|e: String| StoreError::Invalid(format!("action of {}: {e}", self.job)))?,
+            by: self.by.clone(),
+            reason: self.reason.clone(),
+            at: instant(self.at)?,
+            detail: self.detail.clone(),
+        })
+    }
 }
 
 /// An instant from stored milliseconds.

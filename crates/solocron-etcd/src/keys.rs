@@ -9,6 +9,9 @@
 //! | `{p}control/{job}` | pause switch (JSON) | read by every claim of the job |
 //! | `{p}registry/{node}/{job}` | registration (JSON) | one node's definitions in one range |
 //! | `{p}request/{at}/{job}` | manual run request (JSON) | oldest first in key order |
+//! | `{p}node/{node}/beat` | a node's last heartbeat (JSON) | rewritten by every beat |
+//! | `{p}node/{node}/start`, `…/left` | when it started, when it said goodbye (ms) | written only when they change, so a beat needs no read |
+//! | `{p}action/{at_µs↓}/{tag}` | an operator's action (JSON) | the audit log, newest first in key order; `tag` makes the key unique |
 //!
 //! `at↓` and `attempt↓` are inverted (larger instants sort first) because etcd serves an
 //! ascending range with a limit cheaply, while a descending (sorted) range makes it read the
@@ -121,6 +124,26 @@ impl Keys {
 
     pub(crate) fn request(&self, job: &str, at: i64) -> String {
         format!("{}request/{}/{}", self.prefix, ascending(at), escape(job))
+    }
+
+    /// One of a node's keys: `part` is `beat`, `start` or `left`.
+    pub(crate) fn node(&self, node: &str, part: &str) -> String {
+        format!("{}node/{}/{part}", self.prefix, escape(node))
+    }
+
+    /// An action's key: `at_us` (microseconds, so that one process's actions never share
+    /// an instant) inverted, then `tag`.
+    pub(crate) fn action(&self, at_us: i64, tag: &str) -> String {
+        format!("{}action/{}/{tag}", self.prefix, descending(at_us))
+    }
+
+    /// Action keys of instants before `until_us` (microseconds) start here and run to the
+    /// family's end.
+    pub(crate) fn actions_before(&self, until_us: i64) -> String {
+        match until_us.checked_sub(1) {
+            Some(last) => format!("{}action/{}", self.prefix, descending(last)),
+            None => prefix_end(&self.family("action")),
+        }
     }
 
     /// The first request key at or after instant `at`: requests before `at` sort before it.

@@ -55,7 +55,8 @@
 //!
 //! etcd has no time API. Instants recorded for information (`claimed_at`, `finished_at`,
 //! `lease_until`, registrations' `first_seen`/`last_seen`, `changed_at`, manual request
-//! ticks) and [`Store::now`] come from **this process's clock**, and prune's cutoff too.
+//! ticks, nodes' heartbeats, actions' instants) and [`Store::now`] come from **this
+//! process's clock**, and prune's cutoff too.
 //! `lease_until` is an estimate: this clock just before the lease was granted or kept
 //! alive, plus the length, so it ends no later than etcd's TTL (which starts when etcd
 //! receives the request and is the length rounded up); a claim that reuses a keep-alive
@@ -82,6 +83,8 @@
 //! | `{p}control/{job}` | the job's pause switch (JSON) |
 //! | `{p}registry/{node}/{job}` | a registration (JSON) |
 //! | `{p}request/{at}/{job}` | a manual run request (JSON), oldest first |
+//! | `{p}node/{node}/beat`, `…/start`, `…/left` | a node's last heartbeat (JSON), its start, its goodbye |
+//! | `{p}action/{at↓}/{tag}` | an operator's action (JSON), newest first: the audit log |
 //!
 //! [`Store::migrate`] writes (or checks) the layout version; the other steps do not read it.
 //!
@@ -144,6 +147,8 @@
 //! - `leases.rs`: the node's shared etcd leases that claims attach runs to.
 //! - `runs.rs`: a held run's life: renew, finish, expired, recover, unlock.
 //! - `admin.rs`: history, now, registry, pause switches, manual requests, prune.
+//! - `fleet.rs`: node heartbeats (one `Txn`, no read) and the audit log (an action is one
+//!   more put in the `Txn` of the step it records; at most [`ACTIONS_KEPT_MAX`] are kept).
 //! - `watch.rs`: the request watch (an etcd watch).
 //! - `error.rs`: etcd client errors as [`StoreError`]s.
 //! - `keys.rs`: the key layout; `codec.rs`: the stored values (JSON).
@@ -156,6 +161,7 @@ mod claim;
 mod codec;
 mod error;
 mod etcd;
+mod fleet;
 mod keys;
 mod leases;
 mod runs;
@@ -172,12 +178,14 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use etcd_client::{Client, ConnectOptions};
 use solocron_core::{
-    ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, Prefix, RecoverAction,
-    RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease,
+    NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId,
+    RunRecord, RunRequest, Store, StoreError, Tick,
 };
 
 pub use admin::HISTORY_SCAN_MAX;
 pub use etcd::TXN_OPS_MAX;
+pub use fleet::ACTIONS_KEPT_MAX;
 
 use error::in_context;
 use keys::Keys;
@@ -341,8 +349,8 @@ impl Store for EtcdStore {
         admin::controls(self).await
     }
 
-    async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError> {
-        admin::request_run(self, job, by).await
+    async fn request_run(&self, job: &str, by: &str, reason: Option<&str>) -> Result<Tick, StoreError> {
+        admin::request_run(self, job, by, reason).await
     }
 
     fn expiry_lag(&self) -> Duration {
@@ -357,11 +365,27 @@ impl Store for EtcdStore {
         admin::pending_requests(self, limit).await
     }
 
-    async fn unlock(&self, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-        runs::unlock(self, job, reason).await
+    async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+        runs::unlock(self, job, by, reason).await
     }
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
         admin::prune(self, older_than, batch).await
+    }
+
+    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {
+        fleet::heartbeat(self, beat).await
+    }
+
+    async fn goodbye(&self, node: &str) -> Result<(), StoreError> {
+        fleet::goodbye(self, node).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        fleet::nodes(self).await
+    }
+
+    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
+        fleet::actions(self, query).await
     }
 }

@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use solocron_core::{
-    output_tail, Ending, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord, RunState, StoreError,
-    Trigger, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
+    output_tail, ActionKind, ActionRecord, Ending, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId,
+    RunRecord, RunState, StoreError, Trigger, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 
 use crate::codec::{decode, encode, millis, to_lease, Guard, StoredRun};
 use crate::etcd::{get, gets, keep_alive, now_ms, range_all, read, revision, revoke_quietly, single, txn, TXN_OPS_MAX};
+use crate::fleet::Action;
 use crate::keys::prefix_end;
 use crate::leases::lease_secs;
 use crate::EtcdStore;
@@ -59,13 +60,14 @@ impl EtcdStore {
 }
 
 /// How many times a write is decided again after losing a compare to another node.
-const CAS_ATTEMPTS: u32 = 16;
+pub(crate) const CAS_ATTEMPTS: u32 = 16;
 
-/// Runs an unlock ends per `Txn`: two puts and one compare each, plus the guard's.
-const UNLOCK_CHUNK: usize = (TXN_OPS_MAX - 1) / 2;
+/// Runs an unlock ends per `Txn`: two puts and one compare each, plus the guard's compare
+/// and put and the action's put.
+const UNLOCK_CHUNK: usize = (TXN_OPS_MAX - 2) / 2;
 
 /// The error after [`CAS_ATTEMPTS`] lost compares.
-fn contended(what: &str) -> StoreError {
+pub(crate) fn contended(what: &str) -> StoreError {
     StoreError::Unavailable(format!("{what} lost {CAS_ATTEMPTS} compare-and-swaps in a row to other nodes; try again"))
 }
 
@@ -483,19 +485,44 @@ fn next_attempt(
     })
 }
 
-/// Ends every running run of `job` as abandoned (see [`solocron_core::Store::unlock`]): one
-/// `Txn` per [`UNLOCK_CHUNK`] runs, each comparing the guard's and the records' revisions.
-pub(crate) async fn unlock(store: &EtcdStore, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+/// Ends every running run of `job` as abandoned, and records the action (see
+/// [`solocron_core::Store::unlock`]): one `Txn` per [`UNLOCK_CHUNK`] runs, each comparing
+/// the guard's and the records' revisions. Each `Txn` also writes the action, naming every
+/// run ended so far (the same key each time), so the log never misses a run an unlock
+/// ended, even when a later `Txn` of it fails; an unlock that finds nothing running
+/// records so in a `Txn` comparing the guard's revision.
+pub(crate) async fn unlock(store: &EtcdStore, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
     let guard_key = store.keys.guard(job);
+    let why = ActionRecord::unlock_reason(by, reason);
+    let (action_key, at) = crate::fleet::action_key(store);
+    let action = |ended: &[RunId]| {
+        let detail = ActionRecord::unlock_detail(ended);
+        let reason = (!reason.is_empty()).then_some(reason);
+        crate::fleet::put_action(&action_key, at, Action { job, kind: ActionKind::Unlock, by, reason, detail: &detail })
+    };
     let mut unlocked = Vec::new();
     let mut lost = 0;
     while lost < CAS_ATTEMPTS {
-        let Some(kv) = read_keys(store, vec![get(guard_key.clone())]).await?.pop().flatten() else { break };
-        let (mut guard, guard_rev) = stored_guard(Some(&kv), job)?;
-        let ids: Vec<RunId> = guard.running_ids()?.into_iter().take(UNLOCK_CHUNK).collect();
+        let found = read_keys(store, vec![get(guard_key.clone())]).await?.pop().flatten();
+        let ids = match &found {
+            Some(kv) => stored_guard(Some(kv), job)?.0.running_ids()?.into_iter().take(UNLOCK_CHUNK).collect(),
+            None => Vec::new(),
+        };
         if ids.is_empty() {
-            break;
+            if !unlocked.is_empty() {
+                break; // the last chunk's `Txn` recorded the action
+            }
+            let revision = found.as_ref().map_or(0, KeyValue::mod_revision);
+            let idle = vec![Compare::mod_revision(guard_key.clone(), CompareOp::Equal, revision)];
+            match commit(store, "an unlock", Txn::new().when(idle).and_then(vec![action(&[])]), Vec::new()).await? {
+                Ok(_) => break,
+                Err(_) => {
+                    lost += 1;
+                    continue;
+                }
+            }
         }
+        let (mut guard, guard_rev) = stored_guard(found.as_ref(), job)?;
         let answers = read_keys(store, ids.iter().map(|id| get(store.keys.run(id))).collect()).await?;
         let mut compares = vec![Compare::mod_revision(guard_key.clone(), CompareOp::Equal, guard_rev)];
         let (mut puts, mut ended) = (Vec::new(), Vec::new());
@@ -505,13 +532,16 @@ pub(crate) async fn unlock(store: &EtcdStore, job: &str, reason: &str) -> Result
             let Some((mut record, rev)) = stored_run(kv.as_ref())? else { continue };
             compares.push(Compare::mod_revision(store.keys.run(id), CompareOp::Equal, rev));
             if record.is_running() {
-                record.end(RunState::Abandoned, Some(reason.to_owned()), now);
+                record.end(RunState::Abandoned, Some(why.clone()), now);
                 puts.push(TxnOp::put(store.keys.run(id), encode(&record), None));
                 puts.push(TxnOp::delete(store.keys.alive(id), None));
                 ended.push(id.clone());
             }
         }
         puts.push(TxnOp::put(guard_key.clone(), encode(&guard), None));
+        let mut so_far: Vec<RunId> = unlocked.iter().chain(&ended).cloned().collect();
+        so_far.sort();
+        puts.push(action(&so_far));
         match commit(store, "an unlock", Txn::new().when(compares).and_then(puts), Vec::new()).await? {
             Ok(_) => {
                 ended.iter().for_each(|id| store.forget(id));
@@ -523,6 +553,8 @@ pub(crate) async fn unlock(store: &EtcdStore, job: &str, reason: &str) -> Result
     if lost == CAS_ATTEMPTS {
         return Err(contended("unlock"));
     }
+    crate::fleet::trim(store).await;
+    unlocked.sort();
     tracing::debug!(job, runs = unlocked.len(), "job unlocked");
     Ok(unlocked)
 }

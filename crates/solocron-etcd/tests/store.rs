@@ -343,7 +343,7 @@ async fn uninstall_removes_every_key_of_its_prefix_and_leaves_other_prefixes_alo
         let lease = won(&store, run(tick("backup", 0), "a", Duration::from_secs(60))).await;
         assert!(store.renew(&lease, Duration::from_secs(60)).await.expect("renew"));
         store.set_paused("backup", true, "ops", None).await.expect("pause");
-        store.request_run("report", "ops").await.expect("request");
+        store.request_run("report", "ops", None).await.expect("request");
         let definition = solocron_core::JobDefinition {
             job: "backup".into(),
             schedule: "* * * * *".into(),
@@ -352,6 +352,9 @@ async fn uninstall_removes_every_key_of_its_prefix_and_leaves_other_prefixes_alo
             summary: String::new(),
         };
         store.register("a", &[definition]).await.expect("register");
+        let beat = solocron_core::NodeBeat { node: "a".into(), version: "1".into(), jobs: 1, running: 1 };
+        store.heartbeat(&beat).await.expect("heartbeat");
+        store.goodbye("a").await.expect("goodbye");
         stores.push(store);
     }
     let kept_keys = keys_under(&kept.url, &kept.prefix.etcd_key_prefix()).await;
@@ -396,4 +399,30 @@ async fn no_password_shows_in_the_description_or_in_connect_errors() {
         }
         Err(e) => assert!(!e.to_string().contains(secret), "{e}"),
     }
+}
+
+/// The audit log keeps at most `ACTIONS_KEPT_MAX` actions: a step that makes it longer
+/// drops the oldest. (The log is filled behind the store's back, a `Txn` of 128 puts at a
+/// time, as older actions than any the store makes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_audit_log_keeps_only_its_newest_actions() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let mut client = common::client(&ns.url).await.expect("connect");
+    let family = format!("{}action/", ns.prefix.etcd_key_prefix());
+    let kept = solocron_etcd::ACTIONS_KEPT_MAX;
+    let old = br#"{"job":"old","kind":"pause","by":"ops","reason":null,"at":0,"detail":""}"#;
+    // Larger digits sort later: older. Key `i` is newer than key `i + 1`.
+    let keys: Vec<String> = (0..kept).map(|i| format!("{family}9{i:019}/t")).collect();
+    for chunk in keys.chunks(solocron_etcd::TXN_OPS_MAX) {
+        let puts = chunk.iter().map(|k| etcd_client::TxnOp::put(k.as_str(), old.to_vec(), None)).collect::<Vec<_>>();
+        client.txn(etcd_client::Txn::new().and_then(puts)).await.expect("fill the log");
+    }
+    store.set_paused("backup", true, "alice", None).await.expect("pause");
+    let left = keys_under(&ns.url, &family).await;
+    assert_eq!(left.len(), kept, "one action in, the oldest out");
+    assert!(!left.contains(keys.last().expect("a key")), "the oldest went");
+    assert!(left.contains(&keys[kept - 2]), "the one before it stays");
+    let newest = store.actions(&solocron_core::ActionQuery { job: None, limit: 1 }).await.expect("actions");
+    assert_eq!((newest[0].job.as_str(), newest[0].by.as_str()), ("backup", "alice"));
 }

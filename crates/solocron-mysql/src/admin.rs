@@ -1,18 +1,20 @@
 //! What operators and housekeeping read and change: history, the store's clock, the job
-//! registry, pauses, manual run requests, unlock and pruning.
+//! registry, pauses, manual run requests, unlock and pruning. An operator's action is one
+//! transaction that also appends it to the audit log (`fleet.rs`).
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest, StoreError, Tick,
-    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest,
+    StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, QueryBuilder};
 
 use crate::error::{invalid, retrying, Failure};
-use crate::records::{check_name, check_text, get, instant, millis, opt_text, record, text, COLUMNS};
+use crate::fleet::{append, check, Action};
+use crate::records::{check_name, get, instant, millis, opt_text, record, text, COLUMNS};
 use crate::MySqlStore;
 
 /// Definitions per `INSERT` of [`register`]: 6 placeholders each, far below MySQL's
@@ -106,7 +108,8 @@ fn registration(row: &MySqlRow) -> Result<Registration, Failure> {
     })
 }
 
-/// Upserts the job's switch; one statement.
+/// Upserts the job's switch (left as it is by a pause of a paused job without a reason)
+/// and records the action; one transaction, the switch's row locked while it decides.
 pub(crate) async fn set_paused(
     store: &MySqlStore,
     job: &str,
@@ -115,26 +118,51 @@ pub(crate) async fn set_paused(
     reason: Option<&str>,
 ) -> Result<(), StoreError> {
     let context = if paused { "cannot pause" } else { "cannot resume" };
-    check_name("job", job).map_err(|f| f.into_store(context))?;
-    let sql = store.sql(
-        "INSERT INTO {p}jobs (job, paused, changed_by, reason, changed_at) VALUES (?, ?, ?, ?, NOW_MS)
-         ON DUPLICATE KEY UPDATE paused = ?, changed_by = ?, reason = ?, changed_at = NOW_MS",
-    );
+    check(job, by, reason).map_err(|f| f.into_store(context))?;
     retrying(context, || async {
-        sqlx::query(&sql)
-            .bind(job)
-            .bind(i8::from(paused))
-            .bind(by)
-            .bind(reason)
-            .bind(i8::from(paused))
-            .bind(by)
-            .bind(reason)
-            .execute(&store.pool)
-            .await?;
+        let mut tx = store.pool.begin().await?;
+        let was: Option<i64> =
+            sqlx::query_scalar(&store.sql("SELECT CAST(paused AS SIGNED) FROM {p}jobs WHERE job = ? FOR UPDATE"))
+                .bind(job)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let was_paused = was.is_some_and(|p| p != 0);
+        if !(paused && was_paused && reason.is_none()) {
+            switch(store, &mut tx, job, paused, by, reason).await?;
+        }
+        let kind = if paused { ActionKind::Pause } else { ActionKind::Resume };
+        let detail = ActionRecord::pause_detail(paused, was_paused);
+        append(store, &mut tx, Action { job, kind, by, reason, detail }).await?;
+        tx.commit().await?;
         Ok(())
     })
     .await?;
     tracing::info!(job, paused, by, reason, "job switch changed");
+    Ok(())
+}
+
+/// Upserts the job's switch on `conn`.
+async fn switch(
+    store: &MySqlStore,
+    conn: &mut sqlx::MySqlConnection,
+    job: &str,
+    paused: bool,
+    by: &str,
+    reason: Option<&str>,
+) -> Result<(), Failure> {
+    sqlx::query(&store.sql(
+        "INSERT INTO {p}jobs (job, paused, changed_by, reason, changed_at) VALUES (?, ?, ?, ?, NOW_MS)
+         ON DUPLICATE KEY UPDATE paused = ?, changed_by = ?, reason = ?, changed_at = NOW_MS",
+    ))
+    .bind(job)
+    .bind(i8::from(paused))
+    .bind(by)
+    .bind(reason)
+    .bind(i8::from(paused))
+    .bind(by)
+    .bind(reason)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -158,10 +186,15 @@ pub(crate) async fn controls(store: &MySqlStore) -> Result<Vec<JobControl>, Stor
 }
 
 /// Records a manual run request at the server's now, moved off whole seconds and past
-/// instants already requested for the job (one transaction).
-pub(crate) async fn request_run(store: &MySqlStore, job: &str, by: &str) -> Result<Tick, StoreError> {
+/// instants already requested for the job, and the action (one transaction).
+pub(crate) async fn request_run(
+    store: &MySqlStore,
+    job: &str,
+    by: &str,
+    reason: Option<&str>,
+) -> Result<Tick, StoreError> {
     let context = "cannot request a run";
-    check_name("job", job).and_then(|()| check_text("requester", by)).map_err(|f| f.into_store(context))?;
+    check(job, by, reason).map_err(|f| f.into_store(context))?;
     let insert = store.sql("INSERT IGNORE INTO {p}requests (job, requested_at, requested_by) VALUES (?, ?, ?)");
     let at = retrying(context, || async {
         let mut tx = store.pool.begin().await?;
@@ -170,6 +203,8 @@ pub(crate) async fn request_run(store: &MySqlStore, job: &str, by: &str) -> Resu
         for _ in 0..REQUEST_SLOTS_MAX {
             let query = sqlx::query(&insert).bind(job).bind(at).bind(by);
             if query.execute(&mut *tx).await?.rows_affected() == 1 {
+                let detail = RunId { tick: Tick::new(job, instant(at)?), attempt: 1 }.to_string();
+                append(store, &mut tx, Action { job, kind: ActionKind::Trigger, by, reason, detail: &detail }).await?;
                 tx.commit().await?;
                 return Ok(at);
             }
@@ -236,10 +271,13 @@ pub(crate) async fn now(store: &MySqlStore) -> Result<DateTime<Utc>, StoreError>
     instant(ms).map_err(|f| f.into_store(context))
 }
 
-/// Ends every running run of `job` as `abandoned`; their identities.
-pub(crate) async fn unlock(store: &MySqlStore, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-    check_name("job", job).map_err(|f| f.into_store("cannot unlock"))?;
-    let runs = retrying("cannot unlock", || unlock_once(store, job, reason)).await?;
+/// Ends every running run of `job` as `abandoned`, and records the action; their
+/// identities.
+pub(crate) async fn unlock(store: &MySqlStore, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+    let context = "cannot unlock";
+    let ended = ActionRecord::unlock_reason(by, reason);
+    check(job, by, Some(&ended)).map_err(|f| f.into_store(context))?;
+    let runs = retrying(context, || unlock_once(store, job, by, reason)).await?;
     if !runs.is_empty() {
         tracing::info!(job, count = runs.len(), reason, "running runs unlocked");
     }
@@ -247,8 +285,8 @@ pub(crate) async fn unlock(store: &MySqlStore, job: &str, reason: &str) -> Resul
 }
 
 /// One transaction: the job's fence lock (no claim of the job can add a running run until
-/// it commits), the running rows locked and listed, then ended.
-async fn unlock_once(store: &MySqlStore, job: &str, reason: &str) -> Result<Vec<RunId>, Failure> {
+/// it commits), the running rows locked and listed, then ended, and the action appended.
+async fn unlock_once(store: &MySqlStore, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, Failure> {
     let mut tx = store.pool.begin().await?;
     sqlx::query(&store.sql("INSERT INTO {p}fences (job, token) VALUES (?, 0) ON DUPLICATE KEY UPDATE token = token"))
         .bind(job)
@@ -262,29 +300,32 @@ async fn unlock_once(store: &MySqlStore, job: &str, reason: &str) -> Result<Vec<
     .fetch_all(&mut *tx)
     .await?;
     let runs = rows.iter().map(crate::records::run_id).collect::<Result<Vec<_>, _>>()?;
-    if runs.is_empty() {
-        tx.rollback().await?;
-        return Ok(runs);
+    if !runs.is_empty() {
+        let ended = sqlx::query(&store.sql(
+            "UPDATE {p}runs SET state = 'abandoned', reason = ?, finished_at = NOW_MS, lease_until = NULL
+             WHERE job = ? AND state = 'running'",
+        ))
+        .bind(ActionRecord::unlock_reason(by, reason))
+        .bind(job)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if ended != runs.len() as u64 {
+            return Err(Failure::Conflict(format!("{} running runs listed, {ended} ended", runs.len())));
+        }
     }
-    let ended = sqlx::query(&store.sql(
-        "UPDATE {p}runs SET state = 'abandoned', reason = ?, finished_at = NOW_MS, lease_until = NULL
-         WHERE job = ? AND state = 'running'",
-    ))
-    .bind(reason)
-    .bind(job)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if ended != runs.len() as u64 {
-        return Err(Failure::Conflict(format!("{} running runs listed, {ended} ended", runs.len())));
-    }
+    let detail = ActionRecord::unlock_detail(&runs);
+    let reason = (!reason.is_empty()).then_some(reason);
+    append(store, &mut tx, Action { job, kind: ActionKind::Unlock, by, reason, detail: &detail }).await?;
     tx.commit().await?;
     Ok(runs)
 }
 
-/// Deletes at most `batch` ended records older than the cutoff, oldest first, and the run
-/// requests as old; one transaction.
+/// Deletes at most `batch` ended records older than the cutoff, oldest first, the run
+/// requests as old, at most [`PRUNE_BATCH_MAX`] actions as old, and the nodes silent for
+/// longer than the smaller of `older_than` and [`NODE_FORGET_AFTER`]; one transaction.
 pub(crate) async fn prune(store: &MySqlStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
+    let forget_after = millis(older_than.min(NODE_FORGET_AFTER)).map_err(|f| f.into_store("cannot prune"))?;
     let older_than = millis(older_than).map_err(|f| f.into_store("cannot prune"))?;
     let batch = batch.min(PRUNE_BATCH_MAX) as i64;
     retrying("cannot prune", || async {
@@ -300,6 +341,15 @@ pub(crate) async fn prune(store: &MySqlStore, older_than: Duration, batch: usize
         .rows_affected();
         sqlx::query(&store.sql("DELETE FROM {p}requests WHERE requested_at < NOW_MS - ?"))
             .bind(older_than)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(&store.sql("DELETE FROM {p}actions WHERE done_at < NOW_MS - ? ORDER BY done_at LIMIT ?"))
+            .bind(older_than)
+            .bind(PRUNE_BATCH_MAX as i64)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(&store.sql("DELETE FROM {p}nodes WHERE last_seen < NOW_MS - ?"))
+            .bind(forget_after)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;

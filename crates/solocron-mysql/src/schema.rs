@@ -17,8 +17,8 @@ const NOW_MS: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)";
 
 /// The schema version this crate writes and understands. Version 2 added the stored
 /// procedure `{p}claim_one` ([`claim_one_procedure`], called by [`crate::claim_one`]) to
-/// version 1's tables.
-const SCHEMA_VERSION: i64 = 2;
+/// version 1's tables; version 3 the tables `{p}nodes` and `{p}actions`.
+const SCHEMA_VERSION: i64 = 3;
 
 /// How long `migrate` waits for another node's migration, in seconds.
 const LOCK_WAIT_S: i64 = 30;
@@ -87,6 +87,29 @@ const TABLES: &[&str] = &[
         requested_by TEXT NOT NULL,
         PRIMARY KEY (job, requested_at),
         KEY {p}requests_oldest (requested_at)
+    )",
+    // Version 3: each node's last heartbeat (one row per node: few rows, read whole).
+    "CREATE TABLE IF NOT EXISTS {p}nodes (
+        node VARCHAR(191) NOT NULL PRIMARY KEY,
+        version TEXT NOT NULL,
+        jobs BIGINT NOT NULL,
+        running BIGINT NOT NULL,
+        started_at BIGINT NOT NULL,
+        last_seen BIGINT NOT NULL,
+        left_at BIGINT NULL
+    )",
+    // Version 3: the audit log; its keys serve `actions` newest first (across jobs, per
+    // job) and `prune` (oldest first below the cutoff).
+    "CREATE TABLE IF NOT EXISTS {p}actions (
+        id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+        job VARCHAR(191) NOT NULL,
+        kind VARCHAR(16) NOT NULL,
+        done_by TEXT NOT NULL,
+        reason TEXT NULL,
+        done_at BIGINT NOT NULL,
+        detail TEXT NOT NULL,
+        KEY {p}actions_newest (done_at, id),
+        KEY {p}actions_job (job, done_at, id)
     )",
 ];
 
@@ -157,7 +180,7 @@ fn claim_one_procedure() -> String {
 }
 
 /// The tables' names without the prefix, as [`TABLES`] creates them, for [`uninstall`].
-const TABLE_NAMES: [&str; 6] = ["schema", "runs", "fences", "jobs", "registry", "requests"];
+const TABLE_NAMES: [&str; 8] = ["schema", "runs", "fences", "jobs", "registry", "requests", "nodes", "actions"];
 
 /// `template` with `{p}` replaced by the table prefix and `NOW_MS` by the server clock.
 /// The prefix comes from a [`Prefix`](solocron_core::Prefix) (`[a-z0-9_]`), so it never
@@ -253,9 +276,13 @@ async fn create(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<
         }
         Some(SCHEMA_VERSION) => Ok(()),
         Some(v) if v < SCHEMA_VERSION => {
-            // Version 1 → 2: the tables are unchanged, the procedure is new. Each step is
-            // idempotent, so a migration cut off before the version is written is redone.
-            create_procedures(store, conn).await?;
+            // Version 1 → 2: the procedure is new; 2 → 3: the tables above are (created
+            // already). Each step is idempotent, so a migration cut off before the version is
+            // written is redone. The procedure is left alone from version 2 on: nodes of that
+            // version call it while others migrate.
+            if v < 2 {
+                create_procedures(store, conn).await?;
+            }
             sqlx::query(&store.sql("UPDATE {p}schema SET version = ?"))
                 .bind(SCHEMA_VERSION)
                 .execute(&mut **conn)

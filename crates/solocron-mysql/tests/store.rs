@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, Lease, Prefix, RecoverAction, RecoverOutcome, RunEnd,
-    RunState, Store, StoreError, Tick, Trigger, CLAIM_BATCH_MAX,
+    ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, Lease, NodeBeat, Prefix,
+    RecoverAction, RecoverOutcome, RunEnd, RunState, Store, StoreError, Tick, Trigger, CLAIM_BATCH_MAX,
 };
 use solocron_mysql::MySqlStore;
 use support::Namespace;
@@ -226,16 +226,16 @@ async fn unlock_pause_and_manual_requests() {
     let store = &stores(&ns, 1).await[0];
     let a = won(store, run(tick("backup", 0), "a", LONG, false)).await;
     let b = won(store, run(tick("backup", 1), "b", LONG, false)).await;
-    let mut unlocked = store.unlock("backup", "unlocked by ops").await.expect("unlock");
+    let mut unlocked = store.unlock("backup", "ops", "stuck").await.expect("unlock");
     unlocked.sort();
     assert_eq!(unlocked, [a.run.clone(), b.run.clone()]);
     assert!(!store.renew(&a, LONG).await.expect("renew"));
-    assert!(store.unlock("backup", "again").await.expect("unlock").is_empty());
+    assert!(store.unlock("backup", "ops", "again").await.expect("unlock").is_empty());
 
     store.set_paused("backup", true, "ops", Some("maintenance")).await.expect("pause");
     let paused = ClaimOutcome::Skipped { reason: "paused by ops: maintenance".into() };
     assert_eq!(store.claim(&[run(tick("backup", 2), "a", LONG, true)]).await.expect("claim"), [paused]);
-    let requested = store.request_run("backup", "alice").await.expect("request_run");
+    let requested = store.request_run("backup", "alice", None).await.expect("request_run");
     assert_ne!(requested.scheduled_at.timestamp_subsec_millis(), 0, "off the whole second");
     let pending = store.pending_requests(10).await.expect("pending");
     assert_eq!((&pending[0].tick, pending[0].requested_by.as_str()), (&requested, "alice"));
@@ -498,15 +498,20 @@ async fn names_with_sql_syntax_in_them_are_stored_as_written() {
     }
 }
 
-/// A schema of version 1 (the tables alone, before the one-tick claim's stored procedure)
-/// is brought to version 2 by `migrate`; a one-tick claim fails before and works after.
+/// A schema of version 1 (the tables alone, before the one-tick claim's stored procedure,
+/// the nodes and the actions) is brought to the current version by `migrate`; a one-tick
+/// claim fails before and works after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_version_1_schema_is_migrated_to_the_current_version() {
     let Some(ns) = Namespace::new().await else { return };
     let store = &stores(&ns, 1).await[0];
     let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
     let p = &ns.prefix.table_prefix();
-    for sql in [format!("DROP PROCEDURE {p}claim_one"), format!("UPDATE {p}schema SET version = 1")] {
+    for sql in [
+        format!("DROP PROCEDURE {p}claim_one"),
+        format!("DROP TABLE {p}nodes, {p}actions"),
+        format!("UPDATE {p}schema SET version = 1"),
+    ] {
         sqlx::query(&sql).execute(&pool).await.expect("make a version 1 schema");
     }
     let one = [run(tick("backup", 0), "a", LONG, false)];
@@ -516,12 +521,42 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, 2);
+    assert_eq!(version, 3);
     assert!(matches!(store.claim(&one).await.expect("claim")[..], [ClaimOutcome::Won(_)]));
     assert_eq!(store.claim(&one).await.expect("claim"), vec![ClaimOutcome::Taken]);
-    sqlx::query(&format!("UPDATE {p}schema SET version = 3")).execute(&pool).await.expect("a newer schema");
+    store.set_paused("backup", true, "ops", None).await.expect("the audit log is there");
+    sqlx::query(&format!("UPDATE {p}schema SET version = 4")).execute(&pool).await.expect("a newer schema");
     let refused = store.migrate().await.expect_err("a newer schema is refused");
-    assert!(refused.to_string().contains("schema version 3"), "{refused}");
+    assert!(refused.to_string().contains("schema version 4"), "{refused}");
+    pool.close().await;
+}
+
+/// A schema of version 2 (before the nodes and actions tables) is brought to version 3 by
+/// `migrate`, keeping its data; heartbeats and the audit log then work on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_version_2_schema_gets_the_nodes_and_actions_tables() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
+    store.set_paused("sync", true, "alice", Some("disk")).await.expect("pause");
+    let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
+    let p = &ns.prefix.table_prefix();
+    for sql in [format!("DROP TABLE {p}nodes, {p}actions"), format!("UPDATE {p}schema SET version = 2")] {
+        sqlx::query(&sql).execute(&pool).await.expect("make a version 2 schema");
+    }
+    let beat = NodeBeat { node: "a".into(), version: "1".into(), jobs: 1, running: 0 };
+    assert!(store.heartbeat(&beat).await.is_err(), "version 2 has no nodes table");
+    store.migrate().await.expect("migrate from version 2");
+    let version: i64 = sqlx::query_scalar(&format!("SELECT CAST(version AS SIGNED) FROM {p}schema"))
+        .fetch_one(&pool)
+        .await
+        .expect("version");
+    assert_eq!(version, 3);
+    assert_eq!(store.controls().await.expect("controls")[0].reason.as_deref(), Some("disk"), "the switches survive");
+    store.heartbeat(&beat).await.expect("heartbeat");
+    assert_eq!(store.nodes().await.expect("nodes").len(), 1);
+    store.set_paused("sync", false, "bob", None).await.expect("resume");
+    let actions = store.actions(&ActionQuery::default()).await.expect("actions");
+    assert_eq!(actions.iter().map(|a| (a.kind, a.by.as_str())).collect::<Vec<_>>(), [(ActionKind::Resume, "bob")]);
     pool.close().await;
 }
 

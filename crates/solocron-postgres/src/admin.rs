@@ -1,17 +1,20 @@
 //! What operators and housekeeping read and change: history, the store's clock, the job
-//! registry, pauses, manual run requests, unlock and pruning. Each one statement.
+//! registry, pauses, manual run requests, unlock and pruning. Each one statement, or, for
+//! an operator's action, one transaction that also appends the action to the audit log
+//! (`fleet.rs`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest, StoreError, Tick,
-    PRUNE_BATCH_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest,
+    StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX,
 };
-use sqlx::{Postgres, QueryBuilder};
+use sqlx::{PgConnection, Postgres, QueryBuilder};
 
 use crate::error::{retrying, step, Res};
+use crate::fleet::{append, Action};
 use crate::records::{control, instant, millis, page, record, registration, run_id, run_request, RUN_COLUMNS};
 use crate::PgStore;
 
@@ -89,7 +92,8 @@ pub(crate) async fn registrations(store: &PgStore) -> Result<Vec<Registration>, 
     rows.iter().map(registration).collect()
 }
 
-/// Upserts the job's switch; one statement.
+/// Upserts the job's switch (left as it is by a pause of a paused job without a reason)
+/// and records the action; one transaction, the switch's row locked while it decides.
 pub(crate) async fn set_paused(
     store: &PgStore,
     job: &str,
@@ -97,6 +101,36 @@ pub(crate) async fn set_paused(
     by: &str,
     reason: Option<&str>,
 ) -> Result<(), StoreError> {
+    retrying("set_paused", || async {
+        let mut tx = store.pool.begin().await?;
+        let was: Option<bool> = sqlx::query_scalar(&store.sql("SELECT paused FROM {p}jobs WHERE job = $1 FOR UPDATE"))
+            .bind(job)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let was_paused = was.unwrap_or(false);
+        if !(paused && was_paused && reason.is_none()) {
+            switch(store, &mut tx, job, paused, by, reason).await?;
+        }
+        let kind = if paused { ActionKind::Pause } else { ActionKind::Resume };
+        let detail = ActionRecord::pause_detail(paused, was_paused);
+        append(store, &mut tx, Action { job, kind, by, reason, detail }).await?;
+        tx.commit().await?;
+        Ok(())
+    })
+    .await?;
+    tracing::info!(job, paused, by, reason, "job switch changed");
+    Ok(())
+}
+
+/// Upserts the job's switch on `conn`.
+async fn switch(
+    store: &PgStore,
+    conn: &mut PgConnection,
+    job: &str,
+    paused: bool,
+    by: &str,
+    reason: Option<&str>,
+) -> Res<()> {
     sqlx::query(&store.sql(
         "INSERT INTO {p}jobs (job, paused, changed_by, reason, changed_at) VALUES ($1, $2, $3, $4, {now})
          ON CONFLICT (job) DO UPDATE SET paused = excluded.paused, changed_by = excluded.changed_by,
@@ -106,10 +140,8 @@ pub(crate) async fn set_paused(
     .bind(paused)
     .bind(by)
     .bind(reason)
-    .execute(&store.pool)
-    .await
-    .map_err(step("set_paused"))?;
-    tracing::info!(job, paused, by, reason, "job switch changed");
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -123,16 +155,21 @@ pub(crate) async fn controls(store: &PgStore) -> Result<Vec<JobControl>, StoreEr
 }
 
 /// Records a manual run request at a free instant from the server's now on, never a whole
-/// second.
-pub(crate) async fn request_run(store: &PgStore, job: &str, by: &str) -> Result<Tick, StoreError> {
+/// second, and the action, in one transaction.
+pub(crate) async fn request_run(
+    store: &PgStore,
+    job: &str,
+    by: &str,
+    reason: Option<&str>,
+) -> Result<Tick, StoreError> {
     // The statement picks a free instant itself; it comes back empty only if a
     // concurrent request for the same job took that instant. Racers that collided then
     // pick at random among the first few free instants, so they spread out instead of
     // colliding again.
     for attempt in 0..REQUEST_ATTEMPTS {
         let skip = jitter(attempt);
-        if let Some(at) = request_once(store, job, by, skip).await.map_err(|e| e.into_store("request_run"))? {
-            return Ok(Tick::new(job, instant(at)?));
+        if let Some(tick) = request_once(store, job, by, reason, skip).await.map_err(|e| e.into_store("request_run"))? {
+            return Ok(tick);
         }
     }
     Err(StoreError::Invalid(format!(
@@ -140,10 +177,21 @@ pub(crate) async fn request_run(store: &PgStore, job: &str, by: &str) -> Result<
     )))
 }
 
-/// One attempt at [`request_run`]: the free instant from now on that is not a whole
-/// second, after skipping `skip` free ones, or `None` if a concurrent request took it in
-/// between.
-async fn request_once(store: &PgStore, job: &str, by: &str, skip: i64) -> Res<Option<i64>> {
+/// One attempt at [`request_run`], one transaction: the free instant from now on that is
+/// not a whole second, after skipping `skip` free ones, and the action; or `None` (nothing
+/// written) if a concurrent request took that instant in between.
+async fn request_once(store: &PgStore, job: &str, by: &str, reason: Option<&str>, skip: i64) -> Res<Option<Tick>> {
+    let mut tx = store.pool.begin().await?;
+    let Some(at) = request_instant(store, &mut tx, job, by, skip).await? else { return Ok(None) };
+    let tick = Tick::new(job, instant(at)?);
+    let detail = RunId { tick: tick.clone(), attempt: 1 }.to_string();
+    append(store, &mut tx, Action { job, kind: ActionKind::Trigger, by, reason, detail: &detail }).await?;
+    tx.commit().await?;
+    Ok(Some(tick))
+}
+
+/// The request's row at a free instant, on `conn`; the instant, or `None` if it was taken.
+async fn request_instant(store: &PgStore, conn: &mut PgConnection, job: &str, by: &str, skip: i64) -> Res<Option<i64>> {
     let at: Option<i64> = sqlx::query_scalar(&store.sql(
         // The notice wakes every node's request watch when the request commits.
         "WITH ins AS (INSERT INTO {p}requests (job, requested_at, requested_by)
@@ -160,7 +208,7 @@ async fn request_once(store: &PgStore, job: &str, by: &str, skip: i64) -> Res<Op
     .bind(by)
     .bind(REQUEST_CANDIDATES)
     .bind(skip)
-    .fetch_optional(&store.pool)
+    .fetch_optional(conn)
     .await?;
     Ok(at)
 }
@@ -180,23 +228,33 @@ pub(crate) async fn pending_requests(store: &PgStore, limit: usize) -> Result<Ve
     rows.iter().map(run_request).collect()
 }
 
-/// Ends every running run of `job` as `abandoned`; their identities.
-pub(crate) async fn unlock(store: &PgStore, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+/// Ends every running run of `job` as `abandoned`, and records the action, in one
+/// transaction; their identities.
+pub(crate) async fn unlock(store: &PgStore, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
     let sql = store.sql(
         "UPDATE {p}runs SET state = 'abandoned', reason = $2, finished_at = {now}, lease_until = NULL
          WHERE job = $1 AND state = 'running' RETURNING job, scheduled_at, attempt",
     );
-    let rows =
-        retrying("unlock", || async { Ok(sqlx::query(&sql).bind(job).bind(reason).fetch_all(&store.pool).await?) })
-            .await?;
-    let mut ids = rows.iter().map(run_id).collect::<Result<Vec<_>, _>>()?;
-    ids.sort();
-    tracing::info!(job, reason, runs = ids.len(), "job unlocked");
+    let ended = ActionRecord::unlock_reason(by, reason);
+    let ids = retrying("unlock", || async {
+        let mut tx = store.pool.begin().await?;
+        let rows = sqlx::query(&sql).bind(job).bind(&ended).fetch_all(&mut *tx).await?;
+        let mut ids = rows.iter().map(run_id).collect::<Result<Vec<_>, _>>()?;
+        ids.sort();
+        let detail = ActionRecord::unlock_detail(&ids);
+        let reason = (!reason.is_empty()).then_some(reason);
+        append(store, &mut tx, Action { job, kind: ActionKind::Unlock, by, reason, detail: &detail }).await?;
+        tx.commit().await?;
+        Ok(ids)
+    })
+    .await?;
+    tracing::info!(job, by, reason, runs = ids.len(), "job unlocked");
     Ok(ids)
 }
 
-/// Deletes at most `batch` ended records older than the cutoff, oldest first, and the run
-/// requests as old.
+/// Deletes at most `batch` ended records older than the cutoff, oldest first, the run
+/// requests as old, at most [`PRUNE_BATCH_MAX`] actions as old, and the nodes silent for
+/// longer than the smaller of `older_than` and [`NODE_FORGET_AFTER`].
 pub(crate) async fn prune(store: &PgStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
     // One statement: PostgreSQL runs every data-modifying CTE exactly once, read or not.
     let deleted: i64 = sqlx::query_scalar(&store.sql(
@@ -208,11 +266,16 @@ pub(crate) async fn prune(store: &PgStore, older_than: Duration, batch: usize) -
                   WHERE r.job = d.job AND r.scheduled_at = d.scheduled_at AND r.attempt = d.attempt
                     AND r.state <> 'running'
                   RETURNING 1),
-         old_requests AS (DELETE FROM {p}requests q USING cutoff WHERE q.requested_at < cutoff.at)
+         old_requests AS (DELETE FROM {p}requests q USING cutoff WHERE q.requested_at < cutoff.at),
+         old_actions AS (DELETE FROM {p}actions a WHERE a.id IN (
+                    SELECT o.id FROM {p}actions o, cutoff WHERE o.done_at < cutoff.at ORDER BY o.done_at LIMIT $3)),
+         silent_nodes AS (DELETE FROM {p}nodes n WHERE n.last_seen < {now} - $4)
          SELECT count(*) FROM gone",
     ))
     .bind(millis(older_than)?)
     .bind(batch.min(PRUNE_BATCH_MAX) as i64)
+    .bind(PRUNE_BATCH_MAX as i64)
+    .bind(millis(older_than.min(NODE_FORGET_AFTER))?)
     .fetch_one(&store.pool)
     .await
     .map_err(step("prune"))?;

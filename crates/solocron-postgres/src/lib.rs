@@ -38,7 +38,9 @@
 //! ...), which lets solocron live in an application's own database, and several fleets in
 //! one: tables `{p}runs` (every attempt of every tick), `{p}fences` (per-job fencing
 //! counters, also the claim's per-job locks), `{p}jobs` (pauses), `{p}registry` (which node
-//! runs which job), `{p}requests` (manual run requests) and `{p}schema` (the version); the
+//! runs which job), `{p}requests` (manual run requests), `{p}nodes` (each node's last
+//! heartbeat, by the server's clock), `{p}actions` (the audit log of operators' actions,
+//! written in the transaction of the action) and `{p}schema` (the version); the
 //! functions `{p}claim`, `{p}claim_one` and `{p}claim_taken_first`; the notification
 //! channel `{p}requests`. [`Store::migrate`] creates them; [`Store::uninstall`] drops them.
 //!
@@ -54,6 +56,8 @@
 //! - `runs.rs`: a held run after its claim: renew, finish (one or a batch), expiry, recovery.
 //! - `admin.rs`: what operators and housekeeping read and change: history, the clock,
 //!   registrations, pauses, manual requests, unlock, prune.
+//! - `fleet.rs`: node heartbeats (one upsert each), and the audit log, appended inside the
+//!   transaction of the action it records.
 //! - `watch.rs`: the request watch (`LISTEN` on `{p}requests`).
 //! - `records.rs`: rows decoded into the core's types, and values checked on their way in.
 //! - `error.rs`: sqlx errors as [`StoreError`]s, and the bounded retry of lost conflicts.
@@ -90,6 +94,7 @@ mod admin;
 mod claim;
 mod claim_one;
 mod error;
+mod fleet;
 mod records;
 mod runs;
 mod schema;
@@ -102,8 +107,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, Prefix, RecoverAction,
-    RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease,
+    NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId,
+    RunRecord, RunRequest, Store, StoreError, Tick,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection};
@@ -284,8 +290,8 @@ impl Store for PgStore {
         admin::controls(self).await
     }
 
-    async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError> {
-        admin::request_run(self, job, by).await
+    async fn request_run(&self, job: &str, by: &str, reason: Option<&str>) -> Result<Tick, StoreError> {
+        admin::request_run(self, job, by, reason).await
     }
 
     fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
@@ -296,11 +302,27 @@ impl Store for PgStore {
         admin::pending_requests(self, limit).await
     }
 
-    async fn unlock(&self, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-        admin::unlock(self, job, reason).await
+    async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+        admin::unlock(self, job, by, reason).await
     }
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
         admin::prune(self, older_than, batch).await
+    }
+
+    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {
+        fleet::heartbeat(self, beat).await
+    }
+
+    async fn goodbye(&self, node: &str) -> Result<(), StoreError> {
+        fleet::goodbye(self, node).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        fleet::nodes(self).await
+    }
+
+    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
+        fleet::actions(self, query).await
     }
 }

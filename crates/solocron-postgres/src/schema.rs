@@ -12,7 +12,7 @@ use crate::error::{retrying, Res};
 use crate::PgStore;
 
 /// The schema version this crate writes and understands.
-pub(crate) const SCHEMA_VERSION: i32 = 5;
+pub(crate) const SCHEMA_VERSION: i32 = 6;
 
 /// The store's "now" in SQL: the server clock, in integer milliseconds since the epoch.
 /// `now()` is the start of the current transaction, so one statement (or one transaction)
@@ -21,7 +21,7 @@ pub(crate) const NOW_MS: &str = "floor(extract(epoch FROM now()) * 1000)::bigint
 
 /// The migrations, by the version each one brings the schema to. Later versions append
 /// here; a released step is never edited.
-pub(crate) const MIGRATIONS: &[(i32, &[&str])] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5)];
+pub(crate) const MIGRATIONS: &[(i32, &[&str])] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6)];
 
 const V1: &[&str] = &[
     r#"CREATE TABLE IF NOT EXISTS {p}runs (
@@ -402,6 +402,32 @@ BEGIN
 END
 $claim$"#;
 
+/// Version 6: each node's last heartbeat (one row per node: few rows, read whole) and the
+/// audit log of operators' actions, with its indexes for `actions` newest first (across
+/// jobs, per job) and for `prune` (oldest first below the cutoff).
+const V6: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS {p}nodes (
+        node TEXT PRIMARY KEY,
+        version TEXT NOT NULL,
+        jobs BIGINT NOT NULL,
+        running BIGINT NOT NULL,
+        started_at BIGINT NOT NULL,
+        last_seen BIGINT NOT NULL,
+        left_at BIGINT NULL
+    )",
+    "CREATE TABLE IF NOT EXISTS {p}actions (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        job TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        done_by TEXT NOT NULL,
+        reason TEXT NULL,
+        done_at BIGINT NOT NULL,
+        detail TEXT NOT NULL
+    )",
+    "CREATE INDEX IF NOT EXISTS {p}actions_newest ON {p}actions (done_at, id)",
+    "CREATE INDEX IF NOT EXISTS {p}actions_job ON {p}actions (job, done_at, id)",
+];
+
 /// The claim of a large batch (the same answers as [`CLAIM_FUNCTION`]) in two steps.
 /// First, without locks, one read finds the requests whose tick has a record: they are
 /// `taken` for good (a record is never deleted while its tick can be claimed: the retention
@@ -451,7 +477,7 @@ pub(crate) fn fill(template: &str, prefix: &str) -> String {
 }
 
 /// The tables every version creates (each with its indexes), dropped by [`uninstall`].
-const TABLES: [&str; 6] = ["runs", "fences", "jobs", "registry", "requests", "schema"];
+const TABLES: [&str; 8] = ["runs", "fences", "jobs", "registry", "requests", "nodes", "actions", "schema"];
 
 /// The functions the migrations create, dropped by [`uninstall`].
 const FUNCTIONS: [&str; 3] = ["claim_taken_first", "claim_one", "claim"];

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::Namespace;
 use solocron_core::{
-    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobDefinition, Lease, Prefix, RecoverAction, RecoverOutcome,
-    RunEnd, RunId, RunRecord, RunState, Store, StoreError, Tick, Trigger, OUTPUT_TAIL_BYTES_MAX,
+    ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobDefinition, Lease, NodeBeat,
+    Prefix, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, RunState, Store, StoreError, Tick, Trigger,
+    OUTPUT_TAIL_BYTES_MAX,
 };
 use solocron_postgres::PgStore;
 use tokio::sync::Barrier;
@@ -165,6 +166,32 @@ async fn a_large_batch_partly_claimed_elsewhere_answers_every_request_in_order()
     assert_eq!(records.len(), batch.len(), "one record per tick");
 }
 
+/// A schema of version 5 (before the nodes and actions tables) is brought to version 6 by
+/// `migrate`, keeping its data; heartbeats and the audit log then work on it.
+#[tokio::test]
+async fn a_version_5_schema_gets_the_nodes_and_actions_tables() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    store.set_paused("sync", true, "alice", Some("disk")).await.unwrap();
+    let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
+    let p = &ns.prefix.table_prefix();
+    for sql in [format!("DROP TABLE {p}nodes, {p}actions"), format!("UPDATE {p}schema SET version = 5")] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    let beat = NodeBeat { node: "a".into(), version: "1".into(), jobs: 1, running: 0 };
+    assert!(store.heartbeat(&beat).await.is_err(), "version 5 has no nodes table");
+    store.migrate().await.expect("migrate from version 5");
+    let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
+    assert_eq!(version, 6);
+    assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
+    store.heartbeat(&beat).await.unwrap();
+    assert_eq!(store.nodes().await.unwrap().len(), 1);
+    store.set_paused("sync", false, "bob", None).await.unwrap();
+    let actions = store.actions(&ActionQuery::default()).await.unwrap();
+    assert_eq!(actions.iter().map(|a| (a.kind, a.by.as_str())).collect::<Vec<_>>(), [(ActionKind::Resume, "bob")]);
+    pool.close().await;
+}
+
 /// A schema of version 1 (before `{p}claim_taken_first`, the job in the index by instant,
 /// the claim function of fewer statements and `{p}claim_one`) is brought to the current
 /// version by `migrate`, and large batches and single ticks are claimed on it.
@@ -179,6 +206,7 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
         format!("DROP FUNCTION {p}claim_one"),
         format!("DROP INDEX {p}runs_scheduled_job"),
         format!("CREATE INDEX {p}runs_scheduled ON {p}runs (scheduled_at, attempt)"),
+        format!("DROP TABLE {p}nodes, {p}actions"),
         format!("UPDATE {p}schema SET version = 1"),
     ] {
         sqlx::query(&sql).execute(&pool).await.unwrap();
@@ -190,7 +218,7 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
     assert!(store.claim(&one).await.is_err(), "the function of version 5 is missing");
     store.migrate().await.expect("migrate from version 1");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
     let claim: String = sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = $1")
         .bind(format!("{p}claim"))
         .fetch_one(&pool)
@@ -338,14 +366,14 @@ async fn unlock_abandons_every_running_run_of_the_job_only() {
     let first = won(&store, run(tick("backup", 0), "a", LONG_LEASE, false)).await;
     let second = won(&store, run(tick("backup", 1), "b", LONG_LEASE, false)).await;
     let other = won(&store, run(tick("sync", 0), "a", LONG_LEASE, false)).await;
-    let ids = store.unlock("backup", "operator: stuck").await.unwrap();
+    let ids = store.unlock("backup", "operator", "stuck").await.unwrap();
     assert_eq!(ids, vec![first.run.clone(), second.run.clone()]);
     assert!(!store.renew(&first, LONG_LEASE).await.unwrap());
     assert!(!store.finish(&second, &succeeded("")).await.unwrap());
     assert!(store.renew(&other, LONG_LEASE).await.unwrap());
     let record = find(&store, &first.run).await;
-    assert_eq!((record.state, record.reason.as_deref()), (RunState::Abandoned, Some("operator: stuck")));
-    assert!(store.unlock("backup", "again").await.unwrap().is_empty());
+    assert_eq!((record.state, record.reason.as_deref()), (RunState::Abandoned, Some("unlocked by operator: stuck")));
+    assert!(store.unlock("backup", "operator", "again").await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -375,7 +403,8 @@ async fn manual_requests_are_unique_off_second_ticks_pending_until_claimed() {
     let Some(ns) = Namespace::new().await else { return };
     ns.migrated().await;
     let mut ticks =
-        at_once(&ns, 6, |i, store| async move { store.request_run("backup", &format!("op-{i}")).await.unwrap() }).await;
+        at_once(&ns, 6, |i, store| async move { store.request_run("backup", &format!("op-{i}"), None).await.unwrap() })
+            .await;
     ticks.sort();
     ticks.dedup();
     assert_eq!(ticks.len(), 6, "every request gets its own tick");
@@ -398,7 +427,7 @@ async fn prune_deletes_old_ended_records_in_batches_never_running_ones() {
         assert!(store.finish(&lease, &succeeded("")).await.unwrap());
     }
     let running = won(&store, run(tick("backup", 9), "a", LONG_LEASE, false)).await;
-    store.request_run("backup", "op").await.unwrap();
+    store.request_run("backup", "op", None).await.unwrap();
     let day = Duration::from_secs(86_400);
     assert_eq!(store.prune(day, 2).await.unwrap(), 2);
     assert_eq!(store.pending_requests(10).await.unwrap().len(), 1, "a fresh request is kept");
@@ -530,7 +559,8 @@ async fn uninstall_removes_everything_of_its_prefix_and_nothing_else() {
     let mine: Vec<String> =
         objects_named(&pool, &ns.prefix.table_prefix()).await.into_iter().filter(|o| !others.contains(o)).collect();
     let p = ns.prefix.table_prefix();
-    for object in ["relation {p}runs", "relation {p}schema", "relation {p}runs_pkey", "function {p}claim_one"] {
+    let objects = ["relation {p}runs", "relation {p}schema", "relation {p}runs_pkey", "function {p}claim_one"];
+    for object in objects.iter().chain(&["relation {p}nodes", "relation {p}actions", "relation {p}actions_job"]) {
         assert!(mine.contains(&object.replace("{p}", &p)), "{object} is missing from {mine:?}");
     }
     assert_eq!(others.len(), mine.len(), "the other prefix has the same schema: {others:?}");

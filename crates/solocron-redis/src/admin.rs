@@ -7,13 +7,14 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redis::Value;
 use solocron_core::{
-    HistoryQuery, JobControl, JobDefinition, Registration, RunRecord, RunRequest, StoreError, Tick, PRUNE_BATCH_MAX,
-    RECORDS_PAGE_MAX,
+    HistoryQuery, JobControl, JobDefinition, Registration, RunRecord, RunRequest, StoreError, Tick, NODE_FORGET_AFTER,
+    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 
 use crate::call::{millis, optional};
 use crate::decode::{self, convert, instant, invalid};
 use crate::error::redis_error;
+use crate::fleet::ACTIONS_KEPT_MAX;
 use crate::scripts::CODE;
 use crate::RedisStore;
 
@@ -82,7 +83,8 @@ pub(crate) async fn registrations(store: &RedisStore) -> Result<Vec<Registration
     Ok(all)
 }
 
-/// Sets a job's pause switch (see [`solocron_core::Store::set_paused`]).
+/// Sets a job's pause switch, and records the action (see
+/// [`solocron_core::Store::set_paused`]).
 pub(crate) async fn set_paused(
     store: &RedisStore,
     job: &str,
@@ -91,7 +93,7 @@ pub(crate) async fn set_paused(
     reason: Option<&str>,
 ) -> Result<(), StoreError> {
     let mut call = store.invocation(&CODE.set_paused);
-    call.arg(job).arg(if paused { "1" } else { "0" }).arg(by).arg(optional(reason));
+    call.arg(job).arg(if paused { "1" } else { "0" }).arg(by).arg(optional(reason)).arg(ACTIONS_KEPT_MAX);
     store.run(&call, "set_paused").await.map(drop)
 }
 
@@ -103,10 +105,16 @@ pub(crate) async fn controls(store: &RedisStore) -> Result<Vec<JobControl>, Stor
     Ok(all)
 }
 
-/// Requests a manual run (see [`solocron_core::Store::request_run`]).
-pub(crate) async fn request_run(store: &RedisStore, job: &str, by: &str) -> Result<Tick, StoreError> {
+/// Requests a manual run, and records the action (see
+/// [`solocron_core::Store::request_run`]).
+pub(crate) async fn request_run(
+    store: &RedisStore,
+    job: &str,
+    by: &str,
+    reason: Option<&str>,
+) -> Result<Tick, StoreError> {
     let mut call = store.invocation(&CODE.request_run);
-    call.arg(job).arg(by).arg(REQUEST_SLOTS_MAX);
+    call.arg(job).arg(by).arg(REQUEST_SLOTS_MAX).arg(optional(reason)).arg(ACTIONS_KEPT_MAX);
     let at: i64 = convert(store.run(&call, "request_run").await?, "requested instant")?;
     Ok(Tick::new(job, instant(at)?))
 }
@@ -140,10 +148,14 @@ pub(crate) async fn memory_since(store: &RedisStore) -> Result<Option<DateTime<U
     Ok(Some(instant(ms)?))
 }
 
-/// Deletes old ended records, requests and registrations (see [`solocron_core::Store::prune`]).
+/// Deletes old ended records, requests, registrations and actions, and forgets silent nodes
+/// (see [`solocron_core::Store::prune`]).
 pub(crate) async fn prune(store: &RedisStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
     let mut call = store.invocation(&CODE.prune);
-    call.arg(millis(older_than)?).arg(batch.min(PRUNE_BATCH_MAX)).arg(PRUNE_BATCH_MAX);
+    call.arg(millis(older_than)?)
+        .arg(batch.min(PRUNE_BATCH_MAX))
+        .arg(PRUNE_BATCH_MAX)
+        .arg(millis(older_than.min(NODE_FORGET_AFTER))?);
     let deleted: i64 = convert(store.run(&call, "prune").await?, "pruned count")?;
     u64::try_from(deleted).map_err(|e| invalid("pruned count", e))
 }

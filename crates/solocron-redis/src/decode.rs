@@ -6,7 +6,10 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use redis::{FromRedisValue, Value};
-use solocron_core::{ClaimOutcome, JobControl, JobDefinition, Lease, Registration, RunId, RunRecord, StoreError, Tick};
+use solocron_core::{
+    ActionRecord, ClaimOutcome, JobControl, JobDefinition, Lease, NodeBeat, NodeRecord, Registration, RunId, RunRecord,
+    StoreError, Tick,
+};
 
 /// A reply of the wrong shape.
 pub(crate) fn invalid(what: &str, detail: impl std::fmt::Display) -> StoreError {
@@ -172,6 +175,35 @@ pub(crate) fn control(value: Value) -> Result<JobControl, StoreError> {
         changed_by: f.text("by")?,
         reason: f.optional("reason").map(str::to_owned),
         changed_at: f.instant("at")?,
+    })
+}
+
+/// A node from its hash (`lua/heartbeat.lua`).
+pub(crate) fn node(value: Value) -> Result<NodeRecord, StoreError> {
+    let f = Fields::new(value, "node")?;
+    Ok(NodeRecord {
+        beat: NodeBeat {
+            node: f.text("node")?,
+            version: f.text("ver")?,
+            jobs: f.parse("jobs")?,
+            running: f.parse("running")?,
+        },
+        started_at: f.instant("started")?,
+        last_seen: f.instant("last")?,
+        left_at: f.instant_optional("left")?,
+    })
+}
+
+/// An operator's action from its hash (the head's `record_action`).
+pub(crate) fn action(value: Value) -> Result<ActionRecord, StoreError> {
+    let f = Fields::new(value, "action")?;
+    Ok(ActionRecord {
+        job: f.text("job")?,
+        kind: f.parse("kind")?,
+        by: f.text("by")?,
+        reason: f.optional("reason").map(str::to_owned),
+        at: f.instant("at")?,
+        detail: f.text("detail")?,
     })
 }
 

@@ -83,6 +83,8 @@
 //! | `{solocron}:ctl:<job>` / `…ctls` | hash / set | a job's pause switch / the jobs ever switched |
 //! | `{solocron}:reg:<len(job)>:<job>:<node>` / `…regs` | hash / sorted set | a registration / their ids by `last_seen` |
 //! | `{solocron}:req` / `…reqpend` / `…reqby` | sorted sets / hash | manual requests (`<ms>:<job>`), those with no record yet, who asked |
+//! | `{solocron}:node:<node>` / `…nodes` / `…nodeseen` | hash / sorted sets | a node's last heartbeat / node ids by id (all scored 0) / by `last_seen` |
+//! | `{solocron}:act:<id>` / `…acts` / `…actseq` | hash / sorted set / string | an operator's action / action ids by instant / the id counter |
 //! | `{solocron}:epoch` | string | when the present memory began (ms), see below |
 //! | `{solocron}:schema` | string | the layout version (`1`) |
 //!
@@ -98,9 +100,12 @@
 //! returns; with one it examines records one by one, at most 50 000 per call (about 0.1 s
 //! of Redis time), and returns the matches found among them (a warning is logged when it
 //! stops there). [`Store::prune`] deletes at most a batch of records per call, plus at most
-//! [`PRUNE_BATCH_MAX`](solocron_core::PRUNE_BATCH_MAX) old requests and stale registrations; it also removes registrations
+//! [`PRUNE_BATCH_MAX`](solocron_core::PRUNE_BATCH_MAX) old requests, stale registrations, old actions and silent nodes; it also removes registrations
 //! not refreshed within the retention (Redis keeps everything in memory, so the registry of
-//! long-gone nodes is not kept forever as in the SQL stores).
+//! long-gone nodes is not kept forever as in the SQL stores). The audit log keeps at most
+//! [`ACTIONS_KEPT_MAX`] actions per prefix whether pruned or not: each pause, resume,
+//! trigger or unlock appends its action in its own call and drops the oldest beyond that.
+//! A heartbeat is one call that writes one hash and two sorted-set entries.
 //!
 //! ## What Redis guarantees, and what it does not
 //!
@@ -186,6 +191,8 @@
 //! - `runs.rs`: a held run's life: renew, finish, expired, recover, unlock.
 //! - `admin.rs`: history, now, registry, pause switches, manual requests, memory_since,
 //!   prune.
+//! - `fleet.rs`: node heartbeats and the audit log's reads (actions are appended by the Lua
+//!   of the step they record).
 //! - `watch.rs`: the request watch (a pub/sub subscription).
 //! - `error.rs`: Redis errors as [`StoreError`]s.
 //! - `scripts.rs`, `lua/`: the Lua code, as a Functions library and as scripts.
@@ -200,6 +207,7 @@ mod call;
 mod claim;
 mod decode;
 mod error;
+mod fleet;
 mod runs;
 mod schema;
 mod scripts;
@@ -213,9 +221,12 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use solocron_core::{
-    ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, Prefix, RecoverAction,
-    RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease,
+    NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId,
+    RunRecord, RunRequest, Store, StoreError, Tick,
 };
+
+pub use fleet::ACTIONS_KEPT_MAX;
 
 use call::Caller;
 use error::redis_error;
@@ -371,8 +382,8 @@ impl Store for RedisStore {
         admin::controls(self).await
     }
 
-    async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError> {
-        admin::request_run(self, job, by).await
+    async fn request_run(&self, job: &str, by: &str, reason: Option<&str>) -> Result<Tick, StoreError> {
+        admin::request_run(self, job, by, reason).await
     }
 
     fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
@@ -383,8 +394,8 @@ impl Store for RedisStore {
         admin::pending_requests(self, limit).await
     }
 
-    async fn unlock(&self, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-        runs::unlock(self, job, reason).await
+    async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+        runs::unlock(self, job, by, reason).await
     }
 
     async fn memory_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
@@ -393,5 +404,21 @@ impl Store for RedisStore {
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
         admin::prune(self, older_than, batch).await
+    }
+
+    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {
+        fleet::heartbeat(self, beat).await
+    }
+
+    async fn goodbye(&self, node: &str) -> Result<(), StoreError> {
+        fleet::goodbye(self, node).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        fleet::nodes(self).await
+    }
+
+    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
+        fleet::actions(self, query).await
     }
 }

@@ -89,12 +89,14 @@ pub(crate) async fn recover(
     Ok(outcome)
 }
 
-/// Ends every running run of a job for an operator (see [`solocron_core::Store::unlock`]).
-pub(crate) async fn unlock(store: &RedisStore, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+/// Ends every running run of a job for an operator, and records the action (see
+/// [`solocron_core::Store::unlock`]).
+pub(crate) async fn unlock(store: &RedisStore, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
     let mut call = store.invocation(&CODE.unlock);
-    call.arg(job).arg(reason);
+    call.arg(job).arg(by).arg(reason).arg(crate::fleet::ACTIONS_KEPT_MAX).arg(solocron_core::UNLOCK_DETAIL_RUNS_MAX);
     let ids: Vec<String> = convert(store.run(&call, "unlock").await?, "unlocked runs")?;
-    let runs = ids.iter().map(|id| decode::run_id(id)).collect::<Result<Vec<_>, _>>()?;
+    let mut runs = ids.iter().map(|id| decode::run_id(id)).collect::<Result<Vec<_>, _>>()?;
+    runs.sort();
     tracing::debug!(job, runs = runs.len(), "job unlocked");
     Ok(runs)
 }

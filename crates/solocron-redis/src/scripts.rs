@@ -48,12 +48,16 @@ pub(crate) struct Code {
     pub prune: Method,
     pub migrate: Method,
     pub memory_since: Method,
+    pub heartbeat: Method,
+    pub goodbye: Method,
+    pub nodes: Method,
+    pub actions: Method,
 }
 
 /// Every method: its name (its handler in `handlers`, and its file), its file, and
 /// whether it only reads (flagged `no-writes` in the library, so that it still answers
 /// when the server refuses writes, e.g. at `maxmemory`).
-const METHODS: [(&str, &str, bool); 16] = [
+const METHODS: [(&str, &str, bool); 20] = [
     ("claim", include_str!("lua/claim.lua"), false),
     ("renew", include_str!("lua/renew.lua"), false),
     ("finish", include_str!("lua/finish.lua"), false),
@@ -70,6 +74,10 @@ const METHODS: [(&str, &str, bool); 16] = [
     ("prune", include_str!("lua/prune.lua"), false),
     ("migrate", include_str!("lua/migrate.lua"), false),
     ("memory_since", include_str!("lua/memory_since.lua"), false),
+    ("heartbeat", include_str!("lua/heartbeat.lua"), false),
+    ("goodbye", include_str!("lua/goodbye.lua"), false),
+    ("nodes", include_str!("lua/nodes.lua"), true),
+    ("actions", include_str!("lua/actions.lua"), true),
 ];
 
 /// Stands for the library's name until the code is hashed.
@@ -125,6 +133,10 @@ fn build() -> Code {
         prune: method("prune"),
         migrate: method("migrate"),
         memory_since: method("memory_since"),
+        heartbeat: method("heartbeat"),
+        goodbye: method("goodbye"),
+        nodes: method("nodes"),
+        actions: method("actions"),
         library,
     }
 }

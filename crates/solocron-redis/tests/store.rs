@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use redis::Value;
 use solocron_core::{
-    ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, Lease, Prefix, RecoverAction, RecoverOutcome, RunEnd,
-    RunState, Store, StoreError, Tick, Trigger,
+    ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, Lease, Prefix, RecoverAction,
+    RecoverOutcome, RunEnd, RunState, Store, StoreError, Tick, Trigger,
 };
 use solocron_redis::RedisStore;
 use tokio::sync::Barrier;
@@ -403,7 +403,7 @@ async fn a_user_without_channel_rights_requests_runs_without_an_error() {
         .expect("create a user");
     let url = ns.url.replacen("redis://", &format!("redis://{user}:pw@"), 1);
     let limited = RedisStore::connect(&url, &ns.prefix).await.expect("connect as the limited user");
-    let requested = limited.request_run("backup", "op").await;
+    let requested = limited.request_run("backup", "op", None).await;
     let pending = store.pending_requests(10).await.expect("pending");
     let _: () = redis::cmd("ACL").arg(&["DELUSER", &user][..]).query_async(&mut conn).await.expect("delete the user");
     let tick = requested.expect("the request succeeds although the wake-up cannot be published");
@@ -425,7 +425,7 @@ async fn uninstall_removes_every_key_of_its_prefix_and_leaves_other_prefixes_alo
         let lease = won(&store, run(tick("backup", 0), "a", false)).await;
         store.renew(&lease, LONG).await.expect("renew");
         store.set_paused("backup", true, "ops", None).await.expect("pause");
-        store.request_run("report", "ops").await.expect("request");
+        store.request_run("report", "ops", None).await.expect("request");
         let definition = solocron_core::JobDefinition {
             job: "backup".into(),
             schedule: "* * * * *".into(),
@@ -434,6 +434,8 @@ async fn uninstall_removes_every_key_of_its_prefix_and_leaves_other_prefixes_alo
             summary: String::new(),
         };
         store.register("a", &[definition]).await.expect("register");
+        let beat = solocron_core::NodeBeat { node: "a".into(), version: "1".into(), jobs: 1, running: 1 };
+        store.heartbeat(&beat).await.expect("heartbeat");
         stores.push(store);
     }
     let kept_keys = keys_of(&kept).await;
@@ -477,4 +479,33 @@ async fn no_password_shows_in_the_description_or_in_connect_errors() {
     assert!(matches!(&err, StoreError::Invalid(_)) && !err.to_string().contains("wr0ng-s3cret"), "{err}");
     let described = taken.expect("connect with the right password").describe();
     assert!(described.contains(&format!("{user}:***@")) && !described.contains(secret), "{described}");
+}
+
+/// The audit log keeps at most `ACTIONS_KEPT_MAX` actions per prefix however many are
+/// made, dropping the oldest (their hashes too), without any prune.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_audit_log_keeps_only_its_newest_actions() {
+    use futures_util::StreamExt;
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    for by in ["a", "b", "c"] {
+        store.set_paused("first", true, by, None).await.expect("pause");
+    }
+    let kept = solocron_redis::ACTIONS_KEPT_MAX;
+    let flood = futures_util::stream::iter(0..kept).map(|i| {
+        let store = store.clone();
+        async move { store.set_paused("flood", i % 2 == 0, "ops", None).await.expect("pause") }
+    });
+    flood.buffer_unordered(64).collect::<Vec<()>>().await;
+    let first = ActionQuery { job: Some("first".into()), limit: 0 };
+    assert!(store.actions(&first).await.expect("actions").is_empty(), "the oldest actions are dropped");
+    let all = store.actions(&ActionQuery::default()).await.expect("actions");
+    assert_eq!(all.len(), kept.min(solocron_core::RECORDS_PAGE_MAX));
+    assert!(all.iter().all(|a| a.job == "flood"));
+    let mut conn = common::raw(&ns.url).await.expect("connect");
+    let prefix = ns.prefix.redis_key_prefix();
+    let held: usize = redis::cmd("ZCARD").arg(format!("{prefix}acts")).query_async(&mut conn).await.expect("zcard");
+    assert_eq!(held, kept);
+    let hashes = common::keys(&mut conn, &format!("{prefix}act:*")).await.expect("keys");
+    assert_eq!(hashes.len(), kept, "a dropped action's hash goes with it");
 }

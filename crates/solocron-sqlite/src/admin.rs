@@ -1,17 +1,19 @@
 //! What operators and housekeeping read and change: run history, the job registry, job
 //! switches (pause, unlock), manual run requests, pruning, and the store's clock. Each
-//! write is one `BEGIN IMMEDIATE` transaction.
+//! write is one `BEGIN IMMEDIATE` transaction; an operator's action appends its record to
+//! the audit log (`fleet.rs`) in that same transaction.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest, StoreError, Tick,
-    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest,
+    StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 use sqlx::{QueryBuilder, Sqlite};
 
 use crate::error::db_err;
+use crate::fleet::{append, Action};
 use crate::records::{control, instant, millis, record, registration, request, run_id};
 use crate::{fill, SqliteStore};
 
@@ -45,6 +47,8 @@ const SET_PAUSED: &str = concat!(
     ") ON CONFLICT (job) DO UPDATE SET paused = excluded.paused, changed_by = excluded.changed_by,
                reason = excluded.reason, changed_at = excluded.changed_at"
 );
+/// Whether a job is paused now (no row: it is not).
+const PAUSED: &str = "SELECT paused FROM {p}jobs WHERE job = ?";
 /// Every job's switches.
 const CONTROLS: &str = "SELECT job, paused, changed_by, reason, changed_at FROM {p}jobs ORDER BY job";
 /// A manual run request at one millisecond, unless that one is taken.
@@ -75,6 +79,7 @@ pub(crate) struct Sql {
     register: String,
     registrations: String,
     set_paused: String,
+    paused: String,
     controls: String,
     request_run: String,
     pending_requests: String,
@@ -91,6 +96,7 @@ impl Sql {
             register: fill(REGISTER, tables),
             registrations: fill(REGISTRATIONS, tables),
             set_paused: fill(SET_PAUSED, tables),
+            paused: fill(PAUSED, tables),
             controls: fill(CONTROLS, tables),
             request_run: fill(REQUEST_RUN, tables),
             pending_requests: fill(PENDING_REQUESTS, tables),
@@ -139,7 +145,9 @@ pub(crate) async fn registrations(store: &SqliteStore) -> Result<Vec<Registratio
     rows.iter().map(registration).collect()
 }
 
-/// Pauses or resumes a job fleet-wide (see [`solocron_core::Store::set_paused`]).
+/// Pauses or resumes a job fleet-wide, and records the action (see
+/// [`solocron_core::Store::set_paused`]); a pause of a paused job without a reason leaves
+/// the switch as it was.
 pub(crate) async fn set_paused(
     store: &SqliteStore,
     job: &str,
@@ -148,14 +156,22 @@ pub(crate) async fn set_paused(
     reason: Option<&str>,
 ) -> Result<(), StoreError> {
     let mut tx = store.write_tx().await?;
-    sqlx::query(&store.sql.admin.set_paused)
-        .bind(job)
-        .bind(i64::from(paused))
-        .bind(by)
-        .bind(reason)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
+    let was: Option<i64> =
+        sqlx::query_scalar(&store.sql.admin.paused).bind(job).fetch_optional(&mut *tx).await.map_err(db_err)?;
+    let was_paused = was.is_some_and(|p| p != 0);
+    if !(paused && was_paused && reason.is_none()) {
+        sqlx::query(&store.sql.admin.set_paused)
+            .bind(job)
+            .bind(i64::from(paused))
+            .bind(by)
+            .bind(reason)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+    }
+    let kind = if paused { ActionKind::Pause } else { ActionKind::Resume };
+    let detail = ActionRecord::pause_detail(paused, was_paused);
+    append(store, &mut tx, Action { job, kind, by, reason, detail }).await?;
     tx.commit().await.map_err(db_err)
 }
 
@@ -165,9 +181,14 @@ pub(crate) async fn controls(store: &SqliteStore) -> Result<Vec<JobControl>, Sto
     rows.iter().map(control).collect()
 }
 
-/// Requests a manual run of `job` at a free millisecond from now (see
-/// [`solocron_core::Store::request_run`]).
-pub(crate) async fn request_run(store: &SqliteStore, job: &str, by: &str) -> Result<Tick, StoreError> {
+/// Requests a manual run of `job` at a free millisecond from now, and records the action
+/// (see [`solocron_core::Store::request_run`]).
+pub(crate) async fn request_run(
+    store: &SqliteStore,
+    job: &str,
+    by: &str,
+    reason: Option<&str>,
+) -> Result<Tick, StoreError> {
     let mut tx = store.write_tx().await?;
     let now: i64 = sqlx::query_scalar(concat!("SELECT ", now!())).fetch_one(&mut *tx).await.map_err(db_err)?;
     // Start at the first non-whole-second millisecond at or after now.
@@ -182,8 +203,11 @@ pub(crate) async fn request_run(store: &SqliteStore, job: &str, by: &str) -> Res
             .map_err(db_err)?
             .rows_affected();
         if inserted == 1 {
+            let tick = Tick::new(job, instant(at)?);
+            let detail = RunId { tick: tick.clone(), attempt: 1 }.to_string();
+            append(store, &mut tx, Action { job, kind: ActionKind::Trigger, by, reason, detail: &detail }).await?;
             tx.commit().await.map_err(db_err)?;
-            return Ok(Tick::new(job, instant(at)?));
+            return Ok(tick);
         }
         at = next_manual_ms(at);
     }
@@ -213,27 +237,30 @@ pub(crate) async fn pending_requests(store: &SqliteStore, limit: usize) -> Resul
     rows.iter().map(request).collect()
 }
 
-/// Ends every running run of `job` as abandoned (see [`solocron_core::Store::unlock`]).
-pub(crate) async fn unlock(store: &SqliteStore, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+/// Ends every running run of `job` as abandoned, and records the action (see
+/// [`solocron_core::Store::unlock`]).
+pub(crate) async fn unlock(store: &SqliteStore, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
     let mut tx = store.write_tx().await?;
-    let rows = sqlx::query(&store.sql.admin.unlock).bind(reason).bind(job).fetch_all(&mut *tx).await.map_err(db_err)?;
-    let runs = rows.iter().map(run_id).collect::<Result<Vec<_>, _>>()?;
+    let ended = ActionRecord::unlock_reason(by, reason);
+    let rows = sqlx::query(&store.sql.admin.unlock).bind(&ended).bind(job).fetch_all(&mut *tx).await.map_err(db_err)?;
+    let mut runs = rows.iter().map(run_id).collect::<Result<Vec<_>, _>>()?;
+    runs.sort();
+    let detail = ActionRecord::unlock_detail(&runs);
+    let reason = (!reason.is_empty()).then_some(reason);
+    append(store, &mut tx, Action { job, kind: ActionKind::Unlock, by, reason, detail: &detail }).await?;
     tx.commit().await.map_err(db_err)?;
     tracing::debug!(job, runs = runs.len(), "job unlocked");
     Ok(runs)
 }
 
-/// Deletes up to `batch` ended runs, and the requests, older than `older_than` (see
-/// [`solocron_core::Store::prune`]).
+/// Deletes up to `batch` ended runs, and the requests and actions, older than
+/// `older_than`, and forgets long silent nodes (see [`solocron_core::Store::prune`]).
 pub(crate) async fn prune(store: &SqliteStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
     let batch = batch.min(PRUNE_BATCH_MAX) as i64;
     let mut tx = store.write_tx().await?;
-    // One cutoff for both tables: SQLite's clock may move between statements.
-    let cutoff: i64 = sqlx::query_scalar(concat!("SELECT ", now!(), " - ?"))
-        .bind(millis(older_than)?)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db_err)?;
+    // One instant for every table: SQLite's clock may move between statements.
+    let now: i64 = sqlx::query_scalar(concat!("SELECT ", now!())).fetch_one(&mut *tx).await.map_err(db_err)?;
+    let cutoff = now - millis(older_than)?;
     // By rowid: SQLite's DELETE takes no LIMIT unless compiled to.
     let deleted = sqlx::query(&store.sql.admin.prune_runs)
         .bind(cutoff)
@@ -243,6 +270,7 @@ pub(crate) async fn prune(store: &SqliteStore, older_than: Duration, batch: usiz
         .map_err(db_err)?
         .rows_affected();
     sqlx::query(&store.sql.admin.prune_requests).bind(cutoff).execute(&mut *tx).await.map_err(db_err)?;
+    crate::fleet::prune(store, &mut tx, now, older_than).await?;
     tx.commit().await.map_err(db_err)?;
     Ok(deleted)
 }

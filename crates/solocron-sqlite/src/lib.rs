@@ -21,8 +21,10 @@
 //! default, the names of every earlier release), so several prefixes share one file:
 //! `{p}runs` (one record per attempt of a tick), `{p}fences` (each job's fencing counter,
 //! advanced by the trigger `{p}runs_fence`), `{p}jobs` (pause switches), `{p}registry`
-//! (which node runs which job), `{p}requests` (manual runs), `{p}schema` (the version);
-//! the indexes `{p}runs_expiry`, `{p}runs_running`, `{p}runs_newest`, `{p}requests_oldest`.
+//! (which node runs which job), `{p}requests` (manual runs), `{p}nodes` (each node's last
+//! heartbeat), `{p}actions` (the audit log of operators' actions), `{p}schema` (the
+//! version); the indexes `{p}runs_expiry`, `{p}runs_running`, `{p}runs_newest`,
+//! `{p}requests_oldest`, `{p}actions_newest`, `{p}actions_job`.
 //! Every statement's text is built once, when the store connects.
 //!
 //! ## Code map
@@ -35,6 +37,8 @@
 //!   one-tick claim (one statement, decided in SQL). Nothing else claims.
 //! - `runs.rs`: a held run's life: renew, finish, expired, recover.
 //! - `admin.rs`: history, registry, pause and unlock, manual requests, prune, the clock.
+//! - `fleet.rs`: node heartbeats (one upsert each), and the audit log, appended inside the
+//!   transaction of the action it records.
 //! - `watch.rs`: the request watch (inotify on the database's files).
 //! - `records.rs`: rows into records, durations and instants into milliseconds.
 //! - `error.rs`: SQLite's errors into [`StoreError`]s.
@@ -89,6 +93,7 @@ mod admin;
 mod claim;
 mod claim_one;
 mod error;
+mod fleet;
 mod records;
 mod runs;
 mod schema;
@@ -103,9 +108,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    redact_url, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease, Prefix,
-    RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store,
-    StoreError, Tick,
+    redact_url, ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
+    Lease, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd,
+    RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, Transaction};
@@ -242,6 +247,7 @@ struct Statements {
     claim_one: claim_one::Sql,
     runs: runs::Sql,
     admin: admin::Sql,
+    fleet: fleet::Sql,
 }
 
 impl Statements {
@@ -253,6 +259,7 @@ impl Statements {
             claim_one: claim_one::Sql::new(&tables),
             runs: runs::Sql::new(&tables),
             admin: admin::Sql::new(&tables),
+            fleet: fleet::Sql::new(&tables),
         }
     }
 }
@@ -335,8 +342,8 @@ impl Store for SqliteStore {
         admin::controls(self).await
     }
 
-    async fn request_run(&self, job: &str, by: &str) -> Result<Tick, StoreError> {
-        admin::request_run(self, job, by).await
+    async fn request_run(&self, job: &str, by: &str, reason: Option<&str>) -> Result<Tick, StoreError> {
+        admin::request_run(self, job, by, reason).await
     }
 
     fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
@@ -347,11 +354,27 @@ impl Store for SqliteStore {
         admin::pending_requests(self, limit).await
     }
 
-    async fn unlock(&self, job: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-        admin::unlock(self, job, reason).await
+    async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+        admin::unlock(self, job, by, reason).await
     }
 
     async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
         admin::prune(self, older_than, batch).await
+    }
+
+    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {
+        fleet::heartbeat(self, beat).await
+    }
+
+    async fn goodbye(&self, node: &str) -> Result<(), StoreError> {
+        fleet::goodbye(self, node).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        fleet::nodes(self).await
+    }
+
+    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
+        fleet::actions(self, query).await
     }
 }

@@ -1,5 +1,5 @@
 //! Values to and from rows: durations and instants as integer milliseconds, and the
-//! decoding of run records, registrations, job switches and run requests. Decoding
+//! decoding of run records, registrations, job switches, run requests, nodes and actions. Decoding
 //! failures are [`StoreError::Invalid`], naming the column by its table under the default
 //! prefix (`solocron_runs.token`): every prefix's tables have the same columns.
 
@@ -7,7 +7,10 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest, StoreError, Tick};
+use solocron_core::{
+    ActionRecord, JobControl, JobDefinition, NodeBeat, NodeRecord, Registration, RunId, RunRecord, RunRequest,
+    StoreError, Tick,
+};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, Sqlite};
 
@@ -126,6 +129,40 @@ pub(crate) fn request(row: &SqliteRow) -> Result<RunRequest, StoreError> {
     Ok(RunRequest {
         tick: Tick::new(get_in::<String>(row, TABLE, "job")?, at),
         requested_by: get_in(row, TABLE, "requested_by")?,
+    })
+}
+
+/// A node from a row of `solocron_nodes`.
+pub(crate) fn node(row: &SqliteRow) -> Result<NodeRecord, StoreError> {
+    const TABLE: &str = "solocron_nodes";
+    let count = |column| {
+        let n = get_in::<i64>(row, TABLE, column)?;
+        u32::try_from(n).map_err(|_| StoreError::Invalid(format!("{TABLE}.{column} {n} is out of range")))
+    };
+    Ok(NodeRecord {
+        beat: NodeBeat {
+            node: get_in(row, TABLE, "node")?,
+            version: get_in(row, TABLE, "version")?,
+            jobs: count("jobs")?,
+            running: count("running")?,
+        },
+        started_at: instant(get_in(row, TABLE, "started_at")?)?,
+        last_seen: instant(get_in(row, TABLE, "last_seen")?)?,
+        left_at: get_in::<Option<i64>>(row, TABLE, "left_at")?.map(instant).transpose()?,
+    })
+}
+
+/// An action from a row of `solocron_actions`.
+pub(crate) fn action(row: &SqliteRow) -> Result<ActionRecord, StoreError> {
+    const TABLE: &str = "solocron_actions";
+    let kind = get_in::<String>(row, TABLE, "kind")?;
+    Ok(ActionRecord {
+        job: get_in(row, TABLE, "job")?,
+        kind: kind.parse().map_err(|e| StoreError::Invalid(format!("{TABLE}.kind: {e}")))?,
+        by: get_in(row, TABLE, "done_by")?,
+        reason: get_in(row, TABLE, "reason")?,
+        at: instant(get_in(row, TABLE, "done_at")?)?,
+        detail: get_in(row, TABLE, "detail")?,
     })
 }
 

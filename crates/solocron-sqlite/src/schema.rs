@@ -9,9 +9,9 @@ use crate::error::db_err;
 use crate::{fill, SqliteStore};
 
 /// The schema version this crate writes and understands. Version 1 lacked the jobs,
-/// registry and requests tables; [`SCHEMA`] adds them, so migrating a version 1 database
-/// only has to record the new version.
-const SCHEMA_VERSION: i64 = 2;
+/// registry and requests tables, version 2 the nodes and actions tables; [`SCHEMA`] adds
+/// them, so migrating a version 1 or 2 database only has to record the new version.
+const SCHEMA_VERSION: i64 = 3;
 
 /// Schema statements, each idempotent; [`migrate`] runs them in one transaction.
 const SCHEMA: &[&str] = &[
@@ -71,6 +71,30 @@ const SCHEMA: &[&str] = &[
     )"#,
     // Serves `pending_requests` (oldest first) and the request side of `prune`.
     "CREATE INDEX IF NOT EXISTS {p}requests_oldest ON {p}requests (requested_at, job)",
+    // Version 3: each node's heartbeat (a few rows: one per node, read whole), and the
+    // audit log of operators' actions.
+    r#"CREATE TABLE IF NOT EXISTS {p}nodes (
+        node TEXT PRIMARY KEY,
+        version TEXT NOT NULL,
+        jobs INTEGER NOT NULL,
+        running INTEGER NOT NULL,
+        started_at INTEGER NOT NULL,
+        last_seen INTEGER NOT NULL,
+        left_at INTEGER NULL
+    )"#,
+    r#"CREATE TABLE IF NOT EXISTS {p}actions (
+        id INTEGER PRIMARY KEY,
+        job TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        done_by TEXT NOT NULL,
+        reason TEXT NULL,
+        done_at INTEGER NOT NULL,
+        detail TEXT NOT NULL
+    )"#,
+    // Serve `actions` newest first, across jobs and per job, and the action side of
+    // `prune` (oldest first); each index ends with the rowid (`id`), the tie-breaker.
+    "CREATE INDEX IF NOT EXISTS {p}actions_newest ON {p}actions (done_at)",
+    "CREATE INDEX IF NOT EXISTS {p}actions_job ON {p}actions (job, done_at)",
     // Every run inserted with a token advances its job's fencing counter to at least that
     // token, within the inserting statement: the one-statement claim (`claim_one`) relies
     // on it, and batched claims no longer write the counters themselves. Added to version 2
@@ -93,11 +117,15 @@ const DROP: &[&str] = &[
     "DROP INDEX IF EXISTS {p}runs_running",
     "DROP INDEX IF EXISTS {p}runs_newest",
     "DROP INDEX IF EXISTS {p}requests_oldest",
+    "DROP INDEX IF EXISTS {p}actions_newest",
+    "DROP INDEX IF EXISTS {p}actions_job",
     "DROP TABLE IF EXISTS {p}runs",
     "DROP TABLE IF EXISTS {p}fences",
     "DROP TABLE IF EXISTS {p}jobs",
     "DROP TABLE IF EXISTS {p}registry",
     "DROP TABLE IF EXISTS {p}requests",
+    "DROP TABLE IF EXISTS {p}nodes",
+    "DROP TABLE IF EXISTS {p}actions",
     "DROP TABLE IF EXISTS {p}schema",
 ];
 
@@ -139,8 +167,8 @@ pub(crate) async fn migrate(store: &SqliteStore) -> Result<(), StoreError> {
             sqlx::query(&sql.first_version).bind(SCHEMA_VERSION).execute(&mut *tx).await.map_err(db_err)?;
         }
         Some(SCHEMA_VERSION) => {}
-        // Version 1 differs only by the tables the statements above just created.
-        Some(1) => {
+        // Versions 1 and 2 differ only by the tables the statements above just created.
+        Some(1 | 2) => {
             sqlx::query(&sql.set_version).bind(SCHEMA_VERSION).execute(&mut *tx).await.map_err(db_err)?;
         }
         Some(v) => {

@@ -18,11 +18,35 @@ struct SqliteFactory {
     prefix: Prefix,
 }
 
+impl SqliteFactory {
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.dir.path().join("solocron.db").display())
+    }
+}
+
 #[async_trait]
 impl StoreFactory for SqliteFactory {
     async fn connect(&self) -> Arc<dyn Store> {
-        let url = format!("sqlite://{}", self.dir.path().join("solocron.db").display());
-        Arc::new(SqliteStore::connect(&url, &self.prefix).await.expect("open the test database"))
+        Arc::new(SqliteStore::connect(&self.url(), &self.prefix).await.expect("open the test database"))
+    }
+
+    /// `{prefix}_nb` in the same file: its table names begin like this prefix's.
+    fn neighbour(&self) -> Option<Box<dyn StoreFactory>> {
+        let prefix = Prefix::parse(&format!("{}_nb", self.prefix)).expect("a valid prefix");
+        Some(Box::new(Beside { url: self.url(), prefix }))
+    }
+}
+
+/// Another prefix in the file of a [`SqliteFactory`] (which outlives it: the checks hold both).
+struct Beside {
+    url: String,
+    prefix: Prefix,
+}
+
+#[async_trait]
+impl StoreFactory for Beside {
+    async fn connect(&self) -> Arc<dyn Store> {
+        Arc::new(SqliteStore::connect(&self.url, &self.prefix).await.expect("open the test database"))
     }
 }
 

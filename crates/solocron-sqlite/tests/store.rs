@@ -4,7 +4,8 @@
 #![forbid(unsafe_code)]
 
 use solocron_core::{
-    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, Prefix, RunState, Store, StoreError, Tick, Trigger,
+    ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, NodeBeat, Prefix, RunState, Store,
+    StoreError, Tick, Trigger,
 };
 use solocron_sqlite::SqliteStore;
 use tempfile::TempDir;
@@ -25,9 +26,9 @@ async fn raw(dir: &TempDir) -> sqlx::SqlitePool {
 async fn a_schema_newer_than_this_crate_is_refused() {
     let (dir, store) = fresh().await;
     let pool = raw(&dir).await;
-    sqlx::query("UPDATE solocron_schema SET version = 3").execute(&pool).await.unwrap();
+    sqlx::query("UPDATE solocron_schema SET version = 4").execute(&pool).await.unwrap();
     let err = store.migrate().await.unwrap_err();
-    assert!(matches!(err, StoreError::Invalid(_)) && err.to_string().contains("version 3"), "{err}");
+    assert!(matches!(err, StoreError::Invalid(_)) && err.to_string().contains("version 4"), "{err}");
 }
 
 #[tokio::test]
@@ -100,6 +101,17 @@ async fn each_index_serves_the_query_it_is_for() {
              ORDER BY scheduled_at, attempt LIMIT 9",
             "solocron_runs_newest",
         ),
+        (
+            "SELECT job, kind, done_by, reason, done_at, detail FROM solocron_actions
+             ORDER BY done_at DESC, id DESC LIMIT 9",
+            "solocron_actions_newest",
+        ),
+        (
+            "SELECT job, kind, done_by, reason, done_at, detail FROM solocron_actions
+             WHERE job = 'x' ORDER BY done_at DESC, id DESC LIMIT 9",
+            "solocron_actions_job",
+        ),
+        ("SELECT id FROM solocron_actions WHERE done_at < 5 ORDER BY done_at LIMIT 9", "solocron_actions_newest"),
     ];
     for (sql, index) in plans {
         let rows: Vec<(i64, i64, i64, String)> =
@@ -137,12 +149,12 @@ async fn a_version_1_database_is_upgraded_in_place_keeping_its_runs_and_tokens()
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [2]);
+    assert_eq!(versions, [3]);
 
     let history = store.history(&HistoryQuery::default()).await.unwrap();
     assert_eq!((history.len(), history[0].state, history[0].output.as_str()), (1, RunState::Succeeded, "ok"));
     store.set_paused("sync", true, "alice", None).await.unwrap();
-    store.request_run("sync", "alice").await.unwrap();
+    store.request_run("sync", "alice", None).await.unwrap();
     assert_eq!(store.pending_requests(10).await.unwrap().len(), 1);
     let request = ClaimRequest {
         tick: Tick::new("backup", "2026-01-01T00:00:00Z".parse().unwrap()),
@@ -155,6 +167,29 @@ async fn a_version_1_database_is_upgraded_in_place_keeping_its_runs_and_tokens()
         ClaimOutcome::Won(lease) => assert_eq!(lease.fencing_token, 8, "the token counter carries on"),
         other => panic!("expected Won, got {other:?}"),
     }
+}
+
+/// A version 2 database (before the nodes and actions tables) is brought to version 3 by
+/// `migrate`, keeping its data; heartbeats and the audit log then work on it.
+#[tokio::test]
+async fn a_version_2_database_gets_the_nodes_and_actions_tables() {
+    let (dir, store) = fresh().await;
+    let pool = raw(&dir).await;
+    store.set_paused("sync", true, "alice", Some("disk")).await.unwrap();
+    for sql in ["DROP TABLE solocron_nodes", "DROP TABLE solocron_actions", "UPDATE solocron_schema SET version = 2"] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    let beat = NodeBeat { node: "a".into(), version: "1".into(), jobs: 1, running: 0 };
+    assert!(store.heartbeat(&beat).await.is_err(), "version 2 has no nodes table");
+    store.migrate().await.unwrap();
+    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
+    assert_eq!(versions, [3]);
+    assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
+    store.heartbeat(&beat).await.unwrap();
+    assert_eq!(store.nodes().await.unwrap().len(), 1);
+    store.set_paused("sync", false, "bob", None).await.unwrap();
+    let actions = store.actions(&ActionQuery::default()).await.unwrap();
+    assert_eq!(actions.iter().map(|a| (a.kind, a.by.as_str())).collect::<Vec<_>>(), [(ActionKind::Resume, "bob")]);
 }
 
 /// A version 2 database written by a build before the `solocron_runs_fence` trigger gets
@@ -297,14 +332,15 @@ async fn objects(pool: &sqlx::SqlitePool, prefix: &Prefix) -> Vec<(String, Strin
         .unwrap()
 }
 
-/// A store with some of everything: a claimed run, a pause, a registration, a request.
+/// A store with some of everything: a claimed run, a pause, a registration, a request, a
+/// heartbeat (and the audit log's actions).
 async fn used(dir: &TempDir, prefix: &Prefix) -> SqliteStore {
     let store = SqliteStore::open_path(&dir.path().join("solocron.db"), prefix).await.unwrap();
     store.migrate().await.unwrap();
     let won = store.claim(&[tick_request("backup", "2026-01-01T00:00:00Z")]).await.unwrap();
     assert!(matches!(won[..], [ClaimOutcome::Won(_)]), "{won:?}");
     store.set_paused("sync", true, "alice", None).await.unwrap();
-    store.request_run("sync", "alice").await.unwrap();
+    store.request_run("sync", "alice", None).await.unwrap();
     let definition = solocron_core::JobDefinition {
         job: "backup".into(),
         schedule: "0 * * * * *".into(),
@@ -313,6 +349,7 @@ async fn used(dir: &TempDir, prefix: &Prefix) -> SqliteStore {
         summary: "s".into(),
     };
     store.register("n", &[definition]).await.unwrap();
+    store.heartbeat(&NodeBeat { node: "n".into(), version: "1".into(), jobs: 1, running: 1 }).await.unwrap();
     store
 }
 

@@ -20,6 +20,8 @@ use solocron_core::{Ending, Renewal, Store, StoreError, FINISH_BATCH_MAX, RENEW_
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
+use crate::metrics::{self, StoreOp};
+
 /// Batches in flight at once, of all kinds together: enough to keep a pooled store busy,
 /// few enough that a burst leaves connections for claims and recovery (PostgreSQL and
 /// MySQL pools hold 8, SQLite's 4).
@@ -54,6 +56,8 @@ pub(crate) trait Kind: Send + Sync + 'static {
     const BATCH_MAX: usize;
     /// What a batch is, for logs and errors ("run ends").
     const WHAT: &'static str;
+    /// Which store operation a failed call counts under.
+    const OP: StoreOp;
     /// Whether an item whose caller stopped waiting is still sent. A renewal nobody waits
     /// for is dropped (its owner sends a fresh one); an end is recorded all the same.
     const SEND_ABANDONED: bool;
@@ -70,6 +74,7 @@ impl Kind for Finishes {
     type Item = Ending;
     const BATCH_MAX: usize = FINISH_BATCH_MAX;
     const WHAT: &'static str = "run ends";
+    const OP: StoreOp = StoreOp::Finish;
     const SEND_ABANDONED: bool = true;
     fn all<'a>(store: &'a dyn Store, items: &'a [Ending]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
         store.finish_all(items)
@@ -86,6 +91,7 @@ impl Kind for Renewals {
     type Item = Renewal;
     const BATCH_MAX: usize = RENEW_BATCH_MAX;
     const WHAT: &'static str = "lease renewals";
+    const OP: StoreOp = StoreOp::Renew;
     const SEND_ABANDONED: bool = false;
     fn all<'a>(store: &'a dyn Store, items: &'a [Renewal]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
         store.renew_all(items)
@@ -205,6 +211,7 @@ async fn send_batch<K: Kind>(store: &dyn Store, batch: Vec<Queued<K::Item>>) {
         Ok(Err(e)) => e,
         Err(_) => StoreError::Unavailable(format!("sending {} {} timed out", items.len(), K::WHAT)),
     };
+    metrics::store_error(K::OP);
     if items.len() == 1 || matches!(failure, StoreError::Unavailable(_)) {
         for answer in answers {
             let _ = answer.send(Err(failure.clone()));
@@ -218,6 +225,9 @@ async fn send_batch<K: Kind>(store: &dyn Store, batch: Vec<Queued<K::Item>>) {
         for (result, answer) in futures_util::future::join_all(calls).await.into_iter().zip(answers.by_ref()) {
             let result =
                 result.unwrap_or_else(|_| Err(StoreError::Unavailable(format!("one of {} timed out", K::WHAT))));
+            if result.is_err() {
+                metrics::store_error(K::OP);
+            }
             let _ = answer.send(result);
         }
     }

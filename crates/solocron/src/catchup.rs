@@ -10,7 +10,8 @@ use solocron_core::{ClaimOutcome, ClaimRequest, HistoryQuery, Overlap, RunState,
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
-use crate::engine::{bounded, Engine};
+use crate::engine::{counted, Engine};
+use crate::metrics::StoreOp;
 
 /// How often a catch-up sequence looks whether the job is still running elsewhere.
 const IDLE_POLL: Duration = Duration::from_millis(200);
@@ -61,7 +62,7 @@ async fn run_sequence(e: &Arc<Engine>, i: usize, ticks: Sequence) {
 async fn wait_until_idle(e: &Engine, job: &str) -> bool {
     let q = HistoryQuery { job: Some(job.to_owned()), state: Some(RunState::Running), limit: 1, ..Default::default() };
     while !e.tracker.is_closed() {
-        match bounded(e.store.history(&q)).await {
+        match counted(StoreOp::History, e.store.history(&q)).await {
             Ok(running) if running.is_empty() => return true,
             Ok(_) => {}
             Err(err) => tracing::debug!(error = %err, "cannot tell whether the job is running"),

@@ -76,6 +76,7 @@ impl Handler for Command {
                     success: false,
                     exit_code: None,
                     output: format!("cannot start {:?}: {e}", self.argv[0]),
+                    reason: None,
                 }
             }
         };
@@ -99,8 +100,10 @@ impl Handler for Command {
         }
         let output = output_tail(&String::from_utf8_lossy(&tail.lock().expect("not poisoned"))).to_owned();
         match status {
-            Ok(st) => Outcome { success: st.success(), exit_code: exit_code(st), output },
-            Err(e) => Outcome { success: false, exit_code: None, output: format!("{output}\nwait failed: {e}") },
+            Ok(st) => Outcome { success: st.success(), exit_code: exit_code(st), output, reason: None },
+            Err(e) => {
+                Outcome { success: false, exit_code: None, output: format!("{output}\nwait failed: {e}"), reason: None }
+            }
         }
     }
 }

@@ -22,6 +22,7 @@ use tokio_util::task::TaskTracker;
 use crate::batches::Batches;
 use crate::job::Job;
 use crate::lead::CLAIM_AHEAD_MAX;
+use crate::metrics::{self, StoreOp};
 use crate::runner::{execute, Claimed};
 
 /// Longest a single store call may take before the engine treats the store as unavailable.
@@ -108,15 +109,28 @@ impl Engine {
         self.request(job, tick, trigger, mode)
     }
 
-    /// One claim round trip, bounded in time, with the store's answer checked.
+    /// One claim round trip, bounded in time, with the store's answer checked. Every claim
+    /// of the engine goes through here, so here its duration, its failure and the ticks it
+    /// recorded skipped are counted.
     pub(crate) async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-        let outcomes = bounded(self.store.claim(requests)).await?;
-        if outcomes.len() != requests.len() {
-            return Err(StoreError::Invalid(format!(
-                "the store answered {} claim requests with {} outcomes",
-                requests.len(),
-                outcomes.len()
-            )));
+        let sent = Instant::now();
+        let answer = bounded(self.store.claim(requests)).await;
+        metrics::claim_round(sent.elapsed());
+        let outcomes = answer.and_then(|outcomes| {
+            if outcomes.len() != requests.len() {
+                return Err(StoreError::Invalid(format!(
+                    "the store answered {} claim requests with {} outcomes",
+                    requests.len(),
+                    outcomes.len()
+                )));
+            }
+            Ok(outcomes)
+        });
+        let outcomes = outcomes.inspect_err(|_| metrics::store_error(StoreOp::Claim))?;
+        for (req, outcome) in requests.iter().zip(&outcomes) {
+            if let ClaimOutcome::Skipped { reason } = outcome {
+                metrics::tick(&req.tick.job, metrics::skip_outcome(&req.mode, reason));
+            }
         }
         Ok(outcomes)
     }
@@ -177,9 +191,13 @@ impl Engine {
     pub(crate) fn claimed(&self, job: usize, lease: Lease, trigger: Trigger, sent: Instant) -> Claimed {
         let job = self.jobs[job].clone();
         assert_eq!(lease.run.tick.job, job.name(), "a lease runs its own job");
-        let until = (lease.run.tick.scheduled_at - self.clock.now()).to_std().unwrap_or_default();
-        let start_at = (Instant::now() + until).min(sent + CLAIM_AHEAD_MAX);
-        Claimed { job, lease, trigger, sent, start_at }
+        let behind = self.clock.now() - lease.run.tick.scheduled_at;
+        let now = Instant::now();
+        let until = (-behind).to_std().unwrap_or_default();
+        let start_at = (now + until).min(sent + CLAIM_AHEAD_MAX);
+        // The instant on the monotonic clock, which may not reach back to an old tick's.
+        let due = behind.to_std().map_or(Some(now + until), |late| now.checked_sub(late));
+        Claimed { job, lease, trigger, sent, start_at, due }
     }
 
     /// The one door through which every claimed run starts: counted as in flight, tracked
@@ -227,12 +245,21 @@ pub(crate) async fn bounded<T>(
     }
 }
 
-/// Counts a run as in flight for as long as it lives.
+/// A store call bounded like [`bounded`], whose failure is counted under `op`.
+pub(crate) async fn counted<T>(
+    op: StoreOp,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    bounded(call).await.inspect_err(|_| metrics::store_error(op))
+}
+
+/// Counts a run as in flight (and in the runs-in-progress gauge) for as long as it lives.
 struct InFlight(Arc<AtomicUsize>);
 
 impl InFlight {
     fn new(counter: &Arc<AtomicUsize>) -> InFlight {
         counter.fetch_add(1, Ordering::SeqCst);
+        metrics::runs_in_progress(1);
         InFlight(counter.clone())
     }
 }
@@ -240,6 +267,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         let before = self.0.fetch_sub(1, Ordering::SeqCst);
+        metrics::runs_in_progress(-1);
         debug_assert!(before > 0, "a run leaves flight once");
     }
 }

@@ -1,11 +1,12 @@
-//! What a node does besides running ticks: keep its entry in the job registry (and warn
-//! about drift), pick up manual run requests, and prune old history.
+//! What a node does besides running ticks: tell the fleet it is alive (heartbeats, and a
+//! goodbye on a clean shutdown), keep its entry in the job registry (and warn about drift),
+//! pick up manual run requests, and prune old history.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use solocron_core::{Store, StoreError, Trigger, PRUNE_BATCH_MAX};
+use solocron_core::{NodeBeat, Store, StoreError, Trigger, HEARTBEAT_EVERY, PRUNE_BATCH_MAX};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -35,6 +36,43 @@ const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 /// Records deleted per prune call, and calls per pass.
 const PRUNE_BATCH: usize = 1000;
 const PRUNE_BATCHES_PER_PASS_MAX: usize = 100;
+
+/// Sends this node's heartbeat now and every [`HEARTBEAT_EVERY`] until `stop`. A beat that
+/// fails (or hangs past the store-call bound) is logged at debug and the next one is sent on
+/// time: a missed beat only makes the node look stale for a while, it decides nothing.
+pub(crate) async fn heartbeat_loop(e: Arc<Engine>, stop: CancellationToken) {
+    let mut every = tokio::time::interval(HEARTBEAT_EVERY);
+    // After a beat that hung, beat again a period later, not in a burst to catch up.
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        if let Err(err) = bounded(e.store.heartbeat(&beat(&e))).await {
+            tracing::debug!(error = %err, "cannot send this node's heartbeat; sending the next one on time");
+        }
+    }
+}
+
+/// What this node says of itself now.
+fn beat(e: &Engine) -> NodeBeat {
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    NodeBeat {
+        node: e.node.clone(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        jobs: count(e.jobs.len()),
+        running: count(e.in_flight()),
+    }
+}
+
+/// Tells the fleet this node shut down cleanly (once, bounded); a failure is logged at
+/// debug: the node then looks stale until its row is forgotten.
+pub(crate) async fn goodbye(e: &Engine) {
+    if let Err(err) = bounded(e.store.goodbye(&e.node)).await {
+        tracing::debug!(error = %err, "cannot tell the store this node left");
+    }
+}
 
 /// Registers this node's jobs now and every [`REGISTRY_REFRESH`]; warns once per drift.
 pub(crate) async fn registry_loop(e: Arc<Engine>, shutdown: CancellationToken) {

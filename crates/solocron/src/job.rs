@@ -44,6 +44,9 @@ pub struct Outcome {
     pub exit_code: Option<i32>,
     /// Output worth keeping (the engine keeps the last 4 KiB).
     pub output: String,
+    /// Why a failed run failed, in a few words (an HTTP job: the status it did not expect);
+    /// `None`: the engine says `exit code N` when there is one.
+    pub reason: Option<String>,
 }
 
 /// The code a job runs. Implemented for you by [`handler_fn`] and [`crate::Command`].
@@ -147,7 +150,7 @@ fn outcome_of(result: HandlerResult) -> Outcome {
         output.push_str(&s.to_string());
         source = s.source();
     }
-    Outcome { success: false, exit_code: None, output }
+    Outcome { success: false, exit_code: None, output, reason: None }
 }
 
 /// A named job: a schedule, a policy and a handler.

@@ -54,10 +54,13 @@ impl Lead {
         Lead { since: now, current: Duration::ZERO, previous: Duration::ZERO }
     }
 
-    /// How long before their instants the round starting at `now` claims ticks.
+    /// How long before their instants the round starting at `now` claims ticks (also set
+    /// as the node's claim lead gauge).
     pub(crate) fn get(&mut self, now: Instant) -> Duration {
         self.roll(now);
-        (self.current.max(self.previous) * 3 / 2).clamp(CLAIM_AHEAD, CLAIM_AHEAD_MAX)
+        let lead = (self.current.max(self.previous) * 3 / 2).clamp(CLAIM_AHEAD, CLAIM_AHEAD_MAX);
+        crate::metrics::claim_lead(lead);
+        lead
     }
 
     /// Records that a round's claims took `round`, ending at `now` (rounds that failed are

@@ -11,7 +11,8 @@
 //! - Runs whose node died are recovered by policy (`abandon` or `retry`); missed ticks are
 //!   caught up by policy; shutdown drains.
 //!
-//! Jobs run async Rust code ([`handler_fn`]) or processes ([`Command`]).
+//! Jobs run async Rust code ([`handler_fn`]), processes ([`Command`]) or HTTP requests
+//! ([`HttpJob`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -21,8 +22,10 @@ mod catchup;
 mod command;
 mod engine;
 mod housekeeping;
+mod http_job;
 mod job;
 mod lead;
+pub mod metrics;
 mod recovery;
 mod runner;
 mod scheduler;
@@ -30,6 +33,7 @@ mod timer;
 
 pub use command::Command;
 pub use housekeeping::{prune_pass, REGISTRATION_STALE_AFTER};
+pub use http_job::{ExpectStatus, HttpJob, HttpJobError, RESPONSE_READ_BYTES_MAX};
 pub use job::{
     handler_fn, handler_with_state, BoxError, FnHandler, Handler, HandlerResult, Job, Outcome, RunContext, StateHandler,
 };
@@ -37,6 +41,10 @@ pub use lead::{CLAIM_AHEAD, CLAIM_AHEAD_MAX};
 pub use scheduler::{BuildError, Scheduler, SchedulerBuilder, SystemClock};
 pub use solocron_core as core;
 pub use solocron_core::{JobPolicy, Misfire, OnCrash, Overlap, Prefix, Schedule, Store, StoreError};
+/// The HTTP API, Prometheus metrics and web console as an axum router, to mount next to a
+/// service's own routes (feature `http`): `solocron::http::router(store, options)`.
+#[cfg(feature = "http")]
+pub use solocron_http as http;
 /// The token that stops [`Scheduler::run`] (and tells a handler to stop: [`RunContext::cancel`]).
 pub use tokio_util::sync::CancellationToken;
 

@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
-use solocron_core::{OnCrash, RecoverAction, RecoverOutcome, RunRecord, StoreError, Trigger};
+use solocron_core::{OnCrash, RecoverAction, RecoverOutcome, RunRecord, RunState, StoreError, Trigger};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::engine::{bounded, Engine};
+use crate::engine::{counted, Engine};
+use crate::metrics::{self, Outcome, StoreOp};
 
 /// Most expired runs examined per recovery scan.
 const EXPIRED_PER_SCAN_MAX: usize = 100;
@@ -37,13 +38,13 @@ pub(crate) async fn recovery_loop(e: Arc<Engine>, shutdown: CancellationToken) {
 }
 
 async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Result<(), StoreError> {
-    for run in bounded(e.store.expired(EXPIRED_PER_SCAN_MAX)).await? {
+    for run in counted(StoreOp::Recover, e.store.expired(EXPIRED_PER_SCAN_MAX)).await? {
         if shutdown.is_cancelled() {
             break;
         }
         let action = recover_action(e, &run);
         let sent = Instant::now();
-        let outcome = match bounded(e.store.recover(&run.id, &action)).await {
+        let outcome = match counted(StoreOp::Recover, e.store.recover(&run.id, &action)).await {
             Ok(o) => o,
             Err(err @ StoreError::Unavailable(_)) => return Err(err),
             // One run the store refuses must not stop the recovery of all the others.
@@ -54,6 +55,8 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
         };
         match outcome {
             RecoverOutcome::Retried(lease) => {
+                // The dead node's attempt was recorded `lost` by this recovery.
+                metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Lost));
                 tracing::warn!(run = %run.id, dead_node = %run.node, attempt = lease.run.attempt, token = lease.fencing_token,
                     "lease expired; retrying the tick here");
                 // Only a job configured here is retried here (see `recover_action`).
@@ -61,6 +64,7 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
                 e.start(e.claimed(job, lease, Trigger::Retry, sent), e.interrupt.clone());
             }
             RecoverOutcome::Abandoned => {
+                metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Abandoned));
                 tracing::warn!(run = %run.id, dead_node = %run.node, state = "abandoned", "lease expired; run abandoned")
             }
             RecoverOutcome::NotNeeded => tracing::debug!(run = %run.id, "already recovered elsewhere"),

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::batches::{Batcher, Batches, Finishes, Renewals};
 use crate::job::{Job, Outcome, RunContext};
+use crate::metrics::{self, Renewal as RenewalResult};
 
 /// A claimed run, ready to start: the one value every path hands to [`execute`].
 #[derive(Debug)]
@@ -28,6 +29,9 @@ pub(crate) struct Claimed {
     pub(crate) sent: Instant,
     /// When the job starts: the tick's instant for a tick claimed ahead, else at once.
     pub(crate) start_at: Instant,
+    /// The tick's instant on the monotonic clock (by this node's wall clock at the claim),
+    /// if that clock reaches back to it: how late a scheduled start was is measured from it.
+    pub(crate) due: Option<Instant>,
 }
 
 /// Extra time, beyond the job's kill grace, that a stopped handler gets before it is dropped
@@ -90,6 +94,11 @@ impl Heartbeat {
 
     /// Takes the answer to the renewal sent at `sent` (`None`: no answer within its bound).
     fn answered(&mut self, sent: Instant, answer: Option<Result<bool, StoreError>>) -> Beat {
+        metrics::lease_renewal(match answer {
+            Some(Ok(true)) => RenewalResult::Ok,
+            Some(Ok(false)) => RenewalResult::Refused,
+            Some(Err(_)) | None => RenewalResult::Error,
+        });
         match answer {
             Some(Ok(true)) => {
                 self.deadline = sent + self.policy.local_lease_deadline();
@@ -126,7 +135,7 @@ type PendingRenewal = Pin<Box<dyn Future<Output = (Instant, Option<Result<bool, 
 /// recorded through `batches`, and `interrupt` fires when it must stop early (shutdown's
 /// grace is over).
 pub(crate) async fn execute(run: Claimed, batches: &Batches, interrupt: CancellationToken) {
-    let Claimed { job, lease, trigger, sent: claim_sent, start_at } = run;
+    let Claimed { job, lease, trigger, sent: claim_sent, start_at, due } = run;
     let policy = job.policy().clone();
     let cancel = CancellationToken::new();
     let ctx = RunContext {
@@ -161,20 +170,29 @@ pub(crate) async fn execute(run: Claimed, batches: &Batches, interrupt: Cancella
             output: String::new(),
             started_after: None,
         };
-        record_end(ends, &hb, &end, true).await;
+        metrics::lease_lost(job.name());
+        if record_end(ends, &hb, &end, true).await {
+            metrics::tick_ended(job.name(), end.state);
+        }
         tracing::warn!(run = %hb.lease.run, "lease not confirmed before start; run recorded lost without starting");
         return;
+    }
+    if let (Trigger::Schedule, Some(due)) = (trigger, due) {
+        metrics::start_lateness(job.name(), Instant::now().saturating_duration_since(due));
     }
     let handler = job.handler();
     let task = tokio::spawn(async move { handler.run(ctx).await });
     let (outcome, stop) = supervise(task, &mut hb, renewals, &policy, started, &cancel, &interrupt).await;
     let end = end_of(outcome, stop, started - claim_sent);
-    record_end(ends, &hb, &end, matches!(stop, Some(Stop::Lost(_)))).await;
+    if record_end(ends, &hb, &end, matches!(stop, Some(Stop::Lost(_)))).await {
+        metrics::tick_ended(job.name(), end.state);
+    }
+    // An absent exit code or reason is left out of the line, not shown as `None` or "".
     tracing::info!(
         job = %job.name(), scheduled_at = %hb.lease.run.tick.scheduled_at, node = %hb.lease.owner,
         token = hb.lease.fencing_token, attempt = hb.lease.run.attempt, state = %end.state,
         duration = %solocron_core::format_duration(started.elapsed()), exit_code = end.exit_code,
-        reason = end.reason.as_deref().unwrap_or(""), "run ended"
+        reason = end.reason.as_deref(), "run ended"
     );
 }
 
@@ -222,6 +240,7 @@ async fn supervise(
             if let Stop::Lost(why) = s {
                 renewing = false;
                 pending = None;
+                metrics::lease_lost(&hb.lease.run.tick.job);
                 tracing::warn!(run = %hb.lease.run, why, "lease lost; stopping the job");
             }
             if stop.is_none() || matches!(s, Stop::Lost(_)) {
@@ -245,7 +264,7 @@ fn end_of(outcome: Option<Outcome>, stop: Option<Stop>, started_after: Duration)
     let outcome = outcome.unwrap_or_default();
     let (state, reason) = match stop {
         None if outcome.success => (RunState::Succeeded, None),
-        None => (RunState::Failed, outcome.exit_code.map(|c| format!("exit code {c}"))),
+        None => (RunState::Failed, outcome.reason.clone().or(outcome.exit_code.map(|c| format!("exit code {c}")))),
         Some(Stop::Lost(why)) => (RunState::Lost, Some(why.to_owned())),
         Some(Stop::TimedOut) => (RunState::TimedOut, Some("timeout passed; job stopped".to_owned())),
         Some(Stop::Interrupted) => {
@@ -263,19 +282,19 @@ fn end_of(outcome: Option<Outcome>, stop: Option<Stop>, started_after: Duration)
 }
 
 /// Records the end (through the engine's batches of ends), retrying while the lease may
-/// still be ours.
-async fn record_end(ends: &Batcher<Finishes>, hb: &Heartbeat, end: &RunEnd, lost: bool) {
+/// still be ours; true if this end is the run's record.
+async fn record_end(ends: &Batcher<Finishes>, hb: &Heartbeat, end: &RunEnd, lost: bool) -> bool {
     let give_up =
         if lost { Instant::now() + LOST_FINISH_WAIT } else { hb.deadline.max(Instant::now() + LOST_FINISH_WAIT) };
     let ending = Ending { lease: hb.lease.clone(), end: end.clone() };
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         match timeout_at(give_up, ends.send(ending.clone(), give_up)).await {
-            Ok(Ok(true)) => return,
+            Ok(Ok(true)) => return true,
             Ok(Ok(false)) => {
                 tracing::warn!(run = %hb.lease.run, state = %end.state,
                     "run already ended (by another node, or by an earlier try whose answer was lost); its record stands");
-                return;
+                return false;
             }
             Ok(Err(e)) => tracing::warn!(run = %hb.lease.run, error = %e, "could not record the run's end; retrying"),
             Err(_) => {}
@@ -283,7 +302,7 @@ async fn record_end(ends: &Batcher<Finishes>, hb: &Heartbeat, end: &RunEnd, lost
         if Instant::now() + backoff.peek() >= give_up {
             tracing::error!(run = %hb.lease.run, state = %end.state,
                 "could not record the run's end before its lease ran out; another node will recover it by its on_crash policy");
-            return;
+            return false;
         }
         backoff.wait().await;
     }

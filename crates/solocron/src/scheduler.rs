@@ -247,7 +247,7 @@ impl Scheduler {
         let Some(&i) = e.by_name.get(job) else {
             return Err(StoreError::Invalid(format!("job `{job}` is not defined here")));
         };
-        let tick = bounded(e.store.request_run(job, by)).await?;
+        let tick = bounded(e.store.request_run(job, by, None)).await?;
         let req = e.run_request(&e.jobs[i], tick.clone(), Trigger::Manual);
         let sent = Instant::now();
         let outcome = e.claim(std::slice::from_ref(&req)).await?.pop();
@@ -271,13 +271,17 @@ impl Scheduler {
     }
 
     /// Runs until `shutdown` fires, then drains: no new claims, running jobs get the
-    /// shutdown grace to finish, then are stopped; every run's end is recorded.
+    /// shutdown grace to finish, then are stopped; every run's end is recorded. The node
+    /// sends heartbeats until it has drained, then says goodbye.
     pub async fn run(self, shutdown: CancellationToken) {
         let e = self.engine;
         tracing::info!(node = %e.node, store = %e.store.describe(), jobs = e.jobs.len(), "scheduler starting");
         if self.migrate && !migrate(&e, &shutdown).await {
             return;
         }
+        // Beats go on while draining (the node still holds runs), so they stop on their own token.
+        let beats_stop = CancellationToken::new();
+        let beats = tokio::spawn(housekeeping::heartbeat_loop(e.clone(), beats_stop.clone()));
         let mut side = vec![
             tokio::spawn(recovery::recovery_loop(e.clone(), shutdown.clone())),
             tokio::spawn(housekeeping::registry_loop(e.clone(), shutdown.clone())),
@@ -291,6 +295,9 @@ impl Scheduler {
             let _ = task.await;
         }
         drain(&e).await;
+        beats_stop.cancel();
+        let _ = beats.await;
+        housekeeping::goodbye(&e).await;
     }
 }
 

@@ -17,8 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::catchup::{self, Sequence};
-use crate::engine::{bounded, Engine};
+use crate::engine::{counted, Engine};
 use crate::lead::{Lead, CLAIM_AHEAD_MAX};
+use crate::metrics::{self, StoreOp};
 use solocron_os::wallclock::ClockSteps;
 
 /// Longest the timer sleeps before looking at the wall clock again, with the system clock
@@ -64,6 +65,8 @@ struct Plan {
 /// The timer: wakes at the earliest next fire instant, claims everything due in batches,
 /// until `shutdown`.
 pub(crate) async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
+    metrics::describe();
+    metrics::jobs(e.jobs.len());
     let mut timer = Timer::new(e).await;
     let mut backoff = Backoff::store();
     let mut lead = Lead::new(Instant::now());
@@ -105,7 +108,7 @@ impl Timer {
     async fn new(e: &Engine) -> Timer {
         let started = e.clock.now();
         // Never look back before the store's memory began: a tick it forgot is not missed.
-        let memory_since = match bounded(e.store.memory_since()).await {
+        let memory_since = match counted(StoreOp::MemorySince, e.store.memory_since()).await {
             Ok(since) => since,
             Err(err) => {
                 tracing::warn!(error = %err, "cannot ask the store since when it remembers; not catching up at start");
@@ -195,7 +198,7 @@ async fn claim_due(e: &Arc<Engine>, due: &[usize], cursors: &mut [Cursor], round
     // the restart is not run again. Only asked while some due job is failing (cheap).
     let failing: Vec<usize> = due.iter().copied().filter(|&i| cursors[i].healthy == Some(false)).collect();
     if !failing.is_empty() {
-        match bounded(e.store.memory_since()).await {
+        match counted(StoreOp::MemorySince, e.store.memory_since()).await {
             Ok(Some(since)) => {
                 for i in failing {
                     cursors[i].handled = cursors[i].handled.max(since.min(round.now));

@@ -389,8 +389,9 @@ macro_rules! distant {
 }
 
 use solocron_core::{
-    ClaimOutcome, ClaimRequest, Ending, JobControl, JobDefinition, Lease, RecoverAction, RecoverOutcome, Registration,
-    Renewal, RunEnd, RunId, RunRecord, RunRequest, StoreError, Tick,
+    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, JobControl, JobDefinition, Lease, NodeBeat,
+    NodeRecord, RecoverAction, RecoverOutcome, Registration, Renewal, RunEnd, RunId, RunRecord, RunRequest, StoreError,
+    Tick,
 };
 
 distant! {
@@ -403,10 +404,14 @@ distant! {
     registrations() -> Vec<Registration>;
     set_paused(job: &str, paused: bool, by: &str, reason: Option<&str>) -> ();
     controls() -> Vec<JobControl>;
-    request_run(job: &str, by: &str) -> Tick;
+    request_run(job: &str, by: &str, reason: Option<&str>) -> Tick;
     pending_requests(limit: usize) -> Vec<RunRequest>;
-    unlock(job: &str, reason: &str) -> Vec<RunId>;
+    unlock(job: &str, by: &str, reason: &str) -> Vec<RunId>;
     prune(older_than: Duration, batch: usize) -> u64;
+    heartbeat(beat: &NodeBeat) -> ();
+    goodbye(node: &str) -> ();
+    nodes() -> Vec<NodeRecord>;
+    actions(query: &ActionQuery) -> Vec<ActionRecord>;
 }
 
 /// Runs `jobs` jobs (leases of `lease`) due once at the same instant on one node over
@@ -742,4 +747,39 @@ async fn a_scheduler_with_a_retention_prunes_old_ended_records_after_a_minute_th
     settle(Duration::from_secs(10), async || node.is_finished()).await;
     assert!(node.is_finished(), "the scheduler did not stop");
     spinner.abort();
+}
+
+/// A running node sends heartbeats: at once (its version, its job count), then every
+/// `HEARTBEAT_EVERY` with the runs it holds; once drained it says goodbye.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_node_beats_with_its_jobs_and_runs_and_says_goodbye_once_drained() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir).await;
+    let slow = handler_fn(|ctx: RunContext| async move {
+        ctx.cancel.cancelled().await;
+        Ok(())
+    });
+    let s = Scheduler::builder(st.clone())
+        .node_id("n1")
+        .job(Job::new("slow", Schedule::parse("* * * * * *", "UTC").unwrap(), slow))
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let node = tokio::spawn(s.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let first = st.nodes().await.unwrap();
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!((first[0].beat.node.as_str(), first[0].beat.jobs), ("n1", 1));
+    assert_eq!(first[0].beat.version, env!("CARGO_PKG_VERSION"));
+    tokio::time::sleep(solocron_core::HEARTBEAT_EVERY + Duration::from_millis(500)).await;
+    let later = st.nodes().await.unwrap().remove(0);
+    assert_eq!(later.beat.running, 1, "the beat counts the run in flight: {later:?}");
+    assert!(later.last_seen > first[0].last_seen && later.started_at == first[0].started_at, "{later:?}");
+    assert_eq!(later.left_at, None);
+
+    shutdown.cancel();
+    node.await.unwrap();
+    let gone = st.nodes().await.unwrap().remove(0);
+    assert!(gone.left_at.is_some_and(|t| t >= later.last_seen), "no goodbye: {gone:?}");
+    assert_eq!(gone.liveness(st.now().await.unwrap()), solocron_core::Liveness::Gone);
 }

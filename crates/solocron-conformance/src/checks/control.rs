@@ -23,7 +23,8 @@ async fn controls(store: &Handle) -> Vec<JobControl> {
 
 /// While a job is paused, its scheduled and catch-up `Run` claims record the tick skipped
 /// with `"paused by <who>[: <why>]"` (before any overlap check), manual claims still run,
-/// other jobs are untouched; resuming restores claims; `controls` lists the switch.
+/// other jobs are untouched; pausing it again without a reason keeps who and why, with one
+/// replaces them; resuming restores claims; `controls` lists the switch.
 pub async fn a_paused_job_records_its_scheduled_ticks_skipped_but_runs_manual_ones(f: &impl StoreFactory) {
     let store = f.open().await;
     let before = now(&store).await;
@@ -51,8 +52,10 @@ pub async fn a_paused_job_records_its_scheduled_ticks_skipped_but_runs_manual_on
     assert!(store.finish(&manual_run, &succeeded("")).await.expect("finish"));
 
     store.set_paused("backup", true, "bob", None).await.expect("pause");
-    let by_bob = ClaimOutcome::Skipped { reason: "paused by bob".into() };
-    assert_eq!(claim(&store, run(tick("backup", 5), "a", LONG_LEASE, false)).await, by_bob);
+    assert_eq!(claim(&store, run(tick("backup", 5), "a", LONG_LEASE, false)).await, paused, "the reason stays");
+    store.set_paused("backup", true, "bob", Some("still full")).await.expect("pause");
+    let by_bob = ClaimOutcome::Skipped { reason: "paused by bob: still full".into() };
+    assert_eq!(claim(&store, run(tick("backup", 7), "a", LONG_LEASE, false)).await, by_bob);
 
     store.set_paused("backup", false, "carol", None).await.expect("resume");
     let listed = controls(&store).await;
@@ -72,7 +75,7 @@ pub async fn manual_requests_get_unique_off_second_ticks_and_stay_pending_until_
     let stores = stores(f, REQUESTERS).await;
     let store = &stores[0];
     let before = now(store).await;
-    let sync = store.request_run("sync", "bob").await.expect("request_run");
+    let sync = store.request_run("sync", "bob", None).await.expect("request_run");
     // Ticks of different jobs may share an instant; this keeps the expected order total.
     tokio::time::sleep(Duration::from_millis(5)).await;
     let requested = request_many(&stores).await;
@@ -111,7 +114,7 @@ pub async fn a_request_made_elsewhere_wakes_the_request_watch(f: &impl StoreFact
     for round in 0..3 {
         let requested = async {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            requester.request_run("sync", "carol").await.expect("request_run")
+            requester.request_run("sync", "carol", None).await.expect("request_run")
         };
         let (woke, _) = tokio::join!(tokio::time::timeout(WATCH_WAKE_MAX, watch.changed()), requested);
         assert!(woke.is_ok(), "round {round}: a request did not wake the watch within {WATCH_WAKE_MAX:?}");
@@ -137,7 +140,7 @@ async fn request_many(stores: &[Handle]) -> HashMap<Tick, String> {
         let by = format!("op-{i}");
         let mut ticks = Vec::with_capacity(REQUESTS_EACH);
         for _ in 0..REQUESTS_EACH {
-            ticks.push((store.request_run("backup", &by).await.expect("request_run"), by.clone()));
+            ticks.push((store.request_run("backup", &by, None).await.expect("request_run"), by.clone()));
         }
         ticks
     })
@@ -158,7 +161,8 @@ async fn claim_some(store: &Handle, ticks: &[Tick]) {
     assert!(store.finish(&lease, &succeeded("")).await.expect("finish"));
 }
 
-/// Unlock ends every running run of the job `abandoned` with the reason and returns them;
+/// Unlock ends every running run of the job `abandoned` with the reason `unlocked by <who>:
+/// <why>` and returns them;
 /// their holders' renew and finish then fail; ended runs and other jobs are untouched.
 pub async fn unlock_abandons_the_jobs_running_runs_and_fences_out_their_holders(f: &impl StoreFactory) {
     let store = f.open().await;
@@ -170,12 +174,12 @@ pub async fn unlock_abandons_the_jobs_running_runs_and_fences_out_their_holders(
     let untouched = all(&store).await.into_iter().filter(|r| r.id == done.run || r.id == other.run).collect::<Vec<_>>();
 
     let before = now(&store).await;
-    let mut unlocked = store.unlock("backup", "unlocked by alice").await.expect("unlock");
+    let mut unlocked = store.unlock("backup", "alice", "stuck").await.expect("unlock");
     unlocked.sort();
     assert_eq!(unlocked, [held_a.run.clone(), held_b.run.clone()]);
     for lease in [&held_a, &held_b] {
         let record = find(&store, &lease.run).await;
-        assert_eq!((record.state, record.reason.as_deref()), (RunState::Abandoned, Some("unlocked by alice")));
+        assert_eq!((record.state, record.reason.as_deref()), (RunState::Abandoned, Some("unlocked by alice: stuck")));
         assert_eq!(record.lease_until, None);
         assert_between(record.finished_at.expect("finished_at"), before, now(&store).await, "finished_at");
         assert!(!store.renew(lease, LONG_LEASE).await.expect("renew"), "the holder must stop");
@@ -187,6 +191,6 @@ pub async fn unlock_abandons_the_jobs_running_runs_and_fences_out_their_holders(
     assert_eq!(now_untouched, untouched, "the ended run and the other job are left alone");
     assert!(store.renew(&other, LONG_LEASE).await.expect("renew"));
 
-    assert_eq!(store.unlock("backup", "again").await.expect("unlock"), Vec::<RunId>::new());
+    assert_eq!(store.unlock("backup", "alice", "again").await.expect("unlock"), Vec::<RunId>::new());
     won(&store, run(tick("backup", 3), "a", LONG_LEASE, true)).await;
 }

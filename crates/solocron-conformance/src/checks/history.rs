@@ -75,7 +75,7 @@ pub async fn prune_deletes_only_old_ended_records_in_batches_and_old_requests(f:
         ended(&store, run(tick_at("report", minutes), "a", LONG_LEASE, false)).await;
     }
     store.claim(&[skip(tick_at("report", 150), "a", "missed")]).await.expect("claim");
-    let requested = store.request_run("report", "alice").await.expect("request_run");
+    let requested = store.request_run("report", "alice", None).await.expect("request_run");
 
     let hour = Duration::from_secs(3600);
     assert_eq!(store.prune(hour, 2).await.expect("prune"), 2, "a batch of 2");

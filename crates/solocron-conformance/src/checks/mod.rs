@@ -7,6 +7,7 @@
 
 mod claim;
 mod control;
+mod fleet;
 mod history;
 mod lease;
 mod migrate;
@@ -16,6 +17,7 @@ mod support;
 
 pub use claim::*;
 pub use control::*;
+pub use fleet::*;
 pub use history::*;
 pub use lease::*;
 pub use migrate::*;

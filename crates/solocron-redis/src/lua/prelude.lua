@@ -16,6 +16,7 @@ local SCHEMA_VERSION = '1'
 -- one call's values are never seen by another).
 local P, NOW_US, NOW
 local EPOCH, SCHEMA, HIST, EXPIRY, FENCES, CTLS, REGS, REQ, REQBY, REQPEND
+local NODES, NODESEEN, ACTS, ACTSEQ
 -- Whether this call found the layout version in place (see `remember`).
 local schema_found
 
@@ -28,6 +29,8 @@ local function begin(argv)
   HIST, EXPIRY, FENCES = P .. 'hist', P .. 'expiry', P .. 'fences'
   CTLS, REGS = P .. 'ctls', P .. 'regs'
   REQ, REQBY, REQPEND = P .. 'req', P .. 'reqby', P .. 'reqpend'
+  NODES, NODESEEN = P .. 'nodes', P .. 'nodeseen'
+  ACTS, ACTSEQ = P .. 'acts', P .. 'actseq'
   schema_found = false
 end
 
@@ -39,6 +42,8 @@ local function job_hist(job) return P .. 'jhist:' .. job end
 local function job_running(job) return P .. 'jrun:' .. job end
 local function ctl_key(job) return P .. 'ctl:' .. job end
 local function reg_key(id) return P .. 'reg:' .. id end
+local function node_key(node) return P .. 'node:' .. node end
+local function act_key(id) return P .. 'act:' .. id end
 
 -- The hash at key_of(id) of each id, in order, leaving out ids whose hash is gone.
 local function hashes(ids, key_of)
@@ -64,6 +69,29 @@ end
 -- job name can make two ids equal; the padded attempt makes ids of one tick sort by attempt.
 local function run_id(job, at, attempt)
   return at .. ':' .. string.format('%010d', attempt) .. ':' .. job
+end
+
+-- An instant (ms) as RunId's Display spells it: 2026-01-01T00:00:00.000Z (UTC; the civil
+-- date from days since the epoch by H. Hinnant's algorithm).
+local function iso(ms)
+  local days = math.floor(ms / 86400000)
+  local rem = ms - days * 86400000
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400 + (m <= 2 and 1 or 0)
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d, math.floor(rem / 3600000),
+    math.floor(rem / 60000) % 60, math.floor(rem / 1000) % 60, rem % 1000)
+end
+
+-- A run's name as RunId's Display spells it: job@2026-01-01T00:00:00.000Z#1.
+local function run_name(job, at, attempt)
+  return job .. '@' .. iso(tonumber(at)) .. '#' .. int(attempt)
 end
 
 local function split_id(id)
@@ -148,4 +176,20 @@ local function lapsed(key)
   local r = redis.call('HMGET', key, 'state', 'lease')
   local lease_until = tonumber(r[2])
   return r[1] == 'running' and lease_until ~= nil and lease_until < NOW
+end
+
+-- Appends an operator's action to the audit log at NOW, within the call that does it, and
+-- drops the oldest beyond `kept`. Ids are a counter's values, zero-padded so that actions
+-- of one millisecond (equal scores) sort in the order appended.
+local function record_action(job, kind, by, reason, detail, kept)
+  local id = string.format('%020d', redis.call('INCR', ACTSEQ))
+  local key = act_key(id)
+  redis.call('HSET', key, 'job', job, 'kind', kind, 'by', by, 'at', int(NOW), 'detail', detail)
+  if reason then redis.call('HSET', key, 'reason', reason) end
+  redis.call('ZADD', ACTS, int(NOW), id)
+  local excess = redis.call('ZCARD', ACTS) - kept
+  if excess > 0 then
+    for _, old in ipairs(redis.call('ZRANGE', ACTS, 0, excess - 1)) do redis.call('DEL', act_key(old)) end
+    redis.call('ZREMRANGEBYRANK', ACTS, 0, excess - 1)
+  end
 end

@@ -1,7 +1,8 @@
--- prune: ARGV older than ms, most run records deleted, most requests and registrations
--- deleted. Deletes ended records of ticks before now - older, oldest first (never a running
--- one), requests as old, and registrations not refreshed since then; returns the number of
--- run records deleted.
+-- prune: ARGV older than ms, most run records deleted, most requests, registrations,
+-- actions and nodes deleted, ms after which a silent node is forgotten. Deletes ended
+-- records of ticks before now - older, oldest first (never a running one), requests and
+-- actions as old, registrations not refreshed since then, and nodes not heard from within
+-- the last argument; returns the number of run records deleted.
 handlers.prune = function(KEYS, ARGV)
   local cutoff = '(' .. int(NOW - tonumber(ARGV[2]))
   local batch, others = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -30,6 +31,16 @@ handlers.prune = function(KEYS, ARGV)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', REGS, '-inf', cutoff, 'LIMIT', 0, others)) do
     redis.call('DEL', reg_key(id))
     redis.call('ZREM', REGS, id)
+  end
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', ACTS, '-inf', cutoff, 'LIMIT', 0, others)) do
+    redis.call('DEL', act_key(id))
+    redis.call('ZREM', ACTS, id)
+  end
+  local silent = '(' .. int(NOW - tonumber(ARGV[5]))
+  for _, node in ipairs(redis.call('ZRANGEBYSCORE', NODESEEN, '-inf', silent, 'LIMIT', 0, others)) do
+    redis.call('DEL', node_key(node))
+    redis.call('ZREM', NODES, node)
+    redis.call('ZREM', NODESEEN, node)
   end
   return deleted
 end

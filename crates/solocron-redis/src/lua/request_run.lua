@@ -1,6 +1,7 @@
--- request_run: ARGV job, by, most slots tried. The manual tick's instant (ms): now, or the
--- next millisecond not yet requested for this job, never on a whole second (scheduled
--- ticks fall on whole seconds, so the two never share a tick).
+-- request_run: ARGV job, by, most slots tried, reason?, most actions kept. The manual
+-- tick's instant (ms): now, or the next millisecond not yet requested for this job, never
+-- on a whole second (scheduled ticks fall on whole seconds, so the two never share a
+-- tick). The action is recorded with the manual run's name as its detail.
 handlers.request_run = function(KEYS, ARGV)
   local job, by = ARGV[2], ARGV[3]
   local at = NOW
@@ -11,6 +12,7 @@ handlers.request_run = function(KEYS, ARGV)
       redis.call('ZADD', REQ, int(at), member)
       redis.call('ZADD', REQPEND, int(at), member)
       redis.call('HSET', REQBY, member, by)
+      record_action(job, 'trigger', by, opt(ARGV[5]), run_name(job, at, 1), tonumber(ARGV[6]))
       -- Wakes the nodes' request watches (see watch.rs). pcall: the request is written, and a
       -- user whose ACL denies the channel must not get an error for it (and retry, making a
       -- second request); nodes then find it by their periodic read.

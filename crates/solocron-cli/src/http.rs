@@ -1,0 +1,103 @@
+//! The HTTP server in the binary: `run --http` beside the scheduler, and `serve` alone.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use clap::Args;
+use solocron_core::Store;
+use solocron_fleet::Declared;
+use solocron_http::{HttpOptions, Token};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, SecretSource, TokenConfig};
+use crate::{bad_input, Failure};
+
+/// The tokens' secrets, read from their environment variables or files. Errors name the
+/// key and the variable or file, never the secret.
+fn tokens(cfg: Option<&Config>) -> Result<Vec<Token>, Failure> {
+    let Some(cfg) = cfg else { return Ok(Vec::new()) };
+    cfg.http.tokens.iter().map(|t| token(&cfg.file, t)).collect()
+}
+
+fn token(file: &str, t: &TokenConfig) -> Result<Token, Failure> {
+    let secret = match &t.source {
+        SecretSource::Env(var) => std::env::var(var).map_err(|_| {
+            bad_input(format!("{file}: {}.token_env: the environment variable {var} is not set", t.key))
+        })?,
+        SecretSource::File(path) => std::fs::read_to_string(path)
+            .map_err(|e| bad_input(format!("{file}: {}.token_file: cannot read {path}: {e}", t.key)))?,
+    };
+    Token::new(&t.name, t.role, &secret).map_err(|e| bad_input(format!("{file}: {}: {e}", t.key)))
+}
+
+/// The jobs a configuration declares, for the API to show where each is declared.
+pub fn declared(cfg: Option<&Config>) -> Vec<Declared> {
+    let Some(cfg) = cfg else { return Vec::new() };
+    cfg.jobs
+        .iter()
+        .map(|j| Declared { name: j.name.clone(), schedule: j.schedule.clone(), source: cfg.file.clone() })
+        .collect()
+}
+
+/// Binds `addr` (checked against the tokens) and serves until `stop` is cancelled.
+pub async fn start(
+    addr: SocketAddr,
+    cfg: Option<&Config>,
+    store: Arc<dyn Store>,
+    stop: CancellationToken,
+) -> Result<JoinHandle<()>, Failure> {
+    let tokens = tokens(cfg)?;
+    solocron_http::check_listen(addr, &tokens).map_err(bad_input)?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| bad_input(format!("--http {addr}: cannot listen: {e}")))?;
+    let bound = listener.local_addr().map_err(|e| bad_input(format!("--http {addr}: {e}")))?;
+    let options = HttpOptions { tokens, declared: declared(cfg), prometheus: solocron_http::install_prometheus() };
+    let token_count = options.tokens.len();
+    let app = solocron_http::router(store, options);
+    tracing::info!(address = %bound, tokens = token_count, "serving the HTTP API, metrics and console");
+    Ok(tokio::spawn(async move {
+        let served = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the HTTP server stopped");
+        }
+    }))
+}
+
+/// Where to serve: `--http`, else `[http] listen`.
+pub fn listen(flag: Option<SocketAddr>, cfg: Option<&Config>) -> Option<SocketAddr> {
+    flag.or(cfg.and_then(|c| c.http.listen))
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    target: crate::Target,
+    /// Address and port to serve on (default: [http] listen, else 127.0.0.1:9090).
+    #[arg(long, value_name = "ADDR")]
+    http: Option<SocketAddr>,
+}
+
+/// `solocron serve`: the API, metrics and console over a store, with no jobs of its own.
+pub async fn serve(a: ServeArgs) -> Result<(), Failure> {
+    crate::daemon::init_logging(crate::daemon::LogFormat::Text);
+    let cfg = a.target.config()?;
+    // Serving reads and acts; it never creates a store (a typo in a path must not serve an
+    // empty fleet) nor changes a schema.
+    let (store_cfg, key) = a.target.store_config(cfg.as_ref());
+    if let Some(file) = solocron_stores::local_file(&store_cfg.url).filter(|f| !f.exists()) {
+        return Err(bad_input(format!(
+            "{key}: no store at {}: `solocron run` or `solocron migrate` creates it",
+            file.display()
+        )));
+    }
+    let store = a.target.open(cfg.as_ref()).await?;
+    let addr = listen(a.http, cfg.as_ref()).unwrap_or(SocketAddr::from(([127, 0, 0, 1], 9090)));
+    let stop = CancellationToken::new();
+    let server = start(addr, cfg.as_ref(), store, stop.clone()).await?;
+    crate::daemon::wait_for_signal().await;
+    stop.cancel();
+    let _ = server.await;
+    Ok(())
+}

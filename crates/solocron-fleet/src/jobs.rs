@@ -1,0 +1,298 @@
+//! The fleet's jobs: which names exist, their schedules, and their views.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use futures_util::{stream, StreamExt as _, TryStreamExt as _};
+use solocron_core::{
+    ActionQuery, HistoryQuery, JobControl, Liveness, NodeRecord, Registration, RunRecord, RunState, Schedule, Store,
+    RECORDS_PAGE_MAX,
+};
+
+use crate::views::{
+    ActionView, FireTime, JobDetail, JobPage, JobSummary, NodeView, PauseView, RecentRun, RegistrationView, RunView,
+    RECENT_RUNS_MAX,
+};
+use crate::{Declared, FleetError, KNOWN_NAMES_SHOWN_MAX};
+
+/// Most jobs on one page.
+pub const JOBS_PAGE_MAX: usize = 200;
+/// Jobs on a page when the caller does not say.
+const JOBS_PAGE_DEFAULT: usize = 50;
+/// Store reads in flight at once while building one page of views.
+const READS_IN_FLIGHT_MAX: usize = 8;
+/// Fire times shown in a job's detail.
+const NEXT_FIRES_SHOWN: usize = 5;
+/// Actions shown in a job's detail.
+const ACTIONS_SHOWN: usize = 20;
+
+/// A state a job can be filtered by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobStateFilter {
+    /// Paused fleet-wide.
+    Paused,
+    /// Not paused.
+    Active,
+    /// With a run in progress.
+    Running,
+    /// Registered, but by no live node.
+    Stale,
+    /// Defined differently by two nodes.
+    Drift,
+}
+
+impl std::str::FromStr for JobStateFilter {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "paused" => JobStateFilter::Paused,
+            "active" => JobStateFilter::Active,
+            "running" => JobStateFilter::Running,
+            "stale" => JobStateFilter::Stale,
+            "drift" => JobStateFilter::Drift,
+            other => {
+                return Err(format!(
+                    "unknown job state `{other}`; expected one of: paused, active, running, stale, drift"
+                ))
+            }
+        })
+    }
+}
+
+/// Which jobs to list.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    /// Only names containing this (case-insensitive).
+    pub search: Option<String>,
+    /// Only jobs in this state.
+    pub state: Option<JobStateFilter>,
+    /// Only names after this one (the previous page's `next_cursor`).
+    pub cursor: Option<String>,
+    /// At most this many (1..=[`JOBS_PAGE_MAX`]; 0 means the default, 50).
+    pub limit: usize,
+}
+
+/// What the store and the reader's configuration know about the fleet, read once: the
+/// registry, the operators' switches, the nodes and the runs in progress. Views are built
+/// from it; only per-job history is read per view.
+pub struct Fleet {
+    declared: Vec<Declared>,
+    registrations: Vec<Registration>,
+    controls: Vec<JobControl>,
+    nodes: Vec<NodeRecord>,
+    running: Vec<RunRecord>,
+    now: DateTime<Utc>,
+}
+
+impl Fleet {
+    /// Reads the fleet: a handful of store calls, whatever the number of jobs.
+    pub async fn read(store: &dyn Store, declared: Vec<Declared>) -> Result<Fleet, FleetError> {
+        let registrations = store.registrations().await?;
+        let controls = store.controls().await?;
+        let nodes = store.nodes().await?;
+        let q = HistoryQuery { state: Some(RunState::Running), limit: RECORDS_PAGE_MAX, ..HistoryQuery::default() };
+        let running = store.history(&q).await?;
+        let now = store.now().await?;
+        Ok(Fleet { declared, registrations, controls, nodes, running, now })
+    }
+
+    /// The store's clock when the fleet was read.
+    pub fn now(&self) -> DateTime<Utc> {
+        self.now
+    }
+
+    /// Every job name known: declared, registered, or touched by an operator.
+    pub fn names(&self) -> BTreeSet<String> {
+        let mut n: BTreeSet<String> = self.registrations.iter().map(|r| r.definition.job.clone()).collect();
+        n.extend(self.controls.iter().map(|c| c.job.clone()));
+        n.extend(self.declared.iter().map(|d| d.name.clone()));
+        n
+    }
+
+    /// Refuses a job name nobody knows, naming some known ones.
+    pub fn require(&self, job: &str) -> Result<(), FleetError> {
+        let names = self.names();
+        if names.contains(job) {
+            return Ok(());
+        }
+        let shown: Vec<_> = names.iter().take(KNOWN_NAMES_SHOWN_MAX).cloned().collect();
+        let known = match (shown.is_empty(), names.len() > shown.len()) {
+            (true, _) => "none".to_owned(),
+            (false, false) => shown.join(", "),
+            (false, true) => format!("{}, … {} in all", shown.join(", "), names.len()),
+        };
+        Err(FleetError::UnknownJob { job: job.to_owned(), known })
+    }
+
+    /// The job's schedule: the reader's configuration's, else the newest registration's.
+    pub fn schedule(&self, job: &str) -> Option<Schedule> {
+        if let Some(d) = self.declared.iter().find(|d| d.name == job) {
+            return Some(d.schedule.clone());
+        }
+        let r = self.registrations.iter().filter(|r| r.definition.job == job).max_by_key(|r| r.last_seen)?;
+        Schedule::parse(&r.definition.schedule, &r.definition.timezone).ok()
+    }
+
+    /// The zone the job's times are shown in (UTC when its schedule is unknown).
+    pub fn zone(&self, job: &str) -> Tz {
+        self.schedule(job).map_or(chrono_tz::UTC, |s| s.zone())
+    }
+
+    /// The nodes, by id, each with the runs it holds.
+    pub fn nodes(&self) -> Vec<NodeView> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let held = self.running.iter().filter(|r| r.node == n.beat.node).map(|r| r.id.to_string()).collect();
+                NodeView::new(n, self.now, held)
+            })
+            .collect()
+    }
+
+    fn alive(&self, node: &str) -> bool {
+        self.nodes.iter().any(|n| n.beat.node == node && n.liveness(self.now) == Liveness::Alive)
+    }
+
+    /// How each node registered `job` (drift shows as two definitions).
+    pub fn registrations(&self, job: &str) -> Vec<RegistrationView> {
+        self.registrations_of(job).map(RegistrationView::from).collect()
+    }
+
+    fn registrations_of<'a>(&'a self, job: &'a str) -> impl Iterator<Item = &'a Registration> {
+        self.registrations.iter().filter(move |r| r.definition.job == job)
+    }
+
+    /// Drift: two live nodes define the job differently. Stale: nodes registered it, none
+    /// of them is alive.
+    fn drift_and_stale(&self, job: &str) -> (bool, bool) {
+        let live: Vec<&Registration> = self.registrations_of(job).filter(|r| self.alive(&r.node)).collect();
+        let hashes: BTreeSet<&str> = live.iter().map(|r| r.definition.definition_hash.as_str()).collect();
+        let registered = self.registrations_of(job).next().is_some();
+        (hashes.len() > 1, registered && live.is_empty())
+    }
+
+    /// Who paused `job`, when and why, while it is paused (as read with the fleet).
+    pub fn paused(&self, job: &str) -> Option<PauseView> {
+        let c = self.controls.iter().find(|c| c.job == job && c.paused)?;
+        Some(PauseView { by: c.changed_by.clone(), reason: c.reason.clone(), at: c.changed_at })
+    }
+
+    fn matches(&self, job: &str, state: Option<JobStateFilter>) -> bool {
+        let Some(state) = state else { return true };
+        match state {
+            JobStateFilter::Paused => self.paused(job).is_some(),
+            JobStateFilter::Active => self.paused(job).is_none(),
+            JobStateFilter::Running => self.running.iter().any(|r| r.id.tick.job == job),
+            JobStateFilter::Stale => self.drift_and_stale(job).1,
+            JobStateFilter::Drift => self.drift_and_stale(job).0,
+        }
+    }
+
+    /// One page of jobs by name: the filter runs over names and what was read with the
+    /// fleet; only the page's jobs have their history read.
+    pub async fn jobs(&self, store: &dyn Store, filter: &JobFilter) -> Result<JobPage, FleetError> {
+        let limit = match filter.limit {
+            0 => JOBS_PAGE_DEFAULT,
+            n if n > JOBS_PAGE_MAX => return Err(FleetError::bad("limit", format!("at most {JOBS_PAGE_MAX}"))),
+            n => n,
+        };
+        let needle = filter.search.as_deref().map(str::to_lowercase);
+        let matching: Vec<String> = self
+            .names()
+            .into_iter()
+            .filter(|n| needle.as_deref().is_none_or(|s| n.to_lowercase().contains(s)))
+            .filter(|n| self.matches(n, filter.state))
+            .collect();
+        let after = filter.cursor.as_deref().unwrap_or("");
+        let page: Vec<&String> = matching.iter().filter(|n| n.as_str() > after).take(limit + 1).collect();
+        let next_cursor = (page.len() > limit).then(|| page[limit - 1].clone());
+        let names: Vec<String> = page.into_iter().take(limit).cloned().collect();
+        let jobs = stream::iter(names)
+            .map(|name| async move { self.summary(store, &name).await })
+            .buffered(READS_IN_FLIGHT_MAX)
+            .try_collect()
+            .await?;
+        Ok(JobPage { jobs, total: matching.len(), next_cursor })
+    }
+
+    async fn summary(&self, store: &dyn Store, job: &str) -> Result<JobSummary, FleetError> {
+        let q = HistoryQuery { job: Some(job.to_owned()), limit: RECENT_RUNS_MAX, ..HistoryQuery::default() };
+        let recent = store.history(&q).await?;
+        Ok(self.summary_from(job, &recent))
+    }
+
+    fn summary_from(&self, job: &str, recent: &[RunRecord]) -> JobSummary {
+        let schedule = self.schedule(job);
+        let (drift, stale) = self.drift_and_stale(job);
+        let last = recent.iter().find(|r| r.state.is_terminal() && r.state != RunState::Skipped);
+        JobSummary {
+            name: job.to_owned(),
+            schedule_words: schedule.as_ref().map(Schedule::describe),
+            next_fire: schedule.as_ref().and_then(|s| s.next_after(self.now)),
+            timezone: schedule.as_ref().map(|s| s.zone().name().to_owned()),
+            schedule: schedule.as_ref().map(|s| s.expr().to_owned()),
+            paused: self.paused(job),
+            last_run: last.map(RunView::from),
+            running: self.running.iter().filter(|r| r.id.tick.job == job).map(RunView::from).collect(),
+            recent: recent
+                .iter()
+                .take(RECENT_RUNS_MAX)
+                .map(|r| RecentRun {
+                    id: r.id.to_string(),
+                    state: r.state.to_string(),
+                    scheduled_at: r.id.tick.scheduled_at,
+                })
+                .collect(),
+            drift,
+            stale,
+            nodes: self.registrations_of(job).map(|r| r.node.clone()).collect(),
+            declared_in: self.declared.iter().find(|d| d.name == job).map(|d| d.source.clone()),
+        }
+    }
+
+    /// One job in detail: its list entry, registrations, next fire times, the last day's
+    /// counts by state, its newest runs and actions.
+    pub async fn job(&self, store: &dyn Store, job: &str) -> Result<JobDetail, FleetError> {
+        self.require(job)?;
+        let day_ago = self.now - chrono::Duration::hours(24);
+        let q = HistoryQuery {
+            job: Some(job.to_owned()),
+            since: Some(day_ago),
+            limit: RECORDS_PAGE_MAX,
+            ..HistoryQuery::default()
+        };
+        let day = store.history(&q).await?;
+        let recent = if day.len() >= RECENT_RUNS_MAX {
+            day[..RECENT_RUNS_MAX].to_vec()
+        } else {
+            let q = HistoryQuery { job: Some(job.to_owned()), limit: RECENT_RUNS_MAX, ..HistoryQuery::default() };
+            store.history(&q).await?
+        };
+        let actions = store.actions(&ActionQuery { job: Some(job.to_owned()), limit: ACTIONS_SHOWN }).await?;
+        let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+        for r in &day {
+            *counts.entry(r.state.to_string()).or_default() += 1;
+        }
+        Ok(JobDetail {
+            summary: self.summary_from(job, &recent),
+            registrations: self.registrations_of(job).map(RegistrationView::from).collect(),
+            next_fires: self.next_fires(job),
+            counts_truncated: day.len() >= RECORDS_PAGE_MAX,
+            counts_24h: counts,
+            recent_runs: recent.iter().map(RunView::from).collect(),
+            actions: actions.iter().map(ActionView::from).collect(),
+        })
+    }
+
+    fn next_fires(&self, job: &str) -> Vec<FireTime> {
+        let Some(s) = self.schedule(job) else { return Vec::new() };
+        let mut out = Vec::with_capacity(NEXT_FIRES_SHOWN);
+        let mut after = self.now;
+        while let Some(t) = s.next_after(after).filter(|_| out.len() < NEXT_FIRES_SHOWN) {
+            out.push(FireTime { utc: t, local: t.with_timezone(&s.zone()).to_rfc3339() });
+            after = t;
+        }
+        out
+    }
+}

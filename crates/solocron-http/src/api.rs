@@ -1,0 +1,395 @@
+//! The JSON API under `/api/v1`: each handler reads or acts through `solocron-fleet`, and
+//! its `#[utoipa::path]` is what the OpenAPI document says of it.
+
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use solocron_core::{ActionQuery, RunState};
+use solocron_fleet::{
+    ActionView, Actor, Fleet, JobDetail, JobFilter, JobPage, JobStateFilter, NodeView, RunDetail, RunFilter, RunPage,
+    RunView, Triggered,
+};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::auth::{Caller, Role};
+use crate::extract::{Body, Query};
+use crate::problem::Problem;
+use crate::AppState;
+
+/// Most actions one `GET /api/v1/actions` returns.
+pub const ACTIONS_PAGE_MAX: usize = 500;
+
+/// One path segment (a job name, a run id), percent-decoded; a bad one is a problem.
+pub struct Segment(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Segment {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|Path(s)| Segment(s))
+            .map_err(|e| Problem::bad_param("path", e.body_text()))
+    }
+}
+
+async fn fleet(state: &AppState) -> Result<Fleet, Problem> {
+    Ok(Fleet::read(state.store(), state.declared().to_vec()).await?)
+}
+
+/// A job state to filter by.
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Paused fleet-wide.
+    Paused,
+    /// Not paused.
+    Active,
+    /// With a run in progress.
+    Running,
+    /// Registered by nodes none of which is alive.
+    Stale,
+    /// Defined differently by two live nodes.
+    Drift,
+}
+
+impl JobState {
+    fn filter(self) -> JobStateFilter {
+        match self {
+            JobState::Paused => JobStateFilter::Paused,
+            JobState::Active => JobStateFilter::Active,
+            JobState::Running => JobStateFilter::Running,
+            JobState::Stale => JobStateFilter::Stale,
+            JobState::Drift => JobStateFilter::Drift,
+        }
+    }
+}
+
+/// A run state to filter by.
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStateParam {
+    /// Claimed, its holder renewing its lease.
+    Running,
+    /// Ended successfully.
+    Succeeded,
+    /// Ended with an error.
+    Failed,
+    /// Stopped at its timeout.
+    TimedOut,
+    /// Its holder lost the lease.
+    Lost,
+    /// Its holder vanished, or an operator ended it.
+    Abandoned,
+    /// Recorded without running (overlap, missed, paused).
+    Skipped,
+    /// Stopped by its node's shutdown.
+    Interrupted,
+}
+
+impl RunStateParam {
+    fn run_state(self) -> RunState {
+        match self {
+            RunStateParam::Running => RunState::Running,
+            RunStateParam::Succeeded => RunState::Succeeded,
+            RunStateParam::Failed => RunState::Failed,
+            RunStateParam::TimedOut => RunState::TimedOut,
+            RunStateParam::Lost => RunState::Lost,
+            RunStateParam::Abandoned => RunState::Abandoned,
+            RunStateParam::Skipped => RunState::Skipped,
+            RunStateParam::Interrupted => RunState::Interrupted,
+        }
+    }
+}
+
+/// Query of `GET /api/v1/jobs`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct JobsQuery {
+    /// Only names containing this (case-insensitive).
+    pub search: Option<String>,
+    /// Only jobs in this state.
+    pub state: Option<JobState>,
+    /// The previous page's `next_cursor`.
+    pub cursor: Option<String>,
+    /// Jobs per page, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<usize>,
+}
+
+/// The fleet's jobs, by name, one page at a time.
+#[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", params(JobsQuery),
+    responses((status = 200, body = JobPage), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = []), ()))]
+pub async fn jobs(
+    _: Caller,
+    State(state): State<AppState>,
+    Query(q): Query<JobsQuery>,
+) -> Result<Json<JobPage>, Problem> {
+    let state_filter = q.state.map(JobState::filter);
+    if q.limit == Some(0) {
+        return Err(Problem::bad_param("limit", "at least 1"));
+    }
+    let filter = JobFilter { search: q.search, state: state_filter, cursor: q.cursor, limit: q.limit.unwrap_or(0) };
+    let fleet = fleet(&state).await?;
+    Ok(Json(fleet.jobs(state.store(), &filter).await?))
+}
+
+/// One job: policies, next fire times, recent runs, counts by state over 24 hours, actions.
+#[utoipa::path(get, path = "/api/v1/jobs/{job}", tag = "jobs", params(("job" = String, Path, description = "The job's name")),
+    responses((status = 200, body = JobDetail), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = []), ()))]
+pub async fn job(_: Caller, State(state): State<AppState>, Segment(job): Segment) -> Result<Json<JobDetail>, Problem> {
+    let fleet = fleet(&state).await?;
+    Ok(Json(fleet.job(state.store(), &job).await?))
+}
+
+/// Body of pause and resume.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReasonBody {
+    /// Why (recorded in the audit log). Pausing again without a reason keeps the earlier one.
+    pub reason: Option<String>,
+}
+
+/// Pauses the job for the whole fleet: its ticks are recorded as skipped, naming who paused it.
+#[utoipa::path(post, path = "/api/v1/jobs/{job}/pause", tag = "actions", params(("job" = String, Path, description = "The job's name")),
+    request_body(content = Option<ReasonBody>, content_type = "application/json"),
+    responses((status = 200, description = "The audit record", body = ActionView), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn pause(
+    caller: Caller,
+    State(state): State<AppState>,
+    Segment(job): Segment,
+    Body(body): Body<ReasonBody>,
+) -> Result<Json<ActionView>, Problem> {
+    let actor = Actor { by: caller.operator()?.to_owned(), reason: body.reason };
+    let fleet = fleet(&state).await?;
+    Ok(Json(solocron_fleet::pause(state.store(), &fleet, &job, &actor).await?))
+}
+
+/// Resumes a paused job.
+#[utoipa::path(post, path = "/api/v1/jobs/{job}/resume", tag = "actions", params(("job" = String, Path, description = "The job's name")),
+    request_body(content = Option<ReasonBody>, content_type = "application/json"),
+    responses((status = 200, description = "The audit record", body = ActionView), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn resume(
+    caller: Caller,
+    State(state): State<AppState>,
+    Segment(job): Segment,
+    Body(body): Body<ReasonBody>,
+) -> Result<Json<ActionView>, Problem> {
+    let actor = Actor { by: caller.operator()?.to_owned(), reason: body.reason };
+    let fleet = fleet(&state).await?;
+    Ok(Json(solocron_fleet::resume(state.store(), &fleet, &job, &actor).await?))
+}
+
+/// Body of unlock.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UnlockBody {
+    /// Why the running runs are ended (required; recorded in each run and the audit log).
+    #[schema(min_length = 1, pattern = "\\S")]
+    pub reason: String,
+}
+
+/// What an unlock ended.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Unlocked {
+    /// The runs ended as abandoned (none when nothing was running).
+    pub ended: Vec<String>,
+}
+
+/// Ends the job's running runs as abandoned; their holders, if alive, stop at their next renewal.
+#[utoipa::path(post, path = "/api/v1/jobs/{job}/unlock", tag = "actions", params(("job" = String, Path, description = "The job's name")),
+    request_body(content = UnlockBody, content_type = "application/json"),
+    responses((status = 200, body = Unlocked), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn unlock(
+    caller: Caller,
+    State(state): State<AppState>,
+    Segment(job): Segment,
+    Body(body): Body<UnlockBody>,
+) -> Result<Json<Unlocked>, Problem> {
+    let by = caller.operator()?.to_owned();
+    if body.reason.trim().is_empty() {
+        return Err(Problem::bad_param("reason", "say why the run is ended; it is recorded"));
+    }
+    let actor = Actor { by, reason: Some(body.reason) };
+    let fleet = fleet(&state).await?;
+    let ended = solocron_fleet::unlock(state.store(), &fleet, &job, &actor).await?;
+    Ok(Json(Unlocked { ended: ended.iter().map(ToString::to_string).collect() }))
+}
+
+/// Body of trigger.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerBody {
+    /// Why (recorded in the audit log).
+    pub reason: Option<String>,
+    /// Wait this many seconds (at most 3600) for the run to end before answering.
+    pub wait_seconds: Option<u64>,
+}
+
+/// What a trigger did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TriggerAnswer {
+    /// The manual run's id (its first attempt).
+    pub run_id: String,
+    /// requested (a node picks it up within a second), still_running (the wait ran out), or
+    /// the ended run's state.
+    pub state: String,
+    /// The ended run (its newest attempt), when the trigger waited for it.
+    pub run: Option<RunView>,
+}
+
+/// Asks for one run of the job now; a running node serving the job claims it within a second.
+#[utoipa::path(post, path = "/api/v1/jobs/{job}/trigger", tag = "actions", params(("job" = String, Path, description = "The job's name")),
+    request_body(content = Option<TriggerBody>, content_type = "application/json"),
+    responses((status = 200, description = "The run ended (with wait_seconds)", body = TriggerAnswer), (status = 202, description = "Requested, or still running when the wait ran out", body = TriggerAnswer), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn trigger(
+    caller: Caller,
+    State(state): State<AppState>,
+    Segment(job): Segment,
+    Body(body): Body<TriggerBody>,
+) -> Result<Response, Problem> {
+    let actor = Actor { by: caller.operator()?.to_owned(), reason: body.reason };
+    let fleet = fleet(&state).await?;
+    let wait = body.wait_seconds.map(Duration::from_secs);
+    let answer = match solocron_fleet::trigger(state.store(), &fleet, &job, &actor, wait).await? {
+        Triggered::Requested(id) => {
+            (StatusCode::ACCEPTED, TriggerAnswer { run_id: id, state: "requested".into(), run: None })
+        }
+        Triggered::StillRunning(id) => {
+            (StatusCode::ACCEPTED, TriggerAnswer { run_id: id, state: "still_running".into(), run: None })
+        }
+        Triggered::Ended(run) => {
+            let id = run.id.rsplit_once('#').map_or(run.id.clone(), |(t, _)| format!("{t}#1"));
+            (StatusCode::OK, TriggerAnswer { run_id: id, state: run.state.clone(), run: Some(*run) })
+        }
+    };
+    Ok((answer.0, Json(answer.1)).into_response())
+}
+
+/// Query of `GET /api/v1/runs`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct RunsQuery {
+    /// Only this job's runs.
+    pub job: Option<String>,
+    /// Only runs in this state.
+    pub state: Option<RunStateParam>,
+    /// Only runs claimed by this node.
+    pub node: Option<String>,
+    /// Only ticks scheduled at or after this RFC 3339 instant.
+    pub since: Option<DateTime<Utc>>,
+    /// Only ticks scheduled before this RFC 3339 instant.
+    pub until: Option<DateTime<Utc>>,
+    /// The previous page's `next_cursor` (an instant: the page shows runs scheduled before it).
+    pub cursor: Option<DateTime<Utc>>,
+    /// Runs per page, 1 to 500 (default 50).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<usize>,
+}
+
+/// The run history, newest first, one page at a time.
+#[utoipa::path(get, path = "/api/v1/runs", tag = "runs", params(RunsQuery),
+    responses((status = 200, body = RunPage), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = []), ()))]
+pub async fn runs(
+    _: Caller,
+    State(state): State<AppState>,
+    Query(q): Query<RunsQuery>,
+) -> Result<Json<RunPage>, Problem> {
+    let run_state = q.state.map(RunStateParam::run_state);
+    if q.limit == Some(0) {
+        return Err(Problem::bad_param("limit", "at least 1"));
+    }
+    let filter = RunFilter {
+        job: q.job,
+        state: run_state,
+        node: q.node,
+        since: q.since,
+        until: q.until,
+        cursor: q.cursor.map(|c| c.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        limit: q.limit.unwrap_or(0),
+    };
+    Ok(Json(solocron_fleet::runs_page(state.store(), &filter).await?))
+}
+
+/// One run: the whole record, its output tail, and every attempt at its tick.
+#[utoipa::path(get, path = "/api/v1/runs/{id}", tag = "runs",
+    params(("id" = String, Path, description = "The run id, `job@instant#attempt` (percent-encode `#` as %23)")),
+    responses((status = 200, body = RunDetail), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = []), ()))]
+pub async fn run(_: Caller, State(state): State<AppState>, Segment(id): Segment) -> Result<Json<RunDetail>, Problem> {
+    Ok(Json(solocron_fleet::run_detail(state.store(), &id).await?))
+}
+
+/// The nodes: alive (heartbeat within 15 s), stale (silent, no goodbye) or gone (said goodbye).
+#[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes",
+    responses((status = 200, body = Vec<NodeView>), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = []), ()))]
+pub async fn nodes(_: Caller, State(state): State<AppState>) -> Result<Json<Vec<NodeView>>, Problem> {
+    Ok(Json(fleet(&state).await?.nodes()))
+}
+
+/// Query of `GET /api/v1/actions`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ActionsQuery {
+    /// Only this job's actions.
+    pub job: Option<String>,
+    /// At most this many, 1 to 500 (default 50).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<usize>,
+}
+
+/// The audit log: operators' actions, newest first.
+#[utoipa::path(get, path = "/api/v1/actions", tag = "actions", params(ActionsQuery),
+    responses((status = 200, body = Vec<ActionView>), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = []), ()))]
+pub async fn actions(
+    _: Caller,
+    State(state): State<AppState>,
+    Query(q): Query<ActionsQuery>,
+) -> Result<Json<Vec<ActionView>>, Problem> {
+    let limit = match q.limit {
+        None => 50,
+        Some(n) if (1..=ACTIONS_PAGE_MAX).contains(&n) => n,
+        Some(_) => return Err(Problem::bad_param("limit", format!("1 to {ACTIONS_PAGE_MAX}"))),
+    };
+    let found =
+        state.store().actions(&ActionQuery { job: q.job, limit }).await.map_err(solocron_fleet::FleetError::from)?;
+    Ok(Json(found.iter().map(ActionView::from).collect()))
+}
+
+/// Who the token belongs to and what it may do.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Whoami {
+    /// The token's name (`anonymous` when the server has no tokens).
+    pub name: String,
+    /// The token's role (absent without tokens: read only).
+    pub role: Option<Role>,
+    /// Whether actions are allowed.
+    pub can_act: bool,
+}
+
+/// The caller, as their token says; the console shows action buttons only when `can_act`.
+#[utoipa::path(get, path = "/api/v1/whoami", tag = "auth",
+    responses((status = 200, body = Whoami), (status = 401, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = []), ()))]
+pub async fn whoami(caller: Caller) -> Json<Whoami> {
+    let can_act = caller.role == Some(Role::Operate);
+    Json(Whoami { name: caller.name, role: caller.role, can_act })
+}
