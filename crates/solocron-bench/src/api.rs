@@ -46,7 +46,7 @@ const RUNNING_EVERY_JOBS: usize = 500;
 const RUN_LEASE: Duration = Duration::from_secs(3600);
 /// Requests per endpoint (over all rounds).
 const REQUESTS: usize = 200;
-const REQUESTS_QUICK: usize = 20;
+const REQUESTS_QUICK: usize = 10;
 /// Untimed requests per endpoint before its first timed one (connection, store caches).
 const WARMUP_REQUESTS: usize = 2;
 /// How long the server is watched with no client.

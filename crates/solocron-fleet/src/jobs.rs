@@ -78,9 +78,13 @@ pub struct JobFilter {
 /// from it; only per-job history is read per view.
 pub struct Fleet {
     declared: Vec<Declared>,
+    /// Sorted by job, then node: a job's registrations are found by binary search, so a
+    /// page of views costs no scan of the whole registry per job.
     registrations: Vec<Registration>,
     controls: Vec<JobControl>,
     nodes: Vec<NodeRecord>,
+    /// The nodes alive at `now`, by id.
+    alive: std::collections::HashSet<String>,
     running: Vec<RunRecord>,
     now: DateTime<Utc>,
 }
@@ -88,13 +92,15 @@ pub struct Fleet {
 impl Fleet {
     /// Reads the fleet: a handful of store calls, whatever the number of jobs.
     pub async fn read(store: &dyn Store, declared: Vec<Declared>) -> Result<Fleet, FleetError> {
-        let registrations = store.registrations().await?;
+        let mut registrations = store.registrations().await?;
+        registrations.sort_by(|a, b| a.definition.job.cmp(&b.definition.job).then_with(|| a.node.cmp(&b.node)));
         let controls = store.controls().await?;
         let nodes = store.nodes().await?;
         let q = HistoryQuery { state: Some(RunState::Running), limit: RECORDS_PAGE_MAX, ..HistoryQuery::default() };
         let running = store.history(&q).await?;
         let now = store.now().await?;
-        Ok(Fleet { declared, registrations, controls, nodes, running, now })
+        let alive = nodes.iter().filter(|n| n.liveness(now) == Liveness::Alive).map(|n| n.beat.node.clone()).collect();
+        Ok(Fleet { declared, registrations, controls, nodes, alive, running, now })
     }
 
     /// The store's clock when the fleet was read.
@@ -130,7 +136,7 @@ impl Fleet {
         if let Some(d) = self.declared.iter().find(|d| d.name == job) {
             return Some(d.schedule.clone());
         }
-        let r = self.registrations.iter().filter(|r| r.definition.job == job).max_by_key(|r| r.last_seen)?;
+        let r = self.registrations_of(job).max_by_key(|r| r.last_seen)?;
         Schedule::parse(&r.definition.schedule, &r.definition.timezone).ok()
     }
 
@@ -151,7 +157,7 @@ impl Fleet {
     }
 
     fn alive(&self, node: &str) -> bool {
-        self.nodes.iter().any(|n| n.beat.node == node && n.liveness(self.now) == Liveness::Alive)
+        self.alive.contains(node)
     }
 
     /// How each node registered `job` (drift shows as two definitions).
@@ -160,7 +166,8 @@ impl Fleet {
     }
 
     fn registrations_of<'a>(&'a self, job: &'a str) -> impl Iterator<Item = &'a Registration> {
-        self.registrations.iter().filter(move |r| r.definition.job == job)
+        let start = self.registrations.partition_point(|r| r.definition.job.as_str() < job);
+        self.registrations[start..].iter().take_while(move |r| r.definition.job == job)
     }
 
     /// Drift: two live nodes define the job differently. Stale: nodes registered it, none
