@@ -105,7 +105,10 @@ where
         sql.push(" AND job = ").push_bind(job.as_str());
     }
     if let Some(state) = query.state {
-        sql.push(" AND state = ").push_bind(state.as_str());
+        // A literal, not a parameter: the state is one of a fixed set of plain words, and
+        // a planner can use a partial index (`WHERE state = 'running'`) only when it sees
+        // the value.
+        sql.push(format_args!(" AND state = '{}'", state.as_str()));
     }
     if let Some(node) = &query.node {
         sql.push(" AND node = ").push_bind(node.as_str());

@@ -44,6 +44,9 @@ const SCHEMA: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS {p}runs_running ON {p}runs (job, scheduled_at, attempt) WHERE state = 'running'",
     // Serves `history` across jobs, newest first (per-job history uses the primary key).
     "CREATE INDEX IF NOT EXISTS {p}runs_newest ON {p}runs (scheduled_at, attempt)",
+    // Serves `history` of running runs across jobs (an operator's view of what runs now):
+    // without it SQLite walks runs_newest over the whole history to find the few running.
+    "CREATE INDEX IF NOT EXISTS {p}runs_running_newest ON {p}runs (scheduled_at, attempt) WHERE state = 'running'",
     // Version 2: fleet-wide job switches (pause), the job registry, manual run requests.
     r#"CREATE TABLE IF NOT EXISTS {p}jobs (
         job TEXT PRIMARY KEY,
@@ -116,6 +119,7 @@ const DROP: &[&str] = &[
     "DROP INDEX IF EXISTS {p}runs_expiry",
     "DROP INDEX IF EXISTS {p}runs_running",
     "DROP INDEX IF EXISTS {p}runs_newest",
+    "DROP INDEX IF EXISTS {p}runs_running_newest",
     "DROP INDEX IF EXISTS {p}requests_oldest",
     "DROP INDEX IF EXISTS {p}actions_newest",
     "DROP INDEX IF EXISTS {p}actions_job",

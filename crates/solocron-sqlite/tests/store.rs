@@ -86,6 +86,10 @@ async fn each_index_serves_the_query_it_is_for() {
             "solocron_runs_newest",
         ),
         (
+            "SELECT * FROM solocron_runs WHERE 1 = 1 AND state = 'running' ORDER BY scheduled_at DESC, attempt DESC LIMIT 9",
+            "solocron_runs_running_newest",
+        ),
+        (
             "SELECT * FROM solocron_runs WHERE 1 = 1 AND job = 'x' ORDER BY scheduled_at DESC, attempt DESC LIMIT 9",
             "sqlite_autoindex_solocron_runs_1",
         ),
