@@ -255,6 +255,10 @@ fn bad_input_names_the_parameter(api: &Api) {
     let big = json!({"reason": "y".repeat(10_000)});
     problem(api.post("/api/v1/jobs/tick/pause", Some(OPS_SECRET), big), 400);
     problem(api.post("/api/v1/jobs/tick/pause", Some(OPS_SECRET), json!({"reson": "typo"})), 400);
+    problem(api.post("/api/v1/jobs/tick/pause", Some(OPS_SECRET), json!([null])), 400);
+    let p = problem(api.post("/api/v1/jobs/tick/trigger", Some(OPS_SECRET), json!({"wait_seconds": 1.5})), 400);
+    assert_eq!(p["param"], "wait_seconds");
+    problem(api.post("/api/v1/jobs/tick/trigger", Some(OPS_SECRET), json!({"wait_seconds": 3601})), 400);
 }
 
 fn nodes_and_metrics(api: &Api) {

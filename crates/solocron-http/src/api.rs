@@ -235,7 +235,9 @@ pub struct TriggerBody {
     /// Why (recorded in the audit log).
     pub reason: Option<String>,
     /// Wait this many seconds (at most 3600) for the run to end before answering.
-    pub wait_seconds: Option<u64>,
+    /// (A JSON number: JSON Schema counts `5.0` as the integer 5, so it is read as one.)
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 3600)]
+    pub wait_seconds: Option<f64>,
 }
 
 /// What a trigger did.
@@ -263,7 +265,7 @@ pub async fn trigger(
 ) -> Result<Response, Problem> {
     let actor = Actor { by: caller.operator()?.to_owned(), reason: body.reason };
     let fleet = fleet(&state).await?;
-    let wait = body.wait_seconds.map(Duration::from_secs);
+    let wait = body.wait_seconds.map(wait_seconds).transpose()?;
     let answer = match solocron_fleet::trigger(state.store(), &fleet, &job, &actor, wait).await? {
         Triggered::Requested(id) => {
             (StatusCode::ACCEPTED, TriggerAnswer { run_id: id, state: "requested".into(), run: None })
@@ -277,6 +279,14 @@ pub async fn trigger(
         }
     };
     Ok((answer.0, Json(answer.1)).into_response())
+}
+
+/// `wait_seconds` as a duration: a whole number of seconds, at most an hour.
+fn wait_seconds(s: f64) -> Result<Duration, Problem> {
+    if s.fract() != 0.0 || !(0.0..=3600.0).contains(&s) {
+        return Err(Problem::bad_param("wait_seconds", "a whole number of seconds from 0 to 3600"));
+    }
+    Ok(Duration::from_secs_f64(s))
 }
 
 /// Query of `GET /api/v1/runs`.

@@ -65,7 +65,14 @@ impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for Body<T> {
         if bytes.iter().all(u8::is_ascii_whitespace) || bytes.trim_ascii() == b"null" {
             return Ok(Body(T::default()));
         }
-        serde_json::from_slice(&bytes).map(Body).map_err(|e| {
+        let value: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| Problem::bad_param("body", format!("not JSON: {e}")))?;
+        // serde would also take a struct from an array of its fields in order: only an
+        // object is a body here.
+        if !value.is_object() {
+            return Err(Problem::bad_param("body", "must be a JSON object"));
+        }
+        serde_json::from_value(value).map(Body).map_err(|e| {
             let text = e.to_string();
             let param = field_in(&text).unwrap_or("body").to_owned();
             Problem::bad_param(param, text)
@@ -82,6 +89,29 @@ mod tests {
     #[allow(dead_code)]
     struct Q {
         limit: Option<usize>,
+    }
+
+    #[derive(serde::Deserialize, Debug, Default)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct B {
+        reason: Option<String>,
+        wait: Option<u64>,
+    }
+
+    async fn body(text: &'static str) -> Result<B, Problem> {
+        let req = axum::http::Request::builder().body(axum::body::Body::from(text)).unwrap();
+        <Body<B> as FromRequest<()>>::from_request(req, &()).await.map(|Body(b)| b)
+    }
+
+    #[tokio::test]
+    async fn a_body_is_an_object_or_nothing() {
+        assert_eq!(body("").await.unwrap().reason, None);
+        assert_eq!(body("null").await.unwrap().reason, None);
+        assert_eq!(body(r#"{"reason": "x"}"#).await.unwrap().reason.as_deref(), Some("x"));
+        assert_eq!(body("[null, null]").await.unwrap_err().param.as_deref(), Some("body"));
+        assert_eq!(body(r#"{"wait": "soon"}"#).await.unwrap_err().param.as_deref(), Some("body"));
+        assert_eq!(body(r#"{"reson": "x"}"#).await.unwrap_err().param.as_deref(), Some("reson"));
     }
 
     #[test]
