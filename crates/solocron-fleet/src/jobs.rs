@@ -27,8 +27,9 @@ const NEXT_FIRES_SHOWN: usize = 5;
 /// Actions shown in a job's detail.
 const ACTIONS_SHOWN: usize = 20;
 
-/// A state a job can be filtered by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A state a job can be filtered by (in the API: `state=paused`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
 pub enum JobStateFilter {
     /// Paused fleet-wide.
     Paused,
@@ -38,26 +39,8 @@ pub enum JobStateFilter {
     Running,
     /// Registered, but by no live node.
     Stale,
-    /// Defined differently by two nodes.
+    /// Defined differently by two live nodes.
     Drift,
-}
-
-impl std::str::FromStr for JobStateFilter {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "paused" => JobStateFilter::Paused,
-            "active" => JobStateFilter::Active,
-            "running" => JobStateFilter::Running,
-            "stale" => JobStateFilter::Stale,
-            "drift" => JobStateFilter::Drift,
-            other => {
-                return Err(format!(
-                    "unknown job state `{other}`; expected one of: paused, active, running, stale, drift"
-                ))
-            }
-        })
-    }
 }
 
 /// Which jobs to list.

@@ -43,34 +43,6 @@ async fn fleet(state: &AppState) -> Result<Fleet, Problem> {
     Ok(Fleet::read(state.store(), state.declared().to_vec()).await?)
 }
 
-/// A job state to filter by.
-#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    /// Paused fleet-wide.
-    Paused,
-    /// Not paused.
-    Active,
-    /// With a run in progress.
-    Running,
-    /// Registered by nodes none of which is alive.
-    Stale,
-    /// Defined differently by two live nodes.
-    Drift,
-}
-
-impl JobState {
-    fn filter(self) -> JobStateFilter {
-        match self {
-            JobState::Paused => JobStateFilter::Paused,
-            JobState::Active => JobStateFilter::Active,
-            JobState::Running => JobStateFilter::Running,
-            JobState::Stale => JobStateFilter::Stale,
-            JobState::Drift => JobStateFilter::Drift,
-        }
-    }
-}
-
 /// A run state to filter by.
 #[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -116,7 +88,7 @@ pub struct JobsQuery {
     /// Only names containing this (case-insensitive).
     pub search: Option<String>,
     /// Only jobs in this state.
-    pub state: Option<JobState>,
+    pub state: Option<JobStateFilter>,
     /// The previous page's `next_cursor`.
     pub cursor: Option<String>,
     /// Jobs per page, 1 to 200 (default 50).
@@ -133,11 +105,10 @@ pub async fn jobs(
     State(state): State<AppState>,
     Query(q): Query<JobsQuery>,
 ) -> Result<Json<JobPage>, Problem> {
-    let state_filter = q.state.map(JobState::filter);
     if q.limit == Some(0) {
         return Err(Problem::bad_param("limit", "at least 1"));
     }
-    let filter = JobFilter { search: q.search, state: state_filter, cursor: q.cursor, limit: q.limit.unwrap_or(0) };
+    let filter = JobFilter { search: q.search, state: q.state, cursor: q.cursor, limit: q.limit.unwrap_or(0) };
     let fleet = fleet(&state).await?;
     Ok(Json(fleet.jobs(state.store(), &filter).await?))
 }

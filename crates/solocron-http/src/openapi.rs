@@ -14,7 +14,7 @@ use crate::api;
         api::jobs, api::job, api::pause, api::resume, api::unlock, api::trigger,
         api::runs, api::run, api::nodes, api::actions, api::whoami
     ),
-    components(schemas(api::JobState, api::RunStateParam)),
+    components(schemas(solocron_fleet::JobStateFilter, api::RunStateParam)),
     modifiers(&Bearer),
     tags(
         (name = "jobs", description = "The fleet's jobs"),
