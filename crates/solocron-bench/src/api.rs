@@ -146,7 +146,7 @@ async fn exercise(
     if plan.metrics {
         record_metrics(plan.jobs, true);
         let mut every =
-            Row::new(format!("GET /metrics ({} jobs, every series a job can have: 13 each)", plan.jobs), None);
+            Row::new(format!("GET /metrics ({} jobs, every series a job can have: 12 each)", plan.jobs), None);
         client.sample("/metrics", plan.requests, &mut every).await?;
         out.rows.push(every);
     }
@@ -322,9 +322,9 @@ async fn finish_batches(store: &dyn Store, endings: &[Ending], filled: &mut Fill
 
 /// Records what a node's engine records for each job, through the `metrics` facade under
 /// the engine's own names (`solocron::metrics`; its recording functions are the crate's
-/// own): a run's end (`tick_ended`: the ticks counter and the last success) and a start's
-/// lateness. With `every_series`, also every other series a job can have (13 per job, the
-/// bound `solocron::metrics` states).
+/// own): a run's end (`tick_ended`: the ticks counter and the last success), and the node's
+/// start lateness. With `every_series`, also every other series a job can have (12 per
+/// job, the bound `solocron::metrics` states).
 fn record_metrics(jobs: usize, every_series: bool) {
     use solocron::metrics::*;
     describe();
@@ -333,8 +333,8 @@ fn record_metrics(jobs: usize, every_series: bool) {
         let name = job(j);
         if !every_series {
             metrics::counter!(TICKS_TOTAL, "job" => name.clone(), "outcome" => "succeeded").increment(100);
-            metrics::gauge!(LAST_SUCCESS_TIMESTAMP_SECONDS, "job" => name.clone()).set(now.as_secs_f64());
-            metrics::histogram!(START_LATENESS_SECONDS, "job" => name).record(0.002);
+            metrics::gauge!(LAST_SUCCESS_TIMESTAMP_SECONDS, "job" => name).set(now.as_secs_f64());
+            metrics::histogram!(START_LATENESS_SECONDS).record(0.002);
             continue;
         }
         for outcome in ["failed", "timed_out", "lost", "abandoned", "interrupted", "missed"] {
@@ -434,7 +434,7 @@ fn endpoints(plan: Plan) -> Vec<(String, String, Option<f64>)> {
         ("GET /api/v1/whoami (no store call: HTTP and auth alone)".into(), "/api/v1/whoami".into(), None),
     ];
     if plan.metrics {
-        let what = format!("GET /metrics ({jobs} jobs: ticks, last success, lateness)");
+        let what = format!("GET /metrics ({jobs} jobs: ticks, last success; the node's lateness)");
         list.push((what, "/metrics".into(), Some(METRICS_P95_MS_MAX)));
     }
     list
@@ -567,19 +567,21 @@ const RECENT_RUNS: usize = 20;
 const PAGE_READS_IN_FLIGHT: usize = 8;
 
 /// The parts of a jobs page, as [`Parts`] names them.
-const PARTS: [&str; 9] = [
-    "`registrations()`",
+const PARTS: [&str; 11] = [
+    "`registrations()` (the whole registry: `Fleet::read`, the CLI's)",
+    "`registered_jobs()` (the names: `Fleet::read_names`, the server's)",
+    "`registrations_of(the page's 50 jobs)`",
     "`controls()`",
     "`nodes()`",
     "`history(state = running)`",
     "`now()`",
-    "`Fleet::read` (the five above, in sequence)",
-    "`Fleet::jobs`: the page's 50 views (50 `history` reads, 8 in flight)",
+    "`Fleet::read_names` (names, controls, nodes, running, now, in sequence)",
+    "`Fleet::jobs`: the page's 50 views (their registrations, 50 `history` reads, 8 in flight)",
     "of which: the 50 `history` reads alone, 8 in flight (the rest is `Fleet`'s own work)",
     "the page's JSON (`serde_json::to_vec`)",
 ];
 
-/// Where a jobs page's time goes: each store call of `Fleet::read`, then the page's views
+/// Where a jobs page's time goes: each store call of `Fleet::read_names`, then the page's views
 /// (one history read per job, a few in flight) and its JSON, made directly (no HTTP),
 /// sampled in the same rounds as the requests so that both meet the store in one state.
 #[derive(Default)]
@@ -594,8 +596,9 @@ impl Parts {
     async fn sample(&mut self, store: &dyn Store, n: usize) -> anyhow::Result<()> {
         let running =
             HistoryQuery { state: Some(RunState::Running), limit: RECORDS_PAGE_MAX, ..HistoryQuery::default() };
-        let fleet = Fleet::read(store, Vec::new()).await?;
+        let fleet = Fleet::read_names(store, Vec::new()).await?;
         let page = fleet.jobs(store, &JobFilter::default()).await?;
+        let page_jobs: Vec<String> = page.jobs.iter().map(|j| j.name.clone()).collect();
         self.ms.resize(PARTS.len(), Vec::new());
         self.rows.resize(PARTS.len(), 0);
         let began = Instant::now();
@@ -614,11 +617,13 @@ impl Parts {
                 }};
             }
             timed!(store.registrations().await?.len());
+            timed!(store.registered_jobs().await?.len());
+            timed!(store.registrations_of(&page_jobs).await?.len());
             timed!(store.controls().await?.len());
             timed!(store.nodes().await?.len());
             timed!(store.history(&running).await?.len());
             timed!(store.now().await.map(|_| 1)?);
-            timed!(Fleet::read(store, Vec::new()).await.map(|_| 1)?);
+            timed!(Fleet::read_names(store, Vec::new()).await.map(|_| 1)?);
             timed!(fleet.jobs(store, &JobFilter::default()).await?.jobs.len());
             timed!(recent_runs(store, &page).await?);
             timed!(serde_json::to_vec(&page)?.len());

@@ -79,6 +79,14 @@ impl Store for Counting {
         self.hit();
         self.inner.registrations().await
     }
+    async fn registrations_of(&self, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {
+        self.hit();
+        self.inner.registrations_of(jobs).await
+    }
+    async fn registered_jobs(&self) -> Result<Vec<String>, StoreError> {
+        self.hit();
+        self.inner.registered_jobs().await
+    }
     async fn set_paused(&self, j: &str, p: bool, b: &str, r: Option<&str>) -> Result<(), StoreError> {
         self.hit();
         self.inner.set_paused(j, p, b, r).await

@@ -1,10 +1,13 @@
 //! `solocron run`: the daemon.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use solocron::{Command, HttpJob, Job, Scheduler};
+use solocron::{Command, HttpJob, Job, JobChanges, Jobs, Scheduler};
+use solocron_http::DeclaredJobs;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, HttpWork, SecretSource, Work};
@@ -44,9 +47,11 @@ pub(crate) enum LogFormat {
 
 pub async fn run(a: RunArgs) -> Result<(), Failure> {
     init_logging(a.log_format);
-    // Signals first: a SIGTERM while the store is awaited ends the wait, not the process.
+    // Signals first: a SIGTERM while the store is awaited ends the wait, not the process; a
+    // SIGHUP before the scheduler runs is kept and applied once it does.
     let shutdown = CancellationToken::new();
-    tokio::spawn(on_signal(shutdown.clone()));
+    let reload = Arc::new(Notify::new());
+    tokio::spawn(on_signal(shutdown.clone(), reload.clone()));
     let cfg = load(&a.config)?;
     let target = crate::Target { config: a.config.clone(), store: a.store.clone(), prefix: a.prefix.clone() };
     // `open`, not `connect`: with `store.migrate = false` the schema is someone else's job.
@@ -56,12 +61,15 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
         store.migrate().await.map_err(|e| bad_input(format!("{key}: {e}")))?;
     }
     let scheduler = scheduler(&cfg, store.clone(), a.node_id)?;
+    let declared = DeclaredJobs::new(crate::http::declared(Some(&cfg)));
     // The server outlives the drain, so operators watch it; it stops once the node has.
     let http_stop = CancellationToken::new();
     let server = match crate::http::listen(a.http, Some(&cfg)) {
-        Some(addr) => Some(crate::http::start(addr, Some(&cfg), store, http_stop.clone()).await?),
+        Some(addr) => Some(crate::http::start(addr, Some(&cfg), declared.clone(), store, http_stop.clone()).await?),
         None => None,
     };
+    let reloads = Reloads { path: a.config.clone(), jobs: scheduler.jobs(), declared };
+    tokio::spawn(reloads.serve(reload, shutdown.clone()));
     scheduler.run(shutdown).await;
     http_stop.cancel();
     if let Some(s) = server {
@@ -117,6 +125,15 @@ pub fn scheduler(
     if let Some(id) = node_id.or(cfg.node_id.clone()) {
         builder = builder.node_id(id);
     }
+    for job in jobs(cfg)? {
+        builder = builder.job(job);
+    }
+    builder.build().map_err(|e| bad_input(format!("{}: {e}", cfg.file)))
+}
+
+/// A configuration's jobs, with their secrets read.
+fn jobs(cfg: &Config) -> Result<Vec<Job>, Failure> {
+    let mut jobs = Vec::with_capacity(cfg.jobs.len());
     for j in &cfg.jobs {
         let job = match &j.work {
             Work::Command(argv) => {
@@ -130,9 +147,49 @@ pub fn scheduler(
                 Job::new(j.name.clone(), j.schedule.clone(), http).with_fingerprint(fingerprint)
             }
         };
-        builder = builder.job(job.with_policy(j.policy.clone()));
+        jobs.push(job.with_policy(j.policy.clone()));
     }
-    builder.build().map_err(|e| bad_input(format!("{}: {e}", cfg.file)))
+    Ok(jobs)
+}
+
+/// What a SIGHUP reloads: the configuration file's `[[jobs]]`, into the running scheduler
+/// and the HTTP server's view of the declared jobs.
+struct Reloads {
+    path: PathBuf,
+    jobs: Jobs,
+    declared: DeclaredJobs,
+}
+
+impl Reloads {
+    /// Reloads at each request until shutdown.
+    async fn serve(self, asked: Arc<Notify>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = asked.notified() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            match self.reload() {
+                Ok(changes) => tracing::info!(
+                    file = %self.path.display(), added = changes.added.len(), changed = changes.changed.len(),
+                    removed = changes.removed.len(), "configuration reloaded: its [[jobs]] apply from their next tick \
+                    (changes to [store], [node] and [http] apply at the next start)"
+                ),
+                Err(Failure(_, why)) => tracing::error!(
+                    file = %self.path.display(), error = %why,
+                    "configuration not reloaded: it has an error; the running jobs stay as they were"
+                ),
+            }
+        }
+    }
+
+    /// Reads the file and replaces the job list whole, or changes nothing.
+    fn reload(&self) -> Result<JobChanges, Failure> {
+        let cfg = load(&self.path)?;
+        let list = jobs(&cfg)?;
+        let changes = self.jobs.replace(list).map_err(|e| bad_input(format!("{}: {e}", cfg.file)))?;
+        self.declared.set(crate::http::declared(Some(&cfg)));
+        Ok(changes)
+    }
 }
 
 /// An HTTP job with its secret headers and CA file read. Errors name the key and the
@@ -166,23 +223,51 @@ fn http_job(file: &str, w: &HttpWork) -> Result<HttpJob, Failure> {
     Ok(http)
 }
 
-async fn on_signal(shutdown: CancellationToken) {
-    wait_for_signal().await;
+/// Cancels `shutdown` at the first SIGTERM or SIGINT; each SIGHUP asks for a reload.
+async fn on_signal(shutdown: CancellationToken, reload: Arc<Notify>) {
+    let mut signals = Signals::new();
+    while let Asked::Reload = signals.next().await {
+        tracing::info!("SIGHUP: reloading the configuration");
+        reload.notify_one();
+    }
     shutdown.cancel();
 }
 
-/// Returns at the first SIGTERM, SIGINT or SIGHUP, saying which in the log.
-pub(crate) async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    // SIGHUP drains too (its default would kill the node without recording its runs' ends)
-    // until a configuration reload gives it a meaning of its own.
-    let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: draining"),
-        _ = int.recv() => tracing::info!("SIGINT: draining"),
-        _ = hup.recv() => tracing::info!("SIGHUP: draining (no reload yet)"),
+/// What a signal asks of the process.
+pub(crate) enum Asked {
+    /// SIGTERM or SIGINT: drain and stop.
+    Stop,
+    /// SIGHUP: read the configuration again.
+    Reload,
+}
+
+/// The signals the daemon and the server answer.
+pub(crate) struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Handles SIGTERM, SIGINT and SIGHUP from now on (SIGHUP's default would kill the
+    /// process without recording its runs' ends).
+    pub(crate) fn new() -> Signals {
+        use tokio::signal::unix::{signal, SignalKind};
+        Signals {
+            term: signal(SignalKind::terminate()).expect("SIGTERM handler"),
+            int: signal(SignalKind::interrupt()).expect("SIGINT handler"),
+            hup: signal(SignalKind::hangup()).expect("SIGHUP handler"),
+        }
+    }
+
+    /// The next signal, saying which in the log when it stops the process.
+    pub(crate) async fn next(&mut self) -> Asked {
+        tokio::select! {
+            _ = self.term.recv() => tracing::info!("SIGTERM: draining"),
+            _ = self.int.recv() => tracing::info!("SIGINT: draining"),
+            _ = self.hup.recv() => return Asked::Reload,
+        }
+        Asked::Stop
     }
 }
 

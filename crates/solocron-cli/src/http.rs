@@ -6,11 +6,12 @@ use std::sync::Arc;
 use clap::Args;
 use solocron_core::Store;
 use solocron_fleet::Declared;
-use solocron_http::{HttpOptions, Token};
+use solocron_http::{DeclaredJobs, HttpOptions, Token};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, SecretSource, TokenConfig};
+use crate::daemon::{Asked, Signals};
 use crate::{bad_input, Failure};
 
 /// The tokens' secrets, read from their environment variables or files. Errors name the
@@ -44,6 +45,7 @@ pub fn declared(cfg: Option<&Config>) -> Vec<Declared> {
 pub async fn start(
     addr: SocketAddr,
     cfg: Option<&Config>,
+    declared: DeclaredJobs,
     store: Arc<dyn Store>,
     stop: CancellationToken,
 ) -> Result<JoinHandle<()>, Failure> {
@@ -53,7 +55,7 @@ pub async fn start(
         .await
         .map_err(|e| bad_input(format!("--http {addr}: cannot listen: {e}")))?;
     let bound = listener.local_addr().map_err(|e| bad_input(format!("--http {addr}: {e}")))?;
-    let options = HttpOptions { tokens, declared: declared(cfg), prometheus: solocron_http::install_prometheus() };
+    let options = HttpOptions { tokens, declared, prometheus: solocron_http::install_prometheus() };
     let token_count = options.tokens.len();
     let app = solocron_http::router(store, options);
     tracing::info!(address = %bound, tokens = token_count, "serving the HTTP API, metrics and console");
@@ -95,8 +97,16 @@ pub async fn serve(a: ServeArgs) -> Result<(), Failure> {
     let store = a.target.open(cfg.as_ref()).await?;
     let addr = listen(a.http, cfg.as_ref()).unwrap_or(SocketAddr::from(([127, 0, 0, 1], 9090)));
     let stop = CancellationToken::new();
-    let server = start(addr, cfg.as_ref(), store, stop.clone()).await?;
-    crate::daemon::wait_for_signal().await;
+    let shown = DeclaredJobs::new(declared(cfg.as_ref()));
+    let server = start(addr, cfg.as_ref(), shown.clone(), store, stop.clone()).await?;
+    // SIGHUP reads the configuration's declared jobs again (what the server shows).
+    let mut signals = Signals::new();
+    while let Asked::Reload = signals.next().await {
+        match a.target.config() {
+            Ok(cfg) => shown.set(declared(cfg.as_ref())),
+            Err(Failure(_, why)) => tracing::error!(error = %why, "configuration not reloaded: it has an error"),
+        }
+    }
     stop.cancel();
     let _ = server.await;
     Ok(())

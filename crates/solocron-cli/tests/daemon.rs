@@ -72,26 +72,6 @@ fn signal(child: &Child, sig: Signal) {
     kill(Pid::from_raw(child.id() as i32), sig).unwrap();
 }
 
-/// SIGHUP drains like SIGTERM (its default would kill the node and leave its run
-/// `running` until another node's recovery): the running job finishes and is recorded.
-#[test]
-fn sighup_drains_the_node_and_records_the_running_job() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/s.db", dir.path().display());
-    let cfg = config(dir.path(), &url, "sleep 1; echo slept");
-    let (mut node, log) = start(&cfg, &[]);
-    assert!(wait_for(&log, "run started", Duration::from_secs(15)), "no run started: {:?}", log.lock().unwrap());
-    signal(&node, Signal::SIGHUP);
-    let status = exit_within(&mut node, Duration::from_secs(15)).expect("the node exits after draining");
-    let lines = log.lock().unwrap().clone();
-    assert!(status.success(), "exit {status:?}: {lines:?}");
-    let hup = lines.iter().position(|l| l.contains("SIGHUP: draining")).expect("the drain is logged");
-    assert!(
-        lines[hup..].iter().any(|l| l.contains("run ended") && l.contains("state=succeeded")),
-        "the running job was not finished and recorded after SIGHUP: {lines:?}"
-    );
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }

@@ -158,6 +158,7 @@ macro_rules! conformance_tests {
             prune_deletes_only_old_ended_records_in_batches_and_old_requests,
             // Registry and operators' controls.
             register_keeps_first_seen_advances_last_seen_and_lists_every_nodes_definition,
+            a_page_of_registrations_and_the_registered_names_agree_with_the_whole_registry,
             a_paused_job_records_its_scheduled_ticks_skipped_but_runs_manual_ones,
             manual_requests_get_unique_off_second_ticks_and_stay_pending_until_claimed,
             a_request_made_elsewhere_wakes_the_request_watch,

@@ -44,6 +44,10 @@ pub fn spread_start(node: &str, salt: i64, len: usize) -> usize {
 
 /// Most records one [`Store::expired`] or [`Store::history`] call returns.
 pub const RECORDS_PAGE_MAX: usize = 10_000;
+
+/// Most job names one [`Store::registrations_of`] call asks for (a page of views and a
+/// little more).
+pub const JOBS_ASKED_MAX: usize = 1_000;
 /// Most records one [`Store::prune`] call deletes.
 pub const PRUNE_BATCH_MAX: usize = 10_000;
 
@@ -396,6 +400,31 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every registration of every node, by job then node.
     async fn registrations(&self) -> Result<Vec<Registration>, StoreError>;
+
+    /// The registrations of these jobs only, by job then node (at most
+    /// [`JOBS_ASKED_MAX`] names; more is a bug of the caller). A page of the fleet's views
+    /// reads its own jobs' registrations, not the whole registry.
+    ///
+    /// The default filters [`Store::registrations`]; a store whose registry is indexed by
+    /// job answers from the index.
+    async fn registrations_of(&self, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {
+        assert!(jobs.len() <= JOBS_ASKED_MAX, "registrations_of: {} names asked, at most {JOBS_ASKED_MAX}", jobs.len());
+        let wanted: std::collections::HashSet<&str> = jobs.iter().map(String::as_str).collect();
+        let mut all = self.registrations().await?;
+        all.retain(|r| wanted.contains(r.definition.job.as_str()));
+        Ok(all)
+    }
+
+    /// The name of every registered job, once each, in order. Cheaper than
+    /// [`Store::registrations`] where the registry is indexed by job.
+    ///
+    /// The default reads [`Store::registrations`].
+    async fn registered_jobs(&self) -> Result<Vec<String>, StoreError> {
+        let mut names: Vec<String> = self.registrations().await?.into_iter().map(|r| r.definition.job).collect();
+        names.sort_unstable();
+        names.dedup();
+        Ok(names)
+    }
 
     /// Pauses (`paused = true`) or resumes a job for the whole fleet at once, and appends
     /// the action (pause or resume, `by`, `reason`) to the audit log ([`Store::actions`]) in

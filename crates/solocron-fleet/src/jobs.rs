@@ -7,7 +7,7 @@ use chrono_tz::Tz;
 use futures_util::{stream, StreamExt as _, TryStreamExt as _};
 use solocron_core::{
     ActionQuery, HistoryQuery, JobControl, Liveness, NodeRecord, Registration, RunRecord, RunState, Schedule, Store,
-    RECORDS_PAGE_MAX,
+    JOBS_ASKED_MAX, RECORDS_PAGE_MAX,
 };
 
 use crate::views::{
@@ -61,9 +61,7 @@ pub struct JobFilter {
 /// from it; only per-job history is read per view.
 pub struct Fleet {
     declared: Vec<Declared>,
-    /// Sorted by job, then node: a job's registrations are found by binary search, so a
-    /// page of views costs no scan of the whole registry per job.
-    registrations: Vec<Registration>,
+    registry: Registry,
     controls: Vec<JobControl>,
     nodes: Vec<NodeRecord>,
     /// The nodes alive at `now`, by id.
@@ -72,18 +70,71 @@ pub struct Fleet {
     now: DateTime<Utc>,
 }
 
+/// The registry as the fleet was read: whole, or only the registered names (then a page of
+/// views reads its own jobs' registrations, and a server's page costs the same at 10 or
+/// 10,000 jobs).
+enum Registry {
+    Whole(Registrations),
+    Names(Vec<String>),
+}
+
+/// Registrations sorted by job, then node: a job's are found by binary search, so a page
+/// of views costs no scan of the whole registry per job.
+struct Registrations(Vec<Registration>);
+
+impl Registrations {
+    fn sorted(mut all: Vec<Registration>) -> Registrations {
+        all.sort_by(|a, b| a.definition.job.cmp(&b.definition.job).then_with(|| a.node.cmp(&b.node)));
+        Registrations(all)
+    }
+
+    fn of(&self, job: &str) -> &[Registration] {
+        let start = self.0.partition_point(|r| r.definition.job.as_str() < job);
+        let len = self.0[start..].iter().take_while(|r| r.definition.job == job).count();
+        &self.0[start..start + len]
+    }
+}
+
 impl Fleet {
-    /// Reads the fleet: a handful of store calls, whatever the number of jobs.
+    /// Reads the fleet with its whole registry: a handful of store calls, whatever the
+    /// number of jobs. For a tool that shows every job (the CLI's `status`).
     pub async fn read(store: &dyn Store, declared: Vec<Declared>) -> Result<Fleet, FleetError> {
-        let mut registrations = store.registrations().await?;
-        registrations.sort_by(|a, b| a.definition.job.cmp(&b.definition.job).then_with(|| a.node.cmp(&b.node)));
+        let registry = Registry::Whole(Registrations::sorted(store.registrations().await?));
+        Fleet::read_with(store, declared, registry).await
+    }
+
+    /// Reads the fleet with only the names of registered jobs: views read their own jobs'
+    /// registrations ([`Store::registrations_of`]). For a server answering one page.
+    /// [`Fleet::schedule`], [`Fleet::zone`] and [`Fleet::registrations`] of such a fleet know
+    /// the declared jobs only; [`Fleet::jobs`] and [`Fleet::job`] are whole either way.
+    pub async fn read_names(store: &dyn Store, declared: Vec<Declared>) -> Result<Fleet, FleetError> {
+        let registry = Registry::Names(store.registered_jobs().await?);
+        Fleet::read_with(store, declared, registry).await
+    }
+
+    async fn read_with(store: &dyn Store, declared: Vec<Declared>, registry: Registry) -> Result<Fleet, FleetError> {
         let controls = store.controls().await?;
         let nodes = store.nodes().await?;
         let q = HistoryQuery { state: Some(RunState::Running), limit: RECORDS_PAGE_MAX, ..HistoryQuery::default() };
         let running = store.history(&q).await?;
         let now = store.now().await?;
         let alive = nodes.iter().filter(|n| n.liveness(now) == Liveness::Alive).map(|n| n.beat.node.clone()).collect();
-        Ok(Fleet { declared, registrations, controls, nodes, alive, running, now })
+        Ok(Fleet { declared, registry, controls, nodes, alive, running, now })
+    }
+
+    /// The registrations of `jobs`: from the whole registry if it was read, else from the
+    /// store (in chunks of at most [`JOBS_ASKED_MAX`]).
+    async fn registrations_for(&self, store: &dyn Store, jobs: &[String]) -> Result<Registrations, FleetError> {
+        let mut found = Vec::new();
+        match &self.registry {
+            Registry::Whole(all) => jobs.iter().for_each(|j| found.extend_from_slice(all.of(j))),
+            Registry::Names(_) => {
+                for chunk in jobs.chunks(JOBS_ASKED_MAX) {
+                    found.extend(store.registrations_of(chunk).await?);
+                }
+            }
+        }
+        Ok(Registrations::sorted(found))
     }
 
     /// The store's clock when the fleet was read.
@@ -93,7 +144,10 @@ impl Fleet {
 
     /// Every job name known: declared, registered, or touched by an operator.
     pub fn names(&self) -> BTreeSet<String> {
-        let mut n: BTreeSet<String> = self.registrations.iter().map(|r| r.definition.job.clone()).collect();
+        let mut n: BTreeSet<String> = match &self.registry {
+            Registry::Whole(all) => all.0.iter().map(|r| r.definition.job.clone()).collect(),
+            Registry::Names(names) => names.iter().cloned().collect(),
+        };
         n.extend(self.controls.iter().map(|c| c.job.clone()));
         n.extend(self.declared.iter().map(|d| d.name.clone()));
         n
@@ -114,13 +168,25 @@ impl Fleet {
         Err(FleetError::UnknownJob { job: job.to_owned(), known })
     }
 
-    /// The job's schedule: the reader's configuration's, else the newest registration's.
+    /// The job's schedule: the reader's configuration's, else the newest registration's
+    /// (see [`Fleet::read_names`]).
     pub fn schedule(&self, job: &str) -> Option<Schedule> {
+        self.schedule_in(self.whole().map_or(&[], |all| all.of(job)), job)
+    }
+
+    fn schedule_in(&self, registrations: &[Registration], job: &str) -> Option<Schedule> {
         if let Some(d) = self.declared.iter().find(|d| d.name == job) {
             return Some(d.schedule.clone());
         }
-        let r = self.registrations_of(job).max_by_key(|r| r.last_seen)?;
+        let r = registrations.iter().max_by_key(|r| r.last_seen)?;
         Schedule::parse(&r.definition.schedule, &r.definition.timezone).ok()
+    }
+
+    fn whole(&self) -> Option<&Registrations> {
+        match &self.registry {
+            Registry::Whole(all) => Some(all),
+            Registry::Names(_) => None,
+        }
     }
 
     /// The zone the job's times are shown in (UTC when its schedule is unknown).
@@ -143,23 +209,18 @@ impl Fleet {
         self.alive.contains(node)
     }
 
-    /// How each node registered `job` (drift shows as two definitions).
+    /// How each node registered `job` (drift shows as two definitions; see
+    /// [`Fleet::read_names`]).
     pub fn registrations(&self, job: &str) -> Vec<RegistrationView> {
-        self.registrations_of(job).map(RegistrationView::from).collect()
-    }
-
-    fn registrations_of<'a>(&'a self, job: &'a str) -> impl Iterator<Item = &'a Registration> {
-        let start = self.registrations.partition_point(|r| r.definition.job.as_str() < job);
-        self.registrations[start..].iter().take_while(move |r| r.definition.job == job)
+        self.whole().map_or(&[][..], |all| all.of(job)).iter().map(RegistrationView::from).collect()
     }
 
     /// Drift: two live nodes define the job differently. Stale: nodes registered it, none
     /// of them is alive.
-    fn drift_and_stale(&self, job: &str) -> (bool, bool) {
-        let live: Vec<&Registration> = self.registrations_of(job).filter(|r| self.alive(&r.node)).collect();
+    fn drift_and_stale(&self, registrations: &[Registration]) -> (bool, bool) {
+        let live: Vec<&Registration> = registrations.iter().filter(|r| self.alive(&r.node)).collect();
         let hashes: BTreeSet<&str> = live.iter().map(|r| r.definition.definition_hash.as_str()).collect();
-        let registered = self.registrations_of(job).next().is_some();
-        (hashes.len() > 1, registered && live.is_empty())
+        (hashes.len() > 1, !registrations.is_empty() && live.is_empty())
     }
 
     /// Who paused `job`, when and why, while it is paused (as read with the fleet).
@@ -168,14 +229,16 @@ impl Fleet {
         Some(PauseView { by: c.changed_by.clone(), reason: c.reason.clone(), at: c.changed_at })
     }
 
-    fn matches(&self, job: &str, state: Option<JobStateFilter>) -> bool {
+    /// Whether `job` is in `state`; `all` is the whole registry (needed by stale and drift).
+    fn matches(&self, all: Option<&Registrations>, job: &str, state: Option<JobStateFilter>) -> bool {
         let Some(state) = state else { return true };
+        let drift_and_stale = || self.drift_and_stale(all.map_or(&[][..], |a| a.of(job)));
         match state {
             JobStateFilter::Paused => self.paused(job).is_some(),
             JobStateFilter::Active => self.paused(job).is_none(),
             JobStateFilter::Running => self.running.iter().any(|r| r.id.tick.job == job),
-            JobStateFilter::Stale => self.drift_and_stale(job).1,
-            JobStateFilter::Drift => self.drift_and_stale(job).0,
+            JobStateFilter::Stale => drift_and_stale().1,
+            JobStateFilter::Drift => drift_and_stale().0,
         }
     }
 
@@ -188,33 +251,49 @@ impl Fleet {
             n => n,
         };
         let needle = filter.search.as_deref().map(str::to_lowercase);
+        // Stale and drift are judged from every registration: read whole if it was not.
+        let read_whole;
+        let all = match (self.whole(), filter.state) {
+            (Some(all), _) => Some(all),
+            (None, Some(JobStateFilter::Stale | JobStateFilter::Drift)) => {
+                read_whole = Registrations::sorted(store.registrations().await?);
+                Some(&read_whole)
+            }
+            (None, _) => None,
+        };
         let matching: Vec<String> = self
             .names()
             .into_iter()
             .filter(|n| needle.as_deref().is_none_or(|s| n.to_lowercase().contains(s)))
-            .filter(|n| self.matches(n, filter.state))
+            .filter(|n| self.matches(all, n, filter.state))
             .collect();
         let after = filter.cursor.as_deref().unwrap_or("");
         let page: Vec<&String> = matching.iter().filter(|n| n.as_str() > after).take(limit + 1).collect();
         let next_cursor = (page.len() > limit).then(|| page[limit - 1].clone());
         let names: Vec<String> = page.into_iter().take(limit).cloned().collect();
+        let registrations = &self.registrations_for(store, &names).await?;
         let jobs = stream::iter(names)
-            .map(|name| async move { self.summary(store, &name).await })
+            .map(|name| async move { self.summary(store, registrations, &name).await })
             .buffered(READS_IN_FLIGHT_MAX)
             .try_collect()
             .await?;
         Ok(JobPage { jobs, total: matching.len(), next_cursor })
     }
 
-    async fn summary(&self, store: &dyn Store, job: &str) -> Result<JobSummary, FleetError> {
+    async fn summary(
+        &self,
+        store: &dyn Store,
+        registrations: &Registrations,
+        job: &str,
+    ) -> Result<JobSummary, FleetError> {
         let q = HistoryQuery { job: Some(job.to_owned()), limit: RECENT_RUNS_MAX, ..HistoryQuery::default() };
         let recent = store.history(&q).await?;
-        Ok(self.summary_from(job, &recent))
+        Ok(self.summary_from(registrations.of(job), job, &recent))
     }
 
-    fn summary_from(&self, job: &str, recent: &[RunRecord]) -> JobSummary {
-        let schedule = self.schedule(job);
-        let (drift, stale) = self.drift_and_stale(job);
+    fn summary_from(&self, registrations: &[Registration], job: &str, recent: &[RunRecord]) -> JobSummary {
+        let schedule = self.schedule_in(registrations, job);
+        let (drift, stale) = self.drift_and_stale(registrations);
         let last = recent.iter().find(|r| r.state.is_terminal() && r.state != RunState::Skipped);
         JobSummary {
             name: job.to_owned(),
@@ -236,7 +315,7 @@ impl Fleet {
                 .collect(),
             drift,
             stale,
-            nodes: self.registrations_of(job).map(|r| r.node.clone()).collect(),
+            nodes: registrations.iter().map(|r| r.node.clone()).collect(),
             declared_in: self.declared.iter().find(|d| d.name == job).map(|d| d.source.clone()),
         }
     }
@@ -260,14 +339,16 @@ impl Fleet {
             store.history(&q).await?
         };
         let actions = store.actions(&ActionQuery { job: Some(job.to_owned()), limit: ACTIONS_SHOWN }).await?;
+        let registrations = self.registrations_for(store, &[job.to_owned()]).await?;
+        let registrations = registrations.of(job);
         let mut counts: BTreeMap<String, u64> = BTreeMap::new();
         for r in &day {
             *counts.entry(r.state.to_string()).or_default() += 1;
         }
         Ok(JobDetail {
-            summary: self.summary_from(job, &recent),
-            registrations: self.registrations_of(job).map(RegistrationView::from).collect(),
-            next_fires: self.next_fires(job),
+            summary: self.summary_from(registrations, job, &recent),
+            registrations: registrations.iter().map(RegistrationView::from).collect(),
+            next_fires: self.next_fires(self.schedule_in(registrations, job)),
             counts_truncated: day.len() >= RECORDS_PAGE_MAX,
             counts_24h: counts,
             recent_runs: recent.iter().map(RunView::from).collect(),
@@ -275,8 +356,8 @@ impl Fleet {
         })
     }
 
-    fn next_fires(&self, job: &str) -> Vec<FireTime> {
-        let Some(s) = self.schedule(job) else { return Vec::new() };
+    fn next_fires(&self, schedule: Option<Schedule>) -> Vec<FireTime> {
+        let Some(s) = schedule else { return Vec::new() };
         let mut out = Vec::with_capacity(NEXT_FIRES_SHOWN);
         let mut after = self.now;
         while let Some(t) = s.next_after(after).filter(|_| out.len() < NEXT_FIRES_SHOWN) {

@@ -41,8 +41,13 @@ async fn fleet_store(dir: &std::path::Path) -> SqliteStore {
 async fn drift_and_staleness_count_live_nodes_only_and_pages_follow_names() {
     let dir = tempfile::tempdir().unwrap();
     let store = fleet_store(dir.path()).await;
-    let fleet = Fleet::read(&store, Vec::new()).await.unwrap();
-    let page = fleet.jobs(&store, &JobFilter::default()).await.unwrap();
+    // The same answers whether the whole registry is read or only its names.
+    views_agree(&Fleet::read(&store, Vec::new()).await.unwrap(), &store).await;
+    views_agree(&Fleet::read_names(&store, Vec::new()).await.unwrap(), &store).await;
+}
+
+async fn views_agree(fleet: &Fleet, store: &SqliteStore) {
+    let page = fleet.jobs(store, &JobFilter::default()).await.unwrap();
     let by_name = |n: &str| page.jobs.iter().find(|j| j.name == n).unwrap().clone();
     assert_eq!(page.total, 4, "a, b, c (paused only), orphan");
     // a: n1 and n2 agree; n4 disagrees but is not alive: no drift.
@@ -53,16 +58,23 @@ async fn drift_and_staleness_count_live_nodes_only_and_pages_follow_names() {
     assert!(by_name("orphan").stale && !by_name("a").stale && !by_name("c").stale);
     assert_eq!(by_name("c").paused.as_ref().map(|p| p.by.as_str()), Some("alice"));
 
-    let first = fleet.jobs(&store, &JobFilter { limit: 3, ..JobFilter::default() }).await.unwrap();
+    let first = fleet.jobs(store, &JobFilter { limit: 3, ..JobFilter::default() }).await.unwrap();
     let names: Vec<_> = first.jobs.iter().map(|j| j.name.as_str()).collect();
     assert_eq!(names, ["a", "b", "c"]);
     let next = JobFilter { limit: 3, cursor: first.next_cursor.clone(), ..JobFilter::default() };
-    let second = fleet.jobs(&store, &next).await.unwrap();
+    let second = fleet.jobs(store, &next).await.unwrap();
     assert_eq!(second.jobs.iter().map(|j| j.name.as_str()).collect::<Vec<_>>(), ["orphan"]);
     assert!(second.next_cursor.is_none());
 
     let drifting = JobFilter { state: Some(JobStateFilter::Drift), ..JobFilter::default() };
-    assert_eq!(fleet.jobs(&store, &drifting).await.unwrap().jobs.len(), 1);
+    assert_eq!(fleet.jobs(store, &drifting).await.unwrap().jobs.len(), 1);
+    let stale = JobFilter { state: Some(JobStateFilter::Stale), ..JobFilter::default() };
+    let stale: Vec<_> = fleet.jobs(store, &stale).await.unwrap().jobs.into_iter().map(|j| j.name).collect();
+    assert_eq!(stale, ["orphan"]);
+    let detail = fleet.job(store, "b").await.unwrap();
+    let hashes: Vec<_> = detail.registrations.iter().map(|r| (r.node.as_str(), r.definition_hash.as_str())).collect();
+    assert_eq!(hashes, [("n1", "h1"), ("n2", "h2")]);
+    assert_eq!(detail.next_fires.len(), 5, "the registered schedule is known: {detail:?}");
     assert!(matches!(fleet.require("nope"), Err(solocron_fleet::FleetError::UnknownJob { .. })));
 }
 

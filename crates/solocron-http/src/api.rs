@@ -40,7 +40,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Segment {
 }
 
 async fn fleet(state: &AppState) -> Result<Fleet, Problem> {
-    Ok(Fleet::read(state.store(), state.declared().to_vec()).await?)
+    Ok(Fleet::read_names(state.store(), state.declared().as_ref().clone()).await?)
 }
 
 /// A run state to filter by.

@@ -58,9 +58,32 @@ pub struct HttpOptions {
     /// The API tokens; none: read-only access (loopback only, see [`check_listen`]).
     pub tokens: Vec<Token>,
     /// Jobs this process knows from its configuration (shown with where they are declared).
-    pub declared: Vec<Declared>,
+    pub declared: DeclaredJobs,
     /// Where `/metrics` renders from ([`install_prometheus`]); none: `/metrics` answers 404.
     pub prometheus: Option<PrometheusHandle>,
+}
+
+/// The jobs a process declares in its configuration, shared with the server: a reloaded
+/// configuration ([`DeclaredJobs::set`]) shows in the next answer. Cheap to clone: every
+/// clone sees the same list.
+#[derive(Debug, Clone, Default)]
+pub struct DeclaredJobs(Arc<std::sync::RwLock<Arc<Vec<Declared>>>>);
+
+impl DeclaredJobs {
+    /// A shared list holding `jobs`.
+    pub fn new(jobs: Vec<Declared>) -> DeclaredJobs {
+        DeclaredJobs(Arc::new(std::sync::RwLock::new(Arc::new(jobs))))
+    }
+
+    /// Replaces the list.
+    pub fn set(&self, jobs: Vec<Declared>) {
+        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(jobs);
+    }
+
+    /// The list now.
+    pub fn get(&self) -> Arc<Vec<Declared>> {
+        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
 }
 
 /// The router's shared state: the store and the options.
@@ -79,8 +102,8 @@ impl AppState {
     pub(crate) fn tokens(&self) -> &[Token] {
         &self.0.options.tokens
     }
-    pub(crate) fn declared(&self) -> &[Declared] {
-        &self.0.options.declared
+    pub(crate) fn declared(&self) -> Arc<Vec<Declared>> {
+        self.0.options.declared.get()
     }
     pub(crate) fn prometheus(&self) -> Option<&PrometheusHandle> {
         self.0.options.prometheus.as_ref()

@@ -79,17 +79,45 @@ async fn register_chunk(
     Ok(())
 }
 
+/// A registration's columns, from the registry.
+const REGISTRY_SELECT: &str =
+    "SELECT job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen FROM {p}registry";
+
 /// Every registration, by job then node.
 pub(crate) async fn registrations(store: &MySqlStore) -> Result<Vec<Registration>, StoreError> {
     let context = "cannot list registrations";
-    let rows = sqlx::query(&store.sql(
-        "SELECT job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen
-         FROM {p}registry ORDER BY job, node",
-    ))
-    .fetch_all(&store.pool)
-    .await
-    .map_err(|e| Failure::from(e).into_store(context))?;
+    let rows = sqlx::query(&store.sql(&format!("{REGISTRY_SELECT} ORDER BY job, node")))
+        .fetch_all(&store.pool)
+        .await
+        .map_err(|e| Failure::from(e).into_store(context))?;
     rows.iter().map(|row| registration(row).map_err(|f| f.into_store(context))).collect()
+}
+
+/// The registrations of `jobs`, by job then node (the primary key's index).
+pub(crate) async fn registrations_of(store: &MySqlStore, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {
+    let context = "cannot list registrations";
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let marks = vec!["?"; jobs.len()].join(", ");
+    let sql = store.sql(&format!("{REGISTRY_SELECT} WHERE job IN ({marks}) ORDER BY job, node"));
+    let rows = jobs
+        .iter()
+        .fold(sqlx::query(&sql), |q, j| q.bind(j.as_str()))
+        .fetch_all(&store.pool)
+        .await
+        .map_err(|e| Failure::from(e).into_store(context))?;
+    rows.iter().map(|row| registration(row).map_err(|f| f.into_store(context))).collect()
+}
+
+/// Every registered job's name, once (a walk of the primary key's index).
+pub(crate) async fn registered_jobs(store: &MySqlStore) -> Result<Vec<String>, StoreError> {
+    let context = "cannot list registrations";
+    let rows = sqlx::query(&store.sql("SELECT DISTINCT job FROM {p}registry ORDER BY job"))
+        .fetch_all(&store.pool)
+        .await
+        .map_err(|e| Failure::from(e).into_store(context))?;
+    rows.iter().map(|row| text(row, "job").map_err(|f| f.into_store(context))).collect()
 }
 
 /// A registration from a row of [`registrations`].

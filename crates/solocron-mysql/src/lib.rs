@@ -398,6 +398,14 @@ impl Store for MySqlStore {
         admin::registrations(self).await
     }
 
+    async fn registrations_of(&self, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {
+        admin::registrations_of(self, jobs).await
+    }
+
+    async fn registered_jobs(&self) -> Result<Vec<String>, StoreError> {
+        admin::registered_jobs(self).await
+    }
+
     async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
         admin::set_paused(self, job, paused, by, reason).await
     }

@@ -37,9 +37,18 @@ const REGISTER: &str = concat!(
                    timezone = excluded.timezone, definition_hash = excluded.definition_hash,
                    summary = excluded.summary, last_seen = excluded.last_seen"
 );
+/// A registration's columns, from the registry.
+macro_rules! registry_select {
+    () => {
+        "SELECT job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen FROM {p}registry"
+    };
+}
 /// Every registration.
-const REGISTRATIONS: &str = "SELECT job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen
-             FROM {p}registry ORDER BY job, node";
+const REGISTRATIONS: &str = concat!(registry_select!(), " ORDER BY job, node");
+/// The registrations of some jobs; `{in}` is replaced by one `?` per name.
+const REGISTRATIONS_OF: &str = concat!(registry_select!(), " WHERE job IN ({in}) ORDER BY job, node");
+/// Every registered job's name, once (a walk of the primary key's index).
+const REGISTERED_JOBS: &str = "SELECT DISTINCT job FROM {p}registry ORDER BY job";
 /// Sets a job's pause switch.
 const SET_PAUSED: &str = concat!(
     "INSERT INTO {p}jobs (job, paused, changed_by, reason, changed_at) VALUES (?, ?, ?, ?, ",
@@ -78,6 +87,8 @@ pub(crate) struct Sql {
     history: String,
     register: String,
     registrations: String,
+    registrations_of: String,
+    registered_jobs: String,
     set_paused: String,
     paused: String,
     controls: String,
@@ -95,6 +106,8 @@ impl Sql {
             history: fill(HISTORY, tables),
             register: fill(REGISTER, tables),
             registrations: fill(REGISTRATIONS, tables),
+            registrations_of: fill(REGISTRATIONS_OF, tables),
+            registered_jobs: fill(REGISTERED_JOBS, tables),
             set_paused: fill(SET_PAUSED, tables),
             paused: fill(PAUSED, tables),
             controls: fill(CONTROLS, tables),
@@ -143,6 +156,26 @@ pub(crate) async fn register(store: &SqliteStore, node: &str, jobs: &[JobDefinit
 pub(crate) async fn registrations(store: &SqliteStore) -> Result<Vec<Registration>, StoreError> {
     let rows = sqlx::query(&store.sql.admin.registrations).fetch_all(&store.pool).await.map_err(db_err)?;
     rows.iter().map(registration).collect()
+}
+
+/// The registrations of `jobs` (see [`solocron_core::Store::registrations_of`]).
+pub(crate) async fn registrations_of(store: &SqliteStore, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = store.sql.admin.registrations_of.replace("{in}", &marks(jobs.len()));
+    let rows = jobs.iter().fold(sqlx::query(&sql), |q, j| q.bind(j)).fetch_all(&store.pool).await.map_err(db_err)?;
+    rows.iter().map(registration).collect()
+}
+
+/// `n` comma-separated `?`.
+fn marks(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+/// Every registered job's name, once (see [`solocron_core::Store::registered_jobs`]).
+pub(crate) async fn registered_jobs(store: &SqliteStore) -> Result<Vec<String>, StoreError> {
+    sqlx::query_scalar(&store.sql.admin.registered_jobs).fetch_all(&store.pool).await.map_err(db_err)
 }
 
 /// Pauses or resumes a job fleet-wide, and records the action (see

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use crate::backoff::Backoff;
 use crate::engine::{counted, Engine};
+use crate::job::Job;
 use crate::metrics::StoreOp;
 
 /// How often a catch-up sequence looks whether the job is still running elsewhere.
@@ -19,24 +20,34 @@ const IDLE_POLL: Duration = Duration::from_millis(200);
 /// Ticks of one job to claim and run in sequence, oldest first.
 pub(crate) type Sequence = Vec<(DateTime<Utc>, Trigger)>;
 
-/// Starts a catch-up sequence of job `job` unless one is already under way on this node.
-pub(crate) fn spawn(e: &Arc<Engine>, job: usize, ticks: Sequence) {
-    if !e.catching_up.lock().expect("not poisoned").insert(job) {
+/// Starts a catch-up sequence of `job` unless one is already under way on this node.
+pub(crate) fn spawn(e: &Arc<Engine>, job: Arc<Job>, ticks: Sequence) {
+    if !e.catching_up.lock().expect("not poisoned").insert(job.name().to_owned()) {
         return;
     }
     let engine = e.clone();
     e.tracker.spawn(async move {
-        let _guard = CatchingUp(engine.clone(), job);
-        run_sequence(&engine, job, ticks).await
+        let _guard = CatchingUp(engine.clone(), job.name().to_owned());
+        run_sequence(&engine, &job, ticks).await
     });
 }
 
-async fn run_sequence(e: &Arc<Engine>, i: usize, ticks: Sequence) {
+async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>, ticks: Sequence) {
     for (t, trigger) in ticks {
         if e.interrupt.is_cancelled() || e.tracker.is_closed() {
             break;
         }
-        let job = &e.jobs[i];
+        // The job was removed or redefined meanwhile: its new definition (if any) takes
+        // over from the timer's cursor, which went past these ticks.
+        if !e
+            .jobs
+            .get()
+            .get(job.name())
+            .is_some_and(|now| Arc::ptr_eq(now, job) || now.definition() == job.definition())
+        {
+            tracing::info!(job = %job.name(), "job removed or changed during its catch-up; the rest is not run");
+            break;
+        }
         // Several nodes may catch up the same job at once (after a fleet-wide outage). With
         // overlap = skip, a tick claimed while another node's catch-up run is in progress
         // would be recorded skipped; waiting for the job to be idle first makes the fleet's
@@ -50,10 +61,10 @@ async fn run_sequence(e: &Arc<Engine>, i: usize, ticks: Sequence) {
             // The sequence may end with this round's on-time ticks, claimed ahead: the run
             // waits for its instant like any other.
             ClaimOutcome::Won(lease) => {
-                let run = e.claimed(i, lease, trigger, sent);
+                let run = e.claimed(job.clone(), lease, trigger, sent);
                 let _ = e.start(run, e.interrupt.clone()).await;
             }
-            other => e.on_claimed(i, &req, other, sent),
+            other => e.on_claimed(job, &req, other, sent),
         }
     }
 }
@@ -87,7 +98,7 @@ async fn claim_one(e: &Engine, req: &ClaimRequest) -> Option<(ClaimOutcome, Inst
 }
 
 /// Marks a job's catch-up sequence as over when dropped (even by a panic).
-struct CatchingUp(Arc<Engine>, usize);
+struct CatchingUp(Arc<Engine>, String);
 
 impl Drop for CatchingUp {
     fn drop(&mut self) {

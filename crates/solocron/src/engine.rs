@@ -21,6 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::batches::Batches;
 use crate::job::Job;
+use crate::jobset::{JobSet, Jobs};
 use crate::lead::CLAIM_AHEAD_MAX;
 use crate::metrics::{self, StoreOp};
 use crate::runner::{execute, Claimed};
@@ -39,15 +40,15 @@ pub(crate) struct Engine {
     pub(crate) clock: Arc<dyn Clock>,
     /// `clock` is the system clock, whose steps the kernel announces.
     pub(crate) system_clock: bool,
-    pub(crate) jobs: Vec<Job>,
-    pub(crate) by_name: HashMap<String, usize>,
+    /// The job list, replaceable while the node runs.
+    pub(crate) jobs: Jobs,
     pub(crate) history_retention: Option<Duration>,
     pub(crate) shutdown_grace: Duration,
     pub(crate) max_concurrent_runs: usize,
     pub(crate) recovery_interval: Duration,
     in_flight: Arc<AtomicUsize>,
-    /// Jobs with a catch-up sequence under way on this node (at most one each).
-    pub(crate) catching_up: Mutex<HashSet<usize>>,
+    /// Jobs (by name) with a catch-up sequence under way on this node (at most one each).
+    pub(crate) catching_up: Mutex<HashSet<String>>,
     pub(crate) tracker: TaskTracker,
     /// Fired when shutdown's grace is over: running jobs are stopped.
     pub(crate) interrupt: CancellationToken,
@@ -59,8 +60,7 @@ pub(crate) struct Parts {
     pub(crate) node: String,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) system_clock: bool,
-    pub(crate) jobs: Vec<Job>,
-    pub(crate) by_name: HashMap<String, usize>,
+    pub(crate) jobs: Jobs,
     pub(crate) history_retention: Option<Duration>,
     pub(crate) shutdown_grace: Duration,
     pub(crate) max_concurrent_runs: usize,
@@ -69,7 +69,6 @@ pub(crate) struct Parts {
 
 impl Engine {
     pub(crate) fn new(p: Parts) -> Engine {
-        assert_eq!(p.jobs.len(), p.by_name.len(), "job names are unique");
         assert!(p.max_concurrent_runs > 0);
         Engine {
             batches: Batches::new(p.store.clone()),
@@ -78,7 +77,6 @@ impl Engine {
             clock: p.clock,
             system_clock: p.system_clock,
             jobs: p.jobs,
-            by_name: p.by_name,
             history_retention: p.history_retention,
             shutdown_grace: p.shutdown_grace,
             max_concurrent_runs: p.max_concurrent_runs,
@@ -135,7 +133,7 @@ impl Engine {
         Ok(outcomes)
     }
 
-    /// Claims a round's requests (each with the index of its job) in chunks of at most
+    /// Claims a round's requests (each with the index of its job in `set`) in chunks of at most
     /// [`CLAIM_BATCH_MAX`], then starts what was won; returns the jobs whose chunk failed
     /// (store unavailable). `round` (ms) varies the chunk a node starts at.
     ///
@@ -144,6 +142,7 @@ impl Engine {
     /// started its last runs seconds late).
     pub(crate) async fn claim_and_start(
         self: &Arc<Self>,
+        set: &JobSet,
         batch: &[(usize, ClaimRequest)],
         round: i64,
     ) -> HashSet<usize> {
@@ -163,17 +162,23 @@ impl Engine {
             }
         }
         for (i, req, outcome, sent) in answered {
-            self.on_claimed(i, req, outcome, sent);
+            self.on_claimed(&set.jobs[i], req, outcome, sent);
         }
         failed
     }
 
     /// Acts on one claim's answer: a won tick starts (through [`Engine::start`]), a skipped
     /// or taken one is only logged.
-    pub(crate) fn on_claimed(self: &Arc<Self>, job: usize, req: &ClaimRequest, outcome: ClaimOutcome, sent: Instant) {
+    pub(crate) fn on_claimed(
+        self: &Arc<Self>,
+        job: &Arc<Job>,
+        req: &ClaimRequest,
+        outcome: ClaimOutcome,
+        sent: Instant,
+    ) {
         match outcome {
             ClaimOutcome::Won(lease) => {
-                self.start(self.claimed(job, lease, req.trigger, sent), self.interrupt.clone());
+                self.start(self.claimed(job.clone(), lease, req.trigger, sent), self.interrupt.clone());
             }
             ClaimOutcome::Skipped { reason } => {
                 tracing::info!(job = %req.tick.job, scheduled_at = %req.tick.scheduled_at, node = %self.node, state = "skipped", reason, "tick skipped")
@@ -184,12 +189,11 @@ impl Engine {
         }
     }
 
-    /// The claimed run of a won lease of job `job`, whose claim was sent at `sent`. It
+    /// The claimed run of a won lease of `job`, whose claim was sent at `sent`. It
     /// starts at its instant by this node's clock (a tick claimed ahead), or at once if that
     /// has passed; never later than [`CLAIM_AHEAD_MAX`] after the claim was sent, so before
     /// the lease's first renewal is due even if the wall clock was set back meanwhile.
-    pub(crate) fn claimed(&self, job: usize, lease: Lease, trigger: Trigger, sent: Instant) -> Claimed {
-        let job = self.jobs[job].clone();
+    pub(crate) fn claimed(&self, job: Arc<Job>, lease: Lease, trigger: Trigger, sent: Instant) -> Claimed {
         assert_eq!(lease.run.tick.job, job.name(), "a lease runs its own job");
         let behind = self.clock.now() - lease.run.tick.scheduled_at;
         let now = Instant::now();

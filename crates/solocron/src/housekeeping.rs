@@ -61,7 +61,7 @@ fn beat(e: &Engine) -> NodeBeat {
     NodeBeat {
         node: e.node.clone(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
-        jobs: count(e.jobs.len()),
+        jobs: count(e.jobs.get().len()),
         running: count(e.in_flight()),
     }
 }
@@ -74,17 +74,20 @@ pub(crate) async fn goodbye(e: &Engine) {
     }
 }
 
-/// Registers this node's jobs now and every [`REGISTRY_REFRESH`]; warns once per drift.
+/// Registers this node's jobs now, every [`REGISTRY_REFRESH`] and whenever the job list
+/// changes; warns once per drift.
 pub(crate) async fn registry_loop(e: Arc<Engine>, shutdown: CancellationToken) {
-    let definitions: Vec<_> = e.jobs.iter().map(|j| j.definition()).collect();
+    let mut list = e.jobs.watch();
     let mut warned: HashSet<(String, String, String)> = HashSet::new();
     loop {
+        let definitions: Vec<_> = list.borrow_and_update().jobs.iter().map(|j| j.definition()).collect();
         match bounded(e.store.register(&e.node, &definitions)).await {
             Ok(()) => warn_drift(&e, &definitions, &mut warned).await,
             Err(err) => tracing::warn!(error = %err, "cannot register this node's jobs; retrying later"),
         }
         tokio::select! {
             _ = tokio::time::sleep(REGISTRY_REFRESH) => {}
+            _ = list.changed() => {}
             _ = shutdown.cancelled() => return,
         }
     }
@@ -136,10 +139,11 @@ pub(crate) async fn requests_loop(e: Arc<Engine>, shutdown: CancellationToken) {
 
 async fn claim_requests(e: &Arc<Engine>) -> Result<(), StoreError> {
     let pending = bounded(e.store.pending_requests(REQUESTS_PER_POLL_MAX)).await?;
+    let set = e.jobs.get();
     let mut batch = Vec::new();
     for r in pending {
-        let Some(&i) = e.by_name.get(&r.tick.job) else { continue };
-        let job = &e.jobs[i];
+        let Some(i) = set.index(&r.tick.job) else { continue };
+        let job = &set.jobs[i];
         tracing::info!(job = %job.name(), requested_by = %r.requested_by, "manual run requested");
         batch.push((i, e.run_request(job, r.tick, Trigger::Manual)));
     }
@@ -150,7 +154,7 @@ async fn claim_requests(e: &Arc<Engine>) -> Result<(), StoreError> {
     let sent = Instant::now();
     let outcomes = e.claim(&requests).await?;
     for ((i, req), outcome) in batch.iter().zip(outcomes) {
-        e.on_claimed(*i, req, outcome, sent);
+        e.on_claimed(&set.jobs[*i], req, outcome, sent);
     }
     Ok(())
 }

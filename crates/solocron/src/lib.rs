@@ -24,6 +24,7 @@ mod engine;
 mod housekeeping;
 mod http_job;
 mod job;
+mod jobset;
 mod lead;
 pub mod metrics;
 mod recovery;
@@ -37,6 +38,7 @@ pub use http_job::{ExpectStatus, HttpJob, HttpJobError, RESPONSE_READ_BYTES_MAX}
 pub use job::{
     handler_fn, handler_with_state, BoxError, FnHandler, Handler, HandlerResult, Job, Outcome, RunContext, StateHandler,
 };
+pub use jobset::{JobChanges, Jobs};
 pub use lead::{CLAIM_AHEAD, CLAIM_AHEAD_MAX};
 pub use scheduler::{BuildError, Scheduler, SchedulerBuilder, SystemClock};
 pub use solocron_core as core;

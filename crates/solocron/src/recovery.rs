@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::engine::{counted, Engine};
+use crate::job::Job;
 use crate::metrics::{self, Outcome, StoreOp};
 
 /// Most expired runs examined per recovery scan.
@@ -42,7 +43,9 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
         if shutdown.is_cancelled() {
             break;
         }
-        let action = recover_action(e, &run);
+        // The job as this node's list has it now (taken per run: the list may change).
+        let job = e.jobs.get().get(&run.id.tick.job).cloned();
+        let action = recover_action(e, job.as_deref(), &run);
         let sent = Instant::now();
         let outcome = match counted(StoreOp::Recover, e.store.recover(&run.id, &action)).await {
             Ok(o) => o,
@@ -59,8 +62,7 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
                 metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Lost));
                 tracing::warn!(run = %run.id, dead_node = %run.node, attempt = lease.run.attempt, token = lease.fencing_token,
                     "lease expired; retrying the tick here");
-                // Only a job configured here is retried here (see `recover_action`).
-                let job = e.by_name[&run.id.tick.job];
+                let job = job.expect("only a job on this node's list is retried here (see `recover_action`)");
                 e.start(e.claimed(job, lease, Trigger::Retry, sent), e.interrupt.clone());
             }
             RecoverOutcome::Abandoned => {
@@ -74,8 +76,8 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
 }
 
 /// What to do with an expired run, by its job's policy on this node.
-fn recover_action(e: &Engine, run: &RunRecord) -> RecoverAction {
-    let Some(job) = e.by_name.get(&run.id.tick.job).map(|&i| &e.jobs[i]) else {
+fn recover_action(e: &Engine, job: Option<&Job>, run: &RunRecord) -> RecoverAction {
+    let Some(job) = job else {
         return RecoverAction::Abandon { reason: format!("lease expired; job is not configured on node {}", e.node) };
     };
     let p = job.policy();

@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use solocron_core::{output_tail, Ending, JobPolicy, Lease, Renewal, RunEnd, RunState, StoreError, Trigger};
@@ -19,8 +20,8 @@ use crate::metrics::{self, Renewal as RenewalResult};
 /// A claimed run, ready to start: the one value every path hands to [`execute`].
 #[derive(Debug)]
 pub(crate) struct Claimed {
-    /// The job it runs.
-    pub(crate) job: Job,
+    /// The job it runs (as it was defined when claimed, whatever the list is now).
+    pub(crate) job: Arc<Job>,
     /// The lease the claim won (its run id, owner and fencing token).
     pub(crate) lease: Lease,
     /// Why the tick was claimed.
@@ -178,7 +179,7 @@ pub(crate) async fn execute(run: Claimed, batches: &Batches, interrupt: Cancella
         return;
     }
     if let (Trigger::Schedule, Some(due)) = (trigger, due) {
-        metrics::start_lateness(job.name(), Instant::now().saturating_duration_since(due));
+        metrics::start_lateness(Instant::now().saturating_duration_since(due));
     }
     let handler = job.handler();
     let task = tokio::spawn(async move { handler.run(ctx).await });

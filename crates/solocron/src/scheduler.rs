@@ -3,7 +3,6 @@
 //! process). What happens to a tick lives in the engine's rooms: `timer` (what is due),
 //! `engine` (claim and start), `runner` (one run's life), `catchup`, `recovery`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::engine::{bounded, Engine, Parts};
 use crate::job::Job;
+use crate::jobset::{JobSet, Jobs};
 use crate::runner::Claimed;
 use crate::{housekeeping, recovery, timer};
 
@@ -147,25 +147,8 @@ impl SchedulerBuilder {
         if self.node_id.trim().is_empty() {
             return Err(BuildError::EmptyNodeId);
         }
-        let mut by_name = HashMap::new();
-        for (i, job) in self.jobs.iter().enumerate() {
-            solocron_core::validate_job_name(job.name()).map_err(|error| BuildError::JobName {
-                index: i,
-                job: job.name().to_owned(),
-                error,
-            })?;
-            job.policy().validate().map_err(|error| BuildError::Policy { job: job.name().to_owned(), error })?;
-            if by_name.insert(job.name().to_owned(), i).is_some() {
-                return Err(BuildError::DuplicateJob(job.name().to_owned()));
-            }
-        }
-        if let Some(r) = self.history_retention {
-            let floor = solocron_core::retention_floor(self.jobs.iter().map(|j| j.policy()));
-            if r < floor {
-                return Err(BuildError::Retention { retention: r, floor });
-            }
-        }
-        let shortest = self.jobs.iter().map(|j| j.policy().lease).min().unwrap_or(RECOVERY_INTERVAL_MAX * 3);
+        let set = JobSet::new(self.jobs, self.history_retention)?;
+        let shortest = set.jobs.iter().map(|j| j.policy().lease).min().unwrap_or(RECOVERY_INTERVAL_MAX * 3);
         // A run is seen expired at most a scan interval after the store sees it expired, and
         // that is up to the store's lag after the lease's end: together, within a third.
         let default_interval = (shortest / 3).saturating_sub(self.store.expiry_lag());
@@ -178,8 +161,7 @@ impl SchedulerBuilder {
                 node: self.node_id,
                 clock: self.clock,
                 system_clock: self.system_clock,
-                jobs: self.jobs,
-                by_name,
+                jobs: Jobs::new(set, self.history_retention),
                 history_retention: self.history_retention,
                 shutdown_grace: self.shutdown_grace,
                 max_concurrent_runs: self.max_concurrent_runs,
@@ -234,6 +216,12 @@ impl Scheduler {
         &self.engine.node
     }
 
+    /// The job list, to replace while the scheduler runs (a configuration reloaded, jobs
+    /// managed elsewhere); see [`Jobs::replace`].
+    pub fn jobs(&self) -> Jobs {
+        self.engine.jobs.clone()
+    }
+
     /// Runs one manual run of `job` in this process now, claimed like any tick (a manual
     /// tick of its own identity), and returns its record. `interrupt` stops it early.
     /// `Ok(None)`: a running node picked the request up first (it runs there, once).
@@ -244,17 +232,17 @@ impl Scheduler {
         interrupt: CancellationToken,
     ) -> Result<Option<RunRecord>, StoreError> {
         let e = &self.engine;
-        let Some(&i) = e.by_name.get(job) else {
+        let Some(the_job) = e.jobs.get().get(job).cloned() else {
             return Err(StoreError::Invalid(format!("job `{job}` is not defined here")));
         };
         let tick = bounded(e.store.request_run(job, by, None)).await?;
-        let req = e.run_request(&e.jobs[i], tick.clone(), Trigger::Manual);
+        let req = e.run_request(&the_job, tick.clone(), Trigger::Manual);
         let sent = Instant::now();
         let outcome = e.claim(std::slice::from_ref(&req)).await?.pop();
         match outcome {
             Some(ClaimOutcome::Won(lease)) => {
                 // The operator waits for this run: it starts at once, not at its instant.
-                let run = Claimed { start_at: Instant::now(), ..e.claimed(i, lease, Trigger::Manual, sent) };
+                let run = Claimed { start_at: Instant::now(), ..e.claimed(the_job, lease, Trigger::Manual, sent) };
                 let _ = e.start(run, interrupt).await;
             }
             Some(ClaimOutcome::Skipped { .. }) => {}
@@ -275,7 +263,7 @@ impl Scheduler {
     /// sends heartbeats until it has drained, then says goodbye.
     pub async fn run(self, shutdown: CancellationToken) {
         let e = self.engine;
-        tracing::info!(node = %e.node, store = %e.store.describe(), jobs = e.jobs.len(), "scheduler starting");
+        tracing::info!(node = %e.node, store = %e.store.describe(), jobs = e.jobs.get().len(), "scheduler starting");
         if self.migrate && !migrate(&e, &shutdown).await {
             return;
         }

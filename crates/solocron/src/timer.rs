@@ -12,12 +12,15 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{plan_due, ClaimMode, ClaimRequest, Overlap, Tick, Trigger, LATE_TOLERANCE};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::catchup::{self, Sequence};
 use crate::engine::{counted, Engine};
+use crate::job::Job;
+use crate::jobset::JobSet;
 use crate::lead::{Lead, CLAIM_AHEAD_MAX};
 use crate::metrics::{self, StoreOp};
 use solocron_os::wallclock::ClockSteps;
@@ -66,12 +69,16 @@ struct Plan {
 /// until `shutdown`.
 pub(crate) async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
     metrics::describe();
-    metrics::jobs(e.jobs.len());
     let mut timer = Timer::new(e).await;
     let mut backoff = Backoff::store();
     let mut lead = Lead::new(Instant::now());
     while !shutdown.is_cancelled() {
         let now = e.clock.now();
+        // The list's `changed` (awaited in `sleep`) marks it seen: compare the lists instead.
+        let current = timer.list.borrow_and_update().clone();
+        if !Arc::ptr_eq(&current, &timer.set) {
+            timer.adopt(current, now);
+        }
         let ahead = chrono::Duration::from_std(lead.get(Instant::now())).expect("at most CLAIM_AHEAD_MAX");
         let round = Round { started: timer.started, now, horizon: now + ahead };
         let due = timer.due(round.horizon);
@@ -80,12 +87,12 @@ pub(crate) async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
             continue;
         }
         let sent = Instant::now();
-        let failed = claim_due(e, &due, &mut timer.cursors, round).await;
+        let failed = claim_due(e, &timer.set, &due, &mut timer.cursors, round).await;
         if failed.is_empty() {
             lead.observe(Instant::now(), sent.elapsed());
             backoff.reset();
         }
-        timer.reschedule(e, &due, &failed, now);
+        timer.reschedule(&due, &failed, now);
         if !failed.is_empty() {
             tokio::select! {
                 _ = backoff.wait() => {}
@@ -95,9 +102,14 @@ pub(crate) async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
     }
 }
 
-/// The heap of next fire instants and each job's cursor.
+/// The heap of next fire instants and each job's cursor, over one job list; a new list
+/// is adopted between rounds ([`Timer::adopt`]).
 struct Timer {
     started: DateTime<Utc>,
+    /// The job list the heap and cursors index.
+    set: Arc<JobSet>,
+    /// Told when the list is replaced.
+    list: watch::Receiver<Arc<JobSet>>,
     heap: BinaryHeap<Reverse<(DateTime<Utc>, usize)>>,
     cursors: Vec<Cursor>,
     /// The kernel's notice of wall clock steps, when the clock is the system's.
@@ -107,6 +119,8 @@ struct Timer {
 impl Timer {
     async fn new(e: &Engine) -> Timer {
         let started = e.clock.now();
+        let mut list = e.jobs.watch();
+        let set = list.borrow_and_update().clone();
         // Never look back before the store's memory began: a tick it forgot is not missed.
         let memory_since = match counted(StoreOp::MemorySince, e.store.memory_since()).await {
             Ok(since) => since,
@@ -117,19 +131,13 @@ impl Timer {
         };
         // A job with a catch-up window starts that far back, so missed ticks go through its
         // misfire policy.
-        let cursors: Vec<Cursor> = e
+        let cursors: Vec<Cursor> = set
             .jobs
             .iter()
             .map(|j| started - chrono::Duration::from_std(j.policy().catchup).unwrap_or(chrono::Duration::zero()))
             .map(|c| memory_since.map_or(c, |m| c.max(m.min(started))))
             .map(|handled| Cursor { handled, healthy: None })
             .collect();
-        let mut heap = BinaryHeap::with_capacity(e.jobs.len());
-        for (i, j) in e.jobs.iter().enumerate() {
-            if let Some(next) = j.schedule().next_after(cursors[i].handled) {
-                heap.push(Reverse((next, i)));
-            }
-        }
         let steps = if e.system_clock {
             ClockSteps::new()
                 .inspect_err(
@@ -139,7 +147,41 @@ impl Timer {
         } else {
             None
         };
-        Timer { started, heap, cursors, steps }
+        metrics::jobs(set.len());
+        let mut timer = Timer { started, set, list, heap: BinaryHeap::new(), cursors, steps };
+        timer.fill_heap();
+        timer
+    }
+
+    /// Puts every job on the heap at the first tick after its cursor.
+    fn fill_heap(&mut self) {
+        self.heap = BinaryHeap::with_capacity(self.set.len());
+        for (i, j) in self.set.jobs.iter().enumerate() {
+            if let Some(next) = j.schedule().next_after(self.cursors[i].handled) {
+                self.heap.push(Reverse((next, i)));
+            }
+        }
+    }
+
+    /// Takes the job list now current. A job on both lists keeps its cursor, so its new
+    /// schedule continues from the last instant handled under the old one (nothing run
+    /// twice, nothing dropped between them); an added job is born now (its first tick is
+    /// the first after `now`); a removed job leaves the heap (a run of it in progress holds
+    /// its own job and finishes).
+    fn adopt(&mut self, next: Arc<JobSet>, now: DateTime<Utc>) {
+        let cursors = next
+            .jobs
+            .iter()
+            .map(|j| match self.set.index(j.name()) {
+                Some(i) => self.cursors[i],
+                None => Cursor { handled: now, healthy: None },
+            })
+            .collect();
+        self.set = next;
+        self.cursors = cursors;
+        self.fill_heap();
+        metrics::jobs(self.set.len());
+        debug_assert_eq!(self.cursors.len(), self.set.len());
     }
 
     /// The jobs with a tick due up to `horizon` (at most [`DUE_JOBS_PER_ROUND_MAX`]).
@@ -155,12 +197,15 @@ impl Timer {
         due
     }
 
-    /// Sleeps until the next tick comes within the lead, the wall clock is set, or shutdown.
+    /// Sleeps until the next tick comes within the lead, the wall clock is set, the job list
+    /// is replaced, or shutdown.
     async fn sleep(&mut self, horizon: DateTime<Utc>, shutdown: &CancellationToken) {
         let most = if self.steps.is_some() { TIMER_SLEEP_MAX } else { TIMER_SLEEP_MAX_UNANNOUNCED };
         let wait = self.heap.peek().map_or(most, |Reverse((t, _))| (*t - horizon).to_std().unwrap_or_default());
         tokio::select! {
             _ = tokio::time::sleep(wait.min(most)) => {}
+            // An error: the list's sender is gone with the engine; nothing more will change.
+            Ok(()) = self.list.changed() => {}
             stepped = async { self.steps.as_mut().expect("only polled when present").stepped().await }, if self.steps.is_some() => {
                 match stepped {
                     Ok(()) => tracing::info!("the wall clock was set; looking at the schedule again"),
@@ -176,12 +221,12 @@ impl Timer {
 
     /// Puts the round's jobs back on the heap: at their next tick, or, where the claim
     /// failed, at once (the backoff paces the retry) with their cursor unmoved.
-    fn reschedule(&mut self, e: &Engine, due: &[usize], failed: &HashSet<usize>, now: DateTime<Utc>) {
+    fn reschedule(&mut self, due: &[usize], failed: &HashSet<usize>, now: DateTime<Utc>) {
         for &i in due {
             let ok = !failed.contains(&i);
             self.cursors[i].healthy = Some(ok);
             let after = if ok { self.cursors[i].handled } else { now };
-            if let Some(next) = e.jobs[i].schedule().next_after(after) {
+            if let Some(next) = self.set.jobs[i].schedule().next_after(after) {
                 self.heap.push(Reverse((if ok { next } else { now }, i)));
             }
         }
@@ -190,7 +235,13 @@ impl Timer {
 
 /// Plans and claims the ticks of `due` jobs up to the round's horizon; returns the jobs
 /// whose claim failed (store unavailable): their cursor stays, so nothing is lost.
-async fn claim_due(e: &Arc<Engine>, due: &[usize], cursors: &mut [Cursor], round: Round) -> HashSet<usize> {
+async fn claim_due(
+    e: &Arc<Engine>,
+    set: &JobSet,
+    due: &[usize],
+    cursors: &mut [Cursor],
+    round: Round,
+) -> HashSet<usize> {
     debug_assert!(round.now <= round.horizon);
     debug_assert!((round.horizon - round.now).to_std().is_ok_and(|d| d <= CLAIM_AHEAD_MAX));
     // After failed claims the store may have restarted and forgotten (Redis without
@@ -211,9 +262,9 @@ async fn claim_due(e: &Arc<Engine>, due: &[usize], cursors: &mut [Cursor], round
     let mut plan = Plan::default();
     let mut run_slots = e.max_concurrent_runs.saturating_sub(e.in_flight());
     for &i in due {
-        plan_job(e, i, cursors[i], round, &mut run_slots, &mut plan);
+        plan_job(e, &set.jobs[i], i, cursors[i], round, &mut run_slots, &mut plan);
     }
-    let failed = e.claim_and_start(&plan.claims, round.horizon.timestamp_millis()).await;
+    let failed = e.claim_and_start(set, &plan.claims, round.horizon.timestamp_millis()).await;
     for &i in due {
         if !failed.contains(&i) {
             cursors[i].handled = round.horizon;
@@ -221,16 +272,16 @@ async fn claim_due(e: &Arc<Engine>, due: &[usize], cursors: &mut [Cursor], round
     }
     for (i, ticks) in plan.catch_ups {
         if !failed.contains(&i) {
-            catchup::spawn(e, i, ticks);
+            catchup::spawn(e, set.jobs[i].clone(), ticks);
         }
     }
     failed
 }
 
-/// Adds what job `i` asks for in this round to `plan`: its on-time ticks to claim (while
-/// this node has `run_slots`), its missed ticks to record skipped, or a catch-up sequence.
-fn plan_job(e: &Engine, i: usize, cursor: Cursor, round: Round, run_slots: &mut usize, plan: &mut Plan) {
-    let job = &e.jobs[i];
+/// Adds what `job` (index `i` of the list) asks for in this round to `plan`: its on-time
+/// ticks to claim (while this node has `run_slots`), its missed ticks to record skipped, or
+/// a catch-up sequence.
+fn plan_job(e: &Engine, job: &Job, i: usize, cursor: Cursor, round: Round, run_slots: &mut usize, plan: &mut Plan) {
     let tolerance_start = round.now - chrono::Duration::from_std(LATE_TOLERANCE).expect("small");
     let late_from = match cursor.healthy {
         Some(true) => cursor.handled.min(tolerance_start),
@@ -245,7 +296,7 @@ fn plan_job(e: &Engine, i: usize, cursor: Cursor, round: Round, run_slots: &mut 
         tracing::info!(job = %job.name(), catchup = ?job.policy().catchup,
             "ticks older than the catch-up window came due while this node was not claiming; not examined");
     }
-    let sequence_active = e.catching_up.lock().expect("not poisoned").contains(&i);
+    let sequence_active = e.catching_up.lock().expect("not poisoned").contains(job.name());
     if !due.catch_up.is_empty() && sequence_active {
         let reason = "missed; a catch-up of this job was already under way on this node";
         due.record_skipped.extend(due.catch_up.drain(..).map(|t| (t, reason.to_owned())));

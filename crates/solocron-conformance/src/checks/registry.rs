@@ -57,3 +57,20 @@ pub async fn register_keeps_first_seen_advances_last_seen_and_lists_every_nodes_
     assert!(refreshed.last_seen > first[0].last_seen, "last_seen advances: {refreshed:?}");
     assert_eq!(second[1..], first[1..], "node-b's registration and node-a's unlisted sync are left as they were");
 }
+
+/// `registrations_of` answers exactly the named jobs' registrations, by job then node, as
+/// `registrations` lists them (names nobody registered are not an error), and
+/// `registered_jobs` each registered name once, in order.
+pub async fn a_page_of_registrations_and_the_registered_names_agree_with_the_whole_registry(f: &impl StoreFactory) {
+    let store = f.open().await;
+    store.register("node-b", &[definition("backup", "h2"), definition("report", "r1")]).await.expect("register");
+    store.register("node-a", &[definition("sync", "s1"), definition("backup", "h1")]).await.expect("register");
+    let all = registrations(&store).await;
+    let asked = ["sync".to_owned(), "backup".to_owned(), "nobody-registered-this".to_owned()];
+    let page = store.registrations_of(&asked).await.expect("registrations_of");
+    let expected: Vec<&Registration> = all.iter().filter(|r| r.definition.job != "report").collect();
+    assert_eq!(page.iter().collect::<Vec<_>>(), expected, "the named jobs' registrations, by job then node");
+    assert!(store.registrations_of(&[]).await.expect("registrations_of nothing").is_empty());
+    let names = store.registered_jobs().await.expect("registered_jobs");
+    assert_eq!(names, ["backup", "report", "sync"]);
+}

@@ -1,0 +1,148 @@
+//! The node's job list, checked once and shared by the engine's rooms, and replaced whole
+//! while the node runs ([`Jobs::replace`]: a configuration reloaded, managed jobs changed).
+//!
+//! A list is never edited in place: the timer, recovery and housekeeping each take the
+//! current list when they act, and a run holds its own job (an `Arc`) to its end, so a job
+//! removed or changed while it runs finishes as it started.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::job::Job;
+use crate::scheduler::BuildError;
+
+/// A checked job list: unique, valid names and policies.
+#[derive(Debug, Default)]
+pub(crate) struct JobSet {
+    /// The jobs, in the order they were given.
+    pub(crate) jobs: Vec<Arc<Job>>,
+    by_name: HashMap<String, usize>,
+}
+
+impl JobSet {
+    /// Checks `jobs` (names, policies, no name twice) and, with a `retention`, that it is
+    /// safe for their catch-up windows.
+    pub(crate) fn new(jobs: Vec<Job>, retention: Option<Duration>) -> Result<JobSet, BuildError> {
+        let mut by_name = HashMap::with_capacity(jobs.len());
+        for (i, job) in jobs.iter().enumerate() {
+            solocron_core::validate_job_name(job.name()).map_err(|error| BuildError::JobName {
+                index: i,
+                job: job.name().to_owned(),
+                error,
+            })?;
+            job.policy().validate().map_err(|error| BuildError::Policy { job: job.name().to_owned(), error })?;
+            if by_name.insert(job.name().to_owned(), i).is_some() {
+                return Err(BuildError::DuplicateJob(job.name().to_owned()));
+            }
+        }
+        if let Some(r) = retention {
+            let floor = solocron_core::retention_floor(jobs.iter().map(|j| j.policy()));
+            if r < floor {
+                return Err(BuildError::Retention { retention: r, floor });
+            }
+        }
+        Ok(JobSet { jobs: jobs.into_iter().map(Arc::new).collect(), by_name })
+    }
+
+    /// The job named `name`, if this list has it.
+    pub(crate) fn get(&self, name: &str) -> Option<&Arc<Job>> {
+        self.by_name.get(name).map(|&i| &self.jobs[i])
+    }
+
+    /// Where `name` is in this list.
+    pub(crate) fn index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// How many jobs.
+    pub(crate) fn len(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// What going from `self` to `next` adds, changes (another definition) and removes.
+    fn changes_to(&self, next: &JobSet) -> JobChanges {
+        let mut c = JobChanges::default();
+        for job in &next.jobs {
+            match self.get(job.name()) {
+                None => c.added.insert(job.name().to_owned()),
+                Some(old) if old.definition() != job.definition() => c.changed.insert(job.name().to_owned()),
+                Some(_) => false,
+            };
+        }
+        c.removed = self.by_name.keys().filter(|n| next.get(n).is_none()).cloned().collect();
+        c
+    }
+}
+
+/// What a [`Jobs::replace`] changed, by job name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobChanges {
+    /// Jobs the node did not have: their first tick is the first after the change (a job is
+    /// born when it is added: no tick before it is missed or caught up).
+    pub added: BTreeSet<String>,
+    /// Jobs defined differently (schedule, zone or policy): the new definition takes over
+    /// from the first tick after the last one handled under the old.
+    pub changed: BTreeSet<String>,
+    /// Jobs no longer on the list: no new tick is claimed; a run in progress finishes.
+    pub removed: BTreeSet<String>,
+}
+
+impl JobChanges {
+    /// True when the lists define the same jobs the same way.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
+    }
+}
+
+/// The job list of a scheduler, which can be replaced while it runs; get it with
+/// [`crate::Scheduler::jobs`]. Cheap to clone: every clone changes the same scheduler.
+///
+/// A replacement takes effect from the next tick, with the rules every change follows:
+/// no tick runs twice (a tick's identity is its job and instant, and the store's claim
+/// decides), none is dropped between the old schedule and the new (the new one continues
+/// from the last instant the old one handled), an added job starts with its first tick
+/// after the change, and a removed or changed job's run in progress finishes as it began.
+#[derive(Clone)]
+pub struct Jobs {
+    current: Arc<watch::Sender<Arc<JobSet>>>,
+    retention: Option<Duration>,
+}
+
+impl Jobs {
+    pub(crate) fn new(set: JobSet, retention: Option<Duration>) -> Jobs {
+        Jobs { current: Arc::new(watch::channel(Arc::new(set)).0), retention }
+    }
+
+    /// Replaces the job list whole, checked like [`crate::SchedulerBuilder::build`] checks
+    /// it; a list with an error is refused whole and the running list stays.
+    pub fn replace(&self, jobs: Vec<Job>) -> Result<JobChanges, BuildError> {
+        let next = JobSet::new(jobs, self.retention)?;
+        let mut changes = JobChanges::default();
+        self.current.send_modify(|set| {
+            changes = set.changes_to(&next);
+            *set = Arc::new(next);
+        });
+        if !changes.is_empty() {
+            tracing::info!(added = ?changes.added, changed = ?changes.changed, removed = ?changes.removed, "job list changed");
+        }
+        Ok(changes)
+    }
+
+    /// The names of the jobs now on the list, in order.
+    pub fn names(&self) -> Vec<String> {
+        self.current.borrow().jobs.iter().map(|j| j.name().to_owned()).collect()
+    }
+
+    /// The list now.
+    pub(crate) fn get(&self) -> Arc<JobSet> {
+        self.current.borrow().clone()
+    }
+
+    /// A receiver told of every replacement.
+    pub(crate) fn watch(&self) -> watch::Receiver<Arc<JobSet>> {
+        self.current.subscribe()
+    }
+}
