@@ -87,6 +87,14 @@ impl Store for Counting {
         self.hit();
         self.inner.registered_jobs().await
     }
+    async fn managed_jobs(&self) -> Result<Vec<solocron_core::ManagedJob>, StoreError> {
+        self.hit();
+        self.inner.managed_jobs().await
+    }
+    async fn managed_version(&self) -> Result<u64, StoreError> {
+        self.hit();
+        self.inner.managed_version().await
+    }
     async fn set_paused(&self, j: &str, p: bool, b: &str, r: Option<&str>) -> Result<(), StoreError> {
         self.hit();
         self.inner.set_paused(j, p, b, r).await

@@ -28,7 +28,7 @@ use crate::{bad_input, store_failed, Failure, Format, Target};
 const ACTIONS_SHOWN_MAX: usize = 10;
 
 /// Who an operator action is recorded as: `user@host`.
-fn operator() -> String {
+pub(crate) fn operator() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
     let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
     format!("{user}@{host}")

@@ -39,6 +39,7 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawHttp {
     listen: Option<String>,
+    allow_command_jobs: Option<bool>,
     #[serde(default)]
     tokens: Vec<RawToken>,
 }
@@ -138,6 +139,10 @@ pub struct HttpConfig {
     pub listen: Option<std::net::SocketAddr>,
     /// `[[http.tokens]]`, whose secrets are read only when serving.
     pub tokens: Vec<TokenConfig>,
+    /// `[http] allow_command_jobs`: managed jobs may run commands (the API accepts them,
+    /// and this node runs them). Off by default: a command written through the API is code
+    /// run on the fleet's hosts.
+    pub allow_command_jobs: bool,
 }
 
 /// One `[[http.tokens]]` entry: the secret stays where it is (an environment variable or a
@@ -248,17 +253,7 @@ impl Config {
             ConfigError { file: file.to_owned(), key, message }
         })?;
         let err = |key: String, message: String| ConfigError { file: file.to_owned(), key, message };
-        for key in ["name", "schedule", "command", "http"] {
-            let set = match key {
-                "name" => raw.defaults.name.is_some(),
-                "schedule" => raw.defaults.schedule.is_some(),
-                "command" => raw.defaults.command.is_some(),
-                _ => raw.defaults.http.is_some(),
-            };
-            if set {
-                return Err(err(format!("defaults.{key}"), "cannot be defaulted; set it on each job".into()));
-            }
-        }
+        check_defaults(&raw).map_err(|(key, message)| err(key, message))?;
         let node = &raw.node;
         let shutdown_grace = match &node.shutdown_grace {
             Some(s) => parse_duration(s).map_err(|e| err("node.shutdown_grace".into(), e.to_string()))?,
@@ -269,18 +264,7 @@ impl Config {
                 return Err(err("node.id".into(), "must not be empty".into()));
             }
         }
-        let mut jobs = Vec::new();
-        let mut seen: HashMap<String, usize> = HashMap::new();
-        for (i, j) in raw.jobs.iter().enumerate() {
-            let job = resolve_job(i, j, &raw.defaults).map_err(|(key, message)| err(key, message))?;
-            if let Some(first) = seen.insert(job.name.clone(), i) {
-                return Err(err(
-                    format!("jobs[{i}].name"),
-                    format!("job name `{}` is already used by jobs[{first}]; names must be unique", job.name),
-                ));
-            }
-            jobs.push(job);
-        }
+        let jobs = resolve_jobs(&raw).map_err(|(key, message)| err(key, message))?;
         let history_retention = history_retention(node, &jobs).map_err(|(key, message)| err(key, message))?;
         let store = resolve_store(&raw.store).map_err(|(key, message)| err(key, message))?;
         let http = resolve_http(&raw.http).map_err(|(key, message)| err(key, message))?;
@@ -295,6 +279,63 @@ impl Config {
             http,
         })
     }
+}
+
+/// A document of jobs only (`solocron jobs apply -f FILE`, a managed job's definition):
+/// `[[jobs]]` tables and an optional `[defaults]`, checked exactly like a configuration's.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawJobs {
+    #[serde(default)]
+    defaults: RawJob,
+    #[serde(default)]
+    jobs: Vec<RawJob>,
+}
+
+/// Parses and validates a document of `[[jobs]]` (and `[defaults]`) only, naming `file` in
+/// errors, with the same rules and messages as [`Config::parse`].
+pub fn parse_jobs(file: &str, text: &str) -> Result<Vec<JobConfig>, ConfigError> {
+    let raw: RawJobs = toml::from_str(text).map_err(|e| {
+        let (key, message) = toml_error(text, &e);
+        ConfigError { file: file.to_owned(), key, message }
+    })?;
+    let whole = RawConfig { defaults: raw.defaults, jobs: raw.jobs, ..RawConfig::default() };
+    let err = |key: String, message: String| ConfigError { file: file.to_owned(), key, message };
+    check_defaults(&whole).map_err(|(key, message)| err(key, message))?;
+    resolve_jobs(&whole).map_err(|(key, message)| err(key, message))
+}
+
+/// `[defaults]` may not hold what only a job can say.
+fn check_defaults(raw: &RawConfig) -> Result<(), KeyError> {
+    for key in ["name", "schedule", "command", "http"] {
+        let set = match key {
+            "name" => raw.defaults.name.is_some(),
+            "schedule" => raw.defaults.schedule.is_some(),
+            "command" => raw.defaults.command.is_some(),
+            _ => raw.defaults.http.is_some(),
+        };
+        if set {
+            return Err((format!("defaults.{key}"), "cannot be defaulted; set it on each job".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Every `[[jobs]]` entry, checked, names unique.
+fn resolve_jobs(raw: &RawConfig) -> Result<Vec<JobConfig>, KeyError> {
+    let mut jobs = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (i, j) in raw.jobs.iter().enumerate() {
+        let job = resolve_job(i, j, &raw.defaults)?;
+        if let Some(first) = seen.insert(job.name.clone(), i) {
+            return Err((
+                format!("jobs[{i}].name"),
+                format!("job name `{}` is already used by jobs[{first}]; names must be unique", job.name),
+            ));
+        }
+        jobs.push(job);
+    }
+    Ok(jobs)
 }
 
 /// `[http]`, checked: an address that parses, tokens with a name, a role and one secret
@@ -322,7 +363,7 @@ fn resolve_http(http: &RawHttp) -> Result<HttpConfig, KeyError> {
         }
         tokens.push(TokenConfig { key, name, role, source });
     }
-    Ok(HttpConfig { listen, tokens })
+    Ok(HttpConfig { listen, tokens, allow_command_jobs: http.allow_command_jobs.unwrap_or(false) })
 }
 
 /// `[node] history_retention`: `None` keeps every record. A retention shorter than the

@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use solocron::{Command, HttpJob, Job, JobChanges, Jobs, Scheduler};
+use solocron::{Command, HttpJob, Job, JobChanges, Scheduler};
 use solocron_http::DeclaredJobs;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, HttpWork, SecretSource, Work};
+use crate::config::{Config, HttpWork, JobConfig, SecretSource, Work};
+use crate::follow::Sources;
 use crate::{bad_input, load, Failure};
 
 #[derive(Args)]
@@ -60,7 +61,19 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
         let (_, key) = target.store_config(Some(&cfg));
         store.migrate().await.map_err(|e| bad_input(format!("{key}: {e}")))?;
     }
+    // The managed jobs at start are on the first list, so they catch up like declared ones;
+    // unreadable now (a store without the tables yet), they are read again as they change.
+    let (version, managed) = match crate::follow::read_if_changed(store.as_ref(), 0).await {
+        Ok(found) => found.unwrap_or_default(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the managed jobs; starting with the configuration's");
+            (0, Vec::new())
+        }
+    };
     let scheduler = scheduler(&cfg, store.clone(), a.node_id)?;
+    let sources = Arc::new(Sources::new(scheduler.jobs(), jobs(&cfg)?, cfg.http.allow_command_jobs));
+    sources.set_managed(&managed);
+    tokio::spawn(crate::follow::follow(store.clone(), sources.clone(), version, shutdown.clone()));
     let declared = DeclaredJobs::new(crate::http::declared(Some(&cfg)));
     // The server outlives the drain, so operators watch it; it stops once the node has.
     let http_stop = CancellationToken::new();
@@ -68,7 +81,7 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
         Some(addr) => Some(crate::http::start(addr, Some(&cfg), declared.clone(), store, http_stop.clone()).await?),
         None => None,
     };
-    let reloads = Reloads { path: a.config.clone(), jobs: scheduler.jobs(), declared };
+    let reloads = Reloads { path: a.config.clone(), sources, declared };
     tokio::spawn(reloads.serve(reload, shutdown.clone()));
     scheduler.run(shutdown).await;
     http_stop.cancel();
@@ -133,30 +146,32 @@ pub fn scheduler(
 
 /// A configuration's jobs, with their secrets read.
 fn jobs(cfg: &Config) -> Result<Vec<Job>, Failure> {
-    let mut jobs = Vec::with_capacity(cfg.jobs.len());
-    for j in &cfg.jobs {
-        let job = match &j.work {
-            Work::Command(argv) => {
-                let cmd = Command::new(argv.clone()).expect("validated: non-empty");
-                Job::new(j.name.clone(), j.schedule.clone(), cmd).with_fingerprint(format!("command {argv:?}"))
-            }
-            Work::Http(w) => {
-                let http = http_job(&cfg.file, w)?;
-                // Secret headers by name only: a rotated token is no drift.
-                let fingerprint = http.fingerprint();
-                Job::new(j.name.clone(), j.schedule.clone(), http).with_fingerprint(fingerprint)
-            }
-        };
-        jobs.push(job.with_policy(j.policy.clone()));
-    }
-    Ok(jobs)
+    cfg.jobs.iter().map(|j| job_of(&cfg.file, j)).collect()
+}
+
+/// A checked job as the scheduler runs it, its secrets read; `file` names where it is
+/// defined in errors.
+pub(crate) fn job_of(file: &str, j: &JobConfig) -> Result<Job, Failure> {
+    let job = match &j.work {
+        Work::Command(argv) => {
+            let cmd = Command::new(argv.clone()).expect("validated: non-empty");
+            Job::new(j.name.clone(), j.schedule.clone(), cmd).with_fingerprint(format!("command {argv:?}"))
+        }
+        Work::Http(w) => {
+            let http = http_job(file, w)?;
+            // Secret headers by name only: a rotated token is no drift.
+            let fingerprint = http.fingerprint();
+            Job::new(j.name.clone(), j.schedule.clone(), http).with_fingerprint(fingerprint)
+        }
+    };
+    Ok(job.with_policy(j.policy.clone()))
 }
 
 /// What a SIGHUP reloads: the configuration file's `[[jobs]]`, into the running scheduler
-/// and the HTTP server's view of the declared jobs.
+/// (beside the managed jobs) and the HTTP server's view of the declared jobs.
 struct Reloads {
     path: PathBuf,
-    jobs: Jobs,
+    sources: Arc<Sources>,
     declared: DeclaredJobs,
 }
 
@@ -186,7 +201,8 @@ impl Reloads {
     fn reload(&self) -> Result<JobChanges, Failure> {
         let cfg = load(&self.path)?;
         let list = jobs(&cfg)?;
-        let changes = self.jobs.replace(list).map_err(|e| bad_input(format!("{}: {e}", cfg.file)))?;
+        let changes =
+            self.sources.set_declared(list).map_err(|Failure(c, e)| Failure(c, format!("{}: {e}", cfg.file)))?;
         self.declared.set(crate::http::declared(Some(&cfg)));
         Ok(changes)
     }

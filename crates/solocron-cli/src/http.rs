@@ -55,7 +55,13 @@ pub async fn start(
         .await
         .map_err(|e| bad_input(format!("--http {addr}: cannot listen: {e}")))?;
     let bound = listener.local_addr().map_err(|e| bad_input(format!("--http {addr}: {e}")))?;
-    let options = HttpOptions { tokens, declared, prometheus: solocron_http::install_prometheus() };
+    let rules = crate::managed::ConfigRules { allow_command_jobs: cfg.is_some_and(|c| c.http.allow_command_jobs) };
+    let options = HttpOptions {
+        tokens,
+        declared,
+        prometheus: solocron_http::install_prometheus(),
+        job_specs: Some(Arc::new(rules)),
+    };
     let token_count = options.tokens.len();
     let app = solocron_http::router(store, options);
     tracing::info!(address = %bound, tokens = token_count, "serving the HTTP API, metrics and console");

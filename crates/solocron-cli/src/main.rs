@@ -16,7 +16,9 @@ mod admin;
 mod config;
 mod daemon;
 mod docs;
+mod follow;
 mod http;
+mod managed;
 mod output;
 mod setup;
 mod stores;
@@ -86,6 +88,8 @@ enum Cmd {
     Unlock(admin::UnlockArgs),
     /// Serve the HTTP API, metrics and console over the store, with no jobs of its own.
     Serve(http::ServeArgs),
+    /// Managed jobs, kept in the store: apply a file of [[jobs]], remove, export, log.
+    Jobs(managed::JobsArgs),
     /// Delete run records older than a duration, in bounded batches.
     Prune(admin::PruneArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -147,6 +151,7 @@ fn main() -> ExitCode {
             Cmd::Unlock(a) => admin::unlock(a).await,
             Cmd::Prune(a) => admin::prune(a).await,
             Cmd::Serve(a) => http::serve(a).await,
+            Cmd::Jobs(a) => managed::jobs(a).await,
             Cmd::Completions(a) => docs::completions::<Cli>(a),
             Cmd::Man(a) => docs::man::<Cli>(a),
         }

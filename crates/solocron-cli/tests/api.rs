@@ -272,6 +272,63 @@ fn nodes_and_metrics(api: &Api) {
     assert!(text.contains("solocron_ticks_total"), "{text}");
 }
 
+/// PUT of a managed job's definition, with an optional `If-Match` revision.
+fn put(api: &Api, job: &str, secret: &str, if_match: Option<&str>, body: Value) -> Response {
+    let req = api.http.put(api.url(&format!("/api/v1/jobs/{job}"))).json(&body);
+    let req = match if_match {
+        Some(r) => req.header("If-Match", r),
+        None => req,
+    };
+    api.send(req, Some(secret))
+}
+
+fn managed_jobs_are_written_checked_and_picked_up(api: &Api) {
+    let every_second =
+        json!({"schedule": "* * * * * *", "http": {"url": "http://127.0.0.1:9/nowhere", "timeout": "1s"}});
+    problem(put(api, "hook", VIEW_SECRET, None, every_second.clone()), 403);
+    let created: Value = put(api, "hook", OPS_SECRET, None, every_second.clone()).json().unwrap();
+    assert_eq!(created["outcome"], "created", "{created}");
+    let r1 = created["revision"].as_u64().unwrap();
+    let detail = api.read("/api/v1/jobs/hook");
+    assert_eq!(detail["managed"]["revision"], r1, "{detail}");
+    assert_eq!(detail["managed"]["changed_by"], "ops");
+    assert_eq!(detail["definition"]["schedule"], "* * * * * *");
+    // Picked up by the running node: a run of it is recorded within seconds.
+    let ran = wait_for(Duration::from_secs(6), || {
+        let runs = api.read("/api/v1/runs?job=hook");
+        (!runs["runs"].as_array().unwrap().is_empty()).then_some(())
+    });
+    assert!(ran.is_some(), "the managed job never ran; node log:\n{}", api.fleet.log("api-node"));
+
+    let again: Value = put(api, "hook", OPS_SECRET, None, every_second.clone()).json().unwrap();
+    assert_eq!((again["outcome"].as_str(), again["revision"].as_u64()), (Some("unchanged"), Some(r1)));
+    let mut even = every_second.clone();
+    even["schedule"] = json!("*/2 * * * * *");
+    let changed: Value = put(api, "hook", OPS_SECRET, Some(&format!("\"{r1}\"")), even.clone()).json().unwrap();
+    assert_eq!(changed["outcome"], "changed", "{changed}");
+    let stale = problem(put(api, "hook", OPS_SECRET, Some(&r1.to_string()), every_second.clone()), 409);
+    assert!(stale["detail"].as_str().unwrap().contains("changed meanwhile"), "{stale}");
+    let p =
+        problem(put(api, "hook", OPS_SECRET, None, json!({"schedule": "every day", "http": {"url": "http://x"}})), 400);
+    assert_eq!(p["param"], "schedule", "{p}");
+    let p = problem(put(api, "cmd", OPS_SECRET, None, json!({"schedule": "* * * * *", "command": ["true"]})), 400);
+    assert_eq!(p["param"], "command", "command jobs need allow_command_jobs: {p}");
+    let p = problem(put(api, "tick", OPS_SECRET, None, every_second), 409);
+    assert!(p["detail"].as_str().unwrap().contains("declared in"), "{p}");
+
+    problem(api.send(api.http.delete(api.url("/api/v1/jobs/hook")), Some(VIEW_SECRET)), 403);
+    let deleted: Value = api.send(api.http.delete(api.url("/api/v1/jobs/hook")), Some(OPS_SECRET)).json().unwrap();
+    assert_eq!(deleted["outcome"], "deleted", "{deleted}");
+    problem(api.send(api.http.delete(api.url("/api/v1/jobs/hook")), Some(OPS_SECRET)), 404);
+    let revisions = api.read("/api/v1/jobs/hook/revisions");
+    let revisions = revisions.as_array().unwrap();
+    assert_eq!(revisions.len(), 3, "{revisions:?}");
+    assert_eq!(
+        (revisions[0]["deleted"].as_bool(), revisions[1]["spec"]["schedule"].as_str()),
+        (Some(true), Some("*/2 * * * * *"))
+    );
+}
+
 fn whole_api(store: Option<&str>) {
     let api = Api::start(store);
     auth_is_required_and_roles_hold(&api);
@@ -282,6 +339,7 @@ fn whole_api(store: Option<&str>) {
     runs_page_without_gaps_or_repeats(&api);
     bad_input_names_the_parameter(&api);
     nodes_and_metrics(&api);
+    managed_jobs_are_written_checked_and_picked_up(&api);
     let log = api.fleet.log("api-node");
     assert!(!log.contains(OPS_SECRET) && !log.contains(VIEW_SECRET), "a secret in the log");
 }

@@ -168,6 +168,10 @@ macro_rules! conformance_tests {
             every_action_is_recorded_with_who_why_and_what_newest_first_and_by_job,
             nodes_and_actions_of_another_prefix_are_not_seen,
             prune_forgets_old_actions_and_long_silent_nodes,
+            // Managed jobs.
+            managed_jobs_are_written_only_at_the_expected_revision_and_every_change_is_a_revision,
+            racing_writers_get_one_winner_per_revision_and_distinct_revisions,
+            a_managed_job_change_wakes_the_watch_and_stays_in_its_prefix,
             // Schema.
             migrate_is_safe_when_many_nodes_start_at_once,
         );
@@ -189,4 +193,5 @@ macro_rules! __conformance_tests {
 }
 
 pub mod checks;
+pub mod proxy;
 pub mod server;

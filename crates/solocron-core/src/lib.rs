@@ -26,6 +26,7 @@ mod names;
 mod duration;
 mod fleet;
 mod job_name;
+mod managed;
 mod policy;
 mod prefix;
 mod redact;
@@ -39,6 +40,9 @@ pub use fleet::{
     HEARTBEAT_EVERY, NODES_MAX, NODE_FORGET_AFTER, NODE_STALE_AFTER, NOTHING_RUNNING, UNLOCK_DETAIL_RUNS_MAX,
 };
 pub use job_name::{validate_job_name, JobNameError, JOB_NAME_CHARS_MAX};
+pub use managed::{
+    check_spec_text, JobRevision, JobWrite, ManagedJob, JOB_SPEC_BYTES_MAX, MANAGED_JOBS_MAX, REVISIONS_PAGE_MAX,
+};
 pub use policy::{
     plan_due, retention_floor, DuePlan, JobPolicy, Misfire, OnCrash, Overlap, PolicyError, KILL_GRACE_DEFAULT_MAX,
     LATE_TOLERANCE, LEASE_MAX, LEASE_MIN, LONG_DURATION_MAX, MAX_ATTEMPTS_MAX, MAX_CATCHUP_MAX, RETENTION_MIN,

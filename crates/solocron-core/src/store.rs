@@ -15,6 +15,7 @@ use chrono::{DateTime, Utc};
 
 use crate::fleet::{ActionQuery, ActionRecord, NodeBeat, NodeRecord};
 use crate::run::{RunId, RunRecord, RunState, Tick, Trigger};
+use crate::{JobRevision, JobWrite, ManagedJob};
 
 /// Most requests one [`Store::claim`] call carries; the engine splits larger batches.
 pub const CLAIM_BATCH_MAX: usize = 1000;
@@ -508,4 +509,55 @@ pub trait Store: Send + Sync + 'static {
     /// in a small keyspace (etcd) also keep at most a bounded number of the newest actions
     /// per prefix; their crate docs say how many.
     async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError>;
+
+    /// Creates or replaces the managed job `job` with `spec` (checked by the caller, and
+    /// by [`crate::check_spec_text`]), as `by`, if its revision is `expect` (`Some(0)`: only
+    /// if it does not exist; `None`: whatever it is). A spec equal to the job's writes
+    /// nothing ([`JobWrite::Unchanged`]). A write appends its revision (store-wide, in
+    /// commit order) in the same atomic step, and wakes [`Store::request_watch`]es.
+    ///
+    /// The default refuses: this store keeps no managed jobs.
+    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        let _ = (job, spec, by, expect);
+        Err(no_managed_jobs(self.describe()))
+    }
+
+    /// Deletes the managed job `job`, as `by`, if its revision is `expect` (`None`: whatever
+    /// it is), appending a revision without a spec; a job that does not exist is
+    /// [`JobWrite::Unchanged`]`(None)`. Wakes [`Store::request_watch`]es.
+    ///
+    /// The default refuses: this store keeps no managed jobs.
+    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        let _ = (job, by, expect);
+        Err(no_managed_jobs(self.describe()))
+    }
+
+    /// Every managed job, by name (at most [`crate::MANAGED_JOBS_MAX`]).
+    ///
+    /// The default: none.
+    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    /// The newest revision of any managed job (0: none ever written). A node compares it
+    /// with the one it last read [`Store::managed_jobs`] at to learn whether to read again.
+    ///
+    /// The default: 0.
+    async fn managed_version(&self) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+
+    /// The revisions of `job` (or of every job), newest first, at most `limit` (0 or more
+    /// than [`crate::REVISIONS_PAGE_MAX`]: that many).
+    ///
+    /// The default: none.
+    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
+        let _ = (job, limit);
+        Ok(Vec::new())
+    }
+}
+
+/// The error of a store without managed jobs.
+fn no_managed_jobs(store: String) -> StoreError {
+    StoreError::Invalid(format!("{store} keeps no managed jobs"))
 }

@@ -251,6 +251,44 @@ impl StoredAction {
     }
 }
 
+/// Who wrote a managed job's definition or revision, and when (this process's clock: etcd
+/// has none); the first part of its value (see [`encode_job`]). Its revision is the key's
+/// `mod_revision`, so it is not stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct JobHeader {
+    pub job: String,
+    pub changed_by: String,
+    pub changed_at: i64,
+}
+
+/// A managed job's definition (or a revision) as stored under `{p}managed/...`: the
+/// header as one line of JSON, then, unless the revision deleted the job, a newline and the
+/// definition as given. The definition stays out of the JSON, whose escaping could make it
+/// up to six times longer: a value is at most the definition plus its header, which keeps
+/// the pages of reads of them under the client's message limit.
+pub(crate) fn encode_job(header: &JobHeader, spec: Option<&str>) -> Vec<u8> {
+    let mut value = encode(header);
+    if let Some(spec) = spec {
+        value.push(b'\n');
+        value.extend_from_slice(spec.as_bytes());
+    }
+    value
+}
+
+/// A value made by [`encode_job`]; `what` names it in the error.
+pub(crate) fn decode_job(bytes: &[u8], what: &str) -> Result<(JobHeader, Option<String>), StoreError> {
+    // Compact JSON never holds a raw newline: the first one ends the header.
+    let (header, spec) = match bytes.iter().position(|b| *b == b'\n') {
+        Some(at) => (&bytes[..at], Some(&bytes[at + 1..])),
+        None => (bytes, None),
+    };
+    let spec = spec
+        .map(|s| String::from_utf8(s.to_vec()))
+        .transpose()
+        .map_err(|e| StoreError::Invalid(format!("unreadable {what}: {e}")))?;
+    Ok((decode(header, what)?, spec))
+}
+
 /// An instant from stored milliseconds.
 pub(crate) fn instant(ms: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_millis(ms)
@@ -282,4 +320,20 @@ pub(crate) fn to_lease(record: &StoredRun) -> Result<Lease, StoreError> {
         claimed_at: r.claimed_at,
         lease_until: r.lease_until.ok_or_else(|| StoreError::Invalid("a running record has no lease".into()))?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_value_keeps_its_definition_byte_for_byte_and_tells_a_delete_apart() {
+        let header = JobHeader { job: "a\nb".into(), changed_by: "ann".into(), changed_at: 5 };
+        let spec = "{\"x\": \"line\nbreak \\\" \u{1}\"}";
+        let value = encode_job(&header, Some(spec));
+        assert_eq!(value.len(), encode(&header).len() + 1 + spec.len(), "the definition is not escaped");
+        assert_eq!(decode_job(&value, "job").unwrap(), (header.clone(), Some(spec.to_owned())));
+        assert_eq!(decode_job(&encode_job(&header, None), "job").unwrap(), (header, None));
+        assert!(decode_job(b"{\"job\":1}\n{}", "job").is_err());
+    }
 }

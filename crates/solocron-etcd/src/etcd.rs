@@ -107,13 +107,26 @@ const FAMILY_PAGES_MAX: usize = 10_000;
 pub(crate) async fn range_all(
     client: &Client,
     what: &str,
-    (start, end): (&str, &str),
+    range: (&str, &str),
     keys_only: bool,
     revision: i64,
 ) -> Result<(Vec<KeyValue>, i64), StoreError> {
+    range_paged(client, what, range, keys_only, revision, FAMILY_PAGE).await
+}
+
+/// [`range_all`] in pages of `page` keys, for values too large for [`FAMILY_PAGE`] of them
+/// to fit one message.
+pub(crate) async fn range_paged(
+    client: &Client,
+    what: &str,
+    (start, end): (&str, &str),
+    keys_only: bool,
+    revision: i64,
+    page: i64,
+) -> Result<(Vec<KeyValue>, i64), StoreError> {
     let (mut out, mut from, mut at) = (Vec::new(), start.to_owned(), revision);
     for _ in 0..FAMILY_PAGES_MAX {
-        let mut options = GetOptions::new().with_range(end).with_limit(FAMILY_PAGE).with_revision(at);
+        let mut options = GetOptions::new().with_range(end).with_limit(page).with_revision(at);
         if keys_only {
             options = options.with_keys_only();
         }
@@ -133,7 +146,7 @@ pub(crate) async fn range_all(
             _ => return Ok((out, at)),
         }
     }
-    Err(StoreError::Invalid(format!("{what}: more than {} keys", FAMILY_PAGE as usize * FAMILY_PAGES_MAX)))
+    Err(StoreError::Invalid(format!("{what}: more than {} keys", page as usize * FAMILY_PAGES_MAX)))
 }
 
 /// The revision at which a response was applied.

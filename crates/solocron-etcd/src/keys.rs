@@ -12,6 +12,10 @@
 //! | `{p}node/{node}/beat` | a node's last heartbeat (JSON) | rewritten by every beat |
 //! | `{p}node/{node}/start`, `…/left` | when it started, when it said goodbye (ms) | written only when they change, so a beat needs no read |
 //! | `{p}action/{at_µs↓}/{tag}` | an operator's action (JSON) | the audit log, newest first in key order; `tag` makes the key unique |
+//! | `{p}managed/job/{job}` | a managed job: who, when (JSON), its definition | its revision is the key's `mod_revision` |
+//! | `{p}managed/rev/{job}/{read↓}` | a revision of a managed job: who, when (JSON), the definition it wrote (none: a delete) | `read` is the etcd revision the write read the job at: later writes of a job read later, so its revisions sort newest first |
+//! | `{p}managed/count` | how many managed jobs there are | compared by every write that creates or deletes one |
+//! | `{p}managed/version` | the job last written | put by every write of a managed job: its `mod_revision` is the newest revision, and the request watch watches it |
 //!
 //! `at↓` and `attempt↓` are inverted (larger instants sort first) because etcd serves an
 //! ascending range with a limit cheaply, while a descending (sorted) range makes it read the
@@ -146,6 +150,35 @@ impl Keys {
         }
     }
 
+    /// A managed job's definition.
+    pub(crate) fn managed_job(&self, job: &str) -> String {
+        format!("{}managed/job/{}", self.prefix, escape(job))
+    }
+
+    /// The start of the revision keys of `job`, or of every job's.
+    pub(crate) fn job_revisions(&self, job: Option<&str>) -> String {
+        match job {
+            Some(job) => format!("{}managed/rev/{}/", self.prefix, escape(job)),
+            None => self.family("managed/rev"),
+        }
+    }
+
+    /// A revision of `job`, made by a write that read the job at etcd revision `read_at`:
+    /// later ones sort first.
+    pub(crate) fn job_revision(&self, job: &str, read_at: i64) -> String {
+        format!("{}{}", self.job_revisions(Some(job)), descending(read_at))
+    }
+
+    /// How many managed jobs there are.
+    pub(crate) fn managed_count(&self) -> String {
+        format!("{}managed/count", self.prefix)
+    }
+
+    /// Put by every write of a managed job.
+    pub(crate) fn managed_version(&self) -> String {
+        format!("{}managed/version", self.prefix)
+    }
+
     /// The first request key at or after instant `at`: requests before `at` sort before it.
     pub(crate) fn requests_from(&self, at: i64) -> String {
         format!("{}request/{}", self.prefix, ascending(at))
@@ -222,6 +255,17 @@ mod tests {
         let later = keys.run(&run("x", "2020-01-01T00:02:00Z", 1));
         let earlier = keys.run(&run("x", "2020-01-01T00:00:59.999Z", 1));
         assert!(later < start && earlier >= end);
+    }
+
+    #[test]
+    fn a_jobs_revisions_sort_newest_first_within_its_own_range() {
+        let keys = Keys::new("/p/");
+        let (a, a_slash) = (keys.job_revisions(Some("a")), keys.job_revisions(Some("a/b")));
+        assert!(keys.job_revision("a", 9) < keys.job_revision("a", 8));
+        assert!(keys.job_revision("a", 8).starts_with(&a) && !keys.job_revision("a/b", 8).starts_with(&a));
+        assert!(keys.job_revision("a/b", 8).starts_with(&a_slash));
+        assert!(keys.job_revision("a", 1).starts_with(&keys.job_revisions(None)));
+        assert!(!keys.managed_version().starts_with(&keys.job_revisions(None)));
     }
 
     #[test]

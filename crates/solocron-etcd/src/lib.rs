@@ -54,9 +54,9 @@
 //! ## What etcd lacks: a clock
 //!
 //! etcd has no time API. Instants recorded for information (`claimed_at`, `finished_at`,
-//! `lease_until`, registrations' `first_seen`/`last_seen`, `changed_at`, manual request
-//! ticks, nodes' heartbeats, actions' instants) and [`Store::now`] come from **this
-//! process's clock**, and prune's cutoff too.
+//! `lease_until`, registrations' `first_seen`/`last_seen`, pause switches' and managed
+//! jobs' `changed_at`, manual request ticks, nodes' heartbeats, actions' instants) and
+//! [`Store::now`] come from **this process's clock**, and prune's cutoff too.
 //! `lease_until` is an estimate: this clock just before the lease was granted or kept
 //! alive, plus the length, so it ends no later than etcd's TTL (which starts when etcd
 //! receives the request and is the length rounded up); a claim that reuses a keep-alive
@@ -85,6 +85,9 @@
 //! | `{p}request/{at}/{job}` | a manual run request (JSON), oldest first |
 //! | `{p}node/{node}/beat`, `…/start`, `…/left` | a node's last heartbeat (JSON), its start, its goodbye |
 //! | `{p}action/{at↓}/{tag}` | an operator's action (JSON), newest first: the audit log |
+//! | `{p}managed/job/{job}` | a managed job: who and when (a JSON line), then its definition as given |
+//! | `{p}managed/rev/{job}/{read↓}` | a revision of a managed job, the same way (no definition: a delete), newest first |
+//! | `{p}managed/count`, `…/version` | how many managed jobs there are; the key every write of one puts |
 //!
 //! [`Store::migrate`] writes (or checks) the layout version; the other steps do not read it.
 //!
@@ -109,6 +112,23 @@
 //!   key order, within the `since`/`until` window, at one revision; at most
 //!   [`HISTORY_SCAN_MAX`] records are read per call. Queries for `running` runs read the
 //!   job guards instead.
+//!
+//! ## Managed jobs
+//!
+//! A revision of a managed job is the etcd revision of the `Txn` that wrote it: etcd numbers
+//! its transactions in the order it applies them, so revisions follow commit order and are
+//! never reused (they are not 1, 2, 3: every other write in the cluster takes a number too).
+//! [`Store::put_job`] and [`Store::delete_job`] are a read and one `Txn` comparing the job
+//! key's revision (and, when they create or delete a job, the count key's, which keeps
+//! [`MANAGED_JOBS_MAX`](solocron_core::MANAGED_JOBS_MAX) exact), decided again on a lost
+//! compare (bounded); the `Txn` also appends the revision and puts the version key, which
+//! the request watch watches, so nodes waiting on it read the change at once. Then a count
+//! of the revisions: at most [`JOB_REVISIONS_KEPT_MAX`] are kept per prefix, the oldest (of
+//! any job; a job's present definition stays however old it is) dropped beyond that.
+//! [`Store::managed_version`] is one read of the version key's revision;
+//! [`Store::managed_jobs`] reads pages of 200 at one revision; [`Store::job_revisions`]
+//! of one job reads its keys in order, of every job has etcd sort the whole (bounded)
+//! range by revision; then one read of the values.
 //!
 //! ## Example
 //!
@@ -149,7 +169,9 @@
 //! - `admin.rs`: history, now, registry, pause switches, manual requests, prune.
 //! - `fleet.rs`: node heartbeats (one `Txn`, no read) and the audit log (an action is one
 //!   more put in the `Txn` of the step it records; at most [`ACTIONS_KEPT_MAX`] are kept).
-//! - `watch.rs`: the request watch (an etcd watch).
+//! - `managed.rs`: managed jobs and their revisions.
+//! - `watch.rs`: the request watch (etcd watches of the request keys and of the managed
+//!   jobs' version key, on one stream).
 //! - `error.rs`: etcd client errors as [`StoreError`]s.
 //! - `keys.rs`: the key layout; `codec.rs`: the stored values (JSON).
 //! - `etcd.rs`: bounded calls, transactions, paged reads and lease primitives.
@@ -164,6 +186,7 @@ mod etcd;
 mod fleet;
 mod keys;
 mod leases;
+mod managed;
 mod runs;
 mod schema;
 mod url;
@@ -178,14 +201,15 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use etcd_client::{Client, ConnectOptions};
 use solocron_core::{
-    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease,
-    NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId,
-    RunRecord, RunRequest, Store, StoreError, Tick,
+    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
+    JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
+    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
 
 pub use admin::HISTORY_SCAN_MAX;
 pub use etcd::TXN_OPS_MAX;
 pub use fleet::ACTIONS_KEPT_MAX;
+pub use managed::JOB_REVISIONS_KEPT_MAX;
 
 use error::in_context;
 use keys::Keys;
@@ -387,5 +411,25 @@ impl Store for EtcdStore {
 
     async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
         fleet::actions(self, query).await
+    }
+
+    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        managed::put_job(self, job, spec, by, expect).await
+    }
+
+    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        managed::delete_job(self, job, by, expect).await
+    }
+
+    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
+        managed::managed_jobs(self).await
+    }
+
+    async fn managed_version(&self) -> Result<u64, StoreError> {
+        managed::managed_version(self).await
+    }
+
+    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
+        managed::job_revisions(self, job, limit).await
     }
 }

@@ -1,5 +1,7 @@
-//! The etcd [`RequestWatch`]: an etcd watch on the run-request keys, so that an idle node
-//! learns of `solocron trigger` without reading the requests twice a second.
+//! The etcd [`RequestWatch`]: an etcd watch on the run-request keys and one on the managed
+//! jobs' version key (put by every write of a managed job), both on one watch stream, so
+//! that an idle node learns of `solocron trigger` and of a changed managed job without
+//! reading the store twice a second. Nothing else writes these keys: an idle watch is quiet.
 
 use std::time::Duration;
 
@@ -12,32 +14,41 @@ use solocron_core::RequestWatch;
 /// while etcd is unreachable.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Watches every key under the requests family for puts.
+/// Watches every key under the requests family, and the managed jobs' version key, for puts.
 pub(crate) struct EtcdRequestWatch {
     client: Client,
     family: String,
+    version: String,
     stream: Option<WatchStream>,
 }
 
 impl EtcdRequestWatch {
-    pub(crate) fn new(client: Client, family: String) -> EtcdRequestWatch {
-        EtcdRequestWatch { client, family, stream: None }
+    pub(crate) fn new(client: Client, family: String, version: String) -> EtcdRequestWatch {
+        EtcdRequestWatch { client, family, version, stream: None }
     }
 
-    /// Makes the watch and waits until etcd confirms it is in place: a request put after
-    /// this returns is seen.
+    /// Makes both watches and waits until etcd confirms each is in place: a request or a
+    /// managed job put after this returns is seen.
     async fn make(&mut self) -> Result<WatchStream, etcd_client::Error> {
-        let options = WatchOptions::new().with_prefix().with_filters([WatchFilterType::NoDelete]);
-        let mut stream = self.client.watch(self.family.clone(), Some(options)).await?;
-        loop {
-            match stream.message().await? {
-                Some(resp) if resp.created() && !resp.canceled() => return Ok(stream),
-                Some(resp) if resp.canceled() => {
-                    return Err(etcd_client::Error::WatchError(format!("watch refused: {}", resp.cancel_reason())))
-                }
-                Some(_) => {}
-                None => return Err(etcd_client::Error::WatchError("watch closed before it was made".into())),
+        let puts = || WatchOptions::new().with_filters([WatchFilterType::NoDelete]);
+        let mut stream = self.client.watch(self.family.clone(), Some(puts().with_prefix())).await?;
+        created(&mut stream).await?;
+        stream.watch(self.version.clone(), Some(puts())).await?;
+        created(&mut stream).await?;
+        Ok(stream)
+    }
+}
+
+/// Waits for etcd to confirm the watch just asked for on `stream`.
+async fn created(stream: &mut WatchStream) -> Result<(), etcd_client::Error> {
+    loop {
+        match stream.message().await? {
+            Some(resp) if resp.created() && !resp.canceled() => return Ok(()),
+            Some(resp) if resp.canceled() => {
+                return Err(etcd_client::Error::WatchError(format!("watch refused: {}", resp.cancel_reason())))
             }
+            Some(_) => {}
+            None => return Err(etcd_client::Error::WatchError("watch closed before it was made".into())),
         }
     }
 }
@@ -49,7 +60,7 @@ impl RequestWatch for EtcdRequestWatch {
             match self.make().await {
                 Ok(stream) => self.stream = Some(stream),
                 Err(err) => {
-                    tracing::debug!(error = %err, "cannot watch run requests; reading them every second");
+                    tracing::debug!(error = %err, "cannot watch run requests and managed jobs; reading them every second");
                     tokio::time::sleep(RETRY_AFTER).await;
                 }
             }
@@ -72,7 +83,9 @@ impl RequestWatch for EtcdRequestWatch {
     }
 }
 
-/// The store's request watch: an etcd watch on its prefix's request keys.
+/// The store's request watch: etcd watches on its prefix's request keys and managed jobs'
+/// version key.
 pub(crate) fn watch(store: &crate::EtcdStore) -> Box<dyn RequestWatch> {
-    Box::new(EtcdRequestWatch::new(store.client.clone(), store.keys.family("request")))
+    let keys = &store.keys;
+    Box::new(EtcdRequestWatch::new(store.client.clone(), keys.family("request"), keys.managed_version()))
 }

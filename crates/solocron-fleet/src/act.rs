@@ -28,7 +28,7 @@ pub struct Actor {
 }
 
 impl Actor {
-    fn check(&self) -> Result<(), FleetError> {
+    pub(crate) fn check(&self) -> Result<(), FleetError> {
         if self.by.is_empty() || self.by.len() > ACTOR_BYTES_MAX {
             return Err(FleetError::bad("by", format!("1 to {ACTOR_BYTES_MAX} bytes")));
         }

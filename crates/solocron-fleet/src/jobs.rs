@@ -6,13 +6,13 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use futures_util::{stream, StreamExt as _, TryStreamExt as _};
 use solocron_core::{
-    ActionQuery, HistoryQuery, JobControl, Liveness, NodeRecord, Registration, RunRecord, RunState, Schedule, Store,
-    JOBS_ASKED_MAX, RECORDS_PAGE_MAX,
+    ActionQuery, HistoryQuery, JobControl, Liveness, ManagedJob, NodeRecord, Registration, RunRecord, RunState,
+    Schedule, Store, JOBS_ASKED_MAX, RECORDS_PAGE_MAX,
 };
 
 use crate::views::{
-    ActionView, FireTime, JobDetail, JobPage, JobSummary, NodeView, PauseView, RecentRun, RegistrationView, RunView,
-    RECENT_RUNS_MAX,
+    ActionView, FireTime, JobDetail, JobPage, JobSummary, ManagedView, NodeView, PauseView, RecentRun,
+    RegistrationView, RunView, RECENT_RUNS_MAX,
 };
 use crate::{Declared, FleetError, KNOWN_NAMES_SHOWN_MAX};
 
@@ -63,6 +63,8 @@ pub struct Fleet {
     declared: Vec<Declared>,
     registry: Registry,
     controls: Vec<JobControl>,
+    /// The managed jobs, by name.
+    managed: Vec<ManagedJob>,
     nodes: Vec<NodeRecord>,
     /// The nodes alive at `now`, by id.
     alive: std::collections::HashSet<String>,
@@ -76,6 +78,13 @@ pub struct Fleet {
 enum Registry {
     Whole(Registrations),
     Names(Vec<String>),
+}
+
+/// A managed job's schedule, read from its definition's `schedule` and `timezone`.
+fn managed_schedule(m: &ManagedJob) -> Option<Schedule> {
+    let spec: serde_json::Value = serde_json::from_str(&m.spec).ok()?;
+    let zone = spec.get("timezone").and_then(serde_json::Value::as_str).unwrap_or("UTC");
+    Schedule::parse(spec.get("schedule")?.as_str()?, zone).ok()
 }
 
 /// Registrations sorted by job, then node: a job's are found by binary search, so a page
@@ -114,12 +123,13 @@ impl Fleet {
 
     async fn read_with(store: &dyn Store, declared: Vec<Declared>, registry: Registry) -> Result<Fleet, FleetError> {
         let controls = store.controls().await?;
+        let managed = store.managed_jobs().await?;
         let nodes = store.nodes().await?;
         let q = HistoryQuery { state: Some(RunState::Running), limit: RECORDS_PAGE_MAX, ..HistoryQuery::default() };
         let running = store.history(&q).await?;
         let now = store.now().await?;
         let alive = nodes.iter().filter(|n| n.liveness(now) == Liveness::Alive).map(|n| n.beat.node.clone()).collect();
-        Ok(Fleet { declared, registry, controls, nodes, alive, running, now })
+        Ok(Fleet { declared, registry, controls, managed, nodes, alive, running, now })
     }
 
     /// The registrations of `jobs`: from the whole registry if it was read, else from the
@@ -149,6 +159,7 @@ impl Fleet {
             Registry::Names(names) => names.iter().cloned().collect(),
         };
         n.extend(self.controls.iter().map(|c| c.job.clone()));
+        n.extend(self.managed.iter().map(|m| m.job.clone()));
         n.extend(self.declared.iter().map(|d| d.name.clone()));
         n
     }
@@ -168,7 +179,8 @@ impl Fleet {
         Err(FleetError::UnknownJob { job: job.to_owned(), known })
     }
 
-    /// The job's schedule: the reader's configuration's, else the newest registration's
+    /// The job's schedule: the reader's configuration's, else its managed definition's, else
+    /// the newest registration's
     /// (see [`Fleet::read_names`]).
     pub fn schedule(&self, job: &str) -> Option<Schedule> {
         self.schedule_in(self.whole().map_or(&[], |all| all.of(job)), job)
@@ -177,6 +189,9 @@ impl Fleet {
     fn schedule_in(&self, registrations: &[Registration], job: &str) -> Option<Schedule> {
         if let Some(d) = self.declared.iter().find(|d| d.name == job) {
             return Some(d.schedule.clone());
+        }
+        if let Some(s) = self.managed_job(job).and_then(managed_schedule) {
+            return Some(s);
         }
         let r = registrations.iter().max_by_key(|r| r.last_seen)?;
         Schedule::parse(&r.definition.schedule, &r.definition.timezone).ok()
@@ -221,6 +236,11 @@ impl Fleet {
         let live: Vec<&Registration> = registrations.iter().filter(|r| self.alive(&r.node)).collect();
         let hashes: BTreeSet<&str> = live.iter().map(|r| r.definition.definition_hash.as_str()).collect();
         (hashes.len() > 1, !registrations.is_empty() && live.is_empty())
+    }
+
+    /// The managed job `job`, if it is one.
+    fn managed_job(&self, job: &str) -> Option<&ManagedJob> {
+        self.managed.iter().find(|m| m.job == job)
     }
 
     /// Who paused `job`, when and why, while it is paused (as read with the fleet).
@@ -317,6 +337,11 @@ impl Fleet {
             stale,
             nodes: registrations.iter().map(|r| r.node.clone()).collect(),
             declared_in: self.declared.iter().find(|d| d.name == job).map(|d| d.source.clone()),
+            managed: self.managed_job(job).map(|m| ManagedView {
+                revision: m.revision,
+                changed_by: m.changed_by.clone(),
+                changed_at: m.changed_at,
+            }),
         }
     }
 
@@ -353,6 +378,7 @@ impl Fleet {
             counts_24h: counts,
             recent_runs: recent.iter().map(RunView::from).collect(),
             actions: actions.iter().map(ActionView::from).collect(),
+            definition: self.managed_job(job).and_then(|m| serde_json::from_str(&m.spec).ok()),
         })
     }
 

@@ -25,6 +25,7 @@
 
 mod act;
 mod jobs;
+mod managed;
 mod runs;
 mod views;
 
@@ -32,10 +33,11 @@ use solocron_core::{Schedule, StoreError};
 
 pub use act::{pause, resume, trigger, unlock, Actor, Triggered, TRIGGER_WAIT_MAX};
 pub use jobs::{Fleet, JobFilter, JobStateFilter, JOBS_PAGE_MAX};
+pub use managed::{check_writable, delete_job, put_job, revisions, JobWritten, RevisionView, SpecCheck};
 pub use runs::{parse_run_id, run_detail, runs_page, RunFilter, RUNS_PAGE_MAX};
 pub use views::{
-    ActionView, FireTime, JobDetail, JobPage, JobSummary, NodeView, PauseView, RecentRun, RegistrationView, RunDetail,
-    RunPage, RunView,
+    ActionView, FireTime, JobDetail, JobPage, JobSummary, ManagedView, NodeView, PauseView, RecentRun,
+    RegistrationView, RunDetail, RunPage, RunView,
 };
 
 /// A job the reader knows from its own configuration (not only from the store).
@@ -71,6 +73,10 @@ pub enum FleetError {
     /// The thing asked for does not exist (a run id with no record).
     #[error("{0}")]
     NotFound(String),
+    /// The write conflicts with the state: the job changed meanwhile, or a configuration
+    /// declares it.
+    #[error("{0}")]
+    Conflict(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -129,6 +129,19 @@ pub struct JobSummary {
     pub nodes: Vec<String>,
     /// The configuration file that declares it, where the reader has one.
     pub declared_in: Option<String>,
+    /// Its newest revision, when it is a managed job (defined in the store).
+    pub managed: Option<ManagedView>,
+}
+
+/// Where a managed job's definition stands.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ManagedView {
+    /// The revision that wrote its definition.
+    pub revision: u64,
+    /// Who wrote it.
+    pub changed_by: String,
+    /// When (store clock).
+    pub changed_at: DateTime<Utc>,
 }
 
 /// Most runs in a job's strip of recent runs.
@@ -236,6 +249,9 @@ pub struct JobDetail {
     pub recent_runs: Vec<RunView>,
     /// The newest operator actions on it.
     pub actions: Vec<ActionView>,
+    /// A managed job's definition (the keys of a `[[jobs]]` entry), to edit and put back.
+    #[schema(value_type = Option<Object>)]
+    pub definition: Option<serde_json::Value>,
 }
 
 /// One node as the fleet sees it.

@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use solocron_core::{ActionQuery, RunState};
 use solocron_fleet::{
-    ActionView, Actor, Fleet, JobDetail, JobFilter, JobPage, JobStateFilter, NodeView, RunDetail, RunFilter, RunPage,
-    RunView, Triggered,
+    ActionView, Actor, Fleet, JobDetail, JobFilter, JobPage, JobStateFilter, JobWritten, NodeView, RevisionView,
+    RunDetail, RunFilter, RunPage, RunView, Triggered,
 };
 use utoipa::{IntoParams, ToSchema};
 
@@ -120,6 +120,113 @@ pub async fn jobs(
 pub async fn job(_: Caller, State(state): State<AppState>, Segment(job): Segment) -> Result<Json<JobDetail>, Problem> {
     let fleet = fleet(&state).await?;
     Ok(Json(fleet.job(state.store(), &job).await?))
+}
+
+/// The revision a write expects, from `If-Match: "7"` (the job is at revision 7) or
+/// `If-None-Match: *` (the job does not exist yet); neither: whatever it is.
+pub struct Expect(pub Option<u64>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Expect {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Problem> {
+        let header = |name| parts.headers.get(name).map(|v| v.to_str().unwrap_or("").trim().to_owned());
+        if header(axum::http::header::IF_NONE_MATCH).as_deref() == Some("*") {
+            return Ok(Expect(Some(0)));
+        }
+        match header(axum::http::header::IF_MATCH) {
+            None => Ok(Expect(None)),
+            Some(v) => v.trim_matches('"').parse::<u64>().map(|r| Expect(Some(r))).map_err(|_| {
+                Problem::bad_param("If-Match", "the revision the job is expected at, e.g. \"7\" (from GET or a write)")
+            }),
+        }
+    }
+}
+
+/// The conditional headers of a managed job's write, as the OpenAPI document describes them
+/// ([`Expect`] reads them).
+#[allow(dead_code)]
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct WriteHeaders {
+    /// Write only if the job is at this revision, e.g. `"7"` (from a GET or a write).
+    #[serde(rename = "If-Match")]
+    #[param(pattern = r#"^"?[0-9]{1,19}"?$"#)]
+    pub if_match: Option<String>,
+    /// `*`: write only if the job does not exist yet.
+    #[serde(rename = "If-None-Match")]
+    #[param(pattern = r"^\*$")]
+    pub if_none_match: Option<String>,
+}
+
+/// Creates or replaces a managed job: its definition is a `[[jobs]]` entry's keys (without
+/// `name`), checked exactly as a configuration's job; every change is a revision.
+#[utoipa::path(put, path = "/api/v1/jobs/{job}", tag = "jobs",
+    params(("job" = String, Path, description = "The job's name"), WriteHeaders),
+    request_body(content = Object, content_type = "application/json", description = "The definition: schedule, timezone, http = {...}, lease, timeout, overlap, ..."),
+    responses((status = 200, body = JobWritten), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 409, body = Problem, content_type = "application/problem+json"), (status = 501, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn put_job(
+    caller: Caller,
+    State(state): State<AppState>,
+    Segment(job): Segment,
+    Expect(expect): Expect,
+    Body(definition): Body<serde_json::Map<String, serde_json::Value>>,
+) -> Result<Json<JobWritten>, Problem> {
+    let actor = Actor { by: caller.operator()?.to_owned(), reason: None };
+    let Some(check) = state.job_specs() else {
+        return Err(Problem::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "this server does not write managed jobs (no definition checker)",
+        ));
+    };
+    let spec = serde_json::Value::Object(definition);
+    let declared = state.declared();
+    Ok(Json(solocron_fleet::put_job(state.store(), &declared, check, &job, &spec, &actor, expect).await?))
+}
+
+/// Deletes a managed job; a run of it in progress finishes.
+#[utoipa::path(delete, path = "/api/v1/jobs/{job}", tag = "jobs",
+    params(("job" = String, Path, description = "The job's name"), WriteHeaders),
+    responses((status = 200, body = JobWritten), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn delete_job(
+    caller: Caller,
+    State(state): State<AppState>,
+    Segment(job): Segment,
+    Expect(expect): Expect,
+) -> Result<Json<JobWritten>, Problem> {
+    let actor = Actor { by: caller.operator()?.to_owned(), reason: None };
+    Ok(Json(solocron_fleet::delete_job(state.store(), &job, &actor, expect).await?))
+}
+
+/// Query of a job's revisions.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct RevisionsQuery {
+    /// At most this many (1..=1000, default 50).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
+}
+
+/// A managed job's revisions, newest first: who changed what, and when.
+#[utoipa::path(get, path = "/api/v1/jobs/{job}/revisions", tag = "jobs",
+    params(("job" = String, Path, description = "The job's name"), RevisionsQuery),
+    responses((status = 200, body = Vec<RevisionView>), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = []), ()))]
+pub async fn revisions(
+    _: Caller,
+    State(state): State<AppState>,
+    Segment(job): Segment,
+    Query(q): Query<RevisionsQuery>,
+) -> Result<Json<Vec<RevisionView>>, Problem> {
+    let limit = match q.limit {
+        None => 50,
+        Some(n @ 1..=solocron_core::REVISIONS_PAGE_MAX) => n,
+        Some(_) => return Err(Problem::bad_param("limit", format!("1 to {}", solocron_core::REVISIONS_PAGE_MAX))),
+    };
+    Ok(Json(solocron_fleet::revisions(state.store(), Some(&job), limit).await?))
 }
 
 /// Body of pause and resume.

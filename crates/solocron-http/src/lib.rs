@@ -61,6 +61,9 @@ pub struct HttpOptions {
     pub declared: DeclaredJobs,
     /// Where `/metrics` renders from ([`install_prometheus`]); none: `/metrics` answers 404.
     pub prometheus: Option<PrometheusHandle>,
+    /// How a managed job's definition is checked before it is written (the CLI's
+    /// configuration rules); none: managed jobs are read-only here (writes answer 501).
+    pub job_specs: Option<Arc<dyn solocron_fleet::SpecCheck>>,
 }
 
 /// The jobs a process declares in its configuration, shared with the server: a reloaded
@@ -105,6 +108,9 @@ impl AppState {
     pub(crate) fn declared(&self) -> Arc<Vec<Declared>> {
         self.0.options.declared.get()
     }
+    pub(crate) fn job_specs(&self) -> Option<&dyn solocron_fleet::SpecCheck> {
+        self.0.options.job_specs.as_deref()
+    }
     pub(crate) fn prometheus(&self) -> Option<&PrometheusHandle> {
         self.0.options.prometheus.as_ref()
     }
@@ -134,7 +140,8 @@ pub fn router(store: Arc<dyn Store>, options: HttpOptions) -> Router {
     let state = AppState(Arc::new(Inner { store, options }));
     let api = Router::new()
         .route("/jobs", get(api::jobs))
-        .route("/jobs/{job}", get(api::job))
+        .route("/jobs/{job}", get(api::job).put(api::put_job).delete(api::delete_job))
+        .route("/jobs/{job}/revisions", get(api::revisions))
         .route("/jobs/{job}/trigger", post(api::trigger))
         .route("/jobs/{job}/pause", post(api::pause))
         .route("/jobs/{job}/resume", post(api::resume))

@@ -75,6 +75,7 @@ impl From<FleetError> for Problem {
                 Problem::new(StatusCode::NOT_FOUND, e.to_string())
             }
             FleetError::BadParam { param, message } => Problem::bad_param(param, message),
+            FleetError::Conflict(_) => Problem::new(StatusCode::CONFLICT, e.to_string()),
             FleetError::Store(s) => {
                 // The store's message is already masked (no credentials); it helps the operator.
                 tracing::warn!(error = %s, "HTTP API: store call failed");

@@ -136,8 +136,10 @@
 //! counters, also the claim's per-job locks), `{p}jobs` (pauses), `{p}registry` (which node
 //! runs which job), `{p}requests` (manual run requests), `{p}nodes` (each node's last
 //! heartbeat, by the server's clock), `{p}actions` (the audit log of operators' actions,
-//! written in the transaction of the action) and `{p}schema` (the version); the stored
-//! procedure `{p}claim_one`; the named lock `{p}migrate`. [`Store::migrate`] creates
+//! written in the transaction of the action), `{p}managed` (jobs defined in the
+//! store), `{p}job_revisions` (every change of one), `{p}managed_version` (the store-wide
+//! revision counter, whose row lock orders their writers) and `{p}schema` (the version);
+//! the stored procedure `{p}claim_one`; the named lock `{p}migrate`. [`Store::migrate`] creates
 //! them; [`Store::uninstall`] drops them.
 //!
 //! ## Code map
@@ -154,6 +156,8 @@
 //!   registrations, pauses, manual requests, unlock, prune.
 //! - `fleet.rs`: node heartbeats (one upsert each), and the audit log, appended inside the
 //!   transaction of the action it records.
+//! - `managed.rs`: managed jobs and their revisions (one transaction per write, under the
+//!   revision counter's row lock). This store has no request watch: nodes poll the version.
 //! - `text.rs`: statements sent as SQL text: values written in as literals, multi-statement
 //!   queries, transactions begun and ended by hand.
 //! - `records.rs`: rows decoded into the core's types, and values checked on their way in.
@@ -193,6 +197,7 @@ mod claim;
 mod claim_one;
 mod error;
 mod fleet;
+mod managed;
 mod records;
 mod runs;
 mod schema;
@@ -205,9 +210,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease,
-    NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome, Registration, Renewal, RunEnd, RunId, RunRecord,
-    RunRequest, Store, StoreError, Tick,
+    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
+    JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
+    Registration, Renewal, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection, Executor};
@@ -444,6 +449,26 @@ impl Store for MySqlStore {
 
     async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
         fleet::actions(self, query).await
+    }
+
+    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        managed::put_job(self, job, spec, by, expect).await
+    }
+
+    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        managed::delete_job(self, job, by, expect).await
+    }
+
+    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
+        managed::managed_jobs(self).await
+    }
+
+    async fn managed_version(&self) -> Result<u64, StoreError> {
+        managed::managed_version(self).await
+    }
+
+    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
+        managed::job_revisions(self, job, limit).await
     }
 }
 

@@ -17,8 +17,10 @@ const NOW_MS: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)";
 
 /// The schema version this crate writes and understands. Version 2 added the stored
 /// procedure `{p}claim_one` ([`claim_one_procedure`], called by [`crate::claim_one`]) to
-/// version 1's tables; version 3 the tables `{p}nodes` and `{p}actions`.
-const SCHEMA_VERSION: i64 = 3;
+/// version 1's tables; version 3 the tables `{p}nodes` and `{p}actions`; version 4 the
+/// managed jobs' tables `{p}managed`, `{p}job_revisions` and `{p}managed_version`
+/// (with its one row, [`SEED_COUNTER`]).
+const SCHEMA_VERSION: i64 = 4;
 
 /// How long `migrate` waits for another node's migration, in seconds.
 const LOCK_WAIT_S: i64 = 30;
@@ -111,7 +113,34 @@ const TABLES: &[&str] = &[
         KEY {p}actions_newest (done_at, id),
         KEY {p}actions_job (job, done_at, id)
     )",
+    // Version 4: managed jobs (`managed.rs`), one row per live job; a spec is at most
+    // `JOB_SPEC_BYTES_MAX` (16 KiB), which a `TEXT` holds.
+    "CREATE TABLE IF NOT EXISTS {p}managed (
+        job VARCHAR(191) NOT NULL PRIMARY KEY,
+        spec TEXT NOT NULL,
+        revision BIGINT NOT NULL,
+        changed_by TEXT NOT NULL,
+        changed_at BIGINT NOT NULL
+    )",
+    // Version 4: every change of a managed job (`spec` NULL: a delete); the key by job
+    // serves a job's revisions newest first.
+    "CREATE TABLE IF NOT EXISTS {p}job_revisions (
+        revision BIGINT NOT NULL PRIMARY KEY,
+        job VARCHAR(191) NOT NULL,
+        spec TEXT NULL,
+        changed_by TEXT NOT NULL,
+        changed_at BIGINT NOT NULL,
+        KEY {p}job_revisions_job (job, revision)
+    )",
+    // Version 4: the store-wide revision counter, one row, whose lock orders the writers.
+    "CREATE TABLE IF NOT EXISTS {p}managed_version (
+        id TINYINT NOT NULL PRIMARY KEY,
+        revision BIGINT NOT NULL
+    )",
 ];
+
+/// The revision counter's one row (version 4), created if missing: idempotent.
+const SEED_COUNTER: &str = "INSERT IGNORE INTO {p}managed_version (id, revision) VALUES (1, 0)";
 
 /// The longest pause reason written as it is, in characters: 4 bytes each at most, so it
 /// always fits a `TEXT` column ([`TEXT_BYTES_MAX`] bytes); longer ones are cut to it.
@@ -180,7 +209,19 @@ fn claim_one_procedure() -> String {
 }
 
 /// The tables' names without the prefix, as [`TABLES`] creates them, for [`uninstall`].
-const TABLE_NAMES: [&str; 8] = ["schema", "runs", "fences", "jobs", "registry", "requests", "nodes", "actions"];
+const TABLE_NAMES: [&str; 11] = [
+    "schema",
+    "runs",
+    "fences",
+    "jobs",
+    "registry",
+    "requests",
+    "nodes",
+    "actions",
+    "managed",
+    "job_revisions",
+    "managed_version",
+];
 
 /// `template` with `{p}` replaced by the table prefix and `NOW_MS` by the server clock.
 /// The prefix comes from a [`Prefix`](solocron_core::Prefix) (`[a-z0-9_]`), so it never
@@ -267,6 +308,7 @@ async fn create(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<
     match version {
         None => {
             create_procedures(store, conn).await?;
+            conn.execute(store.sql(SEED_COUNTER).as_str()).await?;
             sqlx::query(&store.sql("INSERT INTO {p}schema (id, version) VALUES (1, ?)"))
                 .bind(SCHEMA_VERSION)
                 .execute(&mut **conn)
@@ -277,11 +319,15 @@ async fn create(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<
         Some(SCHEMA_VERSION) => Ok(()),
         Some(v) if v < SCHEMA_VERSION => {
             // Version 1 → 2: the procedure is new; 2 → 3: the tables above are (created
-            // already). Each step is idempotent, so a migration cut off before the version is
+            // already); 3 → 4: so are the managed jobs' tables, and the counter's row is
+            // new. Each step is idempotent, so a migration cut off before the version is
             // written is redone. The procedure is left alone from version 2 on: nodes of that
             // version call it while others migrate.
             if v < 2 {
                 create_procedures(store, conn).await?;
+            }
+            if v < 4 {
+                conn.execute(store.sql(SEED_COUNTER).as_str()).await?;
             }
             sqlx::query(&store.sql("UPDATE {p}schema SET version = ?"))
                 .bind(SCHEMA_VERSION)

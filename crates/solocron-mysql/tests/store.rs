@@ -521,18 +521,18 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, 3);
+    assert_eq!(version, 4);
     assert!(matches!(store.claim(&one).await.expect("claim")[..], [ClaimOutcome::Won(_)]));
     assert_eq!(store.claim(&one).await.expect("claim"), vec![ClaimOutcome::Taken]);
     store.set_paused("backup", true, "ops", None).await.expect("the audit log is there");
-    sqlx::query(&format!("UPDATE {p}schema SET version = 4")).execute(&pool).await.expect("a newer schema");
+    sqlx::query(&format!("UPDATE {p}schema SET version = 5")).execute(&pool).await.expect("a newer schema");
     let refused = store.migrate().await.expect_err("a newer schema is refused");
-    assert!(refused.to_string().contains("schema version 4"), "{refused}");
+    assert!(refused.to_string().contains("schema version 5"), "{refused}");
     pool.close().await;
 }
 
-/// A schema of version 2 (before the nodes and actions tables) is brought to version 3 by
-/// `migrate`, keeping its data; heartbeats and the audit log then work on it.
+/// A schema of version 2 (before the nodes and actions tables) is brought to the current
+/// version by `migrate`, keeping its data; heartbeats and the audit log then work on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_version_2_schema_gets_the_nodes_and_actions_tables() {
     let Some(ns) = Namespace::new().await else { return };
@@ -550,13 +550,46 @@ async fn a_version_2_schema_gets_the_nodes_and_actions_tables() {
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, 3);
+    assert_eq!(version, 4);
     assert_eq!(store.controls().await.expect("controls")[0].reason.as_deref(), Some("disk"), "the switches survive");
     store.heartbeat(&beat).await.expect("heartbeat");
     assert_eq!(store.nodes().await.expect("nodes").len(), 1);
     store.set_paused("sync", false, "bob", None).await.expect("resume");
     let actions = store.actions(&ActionQuery::default()).await.expect("actions");
     assert_eq!(actions.iter().map(|a| (a.kind, a.by.as_str())).collect::<Vec<_>>(), [(ActionKind::Resume, "bob")]);
+    pool.close().await;
+}
+
+/// A schema of version 3 (before managed jobs) is brought to version 4 by `migrate`,
+/// keeping its data; managed jobs are then written from revision 1, and a second migrate
+/// keeps the revision counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_version_3_schema_gets_the_managed_jobs_tables() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
+    store.set_paused("sync", true, "alice", Some("disk")).await.expect("pause");
+    let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
+    let p = &ns.prefix.table_prefix();
+    for sql in [
+        format!("DROP TABLE {p}managed, {p}job_revisions, {p}managed_version"),
+        format!("UPDATE {p}schema SET version = 3"),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.expect("make a version 3 schema");
+    }
+    let spec = r#"{"schedule":"0 * * * * *","command":["true"]}"#;
+    assert!(store.put_job("sync", spec, "ann", None).await.is_err(), "version 3 has no managed jobs");
+    store.migrate().await.expect("migrate from version 3");
+    let version: i64 = sqlx::query_scalar(&format!("SELECT CAST(version AS SIGNED) FROM {p}schema"))
+        .fetch_one(&pool)
+        .await
+        .expect("version");
+    assert_eq!(version, 4);
+    assert_eq!(store.controls().await.expect("controls")[0].reason.as_deref(), Some("disk"), "the switches survive");
+    assert_eq!(store.managed_version().await.expect("version"), 0);
+    let wrote = store.put_job("sync", spec, "ann", Some(0)).await.expect("put");
+    assert_eq!(wrote, solocron_core::JobWrite::Written(1));
+    store.migrate().await.expect("migrate again");
+    assert_eq!(store.managed_version().await.expect("version"), 1, "a second migrate keeps the counter");
     pool.close().await;
 }
 

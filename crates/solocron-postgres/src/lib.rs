@@ -40,9 +40,12 @@
 //! counters, also the claim's per-job locks), `{p}jobs` (pauses), `{p}registry` (which node
 //! runs which job), `{p}requests` (manual run requests), `{p}nodes` (each node's last
 //! heartbeat, by the server's clock), `{p}actions` (the audit log of operators' actions,
-//! written in the transaction of the action) and `{p}schema` (the version); the
-//! functions `{p}claim`, `{p}claim_one` and `{p}claim_taken_first`; the notification
-//! channel `{p}requests`. [`Store::migrate`] creates them; [`Store::uninstall`] drops them.
+//! written in the transaction of the action), `{p}managed` (jobs defined in the
+//! store), `{p}job_revisions` (every change of one), `{p}managed_version` (the store-wide
+//! revision counter, whose row lock orders their writers) and `{p}schema` (the version);
+//! the functions `{p}claim`, `{p}claim_one` and `{p}claim_taken_first`; the notification
+//! channel `{p}requests` (run requests and managed job changes). [`Store::migrate`]
+//! creates them; [`Store::uninstall`] drops them.
 //!
 //! ## Code map
 //!
@@ -58,6 +61,8 @@
 //!   registrations, pauses, manual requests, unlock, prune.
 //! - `fleet.rs`: node heartbeats (one upsert each), and the audit log, appended inside the
 //!   transaction of the action it records.
+//! - `managed.rs`: managed jobs and their revisions (one transaction per write, under the
+//!   revision counter's row lock; it notifies `{p}requests`).
 //! - `watch.rs`: the request watch (`LISTEN` on `{p}requests`).
 //! - `records.rs`: rows decoded into the core's types, and values checked on their way in.
 //! - `error.rs`: sqlx errors as [`StoreError`]s, and the bounded retry of lost conflicts.
@@ -95,6 +100,7 @@ mod claim;
 mod claim_one;
 mod error;
 mod fleet;
+mod managed;
 mod records;
 mod runs;
 mod schema;
@@ -107,9 +113,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease,
-    NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId,
-    RunRecord, RunRequest, Store, StoreError, Tick,
+    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
+    JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
+    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection};
@@ -332,5 +338,25 @@ impl Store for PgStore {
 
     async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
         fleet::actions(self, query).await
+    }
+
+    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        managed::put_job(self, job, spec, by, expect).await
+    }
+
+    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        managed::delete_job(self, job, by, expect).await
+    }
+
+    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
+        managed::managed_jobs(self).await
+    }
+
+    async fn managed_version(&self) -> Result<u64, StoreError> {
+        managed::managed_version(self).await
+    }
+
+    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
+        managed::job_revisions(self, job, limit).await
     }
 }

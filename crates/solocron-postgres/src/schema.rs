@@ -12,7 +12,7 @@ use crate::error::{retrying, Res};
 use crate::PgStore;
 
 /// The schema version this crate writes and understands.
-pub(crate) const SCHEMA_VERSION: i32 = 6;
+pub(crate) const SCHEMA_VERSION: i32 = 7;
 
 /// The store's "now" in SQL: the server clock, in integer milliseconds since the epoch.
 /// `now()` is the start of the current transaction, so one statement (or one transaction)
@@ -21,7 +21,7 @@ pub(crate) const NOW_MS: &str = "floor(extract(epoch FROM now()) * 1000)::bigint
 
 /// The migrations, by the version each one brings the schema to. Later versions append
 /// here; a released step is never edited.
-pub(crate) const MIGRATIONS: &[(i32, &[&str])] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6)];
+pub(crate) const MIGRATIONS: &[(i32, &[&str])] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6), (7, V7)];
 
 const V1: &[&str] = &[
     r#"CREATE TABLE IF NOT EXISTS {p}runs (
@@ -428,6 +428,32 @@ const V6: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS {p}actions_job ON {p}actions (job, done_at, id)",
 ];
 
+/// Version 7: managed jobs (`managed.rs`): one row per live job, one per change of one
+/// (its index serves a job's revisions newest first), and the store-wide revision counter,
+/// one row whose lock orders the writers.
+const V7: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS {p}managed (
+        job TEXT PRIMARY KEY,
+        spec TEXT NOT NULL,
+        revision BIGINT NOT NULL,
+        changed_by TEXT NOT NULL,
+        changed_at BIGINT NOT NULL
+    )",
+    "CREATE TABLE IF NOT EXISTS {p}job_revisions (
+        revision BIGINT PRIMARY KEY,
+        job TEXT NOT NULL,
+        spec TEXT NULL,
+        changed_by TEXT NOT NULL,
+        changed_at BIGINT NOT NULL
+    )",
+    "CREATE INDEX IF NOT EXISTS {p}job_revisions_job ON {p}job_revisions (job, revision)",
+    "CREATE TABLE IF NOT EXISTS {p}managed_version (
+        id SMALLINT PRIMARY KEY CHECK (id = 1),
+        revision BIGINT NOT NULL
+    )",
+    "INSERT INTO {p}managed_version (id, revision) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
+];
+
 /// The claim of a large batch (the same answers as [`CLAIM_FUNCTION`]) in two steps.
 /// First, without locks, one read finds the requests whose tick has a record: they are
 /// `taken` for good (a record is never deleted while its tick can be claimed: the retention
@@ -477,7 +503,19 @@ pub(crate) fn fill(template: &str, prefix: &str) -> String {
 }
 
 /// The tables every version creates (each with its indexes), dropped by [`uninstall`].
-const TABLES: [&str; 8] = ["runs", "fences", "jobs", "registry", "requests", "nodes", "actions", "schema"];
+const TABLES: [&str; 11] = [
+    "runs",
+    "fences",
+    "jobs",
+    "registry",
+    "requests",
+    "nodes",
+    "actions",
+    "managed",
+    "job_revisions",
+    "managed_version",
+    "schema",
+];
 
 /// The functions the migrations create, dropped by [`uninstall`].
 const FUNCTIONS: [&str; 3] = ["claim_taken_first", "claim_one", "claim"];

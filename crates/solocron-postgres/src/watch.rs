@@ -1,6 +1,7 @@
-//! The PostgreSQL [`RequestWatch`]: `LISTEN` on the channel that `request_run` notifies
-//! (`{p}requests`, `{p}` the table prefix), so that an idle node learns of `solocron trigger` without reading
-//! the requests table twice a second.
+//! The PostgreSQL [`RequestWatch`]: `LISTEN` on the channel that `request_run` and the
+//! writes of managed jobs notify (`{p}requests`, `{p}` the table prefix), so that an idle
+//! node learns of `solocron trigger` or a changed job without reading the store twice a
+//! second.
 
 use std::time::Duration;
 

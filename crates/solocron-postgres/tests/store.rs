@@ -166,8 +166,8 @@ async fn a_large_batch_partly_claimed_elsewhere_answers_every_request_in_order()
     assert_eq!(records.len(), batch.len(), "one record per tick");
 }
 
-/// A schema of version 5 (before the nodes and actions tables) is brought to version 6 by
-/// `migrate`, keeping its data; heartbeats and the audit log then work on it.
+/// A schema of version 5 (before the nodes and actions tables) is brought to the current
+/// version by `migrate`, keeping its data; heartbeats and the audit log then work on it.
 #[tokio::test]
 async fn a_version_5_schema_gets_the_nodes_and_actions_tables() {
     let Some(ns) = Namespace::new().await else { return };
@@ -182,13 +182,49 @@ async fn a_version_5_schema_gets_the_nodes_and_actions_tables() {
     assert!(store.heartbeat(&beat).await.is_err(), "version 5 has no nodes table");
     store.migrate().await.expect("migrate from version 5");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
     assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
     store.heartbeat(&beat).await.unwrap();
     assert_eq!(store.nodes().await.unwrap().len(), 1);
     store.set_paused("sync", false, "bob", None).await.unwrap();
     let actions = store.actions(&ActionQuery::default()).await.unwrap();
     assert_eq!(actions.iter().map(|a| (a.kind, a.by.as_str())).collect::<Vec<_>>(), [(ActionKind::Resume, "bob")]);
+    pool.close().await;
+}
+
+/// A schema of version 6 (before managed jobs) is brought to version 7 by `migrate`,
+/// keeping its data; managed jobs are then written from revision 1, and the change wakes
+/// a request watch.
+#[tokio::test]
+async fn a_version_6_schema_gets_the_managed_jobs_tables() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    store.set_paused("sync", true, "alice", Some("disk")).await.unwrap();
+    let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
+    let p = &ns.prefix.table_prefix();
+    for sql in [
+        format!("DROP TABLE {p}managed, {p}job_revisions, {p}managed_version"),
+        format!("UPDATE {p}schema SET version = 6"),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    let spec = r#"{"schedule":"0 * * * * *","command":["true"]}"#;
+    assert!(store.put_job("sync", spec, "ann", None).await.is_err(), "version 6 has no managed jobs");
+    store.migrate().await.expect("migrate from version 6");
+    let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
+    assert_eq!(version, 7);
+    assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
+    assert_eq!(store.managed_version().await.unwrap(), 0);
+    let mut watch = store.request_watch().expect("a watch");
+    watch.changed().await; // in place
+    let (woke, wrote) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(2), watch.changed()),
+        store.put_job("sync", spec, "ann", Some(0))
+    );
+    assert_eq!(wrote.unwrap(), solocron_core::JobWrite::Written(1));
+    assert!(woke.is_ok(), "the write woke the watch");
+    store.migrate().await.expect("migrate again");
+    assert_eq!(store.managed_version().await.unwrap(), 1, "a second migrate keeps the counter");
     pool.close().await;
 }
 
@@ -218,7 +254,7 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
     assert!(store.claim(&one).await.is_err(), "the function of version 5 is missing");
     store.migrate().await.expect("migrate from version 1");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
     let claim: String = sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = $1")
         .bind(format!("{p}claim"))
         .fetch_one(&pool)

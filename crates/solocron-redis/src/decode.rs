@@ -7,8 +7,8 @@ use std::str::FromStr;
 use chrono::{DateTime, Utc};
 use redis::{FromRedisValue, Value};
 use solocron_core::{
-    ActionRecord, ClaimOutcome, JobControl, JobDefinition, Lease, NodeBeat, NodeRecord, Registration, RunId, RunRecord,
-    StoreError, Tick,
+    ActionRecord, ClaimOutcome, JobControl, JobDefinition, JobRevision, JobWrite, Lease, ManagedJob, NodeBeat,
+    NodeRecord, Registration, RunId, RunRecord, StoreError, Tick,
 };
 
 /// A reply of the wrong shape.
@@ -207,6 +207,50 @@ pub(crate) fn action(value: Value) -> Result<ActionRecord, StoreError> {
     })
 }
 
+/// A managed job from its hash (`lua/job_write.lua`).
+pub(crate) fn managed_job(value: Value) -> Result<ManagedJob, StoreError> {
+    let f = Fields::new(value, "managed job")?;
+    Ok(ManagedJob {
+        job: f.text("job")?,
+        spec: f.text("spec")?,
+        revision: f.parse("rev")?,
+        changed_by: f.text("by")?,
+        changed_at: f.instant("at")?,
+    })
+}
+
+/// A revision of a managed job from its hash (no `spec`: a delete).
+pub(crate) fn job_revision(value: Value) -> Result<JobRevision, StoreError> {
+    let f = Fields::new(value, "job revision")?;
+    Ok(JobRevision {
+        job: f.text("job")?,
+        revision: f.parse("rev")?,
+        spec: f.optional("spec").map(str::to_owned),
+        changed_by: f.text("by")?,
+        changed_at: f.instant("at")?,
+    })
+}
+
+/// What `lua/job_write.lua` did: `{'written', rev}`, `{'unchanged', rev or ''}`,
+/// `{'conflict', rev or ''}` or `{'full'}`.
+pub(crate) fn job_write(parts: &[String]) -> Result<JobWrite, StoreError> {
+    let bad = || invalid("job write reply", format!("{parts:?}"));
+    let revision = || -> Result<Option<u64>, StoreError> {
+        match parts.get(1).map(String::as_str) {
+            Some("") => Ok(None),
+            Some(r) => r.parse().map(Some).map_err(|_| bad()),
+            None => Err(bad()),
+        }
+    };
+    match (parts.first().map(String::as_str), parts.len()) {
+        (Some("written"), 2) => Ok(JobWrite::Written(revision()?.ok_or_else(bad)?)),
+        (Some("unchanged"), 2) => Ok(JobWrite::Unchanged(revision()?)),
+        (Some("conflict"), 2) => Ok(JobWrite::Conflict(revision()?)),
+        (Some("full"), 1) => Ok(JobWrite::Full),
+        _ => Err(bad()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,5 +277,17 @@ mod tests {
         assert_eq!((r.fencing_token, r.lease_until, r.reason.as_deref()), (None, None, Some("missed")));
         let broken = bulk(&["job", "j", "at", "x"]);
         assert!(matches!(record(broken), Err(StoreError::Invalid(_))));
+    }
+
+    #[test]
+    fn job_write_replies_decode_and_odd_ones_are_refused() {
+        let reply = |parts: &[&str]| job_write(&parts.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(reply(&["written", "7"]).unwrap(), JobWrite::Written(7));
+        assert_eq!(reply(&["unchanged", ""]).unwrap(), JobWrite::Unchanged(None));
+        assert_eq!(reply(&["conflict", "3"]).unwrap(), JobWrite::Conflict(Some(3)));
+        assert_eq!(reply(&["full"]).unwrap(), JobWrite::Full);
+        for odd in [&["written", ""][..], &["written"], &["conflict", "x"], &["full", "1"], &[]] {
+            assert!(matches!(reply(odd), Err(StoreError::Invalid(_))), "{odd:?}");
+        }
     }
 }

@@ -85,6 +85,8 @@
 //! | `{solocron}:req` / `…reqpend` / `…reqby` | sorted sets / hash | manual requests (`<ms>:<job>`), those with no record yet, who asked |
 //! | `{solocron}:node:<node>` / `…nodes` / `…nodeseen` | hash / sorted sets | a node's last heartbeat / node ids by id (all scored 0) / by `last_seen` |
 //! | `{solocron}:act:<id>` / `…acts` / `…actseq` | hash / sorted set / string | an operator's action / action ids by instant / the id counter |
+//! | `{solocron}:mjob:<job>` / `…mjobs` | hash / sorted set | a managed job: `job spec rev by at` / their names (all scored 0) |
+//! | `{solocron}:mrev:<rev>` / `…mrevs` / `…mjrevs:<job>` / `…mrevseq` | hash / sorted sets / string | a revision of a managed job (`job rev by at`, and `spec` unless it deleted the job) / revisions by number, of all jobs / of one job / the revision counter |
 //! | `{solocron}:epoch` | string | when the present memory began (ms), see below |
 //! | `{solocron}:schema` | string | the layout version (`1`) |
 //!
@@ -106,6 +108,15 @@
 //! [`ACTIONS_KEPT_MAX`] actions per prefix whether pruned or not: each pause, resume,
 //! trigger or unlock appends its action in its own call and drops the oldest beyond that.
 //! A heartbeat is one call that writes one hash and two sorted-set entries.
+//!
+//! Managed jobs ([`Store::put_job`], [`Store::delete_job`]): a write is one call that
+//! compares the job's revision with the expected one, takes the next revision from the
+//! `mrevseq` counter (`INCR`: revisions follow the order the calls ran in), writes the job,
+//! appends the revision and publishes on the request channel (see `watch.rs`), so that
+//! nodes waiting on their request watch read the change at once. At most [`JOB_REVISIONS_KEPT_MAX`]
+//! revisions are kept per prefix: each write drops the oldest beyond that (of any job; a
+//! job's present definition stays however old it is), so [`Store::job_revisions`] may end
+//! before a job's first revision. [`Store::managed_version`] reads the counter.
 //!
 //! ## What Redis guarantees, and what it does not
 //!
@@ -143,8 +154,10 @@
 //! with RDB snapshots forgets the writes since the last snapshot. solocron on such a Redis
 //! keeps these guarantees and loses these things:
 //!
-//! - **Lost:** the run history, the job registry, pause switches (paused jobs run again)
-//!   and pending manual run requests. Operators must pause again what they had paused.
+//! - **Lost:** the run history, the job registry, pause switches (paused jobs run again),
+//!   pending manual run requests, and managed jobs with their revisions (nodes stop running
+//!   them; apply them again). Operators must pause again what they had paused. The revision
+//!   counter starts again from 1.
 //! - **Runs running at the restart:** their records are gone, so their holders' next
 //!   renewal fails; each holder then stops its job and records nothing (the run is lost).
 //!   The jobs' downstream writes stay fenced: see the next point.
@@ -175,7 +188,8 @@
 //! `MISCONF`, too few replicas), every method that may write fails so, even a call that
 //! would have written nothing (a renewal of a lost lease, say): Redis refuses a function
 //! that may write before it runs. The reads (`expired`, `history`, `registrations`,
-//! `controls`, `pending_requests`) still answer. Script errors, replies of
+//! `controls`, `pending_requests`, `managed_jobs`, `managed_version`, `job_revisions`)
+//! still answer. Script errors, replies of
 //! an unexpected shape and refused credentials are [`StoreError::Invalid`]. An unknown
 //! function or `NOSCRIPT` (after a restart, `FUNCTION FLUSH` or `SCRIPT FLUSH`) is handled
 //! by loading the code again. Passwords never appear in [`Store::describe`] or in error
@@ -193,7 +207,9 @@
 //!   prune.
 //! - `fleet.rs`: node heartbeats and the audit log's reads (actions are appended by the Lua
 //!   of the step they record).
-//! - `watch.rs`: the request watch (a pub/sub subscription).
+//! - `managed.rs`: managed jobs and their revisions.
+//! - `watch.rs`: the request watch (a pub/sub subscription), woken by run requests and
+//!   managed job changes.
 //! - `error.rs`: Redis errors as [`StoreError`]s.
 //! - `scripts.rs`, `lua/`: the Lua code, as a Functions library and as scripts.
 //! - `call.rs`: how a call is sent (`FCALL`, or `EVALSHA` where the library is refused),
@@ -208,6 +224,7 @@ mod claim;
 mod decode;
 mod error;
 mod fleet;
+mod managed;
 mod runs;
 mod schema;
 mod scripts;
@@ -221,12 +238,13 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use solocron_core::{
-    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease,
-    NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunId,
-    RunRecord, RunRequest, Store, StoreError, Tick,
+    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
+    JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
+    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
 
 pub use fleet::ACTIONS_KEPT_MAX;
+pub use managed::JOB_REVISIONS_KEPT_MAX;
 
 use call::Caller;
 use error::redis_error;
@@ -420,5 +438,25 @@ impl Store for RedisStore {
 
     async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
         fleet::actions(self, query).await
+    }
+
+    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        managed::put_job(self, job, spec, by, expect).await
+    }
+
+    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        managed::delete_job(self, job, by, expect).await
+    }
+
+    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
+        managed::managed_jobs(self).await
+    }
+
+    async fn managed_version(&self) -> Result<u64, StoreError> {
+        managed::managed_version(self).await
+    }
+
+    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
+        managed::job_revisions(self, job, limit).await
     }
 }

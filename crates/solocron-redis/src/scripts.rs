@@ -52,12 +52,16 @@ pub(crate) struct Code {
     pub goodbye: Method,
     pub nodes: Method,
     pub actions: Method,
+    pub job_write: Method,
+    pub managed_jobs: Method,
+    pub managed_version: Method,
+    pub job_revisions: Method,
 }
 
 /// Every method: its name (its handler in `handlers`, and its file), its file, and
 /// whether it only reads (flagged `no-writes` in the library, so that it still answers
 /// when the server refuses writes, e.g. at `maxmemory`).
-const METHODS: [(&str, &str, bool); 20] = [
+const METHODS: [(&str, &str, bool); 24] = [
     ("claim", include_str!("lua/claim.lua"), false),
     ("renew", include_str!("lua/renew.lua"), false),
     ("finish", include_str!("lua/finish.lua"), false),
@@ -78,6 +82,10 @@ const METHODS: [(&str, &str, bool); 20] = [
     ("goodbye", include_str!("lua/goodbye.lua"), false),
     ("nodes", include_str!("lua/nodes.lua"), true),
     ("actions", include_str!("lua/actions.lua"), true),
+    ("job_write", include_str!("lua/job_write.lua"), false),
+    ("managed_jobs", include_str!("lua/managed_jobs.lua"), true),
+    ("managed_version", include_str!("lua/managed_version.lua"), true),
+    ("job_revisions", include_str!("lua/job_revisions.lua"), true),
 ];
 
 /// Stands for the library's name until the code is hashed.
@@ -137,6 +145,10 @@ fn build() -> Code {
         goodbye: method("goodbye"),
         nodes: method("nodes"),
         actions: method("actions"),
+        job_write: method("job_write"),
+        managed_jobs: method("managed_jobs"),
+        managed_version: method("managed_version"),
+        job_revisions: method("job_revisions"),
         library,
     }
 }

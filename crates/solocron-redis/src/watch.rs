@@ -1,6 +1,6 @@
 //! The Redis [`RequestWatch`]: a subscription to `{prefix}requests`, which the
-//! `request_run` script publishes to, so that an idle node learns of `solocron trigger`
-//! without asking Redis twice a second.
+//! `request_run` and `job_write` scripts publish to, so that an idle node learns of
+//! `solocron trigger` and of a changed managed job without asking Redis twice a second.
 
 use std::time::Duration;
 

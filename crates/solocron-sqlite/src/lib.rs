@@ -22,9 +22,11 @@
 //! `{p}runs` (one record per attempt of a tick), `{p}fences` (each job's fencing counter,
 //! advanced by the trigger `{p}runs_fence`), `{p}jobs` (pause switches), `{p}registry`
 //! (which node runs which job), `{p}requests` (manual runs), `{p}nodes` (each node's last
-//! heartbeat), `{p}actions` (the audit log of operators' actions), `{p}schema` (the
+//! heartbeat), `{p}actions` (the audit log of operators' actions), `{p}managed` and
+//! `{p}job_revisions` (jobs defined in the store, and each change), `{p}schema` (the
 //! version); the indexes `{p}runs_expiry`, `{p}runs_running`, `{p}runs_newest`,
-//! `{p}requests_oldest`, `{p}actions_newest`, `{p}actions_job`.
+//! `{p}runs_running_newest`, `{p}requests_oldest`, `{p}actions_newest`, `{p}actions_job`,
+//! `{p}job_revisions_job`.
 //! Every statement's text is built once, when the store connects.
 //!
 //! ## Code map
@@ -37,6 +39,7 @@
 //!   one-tick claim (one statement, decided in SQL). Nothing else claims.
 //! - `runs.rs`: a held run's life: renew, finish, expired, recover.
 //! - `admin.rs`: history, registry, pause and unlock, manual requests, prune, the clock.
+//! - `managed.rs`: managed jobs and their revisions (one write transaction each).
 //! - `fleet.rs`: node heartbeats (one upsert each), and the audit log, appended inside the
 //!   transaction of the action it records.
 //! - `watch.rs`: the request watch (inotify on the database's files).
@@ -94,6 +97,7 @@ mod claim;
 mod claim_one;
 mod error;
 mod fleet;
+mod managed;
 mod records;
 mod runs;
 mod schema;
@@ -109,8 +113,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
     redact_url, ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
-    Lease, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd,
-    RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
+    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, Transaction};
@@ -248,6 +252,7 @@ struct Statements {
     runs: runs::Sql,
     admin: admin::Sql,
     fleet: fleet::Sql,
+    managed: managed::Sql,
 }
 
 impl Statements {
@@ -260,6 +265,7 @@ impl Statements {
             runs: runs::Sql::new(&tables),
             admin: admin::Sql::new(&tables),
             fleet: fleet::Sql::new(&tables),
+            managed: managed::Sql::new(&tables),
         }
     }
 }
@@ -340,6 +346,26 @@ impl Store for SqliteStore {
 
     async fn registered_jobs(&self) -> Result<Vec<String>, StoreError> {
         admin::registered_jobs(self).await
+    }
+
+    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        managed::put_job(self, job, spec, by, expect).await
+    }
+
+    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        managed::delete_job(self, job, by, expect).await
+    }
+
+    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
+        managed::managed_jobs(self).await
+    }
+
+    async fn managed_version(&self) -> Result<u64, StoreError> {
+        managed::managed_version(self).await
+    }
+
+    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
+        managed::job_revisions(self, job, limit).await
     }
 
     async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {

@@ -9,9 +9,10 @@ use crate::error::db_err;
 use crate::{fill, SqliteStore};
 
 /// The schema version this crate writes and understands. Version 1 lacked the jobs,
-/// registry and requests tables, version 2 the nodes and actions tables; [`SCHEMA`] adds
-/// them, so migrating a version 1 or 2 database only has to record the new version.
-const SCHEMA_VERSION: i64 = 3;
+/// registry and requests tables, version 2 the nodes and actions tables, version 3 the
+/// managed jobs and their revisions; [`SCHEMA`] adds them, so migrating an older database
+/// only has to record the new version.
+const SCHEMA_VERSION: i64 = 4;
 
 /// Schema statements, each idempotent; [`migrate`] runs them in one transaction.
 const SCHEMA: &[&str] = &[
@@ -98,6 +99,23 @@ const SCHEMA: &[&str] = &[
     // `prune` (oldest first); each index ends with the rowid (`id`), the tie-breaker.
     "CREATE INDEX IF NOT EXISTS {p}actions_newest ON {p}actions (done_at)",
     "CREATE INDEX IF NOT EXISTS {p}actions_job ON {p}actions (job, done_at)",
+    // Version 4: managed jobs (one row per live job) and every change of one, numbered
+    // store-wide (the rowid): the newest is the managed jobs' version.
+    r#"CREATE TABLE IF NOT EXISTS {p}managed (
+        job TEXT PRIMARY KEY,
+        spec TEXT NOT NULL,
+        revision INTEGER NOT NULL,
+        changed_by TEXT NOT NULL,
+        changed_at INTEGER NOT NULL
+    )"#,
+    r#"CREATE TABLE IF NOT EXISTS {p}job_revisions (
+        revision INTEGER PRIMARY KEY,
+        job TEXT NOT NULL,
+        spec TEXT NULL,
+        changed_by TEXT NOT NULL,
+        changed_at INTEGER NOT NULL
+    )"#,
+    "CREATE INDEX IF NOT EXISTS {p}job_revisions_job ON {p}job_revisions (job, revision)",
     // Every run inserted with a token advances its job's fencing counter to at least that
     // token, within the inserting statement: the one-statement claim (`claim_one`) relies
     // on it, and batched claims no longer write the counters themselves. Added to version 2
@@ -123,6 +141,7 @@ const DROP: &[&str] = &[
     "DROP INDEX IF EXISTS {p}requests_oldest",
     "DROP INDEX IF EXISTS {p}actions_newest",
     "DROP INDEX IF EXISTS {p}actions_job",
+    "DROP INDEX IF EXISTS {p}job_revisions_job",
     "DROP TABLE IF EXISTS {p}runs",
     "DROP TABLE IF EXISTS {p}fences",
     "DROP TABLE IF EXISTS {p}jobs",
@@ -130,6 +149,8 @@ const DROP: &[&str] = &[
     "DROP TABLE IF EXISTS {p}requests",
     "DROP TABLE IF EXISTS {p}nodes",
     "DROP TABLE IF EXISTS {p}actions",
+    "DROP TABLE IF EXISTS {p}managed",
+    "DROP TABLE IF EXISTS {p}job_revisions",
     "DROP TABLE IF EXISTS {p}schema",
 ];
 
@@ -171,8 +192,8 @@ pub(crate) async fn migrate(store: &SqliteStore) -> Result<(), StoreError> {
             sqlx::query(&sql.first_version).bind(SCHEMA_VERSION).execute(&mut *tx).await.map_err(db_err)?;
         }
         Some(SCHEMA_VERSION) => {}
-        // Versions 1 and 2 differ only by the tables the statements above just created.
-        Some(1 | 2) => {
+        // Earlier versions differ only by the tables the statements above just created.
+        Some(1..=3) => {
             sqlx::query(&sql.set_version).bind(SCHEMA_VERSION).execute(&mut *tx).await.map_err(db_err)?;
         }
         Some(v) => {

@@ -26,9 +26,9 @@ async fn raw(dir: &TempDir) -> sqlx::SqlitePool {
 async fn a_schema_newer_than_this_crate_is_refused() {
     let (dir, store) = fresh().await;
     let pool = raw(&dir).await;
-    sqlx::query("UPDATE solocron_schema SET version = 4").execute(&pool).await.unwrap();
+    sqlx::query("UPDATE solocron_schema SET version = 5").execute(&pool).await.unwrap();
     let err = store.migrate().await.unwrap_err();
-    assert!(matches!(err, StoreError::Invalid(_)) && err.to_string().contains("version 4"), "{err}");
+    assert!(matches!(err, StoreError::Invalid(_)) && err.to_string().contains("version 5"), "{err}");
 }
 
 #[tokio::test]
@@ -153,7 +153,7 @@ async fn a_version_1_database_is_upgraded_in_place_keeping_its_runs_and_tokens()
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [3]);
+    assert_eq!(versions, [4]);
 
     let history = store.history(&HistoryQuery::default()).await.unwrap();
     assert_eq!((history.len(), history[0].state, history[0].output.as_str()), (1, RunState::Succeeded, "ok"));
@@ -173,7 +173,7 @@ async fn a_version_1_database_is_upgraded_in_place_keeping_its_runs_and_tokens()
     }
 }
 
-/// A version 2 database (before the nodes and actions tables) is brought to version 3 by
+/// A version 2 database (before the nodes and actions tables) is brought to version 4 by
 /// `migrate`, keeping its data; heartbeats and the audit log then work on it.
 #[tokio::test]
 async fn a_version_2_database_gets_the_nodes_and_actions_tables() {
@@ -187,7 +187,7 @@ async fn a_version_2_database_gets_the_nodes_and_actions_tables() {
     assert!(store.heartbeat(&beat).await.is_err(), "version 2 has no nodes table");
     store.migrate().await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [3]);
+    assert_eq!(versions, [4]);
     assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
     store.heartbeat(&beat).await.unwrap();
     assert_eq!(store.nodes().await.unwrap().len(), 1);
@@ -411,4 +411,23 @@ async fn connect_errors_and_descriptions_never_show_a_password() {
         .await
         .unwrap();
     assert_eq!(store.describe(), format!("sqlite://{} (prefix billing)", path.display()));
+}
+
+/// A version 3 database (before managed jobs) is brought to version 4 by `migrate`; managed
+/// jobs then work on it.
+#[tokio::test]
+async fn a_version_3_database_gets_the_managed_jobs_tables() {
+    let (dir, store) = fresh().await;
+    let pool = raw(&dir).await;
+    for sql in
+        ["DROP TABLE solocron_managed", "DROP TABLE solocron_job_revisions", "UPDATE solocron_schema SET version = 3"]
+    {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    let spec = r#"{"schedule": "* * * * *"}"#;
+    assert!(store.put_job("a", spec, "ann", None).await.is_err(), "version 3 has no managed jobs table");
+    store.migrate().await.unwrap();
+    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
+    assert_eq!(versions, [4]);
+    assert_eq!(store.put_job("a", spec, "ann", None).await.unwrap(), solocron_core::JobWrite::Written(1));
 }

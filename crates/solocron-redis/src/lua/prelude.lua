@@ -17,6 +17,7 @@ local SCHEMA_VERSION = '1'
 local P, NOW_US, NOW
 local EPOCH, SCHEMA, HIST, EXPIRY, FENCES, CTLS, REGS, REQ, REQBY, REQPEND
 local NODES, NODESEEN, ACTS, ACTSEQ
+local MJOBS, MREVS, MREVSEQ
 -- Whether this call found the layout version in place (see `remember`).
 local schema_found
 
@@ -31,6 +32,7 @@ local function begin(argv)
   REQ, REQBY, REQPEND = P .. 'req', P .. 'reqby', P .. 'reqpend'
   NODES, NODESEEN = P .. 'nodes', P .. 'nodeseen'
   ACTS, ACTSEQ = P .. 'acts', P .. 'actseq'
+  MJOBS, MREVS, MREVSEQ = P .. 'mjobs', P .. 'mrevs', P .. 'mrevseq'
   schema_found = false
 end
 
@@ -44,6 +46,9 @@ local function ctl_key(job) return P .. 'ctl:' .. job end
 local function reg_key(id) return P .. 'reg:' .. id end
 local function node_key(node) return P .. 'node:' .. node end
 local function act_key(id) return P .. 'act:' .. id end
+local function mjob_key(job) return P .. 'mjob:' .. job end
+local function mrev_key(rev) return P .. 'mrev:' .. rev end
+local function mjob_revs(job) return P .. 'mjrevs:' .. job end
 
 -- The hash at key_of(id) of each id, in order, leaving out ids whose hash is gone.
 local function hashes(ids, key_of)

@@ -1,0 +1,141 @@
+//! The daemon's job list: its configuration's jobs and the store's managed jobs, merged,
+//! and followed as either changes (a SIGHUP's reload; a managed job written anywhere,
+//! picked up through the store's change hint within a second).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use solocron::{Job, JobChanges, Jobs};
+use solocron_core::{ManagedJob, Store};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Work;
+use crate::managed::job_of_spec;
+use crate::Failure;
+
+/// How often the managed jobs' version is read when the store gives no hint (MySQL): a
+/// change is picked up within this.
+const POLL: Duration = Duration::from_millis(500);
+/// How often it is read anyway with a hint (in case one was lost).
+const BACKSTOP: Duration = Duration::from_secs(10);
+
+/// The two sources of the node's jobs, and the scheduler's list they make.
+pub struct Sources {
+    jobs: Jobs,
+    allow_commands: bool,
+    inner: Mutex<Lists>,
+}
+
+#[derive(Default)]
+struct Lists {
+    declared: Vec<Job>,
+    managed: Vec<Job>,
+    /// What was said about each managed job that is not run here (once per revision).
+    refused: HashMap<String, u64>,
+}
+
+impl Sources {
+    /// The sources of a scheduler's list, holding `declared` and no managed job yet.
+    pub fn new(jobs: Jobs, declared: Vec<Job>, allow_commands: bool) -> Sources {
+        Sources { jobs, allow_commands, inner: Mutex::new(Lists { declared, ..Lists::default() }) }
+    }
+
+    /// Replaces the declared jobs (a reload) and the scheduler's list with them.
+    pub fn set_declared(&self, declared: Vec<Job>) -> Result<JobChanges, Failure> {
+        let mut lists = self.lists();
+        let previous = std::mem::replace(&mut lists.declared, declared);
+        match self.jobs.replace(merged(&lists)) {
+            Ok(changes) => Ok(changes),
+            Err(e) => {
+                lists.declared = previous;
+                Err(crate::bad_input(e.to_string()))
+            }
+        }
+    }
+
+    /// Replaces the managed jobs with those of `list` this node runs, and the scheduler's
+    /// list with them.
+    pub fn set_managed(&self, list: &[ManagedJob]) {
+        let mut lists = self.lists();
+        let declared: HashSet<String> = lists.declared.iter().map(|j| j.name().to_owned()).collect();
+        let mut managed = Vec::with_capacity(list.len());
+        for m in list {
+            match runnable(m, &declared, self.allow_commands) {
+                Ok(job) => managed.push(job),
+                Err(why) => {
+                    if lists.refused.insert(m.job.clone(), m.revision) != Some(m.revision) {
+                        tracing::error!(job = %m.job, revision = m.revision, why, "managed job not run on this node");
+                    }
+                }
+            }
+        }
+        lists.managed = managed;
+        if let Err(e) = self.jobs.replace(merged(&lists)) {
+            tracing::error!(error = %e, "managed jobs not taken: the list they make is refused");
+        }
+    }
+
+    fn lists(&self) -> std::sync::MutexGuard<'_, Lists> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The scheduler's list: the declared jobs, then the managed ones.
+fn merged(lists: &Lists) -> Vec<Job> {
+    lists.declared.iter().chain(&lists.managed).cloned().collect()
+}
+
+/// A managed job as this node runs it, or why it does not.
+fn runnable(m: &ManagedJob, declared: &HashSet<String>, allow_commands: bool) -> Result<Job, String> {
+    if declared.contains(&m.job) {
+        return Err("this node's configuration declares a job of that name; the declared one runs".into());
+    }
+    let job = job_of_spec(&m.job, &m.spec).map_err(|(key, message)| format!("{key}: {message}"))?;
+    if matches!(job.work, Work::Command(_)) && !allow_commands {
+        return Err("it runs a command, and this node's [http] allow_command_jobs is off".into());
+    }
+    let label = format!("managed job `{}` (revision {})", m.job, m.revision);
+    crate::daemon::job_of(&label, &job).map_err(|Failure(_, why)| why)
+}
+
+/// Reads the managed jobs whenever the store hints at a change (or every [`POLL`] without
+/// hints), and hands a changed set to `sources`, until shutdown. `seen`: the version read
+/// at start.
+pub async fn follow(store: Arc<dyn Store>, sources: Arc<Sources>, mut seen: u64, shutdown: CancellationToken) {
+    let mut watch = store.request_watch();
+    let every = if watch.is_some() { BACKSTOP } else { POLL };
+    loop {
+        let hinted = async {
+            match watch.as_mut() {
+                Some(w) => w.changed().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = hinted => {}
+            _ = shutdown.cancelled() => return,
+        }
+        match read_if_changed(store.as_ref(), seen).await {
+            Ok(Some((version, list))) => {
+                sources.set_managed(&list);
+                seen = version;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot read the managed jobs; retrying"),
+        }
+    }
+}
+
+/// The managed jobs and their version, if the version is not `seen`.
+pub async fn read_if_changed(
+    store: &dyn Store,
+    seen: u64,
+) -> Result<Option<(u64, Vec<ManagedJob>)>, solocron_core::StoreError> {
+    let version = store.managed_version().await?;
+    if version == seen {
+        return Ok(None);
+    }
+    Ok(Some((version, store.managed_jobs().await?)))
+}

@@ -1,0 +1,134 @@
+//! Managed jobs, as operators write them: checked by the caller's rules (a [`SpecCheck`]:
+//! the CLI's configuration parser, so a definition is refused exactly as a configuration's
+//! job would be), refused where a configuration declares the job, and written at the
+//! revision the writer expects.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use solocron_core::{JobRevision, JobWrite, Store, MANAGED_JOBS_MAX};
+use utoipa::ToSchema;
+
+use crate::{Actor, Declared, FleetError};
+
+/// Checks a managed job's definition as every node will before running it.
+pub trait SpecCheck: std::fmt::Debug + Send + Sync + 'static {
+    /// `spec` (a JSON object: the keys of a configuration's `[[jobs]]` entry) for job
+    /// `job`: the definition to store (normalized JSON text), or the key at fault and what
+    /// is wrong (`("schedule", "...")`, `("command", "command jobs are not allowed ...")`).
+    fn check(&self, job: &str, spec: &serde_json::Value) -> Result<String, (String, String)>;
+}
+
+/// What a write did.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct JobWritten {
+    /// The job.
+    pub job: String,
+    /// `created`, `changed`, `unchanged` or `deleted`.
+    pub outcome: String,
+    /// The job's revision after the write (for a delete: the deleting revision).
+    pub revision: u64,
+}
+
+/// One change of a managed job.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RevisionView {
+    /// The job.
+    pub job: String,
+    /// Store-wide, increasing.
+    pub revision: u64,
+    /// Who made the change.
+    pub changed_by: String,
+    /// When (store clock).
+    pub changed_at: DateTime<Utc>,
+    /// The change deleted the job.
+    pub deleted: bool,
+    /// The definition it wrote (absent for a delete).
+    #[schema(value_type = Option<Object>)]
+    pub spec: Option<serde_json::Value>,
+}
+
+impl From<&JobRevision> for RevisionView {
+    fn from(r: &JobRevision) -> RevisionView {
+        RevisionView {
+            job: r.job.clone(),
+            revision: r.revision,
+            changed_by: r.changed_by.clone(),
+            changed_at: r.changed_at,
+            deleted: r.spec.is_none(),
+            spec: r.spec.as_deref().and_then(|s| serde_json::from_str(s).ok()),
+        }
+    }
+}
+
+/// Refuses to manage `job` where a configuration declares it: the reader's own
+/// (`declared`), or a node's (registered, and never managed).
+pub async fn check_writable(store: &dyn Store, declared: &[Declared], job: &str) -> Result<(), FleetError> {
+    solocron_core::validate_job_name(job).map_err(|e| FleetError::bad("job", e.to_string()))?;
+    if let Some(d) = declared.iter().find(|d| d.name == job) {
+        return Err(FleetError::Conflict(format!(
+            "job `{job}` is declared in {}: change it there, or pick another name",
+            d.source
+        )));
+    }
+    let registered = store.registrations_of(&[job.to_owned()]).await?;
+    if !registered.is_empty() && store.job_revisions(Some(job), 1).await?.is_empty() {
+        let nodes: Vec<_> = registered.iter().map(|r| r.node.as_str()).collect();
+        return Err(FleetError::Conflict(format!(
+            "job `{job}` is declared in the configuration of node(s) {}: change it there, or pick another name",
+            nodes.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Creates or replaces the managed job `job` with `spec`, checked by `check`, at revision
+/// `expect` (`Some(0)`: only a new job; `None`: whatever it is).
+pub async fn put_job(
+    store: &dyn Store,
+    declared: &[Declared],
+    check: &dyn SpecCheck,
+    job: &str,
+    spec: &serde_json::Value,
+    actor: &Actor,
+    expect: Option<u64>,
+) -> Result<JobWritten, FleetError> {
+    actor.check()?;
+    check_writable(store, declared, job).await?;
+    let text = check.check(job, spec).map_err(|(key, message)| FleetError::bad(key, message))?;
+    let existed = store.managed_jobs().await?.iter().any(|m| m.job == job);
+    let outcome = |revision, what: &str| JobWritten { job: job.to_owned(), outcome: what.to_owned(), revision };
+    match store.put_job(job, &text, &actor.by, expect).await? {
+        JobWrite::Written(r) => Ok(outcome(r, if existed { "changed" } else { "created" })),
+        JobWrite::Unchanged(r) => Ok(outcome(r.unwrap_or(0), "unchanged")),
+        JobWrite::Conflict(now) => Err(conflict(job, expect, now)),
+        JobWrite::Full => Err(FleetError::Conflict(format!("the store holds {MANAGED_JOBS_MAX} managed jobs already"))),
+    }
+}
+
+/// Deletes the managed job `job` at revision `expect` (`None`: whatever it is); a run in
+/// progress finishes.
+pub async fn delete_job(
+    store: &dyn Store,
+    job: &str,
+    actor: &Actor,
+    expect: Option<u64>,
+) -> Result<JobWritten, FleetError> {
+    actor.check()?;
+    match store.delete_job(job, &actor.by, expect).await? {
+        JobWrite::Written(r) => Ok(JobWritten { job: job.to_owned(), outcome: "deleted".into(), revision: r }),
+        JobWrite::Unchanged(_) => Err(FleetError::NotFound(format!("no managed job `{job}`"))),
+        JobWrite::Conflict(now) => Err(conflict(job, expect, now)),
+        JobWrite::Full => unreachable!("a delete never fills the store"),
+    }
+}
+
+/// The revisions of `job` (or of every managed job), newest first.
+pub async fn revisions(store: &dyn Store, job: Option<&str>, limit: usize) -> Result<Vec<RevisionView>, FleetError> {
+    Ok(store.job_revisions(job, limit).await?.iter().map(RevisionView::from).collect())
+}
+
+fn conflict(job: &str, expect: Option<u64>, now: Option<u64>) -> FleetError {
+    let now = now.map_or("it does not exist".to_owned(), |r| format!("it is at revision {r}"));
+    let expected = expect.map_or(String::new(), |e| format!("revision {e} was expected; "));
+    FleetError::Conflict(format!("job `{job}` changed meanwhile: {expected}{now}; read it again and retry"))
+}

@@ -1,0 +1,234 @@
+//! Managed jobs (`{p}managed`, one row per live job) and their revisions
+//! (`{p}job_revisions`, one row per change). A write is one transaction that first locks
+//! the one row of `{p}managed_version`, the store-wide revision counter: writers take
+//! turns, each one decides (expected revision, equal spec, room) on what every earlier one
+//! committed, and the counter's value is the newest committed revision, so revisions
+//! follow commit order. The write itself is one statement: counter, revision, job row, and
+//! a notice on `{p}requests` that wakes every node's request watch when it commits.
+
+use solocron_core::{
+    check_spec_text, JobRevision, JobWrite, ManagedJob, StoreError, MANAGED_JOBS_MAX, REVISIONS_PAGE_MAX,
+};
+use sqlx::postgres::PgRow;
+use sqlx::PgConnection;
+
+use crate::error::{retrying, step, Res};
+use crate::records::{get, instant};
+use crate::PgStore;
+
+/// The clock of a write, read after the counter's lock is held (`{now}` is the
+/// transaction's start, before the wait), so that a later revision never has an earlier
+/// `changed_at`.
+const CLOCK_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// Bumps the counter and appends the revision (`$2` NULL: a delete); `{job}` is the
+/// statement that changes the job's row (`c`: the new revision and its instant), and the
+/// answer is the new revision. Every data-modifying CTE runs once, read or not.
+const WRITE: &str = "WITH c AS (UPDATE {p}managed_version SET revision = revision + 1 WHERE id = 1
+                                RETURNING revision, {clock} AS at),
+     r AS (INSERT INTO {p}job_revisions (revision, job, spec, changed_by, changed_at)
+           SELECT c.revision, $1, $2, $3, c.at FROM c),
+     j AS ({job})
+     SELECT c.revision FROM c, pg_notify('{p}requests', '')";
+
+/// [`WRITE`]'s change of the job's row by a put.
+const UPSERT: &str = "INSERT INTO {p}managed (job, spec, revision, changed_by, changed_at)
+     SELECT $1, $2, c.revision, $3, c.at FROM c
+     ON CONFLICT (job) DO UPDATE SET spec = excluded.spec, revision = excluded.revision,
+        changed_by = excluded.changed_by, changed_at = excluded.changed_at";
+
+/// [`WRITE`]'s change of the job's row by a delete.
+const DELETE: &str = "DELETE FROM {p}managed WHERE job = $1";
+
+/// The columns a [`JobRevision`] is read from.
+const REVISION_COLUMNS: &str = "job, revision, spec, changed_by, changed_at";
+
+/// Creates or replaces a managed job (see [`solocron_core::Store::put_job`]).
+pub(crate) async fn put_job(
+    store: &PgStore,
+    job: &str,
+    spec: &str,
+    by: &str,
+    expect: Option<u64>,
+) -> Result<JobWrite, StoreError> {
+    check_spec_text(spec).map_err(|e| StoreError::Invalid(format!("put_job: {e}")))?;
+    let wrote = retrying("put_job", || write_once(store, job, Some(spec), by, expect)).await?;
+    if let JobWrite::Written(revision) = wrote {
+        tracing::info!(job, by, revision, "managed job written");
+    }
+    Ok(wrote)
+}
+
+/// Deletes a managed job (see [`solocron_core::Store::delete_job`]).
+pub(crate) async fn delete_job(
+    store: &PgStore,
+    job: &str,
+    by: &str,
+    expect: Option<u64>,
+) -> Result<JobWrite, StoreError> {
+    let wrote = retrying("delete_job", || write_once(store, job, None, by, expect)).await?;
+    if let JobWrite::Written(revision) = wrote {
+        tracing::info!(job, by, revision, "managed job deleted");
+    }
+    Ok(wrote)
+}
+
+/// One transaction of a put (`spec`) or a delete (`None`): the counter locked, the job's
+/// row read and judged, and, if it changes, the write.
+async fn write_once(store: &PgStore, job: &str, spec: Option<&str>, by: &str, expect: Option<u64>) -> Res<JobWrite> {
+    let mut tx = store.pool.begin().await?;
+    lock_counter(store, &mut tx).await?;
+    // Read after the lock: under READ COMMITTED this statement's snapshot holds what every
+    // earlier writer committed.
+    let current = current(store, &mut tx, job).await?;
+    let mut answer = judge(current.as_ref(), spec, expect);
+    if answer.is_none() && current.is_none() && live(store, &mut tx).await? >= MANAGED_JOBS_MAX {
+        answer = Some(JobWrite::Full);
+    }
+    if let Some(answer) = answer {
+        // Released now rather than when the pool next tests the connection.
+        tx.rollback().await?;
+        return Ok(answer);
+    }
+    let change = if spec.is_some() { UPSERT } else { DELETE };
+    let sql = store.sql(&WRITE.replace("{job}", change).replace("{clock}", CLOCK_MS));
+    let revision: i64 = sqlx::query_scalar(&sql).bind(job).bind(spec).bind(by).fetch_one(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(JobWrite::Written(stored_revision(revision)?))
+}
+
+/// What a write answers without writing, given the job's revision and spec now: a
+/// revision other than the expected one, an equal spec, or the delete of a missing job.
+fn judge(current: Option<&(u64, String)>, spec: Option<&str>, expect: Option<u64>) -> Option<JobWrite> {
+    let revision = current.map(|(r, _)| *r);
+    if expect.is_some_and(|e| e != revision.unwrap_or(0)) {
+        return Some(JobWrite::Conflict(revision));
+    }
+    match (current, spec) {
+        (Some((_, now)), Some(spec)) if now == spec => Some(JobWrite::Unchanged(revision)),
+        (None, None) => Some(JobWrite::Unchanged(None)),
+        _ => None,
+    }
+}
+
+/// Locks the revision counter's row until the end of the transaction on `conn`.
+async fn lock_counter(store: &PgStore, conn: &mut PgConnection) -> Res<()> {
+    let locked: Option<i64> =
+        sqlx::query_scalar(&store.sql("SELECT revision FROM {p}managed_version WHERE id = 1 FOR UPDATE"))
+            .fetch_optional(conn)
+            .await?;
+    match locked {
+        Some(_) => Ok(()),
+        None => Err(StoreError::Invalid(format!("{}managed_version has no row: run `migrate`", store.tables)).into()),
+    }
+}
+
+/// The job's revision and spec, if it is live.
+async fn current(store: &PgStore, conn: &mut PgConnection, job: &str) -> Res<Option<(u64, String)>> {
+    let row: Option<(i64, String)> = sqlx::query_as(&store.sql("SELECT revision, spec FROM {p}managed WHERE job = $1"))
+        .bind(job)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(|(r, s)| stored_revision(r).map(|r| (r, s))).transpose()?)
+}
+
+/// How many managed jobs there are.
+async fn live(store: &PgStore, conn: &mut PgConnection) -> Res<usize> {
+    let n: i64 = sqlx::query_scalar(&store.sql("SELECT count(*) FROM {p}managed")).fetch_one(conn).await?;
+    Ok(n as usize)
+}
+
+/// Every managed job, by name.
+pub(crate) async fn managed_jobs(store: &PgStore) -> Result<Vec<ManagedJob>, StoreError> {
+    let rows = sqlx::query(
+        &store.sql("SELECT job, spec, revision, changed_by, changed_at FROM {p}managed ORDER BY job LIMIT $1"),
+    )
+    .bind(MANAGED_JOBS_MAX as i64)
+    .fetch_all(&store.pool)
+    .await
+    .map_err(step("managed_jobs"))?;
+    rows.iter().map(managed_job).collect()
+}
+
+/// The newest committed revision (0: none).
+pub(crate) async fn managed_version(store: &PgStore) -> Result<u64, StoreError> {
+    let v: Option<i64> = sqlx::query_scalar(&store.sql("SELECT revision FROM {p}managed_version WHERE id = 1"))
+        .fetch_optional(&store.pool)
+        .await
+        .map_err(step("managed_version"))?;
+    v.map_or(Ok(0), stored_revision)
+}
+
+/// Revisions newest first (see [`solocron_core::Store::job_revisions`]): one backward walk
+/// of the primary key, or of the index by job.
+pub(crate) async fn job_revisions(
+    store: &PgStore,
+    job: Option<&str>,
+    limit: usize,
+) -> Result<Vec<JobRevision>, StoreError> {
+    let limit = if limit == 0 { REVISIONS_PAGE_MAX } else { limit.min(REVISIONS_PAGE_MAX) } as i64;
+    // Two statements rather than `($1 IS NULL OR job = $1)`, as in `fleet::actions`.
+    let rows = match job {
+        Some(job) => {
+            let sql = store.sql(&format!(
+                "SELECT {REVISION_COLUMNS} FROM {{p}}job_revisions WHERE job = $1 ORDER BY revision DESC LIMIT $2"
+            ));
+            sqlx::query(&sql).bind(job).bind(limit).fetch_all(&store.pool).await
+        }
+        None => {
+            let sql = store
+                .sql(&format!("SELECT {REVISION_COLUMNS} FROM {{p}}job_revisions ORDER BY revision DESC LIMIT $1"));
+            sqlx::query(&sql).bind(limit).fetch_all(&store.pool).await
+        }
+    };
+    rows.map_err(step("job_revisions"))?.iter().map(revision).collect()
+}
+
+/// A stored revision, which the counter only ever makes positive.
+fn stored_revision(stored: i64) -> Result<u64, StoreError> {
+    u64::try_from(stored).map_err(|_| StoreError::Invalid(format!("stored revision {stored} is negative")))
+}
+
+/// A managed job from a row of `{p}managed`.
+fn managed_job(row: &PgRow) -> Result<ManagedJob, StoreError> {
+    Ok(ManagedJob {
+        job: get(row, "job")?,
+        spec: get(row, "spec")?,
+        revision: stored_revision(get(row, "revision")?)?,
+        changed_by: get(row, "changed_by")?,
+        changed_at: instant(get(row, "changed_at")?)?,
+    })
+}
+
+/// A revision from a row of `{p}job_revisions`.
+fn revision(row: &PgRow) -> Result<JobRevision, StoreError> {
+    Ok(JobRevision {
+        job: get(row, "job")?,
+        revision: stored_revision(get(row, "revision")?)?,
+        spec: get(row, "spec")?,
+        changed_by: get(row, "changed_by")?,
+        changed_at: instant(get(row, "changed_at")?)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(revision: u64, spec: &str) -> Option<(u64, String)> {
+        Some((revision, spec.to_owned()))
+    }
+
+    #[test]
+    fn a_write_is_judged_by_the_expected_revision_first_then_by_its_effect() {
+        assert_eq!(judge(at(3, "{}").as_ref(), Some("{}"), Some(2)), Some(JobWrite::Conflict(Some(3))));
+        assert_eq!(judge(at(3, "{}").as_ref(), Some("{}"), Some(0)), Some(JobWrite::Conflict(Some(3))));
+        assert_eq!(judge(None, Some("{}"), Some(3)), Some(JobWrite::Conflict(None)));
+        assert_eq!(judge(at(3, "{}").as_ref(), Some("{}"), None), Some(JobWrite::Unchanged(Some(3))));
+        assert_eq!(judge(at(3, "{}").as_ref(), Some("{ }"), Some(3)), None, "another spec is written");
+        assert_eq!(judge(None, Some("{}"), Some(0)), None, "a new job is written");
+        assert_eq!(judge(None, None, None), Some(JobWrite::Unchanged(None)), "nothing to delete");
+        assert_eq!(judge(None, None, Some(0)), Some(JobWrite::Unchanged(None)));
+        assert_eq!(judge(at(3, "{}").as_ref(), None, Some(3)), None, "a delete is written");
+    }
+}
