@@ -41,7 +41,8 @@ pub use fleet::{
 };
 pub use job_name::{validate_job_name, JobNameError, JOB_NAME_CHARS_MAX};
 pub use managed::{
-    check_spec_text, JobRevision, JobWrite, ManagedJob, JOB_SPEC_BYTES_MAX, MANAGED_JOBS_MAX, REVISIONS_PAGE_MAX,
+    check_spec_text, judge_write, JobRevision, JobWrite, ManagedJob, JOB_SPEC_BYTES_MAX, MANAGED_JOBS_MAX,
+    REVISIONS_PAGE_MAX,
 };
 pub use policy::{
     plan_due, retention_floor, DuePlan, JobPolicy, Misfire, OnCrash, Overlap, PolicyError, KILL_GRACE_DEFAULT_MAX,

@@ -61,6 +61,22 @@ pub enum JobWrite {
     Full,
 }
 
+/// What a write answers without writing, given the job's revision and spec now (`None`:
+/// no such job) and the write's `spec` (`None`: a delete): a revision other than the
+/// expected one, an equal spec, or the delete of a missing job. `None`: write. Every store
+/// decides by this, in this order, inside its atomic step.
+pub fn judge_write(current: Option<(u64, &str)>, spec: Option<&str>, expect: Option<u64>) -> Option<JobWrite> {
+    let revision = current.map(|(r, _)| r);
+    if expect.is_some_and(|e| e != revision.unwrap_or(0)) {
+        return Some(JobWrite::Conflict(revision));
+    }
+    match (current, spec) {
+        (Some((_, now)), Some(spec)) if now == spec => Some(JobWrite::Unchanged(revision)),
+        (None, None) => Some(JobWrite::Unchanged(None)),
+        _ => None,
+    }
+}
+
 /// Refuses a definition the store must not take: empty, too long, or not a JSON object
 /// (the store does not parse it further; nodes check it).
 pub fn check_spec_text(spec: &str) -> Result<(), String> {
@@ -77,6 +93,20 @@ pub fn check_spec_text(spec: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_is_judged_by_the_expected_revision_first_then_by_its_effect() {
+        let judge = judge_write;
+        assert_eq!(judge(Some((3, "{}")), Some("{}"), Some(2)), Some(JobWrite::Conflict(Some(3))));
+        assert_eq!(judge(Some((3, "{}")), Some("{}"), Some(0)), Some(JobWrite::Conflict(Some(3))));
+        assert_eq!(judge(None, Some("{}"), Some(3)), Some(JobWrite::Conflict(None)));
+        assert_eq!(judge(Some((3, "{}")), Some("{}"), None), Some(JobWrite::Unchanged(Some(3))));
+        assert_eq!(judge(Some((3, "{}")), Some("{ }"), Some(3)), None, "another spec is written");
+        assert_eq!(judge(None, Some("{}"), Some(0)), None, "a new job is written");
+        assert_eq!(judge(None, None, None), Some(JobWrite::Unchanged(None)), "nothing to delete");
+        assert_eq!(judge(None, None, Some(0)), Some(JobWrite::Unchanged(None)));
+        assert_eq!(judge(Some((3, "{}")), None, Some(3)), None, "a delete is written");
+    }
 
     #[test]
     fn a_spec_is_a_bounded_json_object() {

@@ -83,16 +83,11 @@ impl Found {
     /// What a write of `spec` (`None`: a delete) expecting `expect` comes to without
     /// writing, if it does (see [`solocron_core::Store::put_job`]).
     fn settled(&self, spec: Option<&str>, expect: Option<u64>, jobs_max: usize) -> Option<JobWrite> {
-        let current = self.revision();
-        if expect.is_some_and(|e| e != current.unwrap_or(0)) {
-            return Some(JobWrite::Conflict(current));
+        let held = self.job.as_ref().map(|(s, r)| (*r as u64, s.as_deref().unwrap_or_default()));
+        if let Some(answer) = solocron_core::judge_write(held, spec, expect) {
+            return Some(answer);
         }
-        match (spec, &self.job) {
-            (None, None) => Some(JobWrite::Unchanged(None)),
-            (Some(spec), Some((Some(held), _))) if held == spec => Some(JobWrite::Unchanged(current)),
-            (Some(_), None) if self.count >= jobs_max => Some(JobWrite::Full),
-            _ => None,
-        }
+        (spec.is_some() && self.job.is_none() && self.count >= jobs_max).then_some(JobWrite::Full)
     }
 }
 

@@ -7,7 +7,7 @@
 //! a notice on `{p}requests` that wakes every node's request watch when it commits.
 
 use solocron_core::{
-    check_spec_text, JobRevision, JobWrite, ManagedJob, StoreError, MANAGED_JOBS_MAX, REVISIONS_PAGE_MAX,
+    check_spec_text, judge_write, JobRevision, JobWrite, ManagedJob, StoreError, MANAGED_JOBS_MAX, REVISIONS_PAGE_MAX,
 };
 use sqlx::postgres::PgRow;
 use sqlx::PgConnection;
@@ -81,7 +81,7 @@ async fn write_once(store: &PgStore, job: &str, spec: Option<&str>, by: &str, ex
     // Read after the lock: under READ COMMITTED this statement's snapshot holds what every
     // earlier writer committed.
     let current = current(store, &mut tx, job).await?;
-    let mut answer = judge(current.as_ref(), spec, expect);
+    let mut answer = judge_write(current.as_ref().map(|(r, s)| (*r, s.as_str())), spec, expect);
     if answer.is_none() && current.is_none() && live(store, &mut tx).await? >= MANAGED_JOBS_MAX {
         answer = Some(JobWrite::Full);
     }
@@ -95,20 +95,6 @@ async fn write_once(store: &PgStore, job: &str, spec: Option<&str>, by: &str, ex
     let revision: i64 = sqlx::query_scalar(&sql).bind(job).bind(spec).bind(by).fetch_one(&mut *tx).await?;
     tx.commit().await?;
     Ok(JobWrite::Written(stored_revision(revision)?))
-}
-
-/// What a write answers without writing, given the job's revision and spec now: a
-/// revision other than the expected one, an equal spec, or the delete of a missing job.
-fn judge(current: Option<&(u64, String)>, spec: Option<&str>, expect: Option<u64>) -> Option<JobWrite> {
-    let revision = current.map(|(r, _)| *r);
-    if expect.is_some_and(|e| e != revision.unwrap_or(0)) {
-        return Some(JobWrite::Conflict(revision));
-    }
-    match (current, spec) {
-        (Some((_, now)), Some(spec)) if now == spec => Some(JobWrite::Unchanged(revision)),
-        (None, None) => Some(JobWrite::Unchanged(None)),
-        _ => None,
-    }
 }
 
 /// Locks the revision counter's row until the end of the transaction on `conn`.
@@ -209,26 +195,4 @@ fn revision(row: &PgRow) -> Result<JobRevision, StoreError> {
         changed_by: get(row, "changed_by")?,
         changed_at: instant(get(row, "changed_at")?)?,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn at(revision: u64, spec: &str) -> Option<(u64, String)> {
-        Some((revision, spec.to_owned()))
-    }
-
-    #[test]
-    fn a_write_is_judged_by_the_expected_revision_first_then_by_its_effect() {
-        assert_eq!(judge(at(3, "{}").as_ref(), Some("{}"), Some(2)), Some(JobWrite::Conflict(Some(3))));
-        assert_eq!(judge(at(3, "{}").as_ref(), Some("{}"), Some(0)), Some(JobWrite::Conflict(Some(3))));
-        assert_eq!(judge(None, Some("{}"), Some(3)), Some(JobWrite::Conflict(None)));
-        assert_eq!(judge(at(3, "{}").as_ref(), Some("{}"), None), Some(JobWrite::Unchanged(Some(3))));
-        assert_eq!(judge(at(3, "{}").as_ref(), Some("{ }"), Some(3)), None, "another spec is written");
-        assert_eq!(judge(None, Some("{}"), Some(0)), None, "a new job is written");
-        assert_eq!(judge(None, None, None), Some(JobWrite::Unchanged(None)), "nothing to delete");
-        assert_eq!(judge(None, None, Some(0)), Some(JobWrite::Unchanged(None)));
-        assert_eq!(judge(at(3, "{}").as_ref(), None, Some(3)), None, "a delete is written");
-    }
 }

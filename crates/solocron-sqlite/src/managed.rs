@@ -4,7 +4,7 @@
 //! revision is the greatest plus one and revisions follow commit order.
 
 use solocron_core::{
-    check_spec_text, JobRevision, JobWrite, ManagedJob, StoreError, MANAGED_JOBS_MAX, REVISIONS_PAGE_MAX,
+    check_spec_text, judge_write, JobRevision, JobWrite, ManagedJob, StoreError, MANAGED_JOBS_MAX, REVISIONS_PAGE_MAX,
 };
 use sqlx::sqlite::SqliteRow;
 use sqlx::SqliteConnection;
@@ -83,12 +83,8 @@ pub(crate) async fn put_job(
     let sql = &store.sql.managed;
     let mut tx = store.write_tx().await?;
     let current = current(sql, &mut tx, job).await?;
-    let revision = current.as_ref().map(|(r, _)| *r);
-    if expect.is_some_and(|e| e != revision.unwrap_or(0)) {
-        return Ok(JobWrite::Conflict(revision));
-    }
-    if current.as_ref().is_some_and(|(_, s)| s == spec) {
-        return Ok(JobWrite::Unchanged(revision));
+    if let Some(answer) = judge_write(current.as_ref().map(|(r, s)| (*r, s.as_str())), Some(spec), expect) {
+        return Ok(answer);
     }
     if current.is_none() {
         let live: i64 = sqlx::query_scalar(&sql.count).fetch_one(&mut *tx).await.map_err(db_err)?;
@@ -111,12 +107,9 @@ pub(crate) async fn delete_job(
 ) -> Result<JobWrite, StoreError> {
     let sql = &store.sql.managed;
     let mut tx = store.write_tx().await?;
-    let revision = current(sql, &mut tx, job).await?.map(|(r, _)| r);
-    if expect.is_some_and(|e| e != revision.unwrap_or(0)) {
-        return Ok(JobWrite::Conflict(revision));
-    }
-    if revision.is_none() {
-        return Ok(JobWrite::Unchanged(None));
+    let current = current(sql, &mut tx, job).await?;
+    if let Some(answer) = judge_write(current.as_ref().map(|(r, s)| (*r, s.as_str())), None, expect) {
+        return Ok(answer);
     }
     let next = append(sql, &mut tx, job, None, by).await?;
     sqlx::query(&sql.delete).bind(job).execute(&mut *tx).await.map_err(db_err)?;
