@@ -31,6 +31,15 @@ const STEP_MS = 90000;
 /** How long the hidden page is watched for requests. */
 const HIDDEN_WATCH_MS = 5000;
 const VIEWPORT = { width: 1280, height: 800 };
+/** The editor's screenshot is taller: the form and the diff under it. */
+const EDITOR_SHOT_HEIGHT = 1000;
+/** The managed job the console creates, edits and deletes. */
+const MANAGED = 'e2e-managed';
+/** Nothing listens on the discard port: the managed job's runs fail, as runs may. */
+const REFUSED_URL = 'http://127.0.0.1:9/e2e';
+/** overlap = "allow": a manual run requested as a scheduled tick is claimed would otherwise
+ *  be recorded as skipped (as for `tick` in scripts/e2e). */
+const DEFINITION = { schedule: '*/5 * * * * *', http: { url: REFUSED_URL, timeout: '2s' }, lease: '30s', overlap: 'allow' };
 
 let browser;
 let page;
@@ -41,6 +50,34 @@ const problems = [];
 const seen = {};
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** The job's page, once drawn. */
+async function openJob(job) {
+  await go(`#/jobs/${encodeURIComponent(job)}`);
+  await until(`${job}'s page`, async () => (await page.locator('.job h1').textContent()) === job);
+}
+
+/** The editor's definition text, replaced: `edit(text)` gives the new text. */
+async function editDefinition(edit) {
+  await page.locator('#job-editor').waitFor();
+  const text = await page.inputValue('#job-definition');
+  await page.fill('#job-definition', edit(text));
+  return text;
+}
+
+/** A managed job as the API shows it. */
+const managed = (job) => api(`/api/v1/jobs/${encodeURIComponent(job)}`);
+
+/** The revision a flash message starting with `words` names (an earlier flash may still
+ *  show: the words tell them apart). */
+async function flashedRevision(words) {
+  const re = new RegExp(`^${words.replace(/[()]/g, '\\$&')}:? \\(?revision (\\d+)`);
+  const text = await until(`the flash "${words} … revision N"`, async () => {
+    const t = await page.textContent('#flash');
+    return re.test(t) && t;
+  });
+  return Number(re.exec(text)[1]);
+}
 
 /** Polls `probe` until it returns something truthy; fails naming `what`. */
 async function until(what, probe, ms = WAIT_MS) {
@@ -75,8 +112,9 @@ function step(name, fn) {
 
 /** A request from the test itself, not the page. Its body is always read: an unread body
  *  holds its socket open, and that keeps this process alive long after the last step. */
-async function http(path, { token, method = 'GET', body } = {}) {
+async function http(path, { token, method = 'GET', body, ifMatch } = {}) {
   const headers = { 'Content-Type': 'application/json' };
+  if (ifMatch !== undefined) headers['If-Match'] = `"${ifMatch}"`;
   if (token) headers.Authorization = `Bearer ${token}`;
   const res = await fetch(BASE + path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   return { status: res.status, headers: res.headers, text: await res.text() };
@@ -121,18 +159,22 @@ async function runState() {
   return (await page.locator('[data-field="state"] .chip').getAttribute('data-state')) || '';
 }
 
-async function shoot(file) {
+/** A screenshot for the docs; `height`: of a taller window than the test's. */
+async function shoot(file, height = VIEWPORT.height) {
   if (!SHOTS) return;
   await page.evaluate(() => document.getElementById('flash').replaceChildren());
   await page.evaluate(() => document.activeElement && document.activeElement.blur());
-  await page.mouse.move(VIEWPORT.width - 1, VIEWPORT.height - 1); // no hover highlight
+  if (height !== VIEWPORT.height) await page.setViewportSize({ ...VIEWPORT, height });
+  await page.mouse.move(VIEWPORT.width - 1, height - 1); // no hover highlight
+  await page.evaluate(() => window.scrollTo(0, 0));
   await page.screenshot({ path: join(SHOTS, file) });
+  if (height !== VIEWPORT.height) await page.setViewportSize(VIEWPORT);
   console.log(`  screenshot ${join(SHOTS, file)}`);
 }
 
 async function noActionButtons(where) {
-  const buttons = await page.locator('button[data-action]').count();
-  const named = await page.getByRole('button', { name: /^(Trigger|Pause|Resume|Unlock)\b/ }).count();
+  const buttons = await page.locator('[data-action]').count();
+  const named = await page.getByRole('button', { name: /^(Trigger|Pause|Resume|Unlock|New job|Edit|Delete)\b/ }).count();
   assert.equal(buttons + named, 0, `${where}: a read-only caller sees ${buttons + named} action button(s)`);
 }
 
@@ -149,8 +191,9 @@ before(async () => {
   page.setDefaultTimeout(WAIT_MS);
   page.on('console', (m) => {
     // The browser logs every 4xx answer as a failed load: the sign-in probes ask for 401s,
-    // and the blank unlock reason for a 400. Any other (a missing file: 404) is a problem.
-    if (m.type() === 'error' && !/status of 40[01] /.test(m.text())) problems.push(`console: ${m.text()}`);
+    // the blank unlock reason and the bad definitions for 400s, the stale edit and the
+    // second creation for 409s. Any other (a missing file: 404) is a problem.
+    if (m.type() === 'error' && !/status of 40[019] /.test(m.text())) problems.push(`console: ${m.text()}`);
   });
   page.on('pageerror', (e) => problems.push(`uncaught: ${e.message}`));
   // A paused job for the screenshots (the console's own pause is tested on `tick`).
@@ -342,7 +385,190 @@ step('screenshots: jobs (light and dark), a job, a run', async () => {
   await shoot('run.png');
 });
 
+step('a new job is created from the console, the server\'s objections shown at the field they name', async () => {
+  await go('#/jobs');
+  await page.click('#new-job');
+  await page.locator('#job-editor').waitFor();
+  const template = JSON.parse(await page.inputValue('#job-definition'));
+  assert.ok(template.schedule && template.http && template.http.url, `the template: ${JSON.stringify(template)}`);
+  await page.fill('#job-name', MANAGED);
+  // Not JSON: said at once, before any request.
+  await page.fill('#job-definition', '{"schedule": ');
+  await page.click('#editor-submit');
+  const definitionError = page.locator('#job-definition-error');
+  await until('the parse error', () => definitionError.isVisible());
+  assert.match(await definitionError.textContent(), /^Not JSON: /);
+  // The server's word on a key: next to the definition, that key's line selected.
+  await page.fill('#job-definition', JSON.stringify({ ...DEFINITION, schedule: 'every now and then' }, null, 2));
+  await page.click('#editor-submit');
+  await until('the server\'s word on the schedule', async () => (await definitionError.getAttribute('data-param')) === 'schedule');
+  assert.match(await definitionError.textContent(), /^schedule: /);
+  assert.equal(await page.getAttribute('#job-definition', 'aria-invalid'), 'true');
+  const selected = await page.$eval('#job-definition', (t) => [document.activeElement === t, t.value.slice(t.selectionStart, t.selectionEnd)]);
+  assert.deepEqual(selected, [true, '  "schedule": "every now and then",'], 'the schedule\'s line is not focused and selected');
+  // The server's word on the name: next to the name.
+  await page.fill('#job-name', 'e2e managed');
+  await page.fill('#job-definition', JSON.stringify(DEFINITION, null, 2));
+  await page.click('#editor-submit');
+  const nameError = page.locator('#job-name-error');
+  await until('the server\'s word on the name', () => nameError.isVisible());
+  assert.equal(await nameError.getAttribute('data-param'), 'job');
+  assert.match(await nameError.textContent(), /contains a space/);
+  assert.ok(await definitionError.isHidden(), 'the schedule\'s error stayed after it was fixed');
+  await page.fill('#job-name', MANAGED);
+  await page.click('#editor-submit');
+  const revision = await flashedRevision(`Created ${MANAGED}`);
+  await until(`${MANAGED}'s page`, async () => (await page.locator('.job h1').textContent()) === MANAGED);
+  const job = await managed(MANAGED);
+  assert.equal(job.managed.revision, revision);
+  assert.deepEqual(job.definition, DEFINITION);
+  seen.created = revision;
+  // Creating never replaces: the same name again is refused at the name.
+  await go('#/new-job');
+  await page.locator('#job-editor').waitFor();
+  await page.fill('#job-name', MANAGED);
+  await page.click('#editor-submit');
+  await until('the name taken', () => nameError.isVisible());
+  assert.match(await nameError.textContent(), new RegExp(`A managed job named ${MANAGED} exists already \\(revision ${revision}\\)`));
+  assert.equal((await managed(MANAGED)).managed.revision, revision, 'a second creation replaced the job');
+});
+
+step('the managed job is listed; its page shows its definition, revision, author and revisions', async () => {
+  await search(MANAGED);
+  assert.match(await row(MANAGED).locator('[data-badge="managed"]').textContent(), new RegExp(`Managed · rev ${seen.created}$`));
+  await row(MANAGED).locator('a.job-name').click();
+  await until('the definition on its page', () => page.locator('#definition').isVisible());
+  assert.deepEqual(JSON.parse(await page.textContent('#definition')), DEFINITION);
+  assert.equal(await page.textContent('[data-field="revision"]'), String(seen.created));
+  assert.equal(await page.textContent('[data-field="changed-by"]'), 'ops');
+  const revisions = page.locator('.revisions tbody tr');
+  assert.equal(await revisions.count(), 1);
+  assert.equal(await revisions.first().getAttribute('data-change'), 'created');
+  assert.match(await revisions.first().textContent(), /\+ created\s*ops/);
+  await page.locator('.job .head button[data-action="edit"]').waitFor();
+  await page.locator('.job .head button[data-action="delete"]').waitFor();
+});
+
+step('a declared job says where it is declared, and offers no edit', async () => {
+  await openJob('stuck');
+  await until('where stuck is declared', () => page.locator('#declared-in').isVisible());
+  assert.match(await page.textContent('#declared-in'), /^Declared in \/tmp\/solocron-e2e\.\w+\/solocron\.toml: read-only here/);
+  assert.equal(await page.locator('[data-action="edit"], [data-action="delete"]').count(), 0);
+  await go('#/jobs/stuck/edit');
+  await until('the editor\'s refusal', () => page.locator('#editor-refused').isVisible());
+  assert.match(await page.textContent('#editor-refused'), /cannot be edited here\. It is declared in /);
+  assert.equal(await page.locator('#job-editor').count(), 0);
+});
+
+step('an edit shows the diff, is saved only once confirmed, and is a new revision', async () => {
+  await openJob(MANAGED);
+  await page.click('.job .head button[data-action="edit"]');
+  await editDefinition((t) => t.replace('*/5 * * * * *', '*/7 * * * * *'));
+  assert.equal(await page.getAttribute('#editor-meta', 'data-revision'), String(seen.created));
+  await page.keyboard.press('Control+Enter'); // the review, from the keyboard
+  const review = page.locator('#job-review');
+  await until('the diff', () => review.isVisible());
+  const lines = async (tag) => (await review.locator(`pre.diff ${tag}`).allTextContents()).map((l) => l.trimEnd());
+  assert.deepEqual(await lines('del'), ['-   "schedule": "*/5 * * * * *"']);
+  assert.deepEqual(await lines('ins'), ['+   "schedule": "*/7 * * * * *"']);
+  assert.equal(await review.locator('.diff-sum').textContent(), '1 line removed (−), 1 line added (+)');
+  assert.ok(await page.$eval('#job-definition', (t) => t.readOnly), 'the text can change under the diff shown');
+  assert.equal((await managed(MANAGED)).managed.revision, seen.created, 'saved before it was confirmed');
+  await shoot('job-editor.png', EDITOR_SHOT_HEIGHT);
+  await page.click('#review-save');
+  const revision = await flashedRevision(`Saved ${MANAGED}`);
+  assert.ok(revision > seen.created, `revision ${revision} after ${seen.created}`);
+  await until('the new revision on the job page', async () => (await page.locator('[data-field="revision"]').textContent()) === String(revision));
+  assert.equal(JSON.parse(await page.textContent('#definition')).schedule, '*/7 * * * * *');
+  const rows = page.locator('.revisions tbody tr');
+  assert.deepEqual(await rows.evaluateAll((rs) => rs.map((r) => [r.dataset.revision, r.dataset.change])),
+    [[String(revision), 'changed'], [String(seen.created), 'created']]);
+  // What changed, unfolded, stays open across the page's reads: the page reads again only
+  // after drawing what it read, so the second read asked for follows a redraw.
+  let reads = 0;
+  const count = (r) => { if (r.url().includes(`/api/v1/jobs/${MANAGED}/revisions`)) reads += 1; };
+  page.on('request', count);
+  await rows.first().locator('summary').click();
+  await until('two more reads of the page', async () => reads >= 2);
+  page.off('request', count);
+  assert.ok(await rows.first().locator('details').evaluate((d) => d.open), 'the unfolded change folded at a redraw');
+  assert.deepEqual(await rows.first().locator('del').allTextContents(), ['-   "schedule": "*/5 * * * * *"\n']);
+  seen.edited = revision;
+});
+
+step('a stale edit is refused (409), says so, and offers the newest version', async () => {
+  await page.click('.job .head button[data-action="edit"]');
+  await editDefinition((t) => t.replace('"2s"', '"3s"'));
+  // Meanwhile, someone else changes the job through the API.
+  const theirs = { ...DEFINITION, schedule: '*/7 * * * * *', lease: '45s' };
+  const put = await http(`/api/v1/jobs/${MANAGED}`, { token: OPS, method: 'PUT', body: theirs, ifMatch: seen.edited });
+  assert.equal(put.status, 200, put.text);
+  const theirRevision = JSON.parse(put.text).revision;
+  await page.click('#editor-submit');
+  await page.click('#review-save');
+  const conflict = page.locator('#conflict');
+  await until('the conflict', () => conflict.isVisible());
+  assert.match(await conflict.textContent(), new RegExp(`someone changed this job since you opened it\\. You edited revision ${seen.edited}`));
+  const now = await managed(MANAGED);
+  assert.equal(now.managed.revision, theirRevision, 'the stale edit was written');
+  assert.deepEqual(now.definition, theirs);
+  await page.click('#editor-reload');
+  await until('the newest version in the editor', async () => (await page.getAttribute('#editor-meta', 'data-revision')) === String(theirRevision));
+  assert.deepEqual(JSON.parse(await page.inputValue('#job-definition')), theirs);
+  assert.match(await page.textContent('#unsaved pre'), /"timeout": "3s"/);
+  seen.theirs = theirRevision;
+});
+
+step('trigger, pause and resume keep working on a managed job', async () => {
+  await openJob(MANAGED);
+  const head = page.locator('.job .head');
+  await head.locator('button[data-action="trigger"]').click();
+  await confirm('e2e: managed run');
+  const link = page.locator('#flash-run');
+  await until('the flash naming the requested run', () => link.isVisible());
+  const id = await link.getAttribute('data-run-id');
+  const run = await until(`run ${id} to fail on the refused connection`, async () => {
+    const r = (await api(`/api/v1/runs/${encodeURIComponent(id)}`)).run;
+    return r.state === 'failed' && r;
+  });
+  assert.equal(run.trigger, 'manual');
+  assert.match(run.reason, /127\.0\.0\.1:9/);
+  await head.locator('button[data-action="pause"]').click();
+  await confirm('e2e: managed pause');
+  const badge = head.locator('[data-badge="paused"]');
+  await until('the paused badge', () => badge.isVisible());
+  await head.locator('button[data-action="resume"]').click();
+  await confirm();
+  await until('the paused badge to go', async () => (await badge.count()) === 0);
+});
+
+step('deleting asks first; the job is then no longer managed', async () => {
+  const head = page.locator('.job .head');
+  await head.locator('button[data-action="delete"]').click();
+  assert.equal(await page.textContent('#confirm-title'), `Delete ${MANAGED}?`);
+  assert.match(await page.textContent('#confirm-text'), new RegExp(`a run in progress finishes.*revision ${seen.theirs}`));
+  assert.ok(await page.locator('#confirm-reason-box').isHidden(), 'a delete asks for a reason the API does not take');
+  await page.click('#confirm-cancel');
+  assert.equal((await managed(MANAGED)).managed.revision, seen.theirs, 'deleted without confirmation');
+  await head.locator('button[data-action="delete"]').click();
+  await confirm();
+  const revision = await flashedRevision(`Deleted ${MANAGED}`);
+  await until('the deletion on the job page', () => page.locator('#deleted-note').isVisible());
+  assert.match(await page.textContent('#deleted-note'), new RegExp(`Deleted by ops .*\\(revision ${revision}\\)`));
+  const first = page.locator('.revisions tbody tr').first();
+  assert.equal(await first.getAttribute('data-change'), 'deleted');
+  assert.equal(await first.getAttribute('data-revision'), String(revision));
+  assert.equal(await page.locator('[data-action="edit"], [data-action="delete"], #definition').count(), 0);
+  assert.equal((await managed(MANAGED)).managed, null);
+  // The list keeps no managed job of that name (a node's registration may still list it).
+  await go(`#/jobs?search=${MANAGED}`);
+  await until('the search answered', async () => /match$/.test(await page.textContent('#jobs-count')));
+  assert.equal(await page.locator('[data-badge="managed"]').count(), 0);
+});
+
 step('signed in with the read token, no action button is shown anywhere', async () => {
+  const put = await http('/api/v1/jobs/e2e-read-only', { token: OPS, method: 'PUT', body: DEFINITION });
+  assert.equal(put.status, 200, put.text);
   await page.click('#sign-out');
   await page.waitForSelector('#token');
   await signIn(VIEW);
@@ -350,6 +576,15 @@ step('signed in with the read token, no action button is shown anywhere', async 
   await go('#/jobs');
   await until('the job list', async () => (await page.locator('.jobs-table tbody tr').count()) >= 6);
   await noActionButtons('the job list');
+  await openJob('e2e-read-only');
+  await until('its definition', () => page.locator('#definition').isVisible());
+  await noActionButtons('a managed job\'s page');
+  for (const hash of ['#/jobs/e2e-read-only/edit', '#/new-job']) {
+    await go(hash);
+    await until(`the refusal at ${hash}`, () => page.locator('#editor-refused').isVisible());
+    assert.match(await page.textContent('#editor-refused'), /may read only/);
+    assert.equal(await page.locator('#job-editor').count(), 0, `an editor at ${hash}`);
+  }
   await go('#/jobs/stuck');
   await until('stuck\'s page', async () => (await page.locator('.job h1').textContent()) === 'stuck');
   await noActionButtons('a job page');
@@ -361,6 +596,8 @@ step('signed in with the read token, no action button is shown anywhere', async 
   await noActionButtons('the nodes view');
   const refused = await http('/api/v1/jobs/tick/pause', { token: VIEW, method: 'POST', body: {} });
   assert.equal(refused.status, 403, 'the API must refuse a read token\'s action');
+  const write = await http('/api/v1/jobs/e2e-read-only', { token: VIEW, method: 'DELETE' });
+  assert.equal(write.status, 403, 'the API must refuse a read token\'s delete');
 });
 
 step('no page raised a script error or a policy violation', async () => {

@@ -24,6 +24,22 @@ const ACTIONS_SHOWN = 100;
 const STRIP_CELLS = 20;
 /** How long a success message stays. */
 const FLASH_MS = 20000;
+/** Revisions shown on a job's page (the API allows 1 to 1000; one more is read to tell
+ *  the oldest shown as created or changed). */
+const REVISIONS_SHOWN = 25;
+/** Longest definition (in lines, either side) diffed line by line; a longer one is shown
+ *  as wholly removed and added (the diff's table grows with the product of both). */
+const DIFF_LINES_MAX = 1000;
+/** Rows of the definition editor: its text's lines and one more, within these bounds. */
+const EDITOR_ROWS_MIN = 10;
+const EDITOR_ROWS_MAX = 28;
+/** What a new job's definition starts as: an HTTP job, the API's kind. */
+const NEW_JOB_TEMPLATE = {
+  schedule: '*/15 * * * *',
+  timezone: 'UTC',
+  http: { url: 'https://service.internal/jobs/refresh', method: 'POST', timeout: '30s' },
+  lease: '60s',
+};
 /** Where the token is kept: for this tab only, gone when it closes. */
 const TOKEN_KEY = 'solocron.token';
 /** Set when the caller chose to go on without a token (a server with none). */
@@ -63,7 +79,15 @@ const ACTIONS = {
     verb: 'Unlock', reason: true, danger: true,
     text: 'Its running runs are ended as abandoned; their holders stop the job at their next lease renewal. For a run that is stuck or whose node is gone.',
   },
+  // The API takes no reason for a delete: the revision records who deleted the job.
+  delete: {
+    verb: 'Delete', reason: false, danger: true, noReason: true,
+    text: 'Its definition is removed from the store: every node stops scheduling it within a second, and a run in progress finishes. Its runs and revisions stay.',
+  },
 };
+
+/** How a revision changed its job, as a glyph and a word. */
+const CHANGES = { created: ['+', 'created'], changed: ['~', 'changed'], deleted: ['−', 'deleted'] };
 
 const S = {
   token: sessionStorage.getItem(TOKEN_KEY),
@@ -236,10 +260,14 @@ class ApiError extends Error {
   }
 }
 
-async function api(path, { method = 'GET', body, token = S.token, signal } = {}) {
+/** A call of the API; `ifMatch` (a revision) or `ifNoneMatch` makes a managed job's write
+ *  conditional. */
+async function api(path, { method = 'GET', body, token = S.token, signal, ifMatch, ifNoneMatch } = {}) {
   const headers = { Accept: 'application/json' };
   if (token) headers.Authorization = `Bearer ${token}`;
   if (body !== undefined) headers['Content-Type'] = 'application/json';
+  if (ifMatch !== undefined) headers['If-Match'] = `"${ifMatch}"`;
+  if (ifNoneMatch) headers['If-None-Match'] = '*';
   let res;
   try {
     res = await fetch(API + path, {
@@ -353,7 +381,7 @@ function enter(me) {
   $('live').hidden = false;
   $('who-name').textContent = me.name;
   $('who-role').textContent = me.role ? me.role : 'read only';
-  $('who-role').title = me.can_act ? 'May read and act (trigger, pause, resume, unlock)' : 'May read only';
+  $('who-role').title = me.can_act ? 'May read and act (trigger, pause, resume, unlock; create, edit and delete managed jobs)' : 'May read only';
   document.body.classList.toggle('can-act', !!me.can_act);
   route();
 }
@@ -364,7 +392,8 @@ function signOut(message) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Routing (#/jobs, #/jobs/NAME, #/runs, #/runs/ID, #/nodes, #/actions) and polling.
+// Routing (#/jobs, #/jobs/NAME, #/jobs/NAME/edit, #/new-job, #/runs, #/runs/ID, #/nodes,
+// #/actions) and polling.
 
 function parseHash() {
   const raw = location.hash.replace(/^#\/?/, '');
@@ -382,6 +411,8 @@ function pick(parts, params) {
   const [top, arg] = parts;
   if (!top || (top === 'jobs' && parts.length === 1)) return jobsView(params);
   if (top === 'jobs' && parts.length === 2) return jobView(arg, params);
+  if (top === 'jobs' && parts.length === 3 && parts[2] === 'edit') return editorView(arg);
+  if (top === 'new-job' && parts.length === 1) return editorView(null);
   if (top === 'runs' && parts.length === 1) return runsView(params);
   if (top === 'runs' && parts.length === 2) return runView(arg);
   if (top === 'nodes' && parts.length === 1) return nodesView();
@@ -408,17 +439,19 @@ function route() {
   refresh();
 }
 
-/** Reads the current view now, draws it, and reads again POLL_MS later while visible. */
+/** Reads the current view now, draws it, and reads again POLL_MS later while visible. A view
+ *  marked `once` (an editor) is drawn once only: a read must not wipe what is being typed. */
 async function refresh() {
   stopPolling();
   const view = S.view;
-  if (!view || document.visibilityState !== 'visible') return;
+  if (!view || document.visibilityState !== 'visible' || view.drawn) return;
   const seq = ++S.seq;
   const nav = S.nav;
   try {
     const data = await view.load(S.abort.signal);
     if (seq !== S.seq || nav !== S.nav) return;
     view.render(data);
+    if (view.once) view.drawn = true;
     setLive(true);
   } catch (e) {
     if (seq !== S.seq || nav !== S.nav || e.name === 'AbortError') return;
@@ -426,7 +459,7 @@ async function refresh() {
     if (view.failed) view.failed(e);
     setLive(false, problemText(e));
   }
-  if (seq === S.seq && document.visibilityState === 'visible') S.timer = setTimeout(refresh, POLL_MS);
+  if (seq === S.seq && document.visibilityState === 'visible' && !view.drawn) S.timer = setTimeout(refresh, POLL_MS);
 }
 
 function stopPolling() {
@@ -524,6 +557,12 @@ function badges(job) {
     out.push(h('span', { class: 'badge stale', 'data-badge': 'stale',
       title: 'Nodes registered this job, but none of them is alive' }, '◐ Stale'));
   }
+  if (job.managed) {
+    const m = job.managed;
+    out.push(h('span', { class: 'badge managed', 'data-badge': 'managed',
+      title: `Defined in the store: revision ${m.revision}, written by ${m.changed_by} ${utc(m.changed_at)}` },
+    h('span', { 'aria-hidden': 'true' }, '✎ '), `Managed · rev ${m.revision}`));
+  }
   return out;
 }
 
@@ -542,16 +581,23 @@ function lastRunLine(job) {
   return h('span', null, h('a', { href: runHref(r.id), 'data-key': `last:${job.name}` }, chip(r.state)), ' ', agoEl(r.finished_at || r.scheduled_at));
 }
 
-/** Action buttons for a job; none at all for a caller who may not act. */
-function actionButtons(job) {
+/** Action buttons for a job; none at all for a caller who may not act. On the job's own
+ *  page (`withEdit`) a managed job also has Edit and Delete. */
+function actionButtons(job, withEdit) {
   if (!S.me || !S.me.can_act) return null;
   const b = (kind, cls) => h('button', { type: 'button', class: cls || '', 'data-action': kind, 'data-job': job.name,
     'data-key': `act:${kind}:${job.name}`, 'aria-label': `${ACTIONS[kind].verb} ${job.name}`,
     onclick: () => confirmAction(kind, job.name) }, ACTIONS[kind].verb);
+  const m = withEdit && job.managed;
   return h('div', { class: 'actions' },
     b('trigger'),
     job.paused ? b('resume') : b('pause'),
-    job.running.length ? b('unlock', 'danger') : null);
+    job.running.length ? b('unlock', 'danger') : null,
+    m ? h('button', { type: 'button', 'data-action': 'edit', 'data-job': job.name, 'data-key': `act:edit:${job.name}`,
+      'aria-label': `Edit ${job.name}`, onclick: () => { location.hash = `${jobHref(job.name)}/edit`; } }, 'Edit') : null,
+    m ? h('button', { type: 'button', class: 'danger', 'data-action': 'delete', 'data-job': job.name,
+      'data-key': `act:delete:${job.name}`, 'aria-label': `Delete ${job.name}`,
+      onclick: () => confirmAction('delete', job.name, m.revision) }, 'Delete') : null);
 }
 
 function runsTable(runs, withJob) {
@@ -632,8 +678,10 @@ function jobsView(params) {
     clearTimeout(debounce);
     debounce = setTimeout(() => { st.search = search.value.trim(); changed(); }, 250);
   });
+  const create = S.me.can_act ? h('div', { class: 'actions' }, h('button', { type: 'button', class: 'primary', id: 'new-job',
+    'data-action': 'new', onclick: () => { location.hash = '#/new-job'; } }, h('span', { 'aria-hidden': 'true' }, '+ '), 'New job')) : null;
   const el = h('div', { class: 'view jobs' },
-    h('div', { class: 'head' }, h('h1', null, 'Jobs'), count),
+    h('div', { class: 'head' }, h('h1', null, 'Jobs'), count, create),
     h('form', { class: 'toolbar', role: 'search', onsubmit: (e) => { e.preventDefault(); st.search = search.value.trim(); changed(); } },
       h('label', { for: 'job-search', class: 'sr-only' }, 'Search jobs by name'), search,
       select('job-state', 'Show jobs in state', JOB_FILTERS, st.state, (v) => { st.state = v; changed(); }),
@@ -684,7 +732,8 @@ function jobsTable(jobs, st) {
 // One job.
 
 function jobView(name, params) {
-  const st = { state: params.get('state') || '', pg: newPager('Newer', 'Older') };
+  // `open`: the revisions whose definition is unfolded, kept across redraws.
+  const st = { state: params.get('state') || '', pg: newPager('Newer', 'Older'), open: new Set() };
   const head = h('div', { class: 'head' });
   const body = h('div', { class: 'job-body' });
   const history = h('div', { class: 'history' });
@@ -704,15 +753,18 @@ function jobView(name, params) {
   return {
     el, section: 'jobs', title: name,
     async load(signal) {
-      const [job, runs] = await Promise.all([
+      const [job, runs, revisions] = await Promise.all([
         api(`/jobs/${enc(name)}`, { signal }),
         api(`/runs${qs({ job: name, state: st.state, cursor: st.pg.cursor, limit: RUNS_PAGE })}`, { signal }),
+        api(`/jobs/${enc(name)}/revisions${qs({ limit: REVISIONS_SHOWN + 1 })}`, { signal }),
       ]);
-      return { job, runs };
+      return { job, runs, revisions };
     },
-    render({ job, runs }) {
-      swap(head, h('h1', null, job.name), h('div', { class: 'badges' }, badges(job)), actionButtons(job));
-      swap(body, jobCards(job), section(`Last ${STRIP_CELLS} runs`, strip(job.recent, job.name, true)),
+    render({ job, runs, revisions }) {
+      swap(head, h('h1', null, job.name), h('div', { class: 'badges' }, badges(job)), actionButtons(job, true));
+      swap(body, jobCards(job), definitionPanel(job, revisions),
+        section(`Last ${STRIP_CELLS} runs`, strip(job.recent, job.name, true)),
+        revisions.length ? revisionsPanel(revisions, st.open) : null,
         section('Policies per node', registrations(job)));
       st.pg.next = runs.next_cursor || null;
       swap(history, runsTable(runs.runs, false));
@@ -720,7 +772,11 @@ function jobView(name, params) {
         ? pager(st.pg, 'History pages', `page ${st.pg.stack.length + 1}`, () => refresh()) : null);
       swap(auditBox, actionsTable(job.actions, false));
     },
-    failed: (e) => swap(body, errorBox(e)),
+    failed(e) {
+      // A job gone (a managed job deleted before any node registered it) keeps no buttons.
+      if (e.status === 404) swap(head, h('h1', null, name));
+      swap(body, errorBox(e));
+    },
   };
 }
 
@@ -735,7 +791,8 @@ function jobCards(job) {
     h('section', { class: 'card' }, h('h2', null, 'Schedule'),
       h('p', { class: 'big' }, dash(job.schedule_words)),
       h('p', null, h('code', null, dash(job.schedule)), ' in ', h('strong', null, dash(job.timezone))),
-      h('p', { class: 'muted' }, job.declared_in ? `Declared in ${job.declared_in}` : 'Known from the nodes\' registrations',
+      h('p', { class: 'muted' }, job.declared_in ? `Declared in ${job.declared_in}`
+        : job.managed ? `Managed in the store (revision ${job.managed.revision})` : 'Known from the nodes\' registrations',
         job.nodes.length ? ` · served by ${job.nodes.join(', ')}` : ' · no node serves it')),
     h('section', { class: 'card' }, h('h2', null, 'Next fire times'),
       job.next_fires.length ? h('ol', { class: 'fires' }, job.next_fires.map((f) => h('li', { title: utc(f.utc) },
@@ -763,6 +820,367 @@ function registrations(job) {
     h('td', null, agoEl(r.last_seen))));
   return table(['Node', 'Schedule', 'Policies', 'Definition', 'First seen', 'Confirmed'], rows,
     'No node has registered this job.', 'regs');
+}
+
+// ---------------------------------------------------------------------------------------
+// Managed jobs: the definition and its revisions on a job's page, the editor, the diff.
+
+/** A JSON value with every object's keys sorted (as the server stores a definition), so
+ *  two definitions differing only in key order print alike. */
+function canonical(v) {
+  if (Array.isArray(v)) return v.map(canonical);
+  if (v && typeof v === 'object') return Object.fromEntries(Object.keys(v).sort().map((k) => [k, canonical(v[k])]));
+  return v;
+}
+
+const pretty = (v) => JSON.stringify(canonical(v), null, 2);
+
+/** The lines of `a` and `b` as [op, line] (op ' ' kept, '-' removed, '+' added), from
+ *  their longest common subsequence: removals before additions where both fit. */
+function lineDiff(a, b) {
+  if (a.length > DIFF_LINES_MAX || b.length > DIFF_LINES_MAX) {
+    return [...a.map((l) => ['-', l]), ...b.map((l) => ['+', l])];
+  }
+  const w = b.length + 1;
+  const lcs = new Uint32Array((a.length + 1) * w);
+  for (let i = a.length - 1; i >= 0; i--) {
+    for (let j = b.length - 1; j >= 0; j--) {
+      lcs[i * w + j] = a[i] === b[j] ? lcs[(i + 1) * w + j + 1] + 1 : Math.max(lcs[(i + 1) * w + j], lcs[i * w + j + 1]);
+    }
+  }
+  const out = [];
+  let i = 0;
+  let j = 0;
+  while (i < a.length && j < b.length) {
+    if (a[i] === b[j]) {
+      out.push([' ', a[i]]);
+      i += 1;
+      j += 1;
+    } else if (lcs[(i + 1) * w + j] >= lcs[i * w + j + 1]) {
+      out.push(['-', a[i++]]);
+    } else {
+      out.push(['+', b[j++]]);
+    }
+  }
+  while (i < a.length) out.push(['-', a[i++]]);
+  while (j < b.length) out.push(['+', b[j++]]);
+  return out;
+}
+
+/** A diff of two definitions (`before` null: all added), each line marked by a sign and
+ *  an ins/del element, not by colour alone. */
+function diffEl(before, after, label) {
+  const ops = lineDiff(before === null ? [] : pretty(before).split('\n'), pretty(after).split('\n'));
+  const added = ops.filter(([o]) => o === '+').length;
+  const removed = ops.filter(([o]) => o === '-').length;
+  const lines = (n) => `${n} ${n === 1 ? 'line' : 'lines'}`;
+  const kinds = { '+': ['ins', 'd-add'], '-': ['del', 'd-del'], ' ': ['span', 'd-same'] };
+  return h('div', { class: 'diff-box' },
+    h('p', { class: 'muted small diff-sum' }, `${lines(removed)} removed (−), ${lines(added)} added (+)`),
+    h('pre', { class: 'diff', tabindex: '0', 'aria-label': label }, ops.map(([o, line]) => {
+      const [tag, cls] = kinds[o];
+      return h(tag, { class: `d-line ${cls}` }, h('span', { class: 'd-sign' }, o === ' ' ? ' ' : o), ` ${line}\n`);
+    })));
+}
+
+/** A job's definition: a managed job's JSON with its revision and writer; where a
+ *  configuration declares it, that file (and no way to edit it here); a deleted managed
+ *  job's deletion. Nothing for a job only known from the nodes' registrations. */
+function definitionPanel(job, revisions) {
+  if (job.managed) {
+    const m = job.managed;
+    return h('section', { class: 'panel', id: 'definition-panel' }, h('h2', null, 'Definition'),
+      h('div', { class: 'definition-grid' },
+        facts([
+          ['Revision', String(m.revision), 'revision'],
+          ['Written by', m.changed_by, 'changed-by'],
+          ['When', [h('time', { datetime: m.changed_at, title: utc(m.changed_at, true) }, utc(m.changed_at)), ' (', agoEl(m.changed_at), ')'], 'changed-at'],
+        ]),
+        h('pre', { class: 'output definition', id: 'definition', tabindex: '0', 'aria-label': `Definition of ${job.name}` },
+          pretty(job.definition || {}))));
+  }
+  if (job.declared_in) {
+    return h('section', { class: 'panel', id: 'definition-panel' }, h('h2', null, 'Definition'),
+      h('p', { id: 'declared-in' }, 'Declared in ', h('code', null, job.declared_in),
+        ': read-only here. Change it in that file; the daemon reads it again on SIGHUP.'));
+  }
+  const last = revisions[0];
+  if (last && last.deleted) {
+    return h('section', { class: 'panel', id: 'definition-panel' }, h('h2', null, 'Definition'),
+      h('p', { id: 'deleted-note' }, h('span', { 'aria-hidden': 'true' }, '− '), `Deleted by ${last.changed_by} `,
+        h('time', { datetime: last.changed_at, title: utc(last.changed_at, true) }, utcShort(last.changed_at)),
+        ` (revision ${last.revision}): no node schedules it any more. Its runs and revisions stay.`));
+  }
+  return null;
+}
+
+/** The revisions of a managed job, newest first: who, when, what kind of change, and the
+ *  change itself unfolded on demand (`open`: the revisions unfolded, across redraws). */
+function revisionsPanel(revisions, open) {
+  const shown = revisions.slice(0, REVISIONS_SHOWN);
+  const rows = shown.map((r, i) => {
+    // The list holds one more than shown, so the oldest shown has its predecessor.
+    const older = revisions[i + 1];
+    const kind = r.deleted ? 'deleted' : !older || older.deleted ? 'created' : 'changed';
+    const [glyph, word] = CHANGES[kind];
+    let change = null;
+    if (!r.deleted) {
+      const det = h('details', { open: open.has(r.revision) },
+        h('summary', { 'data-key': `rev:${r.revision}` }, kind === 'created' ? 'definition' : 'what changed'),
+        diffEl(kind === 'created' ? null : older.spec, r.spec, `Revision ${r.revision} of ${r.job}`));
+      det.addEventListener('toggle', () => (det.open ? open.add(r.revision) : open.delete(r.revision)));
+      change = det;
+    }
+    return h('tr', { 'data-revision': r.revision, 'data-change': kind },
+      h('td', { class: 'num' }, String(r.revision)),
+      h('td', null, h('span', { class: `change c-${kind}` }, h('span', { 'aria-hidden': 'true' }, `${glyph} `), word)),
+      h('td', null, r.changed_by),
+      h('td', null, h('time', { datetime: r.changed_at, title: utc(r.changed_at, true) }, utcShort(r.changed_at))),
+      h('td', { class: 'rev-change' }, change));
+  });
+  return h('section', { class: 'panel' }, h('h2', null, 'Revisions'),
+    table(['Revision', 'Change', 'By', 'When (UTC)', 'Definition'], rows, 'No revisions.', 'revisions'));
+}
+
+/** The editor of a managed job (`name` null: a new job). Drawn once: polling would wipe
+ *  what is being typed. */
+function editorView(name) {
+  const el = h('div', { class: 'view editor' });
+  const redraw = (job, unsaved) => swap(el, editorPage(name, job, redraw, unsaved));
+  return {
+    el, section: 'jobs', title: name === null ? 'New job' : `Edit ${name}`, once: true,
+    load: (signal) => (name === null ? null : api(`/jobs/${enc(name)}`, { signal })),
+    render: (job) => redraw(job, null),
+    failed: (e) => swap(el, editorHead(name), errorBox(e)),
+  };
+}
+
+function editorHead(name) {
+  return [h('p', { class: 'crumbs' }, h('a', { href: '#/jobs' }, 'Jobs'), ' / ',
+    name === null ? null : [h('a', { href: jobHref(name) }, name), ' / ']),
+  h('h1', null, name === null ? 'New job' : ['Edit ', name])];
+}
+
+function editorPage(name, job, redraw, unsaved) {
+  const head = editorHead(name);
+  if (!S.me.can_act) {
+    return [head, h('p', { class: 'problem', role: 'alert', id: 'editor-refused' },
+      `This token (${S.me.role || 'read only'}) may read only: it cannot ${name === null ? 'create' : 'change'} jobs.`)];
+  }
+  if (name !== null && !job.managed) {
+    const where = job.declared_in
+      ? ['It is declared in ', h('code', null, job.declared_in), ': change it there.']
+      : ['It is not a managed job: the nodes\' configurations define it.'];
+    return [head, h('p', { class: 'problem', role: 'alert', id: 'editor-refused' }, `${name} cannot be edited here. `, where)];
+  }
+  return [head, editorForm(name, job, redraw, unsaved)];
+}
+
+/** Selects the line of `text` where the (dotted) key `param` is written, if it is. */
+function selectKey(area, param) {
+  const text = area.value;
+  let at = -1;
+  for (const part of (param || '').split('.')) {
+    const found = text.slice(at + 1).search(new RegExp(`"${part.replace(/[^\w-]/g, '\\$&')}"\\s*:`));
+    if (found < 0) return;
+    at += 1 + found;
+  }
+  if (at < 0) return;
+  const start = text.lastIndexOf('\n', at) + 1;
+  const end = text.indexOf('\n', at);
+  area.setSelectionRange(start, end < 0 ? text.length : end);
+}
+
+function editorForm(name, job, redraw, unsaved) {
+  const creating = name === null;
+  const base = creating ? null : job.definition || {};
+  const revision = creating ? null : job.managed.revision;
+  const field = (id) => h('p', { class: 'problem field-error', id: `${id}-error`, role: 'alert', hidden: true });
+  const nameInput = creating ? h('input', { type: 'text', id: 'job-name', name: 'name', required: true, autocomplete: 'off',
+    spellcheck: 'false', autocapitalize: 'off', 'aria-describedby': 'job-name-help job-name-error' }) : null;
+  const nameError = field('job-name');
+  const text = creating ? JSON.stringify(NEW_JOB_TEMPLATE, null, 2) : pretty(base);
+  const rows = Math.min(EDITOR_ROWS_MAX, Math.max(EDITOR_ROWS_MIN, text.split('\n').length + 1));
+  const area = h('textarea', { id: 'job-definition', name: 'definition', rows, required: true, spellcheck: 'false',
+    autocomplete: 'off', autocapitalize: 'off', 'aria-describedby': 'job-definition-help job-definition-error' });
+  area.value = text;
+  const areaError = field('job-definition');
+  const general = h('p', { class: 'problem', id: 'editor-error', role: 'alert', hidden: true });
+  const submit = h('button', { type: 'submit', class: 'primary', id: 'editor-submit' }, creating ? 'Create job' : 'Review changes');
+  const review = h('section', { class: 'card review', id: 'job-review', tabindex: '-1', hidden: true, 'aria-labelledby': 'review-title' });
+  const form = h('form', { class: 'card editor-form', id: 'job-editor', 'aria-label': creating ? 'New job' : `Edit ${name}` },
+    creating ? [h('label', { for: 'job-name' }, 'Name'), nameInput,
+      h('p', { class: 'hint', id: 'job-name-help' }, 'Unique in the store, no spaces, no @ or #: like billing.invoices-daily.'), nameError] : null,
+    h('label', { for: 'job-definition' }, 'Definition (JSON)'),
+    h('p', { class: 'hint', id: 'job-definition-help' },
+      'The keys of a configuration\'s [[jobs]] entry, without name: schedule (cron, 5 or 6 fields), timezone, ',
+      'http (url, method, headers, body, timeout, expect_status), lease, timeout, overlap, misfire, on_crash, max_attempts… ',
+      'The server checks it by the configuration\'s rules; commands only where it allows them. Ctrl+Enter: ',
+      creating ? 'create.' : 'review.'),
+    area, areaError, general,
+    h('div', { class: 'buttons' }, h('a', { class: 'button', href: creating ? '#/jobs' : jobHref(name), id: 'editor-cancel' }, 'Cancel'), submit));
+  const ed = { name, revision, base, area, nameInput, nameError, areaError, general, submit, review, redraw, creating };
+  form.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    if (creating) createJob(ed);
+    else reviewEdit(ed);
+  });
+  area.addEventListener('keydown', (ev) => {
+    if (ev.key === 'Enter' && (ev.ctrlKey || ev.metaKey)) {
+      ev.preventDefault();
+      form.requestSubmit();
+    }
+  });
+  const meta = creating ? null : h('p', { class: 'muted', id: 'editor-meta', 'data-revision': revision },
+    `Editing revision ${revision}, written by ${job.managed.changed_by} `, agoEl(job.managed.changed_at),
+    '. Saving writes only if it is still at this revision.');
+  const mine = unsaved === null || unsaved === undefined ? null : h('details', { class: 'card unsaved', id: 'unsaved', open: true },
+    h('summary', null, 'Your text, not saved: copy what you need into the editor'),
+    h('pre', { class: 'output', tabindex: '0', 'aria-label': 'Your text, not saved' }, unsaved));
+  return [meta, mine, form, review];
+}
+
+/** Clears the errors of the editor's fields. */
+function clearErrors(ed) {
+  for (const [box, input] of [[ed.nameError, ed.nameInput], [ed.areaError, ed.area], [ed.general, null]]) {
+    box.hidden = true;
+    box.textContent = '';
+    delete box.dataset.param;
+    if (input) input.removeAttribute('aria-invalid');
+  }
+}
+
+/** Shows the server's (or the parser's) words next to the field `param` names: the name
+ *  field for `job`, else the definition, with the key's line selected. Focuses the field. */
+function fieldError(ed, param, text) {
+  const onName = ed.creating && (param === 'job' || param === 'path');
+  const [box, input] = onName ? [ed.nameError, ed.nameInput] : [ed.areaError, ed.area];
+  box.replaceChildren(...[text].flat());
+  box.dataset.param = param;
+  box.hidden = false;
+  input.setAttribute('aria-invalid', 'true');
+  input.focus();
+  if (!onName) selectKey(ed.area, param);
+}
+
+function generalError(ed, content) {
+  ed.general.replaceChildren(...[content].flat());
+  ed.general.hidden = false;
+}
+
+/** The definition parsed, or null after showing why it is not JSON. */
+function parsed(ed) {
+  clearErrors(ed);
+  try {
+    return { value: JSON.parse(ed.area.value) };
+  } catch (e) {
+    fieldError(ed, '(body)', `Not JSON: ${e.message}`);
+    return null;
+  }
+}
+
+async function createJob(ed) {
+  const def = parsed(ed);
+  if (!def) return;
+  const job = ed.nameInput.value.trim();
+  if (!job) return fieldError(ed, 'job', 'Name the job.');
+  ed.submit.disabled = true;
+  try {
+    const answer = await api(`/jobs/${enc(job)}`, { method: 'PUT', body: def.value, ifNoneMatch: true });
+    flash(['Created ', h('strong', null, job), ` (revision ${answer.revision}): every node picks it up within a second.`]);
+    location.hash = jobHref(job);
+  } catch (e) {
+    await createRefused(ed, job, e);
+  } finally {
+    ed.submit.disabled = false;
+  }
+}
+
+async function createRefused(ed, job, e) {
+  const p = e.problem || {};
+  if (e.status === 400 && p.param) return fieldError(ed, p.param, p.detail || problemText(e));
+  if (e.status === 409) {
+    // Either a managed job has the name (If-None-Match) or a configuration declares it.
+    const existing = await api(`/jobs/${enc(job)}`).catch(() => null);
+    if (existing && existing.managed) {
+      return fieldError(ed, 'job', [`A managed job named ${job} exists already (revision ${existing.managed.revision}): `,
+        h('a', { href: `${jobHref(job)}/edit` }, 'edit it'), ' or pick another name.']);
+    }
+    return fieldError(ed, 'job', problemText(e));
+  }
+  return generalError(ed, `Not created (${e.status || 'no answer'}): ${problemText(e)}`);
+}
+
+/** Shows what saving would change, and asks to confirm; the text is frozen meanwhile. */
+function reviewEdit(ed) {
+  const def = parsed(ed);
+  if (!def) return;
+  ed.next = def.value;
+  const same = pretty(ed.base) === pretty(def.value);
+  const save = h('button', { type: 'button', class: 'primary', id: 'review-save' }, `Save as a new revision`);
+  const back = h('button', { type: 'button', id: 'review-back' }, 'Back to editing');
+  const error = h('div', { class: 'problem', id: 'save-error', role: 'alert', hidden: true });
+  save.addEventListener('click', () => saveEdit(ed, save, error));
+  back.addEventListener('click', () => endReview(ed));
+  ed.area.readOnly = true;
+  ed.submit.hidden = true;
+  swap(ed.review,
+    h('h2', { id: 'review-title' }, `Review the change to ${ed.name}`),
+    same ? h('p', { id: 'review-same' }, `No change: this is revision ${ed.revision}'s definition.`)
+      : [diffEl(ed.base, def.value, `Changes to ${ed.name}: revision ${ed.revision} against your text`),
+        h('p', null, `Saving replaces revision ${ed.revision} if nobody changed it meanwhile. Every node picks the change up within a second; a changed schedule continues from the last tick handled, and a run in progress finishes as it began.`)],
+    error, h('div', { class: 'buttons' }, back, same ? null : save));
+  ed.review.hidden = false;
+  ed.review.focus();
+}
+
+function endReview(ed) {
+  ed.review.hidden = true;
+  ed.review.replaceChildren();
+  ed.area.readOnly = false;
+  ed.submit.hidden = false;
+  ed.area.focus();
+}
+
+async function saveEdit(ed, button, error) {
+  button.disabled = true;
+  error.hidden = true;
+  try {
+    const answer = await api(`/jobs/${enc(ed.name)}`, { method: 'PUT', body: ed.next, ifMatch: ed.revision });
+    flash(['Saved ', h('strong', null, ed.name), `: revision ${answer.revision} (${answer.outcome}). Every node picks it up within a second.`]);
+    location.hash = jobHref(ed.name);
+  } catch (e) {
+    button.disabled = false;
+    const p = e.problem || {};
+    if (e.status === 400 && p.param && p.param !== 'If-Match') {
+      endReview(ed);
+      return fieldError(ed, p.param, p.detail || problemText(e));
+    }
+    if (e.status === 409) return staleEdit(ed, error, e);
+    error.textContent = `Not saved (${e.status || 'no answer'}): ${problemText(e)}`;
+    error.hidden = false;
+  }
+}
+
+/** A save refused because the job moved on: say so, and offer its newest version (the
+ *  text typed stays on the page to copy from). */
+function staleEdit(ed, error, e) {
+  const reload = h('button', { type: 'button', id: 'editor-reload' }, 'Reload the job');
+  reload.addEventListener('click', async () => {
+    reload.disabled = true;
+    try {
+      const job = await api(`/jobs/${enc(ed.name)}`);
+      ed.redraw(job, ed.area.value);
+      flash(['Reloaded ', h('strong', null, ed.name), job.managed ? `: now at revision ${job.managed.revision}, by ${job.managed.changed_by}.` : ': it is no longer a managed job.']);
+    } catch (err) {
+      reload.disabled = false;
+      error.append(h('p', null, `Cannot reload: ${problemText(err)}`));
+    }
+  });
+  error.replaceChildren(h('p', { id: 'conflict' }, h('strong', null, 'Not saved: someone changed this job since you opened it. '),
+    `You edited revision ${ed.revision}; the server says: ${problemText(e)}`), reload);
+  error.hidden = false;
+  reload.focus();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -922,11 +1340,13 @@ function notFoundView() {
 
 let pending = null;
 
-function confirmAction(kind, job) {
+/** Asks to confirm an action on `job`; `revision` is the one a delete expects. */
+function confirmAction(kind, job, revision) {
   const a = ACTIONS[kind];
-  pending = { kind, job, opener: document.activeElement };
+  pending = { kind, job, revision, opener: document.activeElement };
   $('confirm-title').textContent = `${a.verb} ${job}?`;
-  $('confirm-text').textContent = a.text;
+  $('confirm-text').textContent = revision === undefined ? a.text : `${a.text} (It is at revision ${revision}: deleted only if nobody changed it since.)`;
+  $('confirm-reason-box').hidden = !!a.noReason;
   $('confirm-need').textContent = a.reason ? '(required)' : '(optional)';
   const reason = $('confirm-reason');
   reason.value = '';
@@ -938,13 +1358,14 @@ function confirmAction(kind, job) {
   ok.className = a.danger ? 'danger' : 'primary';
   ok.disabled = false;
   $('confirm').showModal();
-  reason.focus();
+  if (a.noReason) $('confirm-cancel').focus();
+  else reason.focus();
 }
 
 async function submitAction(ev) {
   ev.preventDefault();
   if (!pending) return;
-  const { kind, job } = pending;
+  const { kind, job, revision } = pending;
   const reason = $('confirm-reason').value.trim();
   const error = $('confirm-error');
   const ok = $('confirm-ok');
@@ -952,7 +1373,9 @@ async function submitAction(ev) {
   // A required reason is always sent, even blank: the server says what it wants.
   const body = reason || ACTIONS[kind].reason ? { reason } : {};
   try {
-    const answer = await api(`/jobs/${enc(job)}/${kind}`, { method: 'POST', body });
+    const answer = kind === 'delete'
+      ? await api(`/jobs/${enc(job)}`, { method: 'DELETE', ifMatch: revision })
+      : await api(`/jobs/${enc(job)}/${kind}`, { method: 'POST', body });
     closeConfirm();
     flash(done(kind, job, answer));
     refresh();
@@ -973,6 +1396,9 @@ function done(kind, job, answer) {
     return ended.length
       ? ['Unlocked ', h('strong', null, job), ': ended ', ended.map((id, i) => [i ? ', ' : '', h('a', { href: runHref(id), 'data-run-id': id }, id)]), ' as abandoned.']
       : ['Unlocked ', h('strong', null, job), ': nothing was running.'];
+  }
+  if (kind === 'delete') {
+    return ['Deleted ', h('strong', null, job), ` (revision ${answer.revision}): nodes stop scheduling it within a second; a run in progress finishes.`];
   }
   return [kind === 'pause' ? 'Paused ' : 'Resumed ', h('strong', null, job), '.'];
 }
