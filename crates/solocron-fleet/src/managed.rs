@@ -128,7 +128,13 @@ pub async fn revisions(store: &dyn Store, job: Option<&str>, limit: usize) -> Re
 }
 
 fn conflict(job: &str, expect: Option<u64>, now: Option<u64>) -> FleetError {
-    let now = now.map_or("it does not exist".to_owned(), |r| format!("it is at revision {r}"));
-    let expected = expect.map_or(String::new(), |e| format!("revision {e} was expected; "));
-    FleetError::Conflict(format!("job `{job}` changed meanwhile: {expected}{now}; read it again and retry"))
+    let message = match (expect, now) {
+        (Some(0), Some(r)) => format!("job `{job}` exists already (revision {r}): edit it, or pick another name"),
+        (_, None) => format!("job `{job}` does not exist (any more): read the jobs again"),
+        (e, Some(r)) => {
+            let expected = e.map_or(String::new(), |e| format!("revision {e} was expected; "));
+            format!("job `{job}` changed meanwhile: {expected}it is at revision {r}; read it again and retry")
+        }
+    };
+    FleetError::Conflict(message)
 }
