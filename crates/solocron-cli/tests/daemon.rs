@@ -144,3 +144,32 @@ fn a_node_told_not_to_migrate_leaves_the_schema_alone() {
     };
     assert!(!listed.contains("solocron_"), "the node created its schema: {listed}");
 }
+
+/// A second process with the id of a live node refuses to start (they would renew each
+/// other's leases), while a node restarted at once after a SIGKILL starts after checking.
+#[test]
+fn a_node_id_in_use_by_a_live_process_is_refused_and_a_dead_ones_is_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/s.db", dir.path().display());
+    let cfg = config(dir.path(), &url, "true");
+    let (mut first, first_log) = start(&cfg, &["--node-id", "same"]);
+    assert!(wait_for(&first_log, "run started", Duration::from_secs(15)), "{:?}", first_log.lock().unwrap());
+
+    let (mut second, second_log) = start(&cfg, &["--node-id", "same"]);
+    let status = exit_within(&mut second, Duration::from_secs(20)).expect("the second process exits");
+    let lines = second_log.lock().unwrap().clone();
+    assert_eq!(status.code(), Some(2), "{lines:?}");
+    assert!(lines.iter().any(|l| l.contains("node id `same` is in use")), "{lines:?}");
+
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let (mut third, third_log) = start(&cfg, &["--node-id", "same"]);
+    assert!(
+        wait_for(&third_log, "run started", Duration::from_secs(25)),
+        "a node restarted after a SIGKILL takes its id back: {:?}",
+        third_log.lock().unwrap()
+    );
+    assert!(third_log.lock().unwrap().iter().any(|l| l.contains("checking that it is not still running")));
+    signal(&third, Signal::SIGTERM);
+    assert!(exit_within(&mut third, Duration::from_secs(15)).is_some_and(|s| s.success()));
+}
