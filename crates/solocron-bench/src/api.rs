@@ -271,6 +271,7 @@ fn claim_request(j: usize, at: DateTime<Utc>, run: bool) -> ClaimRequest {
         } else {
             ClaimMode::Skip { reason: "missed (misfire = skip)".into() }
         },
+        nonce: 0,
     }
 }
 

@@ -8,16 +8,18 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::*;
 
-/// Wraps a store and counts every call.
+/// Wraps a store and counts every call, the claim calls among them, and the ticks those
+/// claim calls asked for.
 pub struct Counting {
     inner: Arc<dyn Store>,
     pub calls: AtomicU64,
     pub claims: AtomicU64,
+    pub requests: AtomicU64,
 }
 
 impl Counting {
     pub fn new(inner: Arc<dyn Store>) -> Counting {
-        Counting { inner, calls: AtomicU64::new(0), claims: AtomicU64::new(0) }
+        Counting { inner, calls: AtomicU64::new(0), claims: AtomicU64::new(0), requests: AtomicU64::new(0) }
     }
 
     fn hit(&self) {
@@ -37,6 +39,7 @@ impl Store for Counting {
     async fn claim(&self, r: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
         self.hit();
         self.claims.fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(r.len() as u64, Ordering::Relaxed);
         self.inner.claim(r).await
     }
     async fn renew(&self, l: &Lease, d: Duration) -> Result<bool, StoreError> {

@@ -1,6 +1,6 @@
 //! `solocron-bench`: what solocron costs — claim overhead against the raw store, start
-//! lateness, thundering herds, idle cost, failover, growth and the HTTP API — for one store
-//! per run.
+//! lateness, thundering herds, idle cost, failover, growth, the HTTP API and the spread of
+//! ticks over a fleet — for one store per run.
 //!
 //! ```text
 //! cargo run --release -p solocron-bench -- --store postgres://postgres@127.0.0.1:5432/test all
@@ -20,6 +20,7 @@ mod node;
 mod raw;
 mod report;
 mod scenarios;
+mod spread;
 mod stats;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -62,6 +63,7 @@ enum Scenario {
     Failover,
     Growth,
     Api,
+    Spread,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -88,13 +90,14 @@ fn main() -> anyhow::Result<()> {
         println!("{}\n", sections.last().unwrap());
     }
     type Run = fn(&scenarios::Ctx) -> anyhow::Result<String>;
-    let rest: [(Scenario, Run); 6] = [
+    let rest: [(Scenario, Run); 7] = [
         (Scenario::Herd, scenarios::thundering_herd),
         (Scenario::Lateness, scenarios::lateness),
         (Scenario::Idle, scenarios::idle),
         (Scenario::Failover, scenarios::failover),
         (Scenario::Growth, scenarios::growth),
         (Scenario::Api, api::api),
+        (Scenario::Spread, spread::spread),
     ];
     for (s, run) in rest {
         if wanted(s) {

@@ -39,6 +39,11 @@ pub struct NodeArgs {
     /// Print `START job attempt node` on stdout when a run starts (failover).
     #[arg(long)]
     pub announce: bool,
+    /// Also append each start to this file as it happens (`job scheduled_ms start_us
+    /// attempt` per line): what a node killed with SIGKILL started survives it, where its
+    /// `--report` is never written.
+    #[arg(long)]
+    pub journal: Option<String>,
     #[arg(long)]
     pub report: String,
 }
@@ -46,7 +51,10 @@ pub struct NodeArgs {
 /// (job, scheduled instant in ms, start in µs, attempt) of each run started.
 type Starts = Arc<Mutex<Vec<(String, i64, i64, u32)>>>;
 
-fn job(i: usize, a: &NodeArgs, starts: &Starts) -> anyhow::Result<Job> {
+/// Where each start is also written at once, when the node keeps a journal.
+type Journal = Option<Arc<std::fs::File>>;
+
+fn job(i: usize, a: &NodeArgs, starts: &Starts, journal: &Journal) -> anyhow::Result<Job> {
     let schedule = Schedule::parse(&a.schedule, "UTC")?;
     let lease = Duration::from_millis(a.lease_ms);
     let policy = JobPolicy {
@@ -61,17 +69,20 @@ fn job(i: usize, a: &NodeArgs, starts: &Starts) -> anyhow::Result<Job> {
         "command" => Job::new(name, schedule, Command::new(["/bin/date", "+%s%N"]).expect("argv")),
         mode => {
             let (starts, announce, sleep) = (starts.clone(), a.announce, mode == "sleep");
+            let journal = journal.clone();
             Job::new(
                 name,
                 schedule,
                 handler_fn(move |ctx: RunContext| {
                     let now = Utc::now();
-                    starts.lock().unwrap().push((
-                        ctx.job.clone(),
-                        ctx.scheduled_at.timestamp_millis(),
-                        now.timestamp_micros(),
-                        ctx.attempt,
-                    ));
+                    let start =
+                        (ctx.job.clone(), ctx.scheduled_at.timestamp_millis(), now.timestamp_micros(), ctx.attempt);
+                    if let Some(file) = &journal {
+                        // One write per line, unbuffered: a SIGKILL loses no start already made.
+                        let line = format!("{} {} {} {}\n", start.0, start.1, start.2, start.3);
+                        let _ = (&**file).write_all(line.as_bytes());
+                    }
+                    starts.lock().unwrap().push(start);
                     if announce {
                         println!("START {} {} {} {}", ctx.job, ctx.attempt, ctx.node_id, now.timestamp_millis());
                         let _ = std::io::stdout().flush();
@@ -108,13 +119,23 @@ pub async fn run(a: NodeArgs) -> anyhow::Result<()> {
         }
     };
     let starts: Starts = Arc::default();
+    let journal: Journal = match &a.journal {
+        Some(path) => Some(Arc::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| anyhow::anyhow!("cannot open the journal {path}: {e}"))?,
+        )),
+        None => None,
+    };
     // A herd of N simultaneous ticks needs room for N runs at once on one node.
     let mut b = Scheduler::builder(counting.clone())
         .node_id(a.node_id.clone())
         .shutdown_grace(Duration::from_secs(2))
         .max_concurrent_runs(a.jobs.max(1024));
     for i in 0..a.jobs {
-        b = b.job(job(i, &a, &starts)?);
+        b = b.job(job(i, &a, &starts, &journal)?);
     }
     let scheduler = b.build()?;
     let shutdown = CancellationToken::new();
@@ -134,6 +155,7 @@ pub async fn run(a: NodeArgs) -> anyhow::Result<()> {
         "node": a.node_id,
         "calls": counting.calls.load(Ordering::Relaxed),
         "claims": counting.claims.load(Ordering::Relaxed),
+        "requests": counting.requests.load(Ordering::Relaxed),
         "rss_hwm_kb": rss_kb(std::process::id(), "VmHWM"),
         "starts": *starts.lock().unwrap(),
     });

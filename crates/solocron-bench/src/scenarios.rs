@@ -22,7 +22,8 @@ pub struct Ctx {
     pub rounds: usize,
 }
 
-fn node_args(url: &str, prefix: &Prefix, id: &str, dir: &std::path::Path) -> NodeArgs {
+/// A node of one job due every second for 10 s, reporting to a file in `dir`.
+pub fn node_args(url: &str, prefix: &Prefix, id: &str, dir: &std::path::Path) -> NodeArgs {
     NodeArgs {
         store: url.to_owned(),
         prefix: prefix.clone(),
@@ -34,12 +35,13 @@ fn node_args(url: &str, prefix: &Prefix, id: &str, dir: &std::path::Path) -> Nod
         lease_ms: 30_000,
         retry: false,
         announce: false,
+        journal: None,
         report: dir.join(format!("{id}-{prefix}.json")).display().to_string(),
     }
 }
 
 /// (job, scheduled ms, start µs, attempt) of every run every node started.
-fn starts(reports: &[Value]) -> Vec<(String, i64, i64, u64)> {
+pub fn starts(reports: &[Value]) -> Vec<(String, i64, i64, u64)> {
     reports
         .iter()
         .flat_map(|r| r["starts"].as_array().cloned().unwrap_or_default())
@@ -55,7 +57,7 @@ fn starts(reports: &[Value]) -> Vec<(String, i64, i64, u64)> {
 }
 
 /// Fails the benchmark if any (job, tick) started twice (first attempts only).
-fn exactly_once(all: &[(String, i64, i64, u64)], what: &str) -> anyhow::Result<usize> {
+pub fn exactly_once(all: &[(String, i64, i64, u64)], what: &str) -> anyhow::Result<usize> {
     let mut seen: HashMap<(&str, i64), usize> = HashMap::new();
     for (j, t, _, a) in all.iter().filter(|s| s.3 == 1) {
         let _ = a;
@@ -108,6 +110,8 @@ pub async fn claim_overhead(c: &Ctx) -> anyhow::Result<String> {
                     node: "bench".into(),
                     lease: Duration::from_secs(30),
                     mode: ClaimMode::Run { skip_if_running },
+                    // As the engine asks: every request carries a nonce.
+                    nonce: (r * ops + i) as u64 + 1,
                 };
                 let t0 = Instant::now();
                 let outcome = store.claim(&[req]).await?.remove(0);

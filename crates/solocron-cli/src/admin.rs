@@ -466,7 +466,7 @@ pub async fn history(a: HistoryArgs) -> Result<(), Failure> {
     }
     let fleet = read_fleet(cfg.as_ref(), store.as_ref()).await?;
     if let Some(j) = &a.job {
-        fleet.require(j)?;
+        fleet.require_known_or_recorded(store.as_ref(), j).await?;
     }
     let state =
         a.state.as_deref().map(str::parse::<RunState>).transpose().map_err(|e| bad_input(format!("--state: {e}")))?;

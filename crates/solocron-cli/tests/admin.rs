@@ -156,6 +156,7 @@ fn prune_deletes_only_old_ended_records_never_a_running_one() {
             node: "n".into(),
             lease: Duration::from_secs(3600),
             mode: ClaimMode::Run { skip_if_running: false },
+            nonce: 0,
         };
         let outcomes = s.claim(&[claim(40), claim(39), claim(35), claim(2)]).await.unwrap();
         let end = RunEnd {

@@ -63,6 +63,13 @@ fn restart_mariadb(down_for: Duration) {
     wait_port(3306);
 }
 
+/// How long the server stays down: long enough that some of its ticks are past the late
+/// tolerance (10 s) when the last claim round before the server is back was planned. A
+/// node's rounds during an outage are a claim's timeout (up to 5 s) plus a backoff (up to
+/// 5 s) apart, so a tick is missed, not late, only if it is older than ~20 s when the
+/// server comes back.
+const OUTAGE: Duration = Duration::from_secs(22);
+
 /// Two nodes; a job every second (misfire = all, overlap = allow, so every tick must run)
 /// and a long one; the server goes down for longer than the late tolerance. No tick runs
 /// twice; the outage's older ticks run after it by the misfire policy (catch-up) and its
@@ -92,7 +99,7 @@ command = ["/bin/sh", "-c", "exec sleep 6"]
     f.start("n2");
     std::thread::sleep(Duration::from_secs(5));
     let outage_start = chrono::Utc::now();
-    restart(Duration::from_secs(12));
+    restart(OUTAGE);
     let outage_end = chrono::Utc::now();
     std::thread::sleep(Duration::from_secs(12));
     let lines = f.lines("ticks.txt");

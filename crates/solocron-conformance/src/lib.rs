@@ -140,6 +140,7 @@ macro_rules! conformance_tests {
             fencing_tokens_strictly_increase_per_job_across_claims_and_recoveries,
             a_skip_claim_records_the_tick_skipped_with_its_reason_only_if_absent,
             overlap_skips_while_any_run_of_the_job_is_running_even_expired,
+            a_claim_asked_again_with_its_nonce_is_won_again_only_while_its_run_is_untouched,
             // Leases and ends.
             only_the_owner_with_its_token_renews_and_only_before_expiry,
             leases_are_judged_by_the_store_clock_not_the_nodes,
@@ -157,7 +158,7 @@ macro_rules! conformance_tests {
             history_filters_orders_newest_first_and_limits,
             prune_deletes_only_old_ended_records_in_batches_and_old_requests,
             // Registry and operators' controls.
-            register_keeps_first_seen_advances_last_seen_and_lists_every_nodes_definition,
+            register_records_a_nodes_whole_list_keeping_first_seen_and_removing_unlisted_jobs,
             a_page_of_registrations_and_the_registered_names_agree_with_the_whole_registry,
             a_paused_job_records_its_scheduled_ticks_skipped_but_runs_manual_ones,
             manual_requests_get_unique_off_second_ticks_and_stay_pending_until_claimed,

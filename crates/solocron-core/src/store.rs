@@ -95,6 +95,16 @@ pub struct ClaimRequest {
     pub lease: Duration,
     /// Run it or record it skipped.
     pub mode: ClaimMode,
+    /// This node's mark on this request, the same on every try of it (`0`: none). When a
+    /// try commits but its answer is lost (a timeout, a broken connection), the node asks
+    /// again with the same nonce; if the tick's record is still `running` as this node's
+    /// claim under this nonce (nobody recovered it meanwhile), a `Run` request is answered
+    /// [`ClaimOutcome::Won`] again: the same run and fencing token, the original
+    /// `claimed_at`, a fresh lease from the store's now. Any other request for an existing
+    /// record is [`ClaimOutcome::Taken`]. A node makes a new nonce for every tick it asks
+    /// for, and reuses one only for a tick whose claim went unanswered, so a tick it knows
+    /// it won is never granted to it twice.
+    pub nonce: u64,
 }
 
 /// The proof of holding a run: what renew and finish must present.
@@ -394,9 +404,11 @@ pub trait Store: Send + Sync + 'static {
     /// The store's clock.
     async fn now(&self) -> Result<DateTime<Utc>, StoreError>;
 
-    /// Records that `node` runs these jobs as defined, or refreshes its `last_seen`
-    /// (store clock). Registrations of `node` for jobs not listed are left as they are
-    /// (they go stale).
+    /// Records that `node` runs exactly these jobs as defined: each listed job's
+    /// registration is created or refreshed (`first_seen` kept, `last_seen` set by the
+    /// store clock), and `node`'s registrations of jobs not listed are removed (a job
+    /// removed by a reload, a deleted managed job), in one atomic step. Other nodes'
+    /// registrations are untouched.
     async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError>;
 
     /// Every registration of every node, by job then node.

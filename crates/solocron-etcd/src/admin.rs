@@ -2,11 +2,11 @@
 //! none), the job registry, pause switches, manual run requests, and pruning. An operator's
 //! action is appended to the audit log in the `Txn` of the step (`fleet.rs`).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
 use solocron_core::{
     ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest,
     RunState, StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
@@ -110,48 +110,103 @@ async fn running_history(store: &EtcdStore, query: &HistoryQuery, limit: usize) 
     Ok(records)
 }
 
-/// Registers `node`'s definitions (see [`solocron_core::Store::register`]): per
-/// [`TXN_OPS_MAX`] definitions, a read and one `Txn` comparing each key's revision (so
-/// `first_seen` survives a concurrent registration), retried on a lost compare.
+/// Records that `node` runs exactly these jobs (see [`solocron_core::Store::register`]):
+/// one read of the node's registrations, then a put of each listed job's and a delete of
+/// each other one found, in `Txn`s of [`TXN_OPS_MAX`] operations, each comparing every key
+/// it writes with the revision read (so `first_seen` survives a concurrent registration;
+/// a lost compare re-reads that `Txn`'s keys and tries again, bounded). Up to
+/// [`TXN_OPS_MAX`] operations this is one `Txn`; beyond, puts come before deletes (see
+/// "Registrations" in the crate docs).
 pub(crate) async fn register(store: &EtcdStore, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
     // The last definition of a job listed twice wins (one Txn cannot put a key twice).
-    let mut unique: HashMap<&str, &JobDefinition> = HashMap::new();
-    for job in jobs {
-        unique.insert(&job.job, job);
+    let listed: BTreeMap<&str, &JobDefinition> = jobs.iter().map(|j| (j.job.as_str(), j)).collect();
+    let start = store.keys.node_registrations(node);
+    let range = (start.as_str(), &*prefix_end(&start));
+    let (found, _) = range_all(&store.client, "a registration read", range, false, 0).await?;
+    let mut found: BTreeMap<Vec<u8>, KeyValue> = found.into_iter().map(|kv| (kv.key().to_vec(), kv)).collect();
+    let mut writes = Vec::with_capacity(listed.len() + found.len());
+    for job in listed.into_values() {
+        let key = store.keys.registration(node, &job.job).into_bytes();
+        let mut write = RegistryWrite { key, job: Some(job), seen: None };
+        write.saw(found.remove(&write.key).as_ref())?;
+        writes.push(write);
     }
-    let unique: Vec<&JobDefinition> = unique.into_values().collect();
-    for chunk in unique.chunks(TXN_OPS_MAX) {
-        register_chunk(store, node, chunk).await?;
+    for (key, kv) in found {
+        let mut write = RegistryWrite { key, job: None, seen: None };
+        write.saw(Some(&kv))?;
+        writes.push(write);
+    }
+    for chunk in writes.chunks_mut(TXN_OPS_MAX) {
+        write_registrations(store, node, chunk).await?;
     }
     Ok(())
 }
 
-async fn register_chunk(store: &EtcdStore, node: &str, jobs: &[&JobDefinition]) -> Result<(), StoreError> {
-    let keys: Vec<String> = jobs.iter().map(|j| store.keys.registration(node, &j.job)).collect();
-    for _ in 0..16 {
-        let found = read(&store.client, keys.iter().map(|k| get(k.clone())).collect()).await?;
+/// A registration key as last read: its revision and, if it is to be put, its `first_seen`.
+struct Seen {
+    revision: i64,
+    first_seen: i64,
+}
+
+/// One key of [`register`]'s writes: the put of a listed job's registration (`job`), or
+/// the delete of an unlisted one (`None`); `seen`: the key as last read (`None`: absent).
+struct RegistryWrite<'a> {
+    key: Vec<u8>,
+    job: Option<&'a JobDefinition>,
+    seen: Option<Seen>,
+}
+
+impl RegistryWrite<'_> {
+    /// Notes the key as read (`None`: absent). Only a registration to keep is decoded: one
+    /// to delete is deleted whatever it holds.
+    fn saw(&mut self, kv: Option<&KeyValue>) -> Result<(), StoreError> {
+        self.seen = match kv {
+            Some(kv) if self.job.is_some() => {
+                let first_seen = decode::<StoredRegistration>(kv.value(), "registration")?.first_seen;
+                Some(Seen { revision: kv.mod_revision(), first_seen })
+            }
+            Some(kv) => Some(Seen { revision: kv.mod_revision(), first_seen: 0 }),
+            None => None,
+        };
+        Ok(())
+    }
+
+    /// The compare that the key is still as read, and the write.
+    fn txn_parts(&self, node: &str, now: i64) -> (Compare, TxnOp) {
+        let revision = self.seen.as_ref().map_or(0, |s| s.revision);
+        let unchanged = Compare::mod_revision(self.key.clone(), CompareOp::Equal, revision);
+        let Some(job) = self.job else { return (unchanged, TxnOp::delete(self.key.clone(), None)) };
+        let stored = StoredRegistration {
+            job: job.job.clone(),
+            node: node.to_owned(),
+            schedule: job.schedule.clone(),
+            timezone: job.timezone.clone(),
+            definition_hash: job.definition_hash.clone(),
+            summary: job.summary.clone(),
+            first_seen: self.seen.as_ref().map_or(now, |s| s.first_seen),
+            last_seen: now,
+        };
+        (unchanged, TxnOp::put(self.key.clone(), encode(&stored), None))
+    }
+}
+
+/// One `Txn` of at most [`TXN_OPS_MAX`] of [`register`]'s writes; on a lost compare, their
+/// keys are read again and the `Txn` decided again (a key to delete found gone is still
+/// compared, as absent, and its delete deletes nothing).
+async fn write_registrations(
+    store: &EtcdStore,
+    node: &str,
+    writes: &mut [RegistryWrite<'_>],
+) -> Result<(), StoreError> {
+    for _ in 0..crate::runs::CAS_ATTEMPTS {
         let now = now_ms();
-        let (mut compares, mut puts) = (Vec::new(), Vec::new());
-        for ((job, key), kv) in jobs.iter().zip(&keys).zip(found.into_iter().map(single)) {
-            let first_seen = match &kv {
-                Some(kv) => decode::<StoredRegistration>(kv.value(), "registration")?.first_seen,
-                None => now,
-            };
-            compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, kv.map_or(0, |kv| kv.mod_revision())));
-            let stored = StoredRegistration {
-                job: job.job.clone(),
-                node: node.to_owned(),
-                schedule: job.schedule.clone(),
-                timezone: job.timezone.clone(),
-                definition_hash: job.definition_hash.clone(),
-                summary: job.summary.clone(),
-                first_seen,
-                last_seen: now,
-            };
-            puts.push(TxnOp::put(key.clone(), encode(&stored), None));
-        }
-        if txn(&store.client, "a registration", Txn::new().when(compares).and_then(puts)).await?.succeeded() {
+        let (compares, ops): (Vec<Compare>, Vec<TxnOp>) = writes.iter().map(|w| w.txn_parts(node, now)).unzip();
+        if txn(&store.client, "a registration", Txn::new().when(compares).and_then(ops)).await?.succeeded() {
             return Ok(());
+        }
+        let found = read(&store.client, writes.iter().map(|w| get(w.key.clone())).collect()).await?;
+        for (write, kv) in writes.iter_mut().zip(found.into_iter().map(single)) {
+            write.saw(kv.as_ref())?;
         }
     }
     Err(StoreError::Unavailable(format!("registrations of {node} kept changing under this registration; try again")))

@@ -22,6 +22,13 @@
 //! racing nodes mostly find ticks taken, keep the read. Chunks whose jobs are disjoint are claimed
 //! concurrently, at most [`CHUNKS_IN_FLIGHT`] at once; chunks that share a job go one after
 //! the other (they would only lose compares to each other).
+//!
+//! **A claim asked again.** A request finding its tick's record is taken, unless the record
+//! is the `running` first attempt that the same node's claim with the same nonce created
+//! (its answer lost on the way): that is granted again in the same `Txn`, which compares the
+//! record's `mod_revision` instead of its absence and puts it with a fresh lease. Never
+//! planned from memory (a guess assumes every record absent, so its `Txn` fails and the
+//! re-read, which holds those records in full, plans it).
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
@@ -56,6 +63,16 @@ enum Step {
     Taken,
     Skip(String),
     Win(u64),
+    /// The request's own claim, asked again with its nonce: the record as read and its
+    /// mod revision, which the `Txn` compares.
+    Again(Box<StoredRun>, i64),
+}
+
+impl Step {
+    /// True if the step hands out a run (and so needs a lease).
+    fn holds(&self) -> bool {
+        matches!(self, Step::Win(_) | Step::Again(..))
+    }
 }
 
 /// What a chunk's read tells about one job.
@@ -74,6 +91,9 @@ struct JobView {
 struct View {
     jobs: HashMap<String, JobView>,
     existing: HashSet<String>,
+    /// By key, the existing records that a request of the chunk may be granted again
+    /// (running, created by a claim with a nonce), with their mod revisions.
+    records: HashMap<String, (StoredRun, i64)>,
 }
 
 /// What this instance last saw of jobs' guards and switches, each at its revision: a guess
@@ -89,7 +109,7 @@ impl Known {
     fn guess(&self, jobs: &[String]) -> Option<View> {
         let known = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let jobs = jobs.iter().map(|j| Some((j.clone(), known.get(j)?.clone()))).collect::<Option<_>>()?;
-        Some(View { jobs, existing: HashSet::new() })
+        Some(View { jobs, ..View::default() })
     }
 
     /// Remembers the jobs of `view` as they were read.
@@ -192,7 +212,10 @@ fn window_end(requests: &[ClaimRequest], start: usize) -> usize {
 }
 
 /// The keys a chunk's plan depends on, as `Get`s: each job's guard and switch, then each
-/// tick's record (keys only: existence is all that matters).
+/// tick's record: keys only (existence is all that matters), but in full for a request
+/// that may ask again for its own claim ([`asks_again`]). Reading those values in the same
+/// read costs a node that finds ticks taken (the usual loser of a race) bytes, not a round
+/// trip, and a tick with no record yet nothing at all.
 fn read_ops(store: &EtcdStore, chunk: &[ClaimRequest]) -> (Vec<String>, Vec<TxnOp>) {
     let mut jobs: Vec<String> = chunk.iter().map(|r| r.tick.job.clone()).collect();
     jobs.sort();
@@ -203,9 +226,16 @@ fn read_ops(store: &EtcdStore, chunk: &[ClaimRequest]) -> (Vec<String>, Vec<TxnO
         ops.push(TxnOp::get(store.keys.control(job), None));
     }
     for r in chunk {
-        ops.push(TxnOp::get(store.keys.run(&first(&r.tick)), Some(GetOptions::new().with_keys_only())));
+        let options = (!asks_again(r)).then(|| GetOptions::new().with_keys_only());
+        ops.push(TxnOp::get(store.keys.run(&first(&r.tick)), options));
     }
     (jobs, ops)
+}
+
+/// True if `r` may be granted again the run its own earlier claim won: a `Run` request
+/// with a nonce (see [`solocron_core::ClaimRequest::nonce`]).
+fn asks_again(r: &ClaimRequest) -> bool {
+    r.nonce != 0 && matches!(r.mode, ClaimMode::Run { .. })
 }
 
 /// The view from the answers to [`read_ops`].
@@ -226,7 +256,19 @@ fn parse_view(jobs: &[String], mut answers: Vec<Vec<KeyValue>>) -> Result<View, 
         view.jobs.insert(job.clone(), JobView { guard, guard_rev, paused, control_rev });
     }
     for kv in records.into_iter().flatten() {
-        view.existing.insert(String::from_utf8_lossy(kv.key()).into_owned());
+        let key = String::from_utf8_lossy(kv.key()).into_owned();
+        // Keys-only answers have no value; a full one is kept if it may be granted again.
+        if !kv.value().is_empty() {
+            match decode::<StoredRun>(kv.value(), "run record") {
+                Ok(record) if record.is_running() && record.nonce.is_some() => {
+                    view.records.insert(key.clone(), (record, kv.mod_revision()));
+                }
+                Ok(_) => {}
+                // The tick is taken either way; one bad record must not fail the batch.
+                Err(e) => tracing::error!(error = %e, key, "an unreadable run record: its tick stays taken"),
+            }
+        }
+        view.existing.insert(key);
     }
     Ok(view)
 }
@@ -240,13 +282,20 @@ fn first(tick: &Tick) -> RunId {
 /// (a duplicate tick is taken, a second won tick of a job gets the next token, an overlap
 /// check sees the chunk's own running runs). Updates `view` to the state after the chunk;
 /// returns the steps and the jobs whose guard or switch the decisions read.
+///
+/// A request for an existing record is taken, unless it asks again for its own claim's
+/// run, still running ([`StoredRun::claimed_with`]): that is granted again, whatever the
+/// pause and overlap (the running run is that very claim), and needs nothing but the
+/// record's own compare. Later requests of its job see it running through the guard, which
+/// lists every running run.
 fn plan(store: &EtcdStore, chunk: &[ClaimRequest], view: &mut View) -> (Vec<Step>, HashSet<String>) {
     let mut steps = Vec::with_capacity(chunk.len());
     let mut depends = HashSet::new();
     for r in chunk {
         let id = first(&r.tick);
-        if !view.existing.insert(store.keys.run(&id)) {
-            steps.push(Step::Taken);
+        let key = store.keys.run(&id);
+        if !view.existing.insert(key.clone()) {
+            steps.push(existing(view, r, &key));
             continue;
         }
         let skip_if_running = match &r.mode {
@@ -272,6 +321,18 @@ fn plan(store: &EtcdStore, chunk: &[ClaimRequest], view: &mut View) -> (Vec<Step
         });
     }
     (steps, depends)
+}
+
+/// The step of `r`, whose tick's record (at `key`) exists: granted again if it asks again
+/// for its own claim's run, still running; taken otherwise.
+fn existing(view: &mut View, r: &ClaimRequest, key: &str) -> Step {
+    let mine = view.records.get(key).is_some_and(|(record, _)| asks_again(r) && record.claimed_with(&r.node, r.nonce));
+    if !mine {
+        return Step::Taken;
+    }
+    // Granted once: out of the view, so that a duplicate of the request in the batch is taken.
+    let (record, revision) = view.records.remove(key).expect("found just above");
+    Step::Again(Box::new(record), revision)
 }
 
 /// Plans and commits one chunk, again after each lost compare; its outcomes.
@@ -311,7 +372,7 @@ async fn plan_and_commit(
         if steps.iter().all(|s| matches!(s, Step::Taken)) {
             return Ok(vec![ClaimOutcome::Taken; chunk.len()]);
         }
-        let granted: Vec<Granted> = win_ttls(chunk, &steps)?.iter().map(|t| leases[t]).collect();
+        let granted: Vec<Granted> = held_ttls(chunk, &steps)?.iter().map(|t| leases[t]).collect();
         // The claim's instant: no later than any of its leases' refresh, so that every
         // `lease_until` (an estimate) ends before etcd's TTL can (but for a reused
         // keep-alive's few milliseconds, see `leases::REUSE_WINDOW`).
@@ -387,9 +448,9 @@ fn run_ttls(chunk: &[ClaimRequest]) -> Result<Vec<i64>, StoreError> {
     Ok(ttls)
 }
 
-/// The lease TTL (whole seconds) of each won step, in order.
-fn win_ttls(chunk: &[ClaimRequest], steps: &[Step]) -> Result<Vec<i64>, StoreError> {
-    chunk.iter().zip(steps).filter(|(_, s)| matches!(s, Step::Win(_))).map(|(r, _)| lease_secs(r.lease)).collect()
+/// The lease TTL (whole seconds) of each step that hands out a run, in order.
+fn held_ttls(chunk: &[ClaimRequest], steps: &[Step]) -> Result<Vec<i64>, StoreError> {
+    chunk.iter().zip(steps).filter(|(_, s)| s.holds()).map(|(r, _)| lease_secs(r.lease)).collect()
 }
 
 /// A short, growing, jittered pause after a lost compare, so that nodes racing in lockstep
@@ -407,7 +468,7 @@ struct Commit<'a> {
     store: &'a EtcdStore,
     chunk: &'a [ClaimRequest],
     steps: &'a [Step],
-    /// The lease of each won step, in order.
+    /// The lease of each step that hands out a run, in order.
     leases: &'a [i64],
     now: i64,
 }
@@ -422,18 +483,26 @@ impl Commit<'_> {
         for (r, step) in self.chunk.iter().zip(self.steps) {
             let id = first(&r.tick);
             let key = keys.run(&id);
-            match step {
+            let absent = Compare::create_revision(key.clone(), CompareOp::Equal, 0);
+            let (compare, record) = match step {
                 Step::Taken => continue,
-                Step::Skip(reason) => puts.push(TxnOp::put(key.clone(), encode(&self.skipped(r, reason)), None)),
-                Step::Win(token) => {
-                    let lease = *leases.next().expect("one lease per win");
-                    puts.push(TxnOp::put(key.clone(), encode(&self.running(r, *token, lease)), None));
-                    let alive = PutOptions::new().with_lease(lease);
-                    puts.push(TxnOp::put(keys.alive(&id), r.node.as_bytes(), Some(alive)));
+                Step::Skip(reason) => (absent, self.skipped(r, reason)),
+                Step::Win(_) => {
                     won_jobs.insert(r.tick.job.clone());
+                    (absent, self.held(r, step, &mut leases).expect("a won step holds a run"))
                 }
+                // Untouched since read: no finish, renewal or recovery came in between.
+                Step::Again(_, revision) => (
+                    Compare::mod_revision(key.clone(), CompareOp::Equal, *revision),
+                    self.held(r, step, &mut leases).expect("a step asked again holds a run"),
+                ),
+            };
+            compares.push(compare);
+            puts.push(TxnOp::put(key, encode(&record), None));
+            // A held run's alive key goes on its (fresh) etcd lease.
+            if let Some(lease) = record.lease_id {
+                puts.push(TxnOp::put(keys.alive(&id), r.node.as_bytes(), Some(PutOptions::new().with_lease(lease))));
             }
-            compares.push(Compare::create_revision(key, CompareOp::Equal, 0));
         }
         for job in depends {
             let view = &before.jobs[job];
@@ -444,6 +513,16 @@ impl Commit<'_> {
             puts.push(TxnOp::put(keys.guard(&job), encode(&after.jobs[&job].guard), None));
         }
         Txn::new().when(compares).and_then(puts)
+    }
+
+    /// The running record `step` writes, if it hands out a run, on the next of `leases`.
+    fn held(&self, r: &ClaimRequest, step: &Step, leases: &mut std::slice::Iter<'_, i64>) -> Option<StoredRun> {
+        let mut lease = || *leases.next().expect("one lease per held run");
+        match step {
+            Step::Win(token) => Some(self.running(r, *token, lease())),
+            Step::Again(found, _) => Some(self.again(r, found, lease())),
+            Step::Taken | Step::Skip(_) => None,
+        }
     }
 
     /// The record of a tick recorded skipped.
@@ -467,6 +546,17 @@ impl Commit<'_> {
         }
     }
 
+    /// The record of a claim asked again with its nonce: as found, with a fresh lease
+    /// counted like a won tick's (the same token, the original `claimed_at`).
+    fn again(&self, r: &ClaimRequest, found: &StoredRun, lease: i64) -> StoredRun {
+        StoredRun {
+            lease_until: Some(self.now.saturating_add(millis(r.lease))),
+            lease_id: Some(lease),
+            ttl: lease_secs(r.lease).ok(),
+            ..found.clone()
+        }
+    }
+
     fn base(&self, r: &ClaimRequest) -> StoredRun {
         StoredRun {
             job: r.tick.job.clone(),
@@ -485,6 +575,7 @@ impl Commit<'_> {
             output: String::new(),
             lease_id: None,
             ttl: None,
+            nonce: (r.nonce != 0).then_some(r.nonce),
         }
     }
 
@@ -494,16 +585,16 @@ impl Commit<'_> {
         let mut leases = self.leases.iter();
         let mut outcomes = Vec::with_capacity(self.chunk.len());
         for (r, step) in self.chunk.iter().zip(self.steps) {
-            outcomes.push(match step {
-                Step::Taken => ClaimOutcome::Taken,
-                Step::Skip(reason) => ClaimOutcome::Skipped { reason: reason.clone() },
-                Step::Win(token) => {
-                    let record = self.running(r, *token, *leases.next().expect("one lease per win"));
+            outcomes.push(match (step, self.held(r, step, &mut leases)) {
+                (_, Some(record)) => {
                     let lease = to_lease(&record)?;
                     self.store.remember(Held { record, revision });
-                    tracing::debug!(run = %lease.run, node = %lease.owner, token, "run claimed");
+                    let (token, again) = (lease.fencing_token, matches!(step, Step::Again(..)));
+                    tracing::debug!(run = %lease.run, node = %lease.owner, token, again, "run claimed");
                     ClaimOutcome::Won(lease)
                 }
+                (Step::Skip(reason), None) => ClaimOutcome::Skipped { reason: reason.clone() },
+                (_, None) => ClaimOutcome::Taken,
             });
         }
         Ok(outcomes)

@@ -35,6 +35,12 @@ pub(crate) struct StoredRun {
     pub lease_id: Option<i64>,
     /// The whole seconds of TTL asked of etcd for that lease.
     pub ttl: Option<i64>,
+    /// The nonce of the claim that created this record (attempt 1), if it carried one: a
+    /// `Run` request of the same node asking again with it is granted the run again while
+    /// it is still running (see `claim.rs`). Absent in records written before nonces (and
+    /// in retries, which no claim created): those are never granted again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<u64>,
 }
 
 impl StoredRun {
@@ -46,6 +52,12 @@ impl StoredRun {
     /// True while the run is `running`.
     pub(crate) fn is_running(&self) -> bool {
         self.state == RunState::Running.as_str()
+    }
+
+    /// True if this is the running first attempt that `node`'s claim with `nonce` (not
+    /// 0) created: the one record a claim asked again with its nonce is granted again.
+    pub(crate) fn claimed_with(&self, node: &str, nonce: u64) -> bool {
+        nonce != 0 && self.attempt == 1 && self.is_running() && self.node == node && self.nonce == Some(nonce)
     }
 
     /// True if the run is running and held by `owner` with `token`.
@@ -325,6 +337,24 @@ pub(crate) fn to_lease(record: &StoredRun) -> Result<Lease, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_records_nonce_is_kept_and_a_record_without_one_reads_as_none() {
+        let old = br#"{"job":"j","scheduled_at":0,"attempt":1,"trigger":"schedule","node":"a","token":1,
+            "state":"running","reason":null,"claimed_at":0,"started_at":null,"finished_at":null,
+            "lease_until":5,"exit_code":null,"output":"","lease_id":9,"ttl":5}"#;
+        let mut record: StoredRun = decode(old, "run record").unwrap();
+        assert_eq!(record.nonce, None);
+        assert!(!record.claimed_with("a", 7), "a record from before nonces is never granted again");
+        assert!(!String::from_utf8(encode(&record)).unwrap().contains("nonce"), "none is not written");
+        record.nonce = Some(u64::MAX);
+        let back: StoredRun = decode(&encode(&record), "run record").unwrap();
+        assert_eq!(back, record);
+        assert!(back.claimed_with("a", u64::MAX));
+        assert!(!back.claimed_with("b", u64::MAX) && !back.claimed_with("a", 7));
+        record.end(RunState::Succeeded, None, 6);
+        assert!(!record.claimed_with("a", u64::MAX), "an ended run is not granted again");
+    }
 
     #[test]
     fn a_job_value_keeps_its_definition_byte_for_byte_and_tells_a_delete_apart() {

@@ -126,6 +126,12 @@ impl Keys {
         format!("{}registry/{}/{}", self.prefix, escape(node), escape(job))
     }
 
+    /// The start of `node`'s registrations: every one of them, and no other node's (the
+    /// node's name is escaped, so it cannot reach into another's range).
+    pub(crate) fn node_registrations(&self, node: &str) -> String {
+        format!("{}registry/{}/", self.prefix, escape(node))
+    }
+
     pub(crate) fn request(&self, job: &str, at: i64) -> String {
         format!("{}request/{}/{}", self.prefix, ascending(at), escape(job))
     }
@@ -266,6 +272,17 @@ mod tests {
         assert!(keys.job_revision("a/b", 8).starts_with(&a_slash));
         assert!(keys.job_revision("a", 1).starts_with(&keys.job_revisions(None)));
         assert!(!keys.managed_version().starts_with(&keys.job_revisions(None)));
+    }
+
+    #[test]
+    fn a_nodes_registrations_lie_in_its_own_range() {
+        let keys = Keys::new("/p/");
+        let (a, end) = (keys.node_registrations("a"), prefix_end(&keys.node_registrations("a")));
+        let inside = keys.registration("a", "x/y");
+        assert!(inside.starts_with(&a) && inside < end);
+        for other in [keys.registration("a/b", "x"), keys.registration("ab", "x"), keys.registration("a%", "x")] {
+            assert!(!(a <= other && other < end), "{other}");
+        }
     }
 
     #[test]

@@ -16,6 +16,13 @@
 //!   the job's guard and pause keys as read just before: if another node changed them in
 //!   between, the whole `Txn` fails, nothing is written, and the step is decided again from
 //!   what the `Txn` re-read (bounded). No step is ever read-then-written without that compare.
+//! - **A claim asked again.** A run record keeps the nonce of the claim that created it.
+//!   A `Run` request of the same node with the same nonce, finding that record still
+//!   `running`, is granted it again: the claim's `Txn` compares the record's `mod_revision`
+//!   as read (a finish, renewal or recovery in between fails it, and the request is decided
+//!   again from the re-read) and puts the record with a fresh lease, its alive key on the
+//!   node's etcd lease as for a won tick. The token and `claimed_at` stay; nothing else
+//!   changes, so every other request for an existing record still finds it taken.
 //! - **Leases judged by the server's TTL.** A won run's *alive key* is attached, in the
 //!   claim's `Txn`, to an etcd lease of the run's length rounded up to whole seconds (etcd's
 //!   unit; etcd may raise it to its minimum TTL, by default 2 s — see below). The holder
@@ -102,7 +109,10 @@
 //!   `Txn` ([`TXN_OPS_MAX`]): 42 ticks of distinct jobs to 63 of one job, so a 1000-tick
 //!   batch takes 16 to 24 chunks, each atomic on its own (a failure part-way leaves earlier
 //!   chunks' runs won; they expire unrun and are recovered). Chunks of disjoint jobs are
-//!   sent 4 at a time, each node starting at a different chunk.
+//!   sent 4 at a time, each node starting at a different chunk. The read (and a failed
+//!   `Txn`'s re-read) gets the records of `Run` requests with a nonce in full, not keys
+//!   only: finding a tick taken costs bytes, not a round trip, even when the request could
+//!   have been its own claim asked again.
 //! - renew: a keep-alive and a `Txn` (a read first if this store instance did not claim or
 //!   last renew the run; a lease grant if the length's whole seconds change).
 //! - finish: a read, a `Txn` (which deletes the alive key; the lease, perhaps shared, is
@@ -112,6 +122,26 @@
 //!   key order, within the `since`/`until` window, at one revision; at most
 //!   [`HISTORY_SCAN_MAX`] records are read per call. Queries for `running` runs read the
 //!   job guards instead.
+//! - register: one read of the node's registrations (pages of 500), then one `Txn` per
+//!   [`TXN_OPS_MAX`] writes (see below).
+//!
+//! ## Registrations
+//!
+//! [`Store::register`] records that a node runs exactly the jobs listed: it reads the
+//! node's registrations (its own range, `{p}registry/{node}/`), then puts each listed job's
+//! (`first_seen` kept, `last_seen` from this process's clock) and deletes each other one
+//! found. Every key written is compared with the revision read; a lost compare reads that
+//! `Txn`'s keys again and decides it again (bounded).
+//!
+//! etcd limits a `Txn` to [`TXN_OPS_MAX`] operations, so the step is **atomic only up to
+//! that many writes** (listed jobs plus unlisted ones found): one `Txn`. A longer list is
+//! written in several `Txn`s of that size, each atomic on its own, the puts (by job) before
+//! the deletes. A reader in between sees some registrations refreshed and others not yet,
+//! and the jobs no longer listed still there, but never misses a job the node listed before
+//! and still lists. A failure part-way leaves the earlier `Txn`s applied; the node's next
+//! registration completes the change. Once a call returns `Ok`, the node's registrations
+//! are its list exactly (unless the same node registered another list at the same time:
+//! the two then mix key by key).
 //!
 //! ## Managed jobs
 //!
@@ -148,6 +178,7 @@
 //!     node: "node-a".into(),
 //!     lease: Duration::from_secs(30),
 //!     mode: ClaimMode::Run { skip_if_running: true },
+//!     nonce: 0,
 //! };
 //! let outcomes = store.claim(&[request.clone()]).await?;
 //! assert!(matches!(outcomes[0], ClaimOutcome::Won(_)));

@@ -481,6 +481,8 @@ fn next_attempt(
         lease_until: Some(now.saturating_add(millis(length))),
         lease_id: Some(lease_id),
         ttl: Some(lease_secs(length)?),
+        // No claim created the retry: a nonce asked again never reaches it.
+        nonce: None,
         ..old.clone()
     })
 }

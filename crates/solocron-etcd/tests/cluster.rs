@@ -24,6 +24,7 @@ fn run(minute: u32, node: &str) -> ClaimRequest {
         node: node.into(),
         lease: Duration::from_secs(60),
         mode: ClaimMode::Run { skip_if_running: false },
+        nonce: 0,
     }
 }
 

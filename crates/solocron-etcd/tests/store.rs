@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use solocron_conformance::checks::definition;
 use solocron_core::{
     ClaimMode, ClaimOutcome, ClaimRequest, Lease, Prefix, RecoverAction, RecoverOutcome, RunEnd, RunState, Store,
     StoreError, Tick, Trigger,
@@ -28,6 +29,7 @@ fn run(tick: Tick, node: &str, lease: Duration) -> ClaimRequest {
         node: node.into(),
         lease,
         mode: ClaimMode::Run { skip_if_running: false },
+        nonce: 0,
     }
 }
 
@@ -296,6 +298,7 @@ async fn a_claim_from_stale_memory_still_sees_the_other_instances_changes() {
     let (a, b) = (ns.migrated().await, ns.migrated().await);
     let skip_if_running = |t: Tick, node: &str| ClaimRequest {
         mode: ClaimMode::Run { skip_if_running: true },
+        nonce: 0,
         ..run(t, node, Duration::from_secs(60))
     };
     // a knows the job: no run in progress, token 1 (then a's run ends).
@@ -322,6 +325,74 @@ async fn a_claim_from_stale_memory_still_sees_the_other_instances_changes() {
     assert!(a.finish(&third, &succeeded()).await.unwrap());
     won(&b, skip_if_running(tick("job", 5), "b")).await;
     assert_eq!(a.claim(&[skip_if_running(tick("job", 5), "a")]).await.unwrap(), vec![ClaimOutcome::Taken]);
+}
+
+/// A claim asked again with its nonce (its answer lost) is granted by another instance
+/// too, whatever the pause, and once per batch: a duplicate of it is taken, and a paused
+/// tick beside it skipped. The instance that made the first claim still renews the run
+/// (its memory of the record is stale: it reads it again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_asked_again_ignores_the_pause_and_is_granted_once_per_batch() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let (a, b) = (ns.migrated().await, ns.migrated().await);
+    let asked = |t: Tick, nonce: u64| ClaimRequest { nonce, ..run(t, "a", Duration::from_secs(60)) };
+    let first = won(&a, asked(tick("job", 0), 5)).await;
+    b.set_paused("job", true, "ops", None).await.unwrap();
+    let outcomes = b.claim(&[asked(tick("job", 0), 5), asked(tick("job", 0), 5), asked(tick("job", 1), 6)]).await;
+    match &outcomes.unwrap()[..] {
+        [ClaimOutcome::Won(again), ClaimOutcome::Taken, ClaimOutcome::Skipped { reason }] => {
+            assert_eq!(
+                (&again.run, again.fencing_token, again.claimed_at),
+                (&first.run, first.fencing_token, first.claimed_at)
+            );
+            assert_eq!(reason, "paused by ops");
+        }
+        other => panic!("the claim asked again, its duplicate, a paused tick: {other:?}"),
+    }
+    assert!(a.renew(&first, Duration::from_secs(60)).await.unwrap(), "the first instance still holds the run");
+    assert!(a.expired(10).await.unwrap().is_empty());
+    assert!(a.finish(&first, &succeeded()).await.unwrap());
+    assert_eq!(b.claim(&[asked(tick("job", 0), 5)]).await.unwrap(), vec![ClaimOutcome::Taken], "ended");
+}
+
+/// Instances asking again at once for the same claim all get it, one after the other:
+/// each grant compares the record's revision, so all but one lose the compare, read the
+/// record again and are granted on top of the winner's grant. The record keeps the lease
+/// of one of them, and no second record or token appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_claims_asked_again_are_each_granted_on_the_record_as_last_written() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let mut stores = Vec::new();
+    for _ in 0..6 {
+        stores.push(Arc::new(ns.migrated().await));
+    }
+    let asked = ClaimRequest { nonce: u64::MAX, ..run(tick("job", 0), "a", Duration::from_secs(60)) };
+    let first = won(&stores[0], asked.clone()).await;
+    let barrier = Arc::new(Barrier::new(stores.len()));
+    let mut tasks = Vec::new();
+    for store in &stores {
+        let (store, barrier, asked) = (store.clone(), barrier.clone(), asked.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            store.claim(&[asked]).await
+        }));
+    }
+    let mut until = Vec::new();
+    for task in tasks {
+        match task.await.expect("task").expect("claim").remove(0) {
+            ClaimOutcome::Won(again) => {
+                assert_eq!(
+                    (&again.run, again.fencing_token, again.claimed_at),
+                    (&first.run, first.fencing_token, first.claimed_at)
+                );
+                until.push(again.lease_until);
+            }
+            other => panic!("asked again while untouched: {other:?}"),
+        }
+    }
+    let records = stores[0].history(&Default::default()).await.unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert!(until.contains(&records[0].lease_until.expect("running")), "{records:?} {until:?}");
 }
 
 /// Every key under `prefix` (keys only), read behind the store's back.
@@ -425,4 +496,56 @@ async fn the_audit_log_keeps_only_its_newest_actions() {
     assert!(left.contains(&keys[kept - 2]), "the one before it stays");
     let newest = store.actions(&solocron_core::ActionQuery { job: None, limit: 1 }).await.expect("actions");
     assert_eq!((newest[0].job.as_str(), newest[0].by.as_str()), ("backup", "alice"));
+}
+
+/// A list longer than one `Txn` holds is recorded whole, and a refresh that drops some
+/// jobs, adds others and changes one leaves exactly the new list, `first_seen` kept; other
+/// nodes' registrations, including nodes whose names start like this one's, stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_list_longer_than_one_txn_is_recorded_whole_and_refreshed() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let jobs: Vec<_> = (0..400).map(|i| definition(&format!("job/{i:03}"), "h")).collect();
+    for other in ["a/b", "ab", "a%"] {
+        store.register(other, &jobs[..2]).await.expect("register another node");
+    }
+    store.register("a", &jobs[..300]).await.expect("register 300");
+    let first = store.registrations().await.expect("registrations");
+    assert_eq!(first.len(), 306);
+
+    // Drops 0..150, keeps 150..300 (one of them changed), adds 300..400: 250 puts, 150 deletes.
+    let mut next = jobs[150..].to_vec();
+    next[0].definition_hash = "h2".into();
+    store.register("a", &next).await.expect("refresh");
+    let second = store.registrations().await.expect("registrations");
+    let mine: Vec<_> = second.iter().filter(|r| r.node == "a").collect();
+    let names: Vec<&str> = mine.iter().map(|r| r.definition.job.as_str()).collect();
+    let expected: Vec<&str> = next.iter().map(|d| d.job.as_str()).collect();
+    assert_eq!(names, expected);
+    assert_eq!(mine[0].definition, next[0], "the changed definition is recorded");
+    let kept = first.iter().find(|r| r.node == "a" && r.definition.job == "job/150").expect("registered before");
+    assert_eq!(mine[0].first_seen, kept.first_seen, "first_seen is kept");
+    let others =
+        |all: &[solocron_core::Registration]| all.iter().filter(|r| r.node != "a").cloned().collect::<Vec<_>>();
+    assert_eq!(others(&second), others(&first), "other nodes' registrations are untouched");
+
+    store.register("a", &[]).await.expect("registering nothing");
+    assert_eq!(store.registrations().await.expect("registrations"), others(&first));
+}
+
+/// A registration the store cannot read (left by another build, or damaged) in a node's
+/// range is deleted by the node's next registration that does not list it, rather than
+/// failing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreadable_registration_of_a_job_no_longer_listed_is_deleted() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let mut client = common::client(&ns.url).await.expect("client");
+    let key = format!("{}registry/a/gone", ns.prefix.etcd_key_prefix());
+    client.put(key.clone(), "not json", None).await.expect("put");
+    store.register("a", &[definition("backup", "h")]).await.expect("register");
+    let left = client.get(key, None).await.expect("get");
+    assert!(left.kvs().is_empty(), "the unreadable registration is gone");
+    let all = store.registrations().await.expect("registrations");
+    assert_eq!(all.iter().map(|r| (r.node.as_str(), r.definition.job.as_str())).collect::<Vec<_>>(), [("a", "backup")]);
 }

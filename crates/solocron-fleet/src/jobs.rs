@@ -179,6 +179,20 @@ impl Fleet {
         Err(FleetError::UnknownJob { job: job.to_owned(), known })
     }
 
+    /// Like [`Fleet::require`], but a job nobody knows any more that still has run records
+    /// (removed from every node, its history kept) is accepted: for reading its history.
+    pub async fn require_known_or_recorded(&self, store: &dyn Store, job: &str) -> Result<(), FleetError> {
+        let unknown = match self.require(job) {
+            Ok(()) => return Ok(()),
+            Err(unknown) => unknown,
+        };
+        let q = HistoryQuery { job: Some(job.to_owned()), limit: 1, ..HistoryQuery::default() };
+        if store.history(&q).await?.is_empty() {
+            return Err(unknown);
+        }
+        Ok(())
+    }
+
     /// The job's schedule: the reader's configuration's, else its managed definition's, else
     /// the newest registration's
     /// (see [`Fleet::read_names`]).

@@ -34,6 +34,7 @@ mod extract;
 mod health;
 mod openapi;
 mod problem;
+mod prometheus;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,16 +42,15 @@ use std::sync::Arc;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::routing::{get, post};
 use axum::Router;
-use metrics_exporter_prometheus::PrometheusHandle;
 use solocron_core::Store;
 use solocron_fleet::Declared;
 use tower_http::set_header::SetResponseHeaderLayer;
 
 pub use auth::{Caller, Role, Token, TokenError, TOKEN_SECRET_BYTES_MAX, TOKEN_SECRET_BYTES_MIN};
 pub use extract::{BODY_BYTES_MAX, QUERY_BYTES_MAX};
-pub use health::install_prometheus;
 pub use openapi::openapi_json;
 pub use problem::Problem;
+pub use prometheus::{install_prometheus, MetricsHandle, HISTOGRAM_BUCKETS_SECONDS, OPENMETRICS_CONTENT_TYPE};
 
 /// How the server behaves beyond its store.
 #[derive(Debug, Clone, Default)]
@@ -60,7 +60,7 @@ pub struct HttpOptions {
     /// Jobs this process knows from its configuration (shown with where they are declared).
     pub declared: DeclaredJobs,
     /// Where `/metrics` renders from ([`install_prometheus`]); none: `/metrics` answers 404.
-    pub prometheus: Option<PrometheusHandle>,
+    pub prometheus: Option<MetricsHandle>,
     /// How a managed job's definition is checked before it is written (the CLI's
     /// configuration rules); none: managed jobs are read-only here (writes answer 501).
     pub job_specs: Option<Arc<dyn solocron_fleet::SpecCheck>>,
@@ -111,7 +111,7 @@ impl AppState {
     pub(crate) fn job_specs(&self) -> Option<&dyn solocron_fleet::SpecCheck> {
         self.0.options.job_specs.as_deref()
     }
-    pub(crate) fn prometheus(&self) -> Option<&PrometheusHandle> {
+    pub(crate) fn prometheus(&self) -> Option<&MetricsHandle> {
         self.0.options.prometheus.as_ref()
     }
 }

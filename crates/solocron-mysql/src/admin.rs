@@ -2,6 +2,7 @@
 //! registry, pauses, manual run requests, unlock and pruning. An operator's action is one
 //! transaction that also appends it to the audit log (`fleet.rs`).
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -17,33 +18,65 @@ use crate::fleet::{append, check, Action};
 use crate::records::{check_name, get, instant, millis, opt_text, record, text, COLUMNS};
 use crate::MySqlStore;
 
-/// Definitions per `INSERT` of [`register`]: 6 placeholders each, far below MySQL's
-/// 65,535 per statement.
+/// Definitions per `INSERT` of [`register`]: 6 placeholders each (and 2 for the mark), far
+/// below MySQL's 65,535 per statement.
 const REGISTER_CHUNK: usize = 1000;
 
 /// How many milliseconds after "now" a manual request may move to find a free instant.
 const REQUEST_SLOTS_MAX: usize = 100;
 
-/// Upserts `node`'s registration of each job (one transaction): the definition and
-/// `last_seen` are replaced, `first_seen` only set on insert.
+/// Records that `node` runs exactly `jobs`, in one transaction: each listed job's
+/// registration upserted (the definition and `last_seen` replaced, `first_seen` only set on
+/// insert) with this call's mark, then the node's registrations without that mark (jobs
+/// it no longer lists) deleted. A mark, not an instant: two calls in one millisecond
+/// differ, and the list can outgrow a statement's placeholders.
 pub(crate) async fn register(store: &MySqlStore, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
-    if jobs.is_empty() {
-        return Ok(());
-    }
     let context = "cannot register jobs";
     check_name("node", node).map_err(|f| f.into_store(context))?;
     for definition in jobs {
         check_name("job", &definition.job).map_err(|f| f.into_store(context))?;
     }
+    // Names compare as bytes (`utf8mb4_bin`, no trailing spaces), as here.
+    let listed = jobs.iter().map(|d| d.job.as_str()).collect::<HashSet<_>>().len();
+    let mark = fresh_mark();
+    let (count, unlisted) = (
+        store.sql("SELECT COUNT(*) FROM {p}registry WHERE node = ?"),
+        store.sql("DELETE FROM {p}registry WHERE node = ? AND mark <> ?"),
+    );
     retrying(context, || async {
         let mut tx = store.pool.begin().await?;
         for chunk in jobs.chunks(REGISTER_CHUNK) {
-            register_chunk(store, &mut tx, node, chunk).await?;
+            register_chunk(store, &mut tx, node, mark, chunk).await?;
+        }
+        // The delete locks and reads every row of the node, a good part of a refresh that
+        // changes nothing; the count reads `{p}registry_node` alone, so the delete runs only
+        // when the node holds more rows than it lists. Rows the count cannot see are
+        // another call's uncommitted inserts for this node, which that call keeps or
+        // removes itself.
+        let held: i64 = sqlx::query_scalar(&count).bind(node).fetch_one(&mut *tx).await?;
+        if usize::try_from(held).map_or(true, |held| held > listed) {
+            sqlx::query(&unlisted).bind(node).bind(mark).execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
     })
     .await
+}
+
+/// A mark that no earlier [`register`] of the node left: a random start per process, then
+/// one more per call, so a process never repeats one, and another process repeats the
+/// node's last one only by a 64-bit random coincidence. Never 0, the mark of rows written
+/// by builds of earlier schema versions.
+fn fresh_mark() -> i64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static START: OnceLock<u64> = OnceLock::new();
+    static CALLS: AtomicU64 = AtomicU64::new(1);
+    let start = *START.get_or_init(|| std::collections::hash_map::RandomState::new().build_hasher().finish());
+    let mark = start.wrapping_add(CALLS.fetch_add(1, Ordering::Relaxed));
+    // Bit-cast to the signed column.
+    mark.max(1) as i64
 }
 
 /// One multi-row upsert. The rows come from a derived table so that the update can name
@@ -53,19 +86,21 @@ async fn register_chunk(
     store: &MySqlStore,
     conn: &mut sqlx::MySqlConnection,
     node: &str,
+    mark: i64,
     jobs: &[JobDefinition],
 ) -> Result<(), Failure> {
     let first = "SELECT ? AS job, ? AS node, ? AS schedule, ? AS timezone, ? AS definition_hash, ? AS summary";
     let rows = std::iter::once(first).chain(std::iter::repeat_n(" UNION ALL SELECT ?, ?, ?, ?, ?, ?", jobs.len() - 1));
     let sql = store.sql(&format!(
-        "INSERT INTO {{p}}registry (job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen)
-         SELECT v.job, v.node, v.schedule, v.timezone, v.definition_hash, v.summary, NOW_MS, NOW_MS
+        "INSERT INTO {{p}}registry (job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen, mark)
+         SELECT v.job, v.node, v.schedule, v.timezone, v.definition_hash, v.summary, NOW_MS, NOW_MS, ?
          FROM ({}) AS v
          ON DUPLICATE KEY UPDATE schedule = v.schedule, timezone = v.timezone,
-             definition_hash = v.definition_hash, summary = v.summary, last_seen = NOW_MS",
+             definition_hash = v.definition_hash, summary = v.summary, last_seen = NOW_MS, mark = ?",
         rows.collect::<String>()
     ));
-    let mut query = sqlx::query(&sql);
+    // Placeholders in the text's order: the inserted mark, the rows, the updated mark.
+    let mut query = sqlx::query(&sql).bind(mark);
     for d in jobs {
         query = query
             .bind(d.job.as_str())
@@ -75,7 +110,7 @@ async fn register_chunk(
             .bind(d.definition_hash.as_str())
             .bind(d.summary.as_str());
     }
-    query.execute(conn).await?;
+    query.bind(mark).execute(conn).await?;
     Ok(())
 }
 

@@ -1,17 +1,21 @@
 //! The claim of a batch of ticks: one transaction of 2 round trips, whatever the batch's
-//! size (see the crate docs for the sequence).
+//! size, 3 when it grants a run again (see the crate docs for the sequence).
 //!
 //! Why reading first and deciding in memory is safe: every transaction that creates an
 //! attempt-1 row or a `running` row of a job (a claim, a retry by recovery) first takes
 //! the exclusive lock on the job's fence row and keeps it until it commits. Once a batch
 //! holds the fence locks of all its jobs, nothing it reads about those jobs (existing tick
 //! records, running runs, the counters) can change before it commits, except running runs
-//! ending, which only makes an overlap skip conservative. The primary key stays the final
-//! arbiter: the `INSERT` fails on a record that exists, and the transaction is rolled back
-//! and retried.
+//! ending, which only makes an overlap skip conservative, and which the update of the leases
+//! of runs granted again checks for. The primary key stays the final arbiter: the `INSERT`
+//! fails on a record that exists, and the transaction is rolled back and retried.
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
+
+use futures_util::TryStreamExt;
+use sqlx::mysql::MySqlQueryResult;
+use sqlx::Executor;
 
 use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, StoreError, CLAIM_BATCH_MAX};
 use solocron_sql::plan::{self, Decision, Found, StateRow, Wanted};
@@ -57,7 +61,8 @@ fn check(requests: &[ClaimRequest]) -> Result<(), Failure> {
 /// multi-statement text query, its values written into the SQL as literals (strings as
 /// hex, which no input can break out of): prepared statements would cost a round trip
 /// each. A statement that fails stops the rest of its round trip, so nothing after a
-/// failed insert commits.
+/// failed insert commits. A batch that grants runs again ([`Decision::Regranted`]) also
+/// updates their leases, and commits in a third round trip (see [`write_regranting`]).
 async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, Failure> {
     let jobs = sorted_jobs(requests);
     let mut tx = OpenTransaction { conn: store.pool.acquire().await?, open: true };
@@ -75,38 +80,121 @@ async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec
             fit_text(reason);
         }
     }
-    let mut rows: Vec<(&ClaimRequest, &Decision)> =
-        requests.iter().zip(&decisions).filter(|(_, d)| !matches!(d, Decision::Taken)).collect();
+    let mut rows: Vec<(&ClaimRequest, &Decision)> = requests
+        .iter()
+        .zip(&decisions)
+        .filter(|(_, d)| matches!(d, Decision::Won { .. } | Decision::Skipped(_)))
+        .collect();
     rows.sort_by_key(|(_, d)| matches!(d, Decision::Skipped(_)));
-    let mut second = String::new();
+    let mut writes = Vec::new();
     if !rows.is_empty() {
-        second.push_str(&insert_sql(store, &rows, now)?);
-        second.push_str("; ");
+        writes.push(insert_sql(store, &rows, now)?);
     }
     if !tokens.is_empty() {
-        second.push_str(&tokens_sql(store, &tokens)?);
-        second.push_str("; ");
+        writes.push(tokens_sql(store, &tokens)?);
     }
-    second.push_str("COMMIT");
     // Checked before the commit: once committed, the won runs must be run.
-    let claimed_at = instant(now)?;
-    let written = execute(&mut tx.conn, &second).await;
-    let written = match written {
-        Ok(done) => done.rows_affected(),
-        Err(e) if is_duplicate(&e) => {
-            return Err(tx.roll_back(Failure::Conflict(format!("a record appeared despite the locks: {e}"))).await)
-        }
-        Err(e) => return Err(tx.roll_back(e.into()).await),
+    let now_instant = instant(now)?;
+    let expected = (rows.len() + tokens.len()) as u64;
+    let written = match regrant_sql(store, requests, &decisions, now)? {
+        None => write(tx, writes).await?,
+        Some((regrant, granted)) => write_regranting(tx, regrant, granted, writes).await?,
     };
-    tx.open = false;
     // Committed: the outcomes stand whatever the count says (an error now would leave won
     // runs unrun). The count (inserted plus matched rows) can only be off if the locks failed.
-    let expected = (rows.len() + tokens.len()) as u64;
     if written != expected {
         tracing::error!(written, expected, "a claim wrote an unexpected number of rows; its locks did not hold");
         debug_assert_eq!(written, expected, "rows written by a claim");
     }
-    Ok(requests.iter().zip(decisions).map(|(r, d)| outcome(r, d, claimed_at)).collect())
+    Ok(requests.iter().zip(decisions).map(|(r, d)| outcome(r, d, now_instant)).collect())
+}
+
+/// The second round trip of a batch: its `writes` and `COMMIT`; the rows they wrote.
+async fn write(mut tx: OpenTransaction, mut writes: Vec<String>) -> Result<u64, Failure> {
+    writes.push("COMMIT".into());
+    let written = execute(&mut tx.conn, &writes.join("; ")).await;
+    let written = match written {
+        Ok(done) => done.rows_affected(),
+        Err(e) => return Err(tx.roll_back(write_failure(e)).await),
+    };
+    tx.open = false;
+    Ok(written)
+}
+
+/// The second round trip of a batch that grants `granted` runs again: the leases' update
+/// first, then its `writes`; and `COMMIT` in a third, once the update's count shows that
+/// every one of those runs was still running. Neither a finish nor an abandon takes the
+/// fence locks, so one of them may end such a run after the read: the update then misses
+/// it, and the batch is rolled back and tried again (and finds the tick taken). The rows
+/// `writes` wrote.
+async fn write_regranting(
+    mut tx: OpenTransaction,
+    regrant: String,
+    granted: u64,
+    writes: Vec<String>,
+) -> Result<u64, Failure> {
+    let sql = std::iter::once(regrant).chain(writes).collect::<Vec<_>>().join("; ");
+    let results: Result<Vec<MySqlQueryResult>, sqlx::Error> = tx.conn.execute_many(sql.as_str()).try_collect().await;
+    let results = match results {
+        Ok(results) => results,
+        Err(e) => return Err(tx.roll_back(write_failure(e)).await),
+    };
+    let updated = results.first().map_or(0, |r| r.rows_affected());
+    if updated != granted {
+        let ended = granted.saturating_sub(updated);
+        return Err(tx.roll_back(Failure::Conflict(format!("{ended} run(s) granted again ended meanwhile"))).await);
+    }
+    if let Err(e) = execute(&mut tx.conn, "COMMIT").await {
+        return Err(tx.roll_back(e.into()).await);
+    }
+    tx.open = false;
+    Ok(results[1..].iter().map(|r| r.rows_affected()).sum())
+}
+
+/// Why the writes of a batch failed: a record that appeared despite the locks is a
+/// conflict (tried again), anything else as it is.
+fn write_failure(e: sqlx::Error) -> Failure {
+    if is_duplicate(&e) {
+        Failure::Conflict(format!("a record appeared despite the locks: {e}"))
+    } else {
+        e.into()
+    }
+}
+
+/// The `UPDATE` that gives each run of a [`Decision::Regranted`] a fresh lease from `now`
+/// (the server's ms at the read), joined to a derived table of the runs and their new
+/// `lease_until`; and how many runs it must match. `None` when the batch grants none
+/// again (the usual batch).
+fn regrant_sql(
+    store: &MySqlStore,
+    requests: &[ClaimRequest],
+    decisions: &[Decision],
+    now: i64,
+) -> Result<Option<(String, u64)>, Failure> {
+    let mut values = Vec::new();
+    for (request, decision) in requests.iter().zip(decisions) {
+        if let Decision::Regranted { lease, .. } = decision {
+            values.extend([
+                Literal::Text(&request.tick.job),
+                Literal::Int(request.tick.scheduled_at.timestamp_millis()),
+                Literal::Int(now.saturating_add(millis(*lease)?)),
+            ]);
+        }
+    }
+    let granted = values.len() / 3;
+    if granted == 0 {
+        return Ok(None);
+    }
+    // The first row names the columns, and its collation (that of the runs' key) is the
+    // derived table's: the literals' own would not compare with the key.
+    let mut rows = vec!["SELECT ? COLLATE utf8mb4_bin AS job, ? AS at, ? AS lease_until"];
+    rows.resize(granted, "SELECT ?, ?, ?");
+    let sql = store.sql(&format!(
+        "UPDATE {{p}}runs r JOIN ({}) g ON r.job = g.job AND r.scheduled_at = g.at AND r.attempt = 1
+         SET r.lease_until = g.lease_until WHERE r.state = 'running'",
+        rows.join(" UNION ALL ")
+    ));
+    Ok(Some((inline(&sql, &values), granted as u64)))
 }
 
 /// The batch's distinct jobs, in the order the server sorts them in the fences' primary
@@ -174,6 +262,11 @@ fn found(rows: &[sqlx::mysql::MySqlRow], jobs: usize) -> Result<Found, Failure> 
             attempt: get(row, "attempt")?,
             who,
             why: opt_text(row, "why")?,
+            state: opt_text(row, "state")?,
+            node: opt_text(row, "node")?,
+            nonce: get(row, "nonce")?,
+            token: get(row, "token")?,
+            claimed_at: get(row, "claimed_at")?,
         };
         found.note_row(row)?;
     }
@@ -183,7 +276,9 @@ fn found(rows: &[sqlx::mysql::MySqlRow], jobs: usize) -> Result<Found, Failure> 
     Ok(found)
 }
 
-/// The `UNION ALL` read of [`state_read`]; each row's `kind` says what it is.
+/// The `UNION ALL` read of [`state_read`]; each row's `kind` says what it is. An existing
+/// tick's row (`t`) carries what a request asking again for its own claim is granted again
+/// from: the record's state, node, nonce, token and claim instant.
 ///
 /// Tick records are looked up as `job IN (...) AND scheduled_at IN (...)`, a superset of
 /// the batch's ticks that the caller filters: the optimizer turns it into primary-key
@@ -191,27 +286,30 @@ fn found(rows: &[sqlx::mysql::MySqlRow], jobs: usize) -> Result<Found, Failure> 
 /// of 1000 pairs takes MariaDB 10.11 some 300 ms to plan.
 fn state_sql(store: &MySqlStore, jobs: usize, instants: usize, overlapping: usize, pausable: usize) -> String {
     let mut sql = format!(
-        "SELECT 'f' AS kind, job, token AS n, 0 AS attempt, CAST(NULL AS CHAR) AS who, CAST(NULL AS CHAR) AS why
+        "SELECT 'f' AS kind, job, token AS n, 0 AS attempt, CAST(NULL AS CHAR) AS who, CAST(NULL AS CHAR) AS why,
+             CAST(NULL AS CHAR) AS state, CAST(NULL AS CHAR) AS node, CAST(NULL AS SIGNED) AS nonce,
+             CAST(NULL AS SIGNED) AS token, CAST(NULL AS SIGNED) AS claimed_at
          FROM {{p}}fences WHERE job IN {jobs}
-         UNION ALL SELECT 't', job, scheduled_at, attempt, NULL, NULL
+         UNION ALL SELECT 't', job, scheduled_at, attempt, NULL, NULL, state, node, nonce, token, claimed_at
          FROM {{p}}runs WHERE attempt = 1 AND job IN {jobs} AND scheduled_at IN {}",
         placeholders(instants),
         jobs = placeholders(jobs),
     );
     if overlapping > 0 {
         sql.push_str(&format!(
-            " UNION ALL SELECT 'r', job, scheduled_at, attempt, NULL, NULL
+            " UNION ALL SELECT 'r', job, scheduled_at, attempt, NULL, NULL, NULL, NULL, NULL, NULL, NULL
               FROM {{p}}runs WHERE state = 'running' AND job IN {}",
             placeholders(overlapping)
         ));
     }
     if pausable > 0 {
         sql.push_str(&format!(
-            " UNION ALL SELECT 'p', job, 0, 0, changed_by, reason FROM {{p}}jobs WHERE paused <> 0 AND job IN {}",
+            " UNION ALL SELECT 'p', job, 0, 0, changed_by, reason, NULL, NULL, NULL, NULL, NULL
+              FROM {{p}}jobs WHERE paused <> 0 AND job IN {}",
             placeholders(pausable)
         ));
     }
-    sql.push_str(" UNION ALL SELECT 'n', '', NOW_MS, 0, NULL, NULL");
+    sql.push_str(" UNION ALL SELECT 'n', '', NOW_MS, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL");
     store.sql(&sql)
 }
 
@@ -233,16 +331,16 @@ fn insert_sql(store: &MySqlStore, rows: &[(&ClaimRequest, &Decision)], now: i64)
     let shapes: Vec<&str> = rows
         .iter()
         .map(|(_, d)| match d {
-            Decision::Won { .. } => "(?, ?, 1, ?, ?, ?, 'running', NULL, ?, NULL, ?, '')",
-            _ => "(?, ?, 1, ?, ?, NULL, 'skipped', ?, ?, ?, NULL, '')",
+            Decision::Won { .. } => "(?, ?, 1, ?, ?, ?, 'running', NULL, ?, NULL, ?, '', ?)",
+            _ => "(?, ?, 1, ?, ?, NULL, 'skipped', ?, ?, ?, NULL, '', ?)",
         })
         .collect();
     let sql = store.sql(&format!(
         "INSERT INTO {{p}}runs (job, scheduled_at, attempt, `trigger`, node, token, state, reason,
-         claimed_at, finished_at, lease_until, output) VALUES {}",
+         claimed_at, finished_at, lease_until, output, nonce) VALUES {}",
         shapes.join(", ")
     ));
-    let mut values = Vec::with_capacity(rows.len() * 7);
+    let mut values = Vec::with_capacity(rows.len() * 8);
     for (request, decision) in rows {
         values.extend([
             Literal::Text(&request.tick.job),
@@ -257,8 +355,9 @@ fn insert_sql(store: &MySqlStore, rows: &[(&ClaimRequest, &Decision)], now: i64)
                 Literal::Int(now.saturating_add(millis(*lease)?)),
             ]),
             Decision::Skipped(reason) => values.extend([Literal::Text(reason), Literal::Int(now), Literal::Int(now)]),
-            Decision::Taken => unreachable!("taken ticks get no row"),
+            Decision::Taken | Decision::Regranted { .. } => unreachable!("only new records are inserted"),
         }
+        values.push(Literal::int_or_null(plan::nonce_param(request.nonce)));
     }
     Ok(inline(&sql, &values))
 }
@@ -301,6 +400,7 @@ mod tests {
             node: "n".into(),
             lease: std::time::Duration::from_secs(1),
             mode: ClaimMode::Run { skip_if_running: false },
+            nonce: 0,
         };
         let requests: Vec<_> = ["b", "a\t", "a", "B", "b"].iter().map(|j| request(j)).collect();
         // PAD SPACE: "a" is "a " to the server, after "a\t".

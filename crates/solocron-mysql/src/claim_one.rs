@@ -1,14 +1,16 @@
-//! A one-tick claim in **one** round trip: `CALL {p}claim_one(...)`, a stored procedure
-//! (schema version 2, its text in [`crate::schema`]) that decides on the server, instead of Rust deciding in memory
-//! between the two round trips of [`crate::claim`].
+//! A one-tick claim in **one** round trip: `CALL {p}claim_one_v5(...)`, a stored procedure
+//! (schema version 5, its text in [`crate::schema`]) that decides on the server, instead
+//! of Rust deciding in memory between the two round trips of [`crate::claim`].
 //!
 //! The procedure runs, in one transaction: an upsert that creates the job's fence row or
 //! advances its counter (taking the row's exclusive lock, as every claim and retry of the
 //! job does before it reads) and leaves the new token in `LAST_INSERT_ID()` (so no read of
 //! the row is needed); the read of whether the tick has a record and, if not, why it would
 //! be skipped (its skip reason, the job's pause, or the newest running run of a job asked
-//! not to overlap); the insert of its `running` or `skipped` record; `COMMIT`; and a
-//! `SELECT` of what it decided. The reads are safe for the reason given in
+//! not to overlap); the insert of its `running` or `skipped` record, or, for a run request
+//! that finds the record still running as its own claim (the same node and nonce, asked
+//! again after a lost answer), a fresh lease for it; `COMMIT`; and a `SELECT` of what it
+//! decided. The reads are safe for the reason given in
 //! [`crate::claim`]: the fence lock is held from before them until the commit.
 //!
 //! Why a procedure: the same steps sent as one multi-statement text query (as schema
@@ -37,7 +39,7 @@ pub(crate) async fn claim_one(store: &MySqlStore, request: &ClaimRequest) -> Res
         ClaimMode::Skip { reason } => (false, false, Some(reason.as_str())),
         ClaimMode::Run { skip_if_running } => (request.trigger != Trigger::Manual, *skip_if_running, None),
     };
-    let sql = store.sql("CALL {p}claim_one(?, ?, ?, ?, ?, ?, ?, ?)");
+    let sql = store.sql("CALL {p}claim_one_v5(?, ?, ?, ?, ?, ?, ?, ?, ?)");
     let call = sqlx::query(&sql)
         .bind(request.tick.job.as_str())
         .bind(request.tick.scheduled_at.timestamp_millis())
@@ -46,7 +48,8 @@ pub(crate) async fn claim_one(store: &MySqlStore, request: &ClaimRequest) -> Res
         .bind(millis(request.lease)?)
         .bind(pausable)
         .bind(overlap)
-        .bind(skip);
+        .bind(skip)
+        .bind(plan::nonce_param(request.nonce));
     // The procedure begins a transaction and commits it last: until the call has answered,
     // the connection may hold it open (a statement inside failed), and must roll it back.
     let mut tx = OpenTransaction { conn: store.pool.acquire().await?, open: true };
@@ -66,17 +69,25 @@ pub(crate) async fn claim_one(store: &MySqlStore, request: &ClaimRequest) -> Res
 }
 
 /// The outcome the procedure's row says. Its columns are read by position (taken, why,
-/// token, now): sqlx names a row's columns from the prepared statement, and a prepared
-/// `CALL` declares none.
+/// token, now, and the claim instant of a run granted again): sqlx names a row's columns
+/// from the prepared statement, and a prepared `CALL` declares none.
 fn outcome(request: &ClaimRequest, row: &MySqlRow) -> Result<ClaimOutcome, Failure> {
     let taken: i64 = get(row, 0)?;
-    let decision = if taken != 0 {
+    let claimed: Option<i64> = get(row, 4)?;
+    let run = || RunId { tick: Tick::new(request.tick.job.clone(), request.tick.scheduled_at), attempt: 1 };
+    let decision = if let Some(claimed) = claimed {
+        Decision::Regranted {
+            run: run(),
+            token: token(get(row, 2)?)?,
+            claimed_at: instant(claimed)?,
+            lease: request.lease,
+        }
+    } else if taken != 0 {
         Decision::Taken
     } else if let Some(why) = opt_text(row, 1)? {
         Decision::Skipped(why)
     } else {
-        let run = RunId { tick: Tick::new(request.tick.job.clone(), request.tick.scheduled_at), attempt: 1 };
-        Decision::Won { run, token: token(get(row, 2)?)?, lease: request.lease }
+        Decision::Won { run: run(), token: token(get(row, 2)?)?, lease: request.lease }
     };
     let outcome = plan::outcome(request, decision, instant(get(row, 3)?)?);
     if let ClaimOutcome::Won(lease) = &outcome {

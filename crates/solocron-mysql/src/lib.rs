@@ -33,7 +33,7 @@
 //! ## The claim, in round trips
 //!
 //! A claim of **one tick** (the common case: a job's own schedule) is **one round trip**, a
-//! prepared `CALL {p}claim_one(...)`: a stored procedure (schema version 2, so the
+//! prepared `CALL {p}claim_one_v5(...)`: a stored procedure (since schema version 2, so the
 //! database user needs `CREATE ROUTINE`, `ALTER ROUTINE` and `EXECUTE`) that takes the
 //! job's fence lock, decides and writes as described below for a batch of one, and
 //! commits (see `claim_one.rs`).
@@ -49,6 +49,14 @@
 //! read returned, so two requests of one batch see each other exactly as if they had been
 //! claimed one after the other. The second sends one multi-row `INSERT` of every new run row,
 //! then (if some request won) an `UPDATE` of the counters, and `COMMIT`.
+//!
+//! A request asked again after a lost answer (its nonce, node and tick those of a record
+//! still `running`) is won again: the existing tick row of the read carries the record's
+//! nonce, owner, token and claim instant. A batch that grants runs again puts one `UPDATE`
+//! of their leases first in its second round trip, and sends `COMMIT` in a third once that
+//! update's count shows each of them still running (a finish or an abandon, which take no
+//! fence lock, may have ended one since the read: the batch is then rolled back and tried
+//! again). Batches that grant nothing again keep their 2 round trips.
 //!
 //! Each round trip is one multi-statement text query with its values written in as literals
 //! (text as `_utf8mb4 X'…'` hex, which no input can break out of, whatever the SQL mode):
@@ -139,7 +147,8 @@
 //! written in the transaction of the action), `{p}managed` (jobs defined in the
 //! store), `{p}job_revisions` (every change of one), `{p}managed_version` (the store-wide
 //! revision counter, whose row lock orders their writers) and `{p}schema` (the version);
-//! the stored procedure `{p}claim_one`; the named lock `{p}migrate`. [`Store::migrate`] creates
+//! the stored procedure `{p}claim_one_v5` (and version 2's `{p}claim_one`, left in place by
+//! an upgrade for the nodes still calling it); the named lock `{p}migrate`. [`Store::migrate`] creates
 //! them; [`Store::uninstall`] drops them.
 //!
 //! ## Code map
@@ -149,8 +158,8 @@
 //! - `url.rs`: the URL into connection options.
 //! - `schema.rs`: the tables, the stored procedure, their versions, `migrate` and
 //!   `uninstall`.
-//! - `claim.rs`: the claim of a batch, in 2 round trips.
-//! - `claim_one.rs`: the claim of one tick, one `CALL {p}claim_one`.
+//! - `claim.rs`: the claim of a batch, in 2 round trips (3 when it grants a run again).
+//! - `claim_one.rs`: the claim of one tick, one `CALL {p}claim_one_v5`.
 //! - `runs.rs`: a held run after its claim: renew, finish (one or a batch), expiry, recovery.
 //! - `admin.rs`: what operators and housekeeping read and change: history, the clock,
 //!   registrations, pauses, manual requests, unlock, prune.
@@ -181,6 +190,7 @@
 //!     node: "node-a".into(),
 //!     lease: Duration::from_secs(30),
 //!     mode: ClaimMode::Run { skip_if_running: true },
+//!     nonce: 0,
 //! };
 //! match store.claim(&[request]).await?.remove(0) {
 //!     ClaimOutcome::Won(lease) => println!("run it, fencing token {}", lease.fencing_token),

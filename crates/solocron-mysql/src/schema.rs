@@ -16,11 +16,49 @@ use crate::MySqlStore;
 const NOW_MS: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)";
 
 /// The schema version this crate writes and understands. Version 2 added the stored
-/// procedure `{p}claim_one` ([`claim_one_procedure`], called by [`crate::claim_one`]) to
-/// version 1's tables; version 3 the tables `{p}nodes` and `{p}actions`; version 4 the
-/// managed jobs' tables `{p}managed`, `{p}job_revisions` and `{p}managed_version`
-/// (with its one row, [`SEED_COUNTER`]).
-const SCHEMA_VERSION: i64 = 4;
+/// procedure `{p}claim_one` to version 1's tables; version 3 the tables `{p}nodes` and
+/// `{p}actions`; version 4 the managed jobs' tables `{p}managed`, `{p}job_revisions` and
+/// `{p}managed_version` (with its one row, [`SEED_COUNTER`]); version 5 the runs' `nonce`
+/// column ([`ADD_NONCE`]) and the procedure `{p}claim_one_v5` ([`claim_one_procedure`],
+/// called by [`crate::claim_one`]), which takes the nonce; version 6 the registry's `mark`
+/// column ([`ADD_MARK`]) and its key by node ([`ADD_REGISTRY_NODE`]), by which `register`
+/// removes the jobs a node no longer lists. Builds of earlier versions refuse to migrate a
+/// newer schema; those already running keep working on it meanwhile (their inserts name
+/// their columns, leaving `nonce` NULL and `mark` 0, and `{p}claim_one` stays).
+const SCHEMA_VERSION: i64 = 6;
+
+/// Whether the runs table has version 5's `nonce` column (MySQL 8 has no `ADD COLUMN IF
+/// NOT EXISTS`): bound to the table's name.
+const HAS_NONCE: &str = "SELECT COUNT(*) FROM information_schema.columns
+     WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'nonce'";
+
+/// Version 5: the nonce of the claim that created a record (the `u64` bit-cast to a
+/// signed integer; `NULL`: none, as in every record written before). The last column, so
+/// both servers add it in place, without copying the table.
+const ADD_NONCE: &str = "ALTER TABLE {p}runs ADD COLUMN nonce BIGINT NULL";
+
+/// Whether the registry has version 6's `mark` column: bound to the table's name.
+const HAS_MARK: &str = "SELECT COUNT(*) FROM information_schema.columns
+     WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'mark'";
+
+/// Version 6: the mark of the `register` call that last listed a registration (0: written
+/// by an earlier version). The last column, so both servers add it in place.
+const ADD_MARK: &str = "ALTER TABLE {p}registry ADD COLUMN mark BIGINT NOT NULL DEFAULT 0";
+
+/// Whether the registry has version 6's key by node: bound to the table's and the key's
+/// names.
+const HAS_REGISTRY_NODE: &str = "SELECT COUNT(*) FROM information_schema.statistics
+     WHERE table_schema = DATABASE() AND table_name = ? AND index_name = ?";
+
+/// Version 6: the registry by node (the primary key leads with the job), for `register`'s
+/// removal of a node's unlisted jobs. Its own statement, not joined to [`ADD_MARK`]: one
+/// `ALTER` doing both may rebuild the table (MySQL 8 does), each alone does not.
+const ADD_REGISTRY_NODE: &str = "ALTER TABLE {p}registry ADD KEY {p}registry_node (node, job)";
+
+/// The stored procedures of every version, which [`uninstall`] drops: `{p}claim_one`
+/// (versions 2 to 4, left in place by migrations for the nodes still calling it) and
+/// `{p}claim_one_v5`.
+const PROCEDURES: [&str; 2] = ["claim_one", "claim_one_v5"];
 
 /// How long `migrate` waits for another node's migration, in seconds.
 const LOCK_WAIT_S: i64 = 30;
@@ -53,6 +91,7 @@ const TABLES: &[&str] = &[
         lease_until BIGINT NULL,
         exit_code INT NULL,
         output TEXT NOT NULL,
+        nonce BIGINT NULL,
         PRIMARY KEY (job, scheduled_at, attempt),
         KEY {p}runs_job_state (job, state),
         KEY {p}runs_expiry (state, lease_until),
@@ -81,7 +120,9 @@ const TABLES: &[&str] = &[
         summary TEXT NOT NULL,
         first_seen BIGINT NOT NULL,
         last_seen BIGINT NOT NULL,
-        PRIMARY KEY (job, node)
+        mark BIGINT NOT NULL DEFAULT 0,
+        PRIMARY KEY (job, node),
+        KEY {p}registry_node (node, job)
     )",
     "CREATE TABLE IF NOT EXISTS {p}requests (
         job VARCHAR(191) NOT NULL,
@@ -146,11 +187,14 @@ const SEED_COUNTER: &str = "INSERT IGNORE INTO {p}managed_version (id, revision)
 /// always fits a `TEXT` column ([`TEXT_BYTES_MAX`] bytes); longer ones are cut to it.
 const REASON_CHARS_FIT: usize = TEXT_BYTES_MAX / 4;
 
-/// The procedure of schema version 2 (a template: prefix and clock not yet filled in).
+/// The procedure of schema version 5 (a template: prefix and clock not yet filled in).
 /// Its arguments: job, tick (ms), trigger, node, lease (ms), whether a pause applies,
-/// whether a running run of the job skips the tick, and the skip reason of a request to
-/// record a skip (`NULL` otherwise). A pause comes before an overlap, as in
-/// [`solocron_sql::plan`]. It answers one row, whose columns [`crate::claim_one`] reads by
+/// whether a running run of the job skips the tick, the skip reason of a request to
+/// record a skip (`NULL` otherwise), and the request's nonce (`NULL`: none). A pause comes
+/// before an overlap, as in [`solocron_sql::plan`]. A run request that finds the tick's
+/// attempt 1 still `running` as its own claim (the same node and nonce) gives it a fresh
+/// lease and answers its token and claim instant; the counter it advanced goes back, as no
+/// token is handed out. It answers one row, whose columns [`crate::claim_one`] reads by
 /// position. Texts are `utf8mb4` and compare as `utf8mb4_bin`, like the columns, whatever
 /// the database's defaults. It runs with the caller's rights (`SQL
 /// SECURITY INVOKER`), not those of whoever migrated: an operator's account that created it
@@ -158,10 +202,10 @@ const REASON_CHARS_FIT: usize = TEXT_BYTES_MAX / 4;
 fn claim_one_procedure() -> String {
     const TEXT: &str = "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
     format!(
-        "CREATE PROCEDURE {{p}}claim_one(
+        "CREATE PROCEDURE {{p}}claim_one_v5(
              IN p_job VARCHAR(191) {TEXT}, IN p_at BIGINT, IN p_trigger VARCHAR(16) {TEXT},
              IN p_node VARCHAR(191) {TEXT}, IN p_lease BIGINT, IN p_pausable BOOLEAN,
-             IN p_overlap BOOLEAN, IN p_skip TEXT {TEXT})
+             IN p_overlap BOOLEAN, IN p_skip TEXT {TEXT}, IN p_nonce BIGINT)
          MODIFIES SQL DATA
          SQL SECURITY INVOKER
          BEGIN
@@ -169,11 +213,24 @@ fn claim_one_procedure() -> String {
              DECLARE v_taken BOOLEAN;
              DECLARE v_why TEXT {TEXT};
              DECLARE v_now BIGINT;
+             DECLARE v_claimed BIGINT DEFAULT NULL;
              START TRANSACTION;
              INSERT INTO {{p}}fences (job, token) VALUES (p_job, LAST_INSERT_ID(1))
                  ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1);
              SET v_token = LAST_INSERT_ID(), v_now = NOW_MS;
              SET v_taken = EXISTS(SELECT 1 FROM {{p}}runs WHERE job = p_job AND scheduled_at = p_at AND attempt = 1);
+             IF v_taken AND p_nonce IS NOT NULL AND p_skip IS NULL THEN
+                 -- The UPDATE reads the row's latest version under its lock: a run ended
+                 -- (or recovered) since the read above is not granted again.
+                 UPDATE {{p}}runs SET lease_until = v_now + p_lease
+                     WHERE job = p_job AND scheduled_at = p_at AND attempt = 1 AND state = 'running'
+                       AND node = p_node AND nonce = p_nonce;
+                 IF ROW_COUNT() = 1 THEN
+                     SELECT token, claimed_at INTO v_token, v_claimed
+                         FROM {{p}}runs WHERE job = p_job AND scheduled_at = p_at AND attempt = 1;
+                     UPDATE {{p}}fences SET token = token - 1 WHERE job = p_job;
+                 END IF;
+             END IF;
              IF NOT v_taken THEN
                  SET v_why = p_skip;
                  IF v_why IS NULL AND p_pausable THEN
@@ -192,18 +249,20 @@ fn claim_one_procedure() -> String {
                  END IF;
                  IF v_why IS NULL THEN
                      INSERT INTO {{p}}runs (job, scheduled_at, attempt, `trigger`, node, token, state, reason,
-                         claimed_at, finished_at, lease_until, output)
+                         claimed_at, finished_at, lease_until, output, nonce)
                      VALUES (p_job, p_at, 1, p_trigger, p_node, v_token, 'running', NULL, v_now, NULL,
-                         v_now + p_lease, '');
+                         v_now + p_lease, '', p_nonce);
                  ELSE
                      INSERT INTO {{p}}runs (job, scheduled_at, attempt, `trigger`, node, token, state, reason,
-                         claimed_at, finished_at, lease_until, output)
-                     VALUES (p_job, p_at, 1, p_trigger, p_node, NULL, 'skipped', v_why, v_now, v_now, NULL, '');
+                         claimed_at, finished_at, lease_until, output, nonce)
+                     VALUES (p_job, p_at, 1, p_trigger, p_node, NULL, 'skipped', v_why, v_now, v_now, NULL, '',
+                         p_nonce);
                  END IF;
              END IF;
              COMMIT;
              SELECT CAST(v_taken AS SIGNED) AS taken, CAST(v_why AS BINARY) AS why,
-                 CAST(v_token AS SIGNED) AS token, CAST(v_now AS SIGNED) AS now;
+                 CAST(v_token AS SIGNED) AS token, CAST(v_now AS SIGNED) AS now,
+                 CAST(v_claimed AS SIGNED) AS claimed;
          END"
     )
 }
@@ -275,7 +334,8 @@ async fn release_lock(lock: &str, mut conn: PoolConnection<MySql>) {
 /// of the schema: running it again finishes it.
 pub(crate) async fn uninstall(store: &MySqlStore) -> Result<(), StoreError> {
     let tables = TABLE_NAMES.map(|t| format!("{}{t}", store.tables)).join(", ");
-    let statements = [format!("DROP TABLE IF EXISTS {tables}"), store.sql("DROP PROCEDURE IF EXISTS {p}claim_one")];
+    let mut statements = vec![format!("DROP TABLE IF EXISTS {tables}")];
+    statements.extend(PROCEDURES.map(|p| format!("DROP PROCEDURE IF EXISTS {}{p}", store.tables)));
     retrying("cannot uninstall the schema", || async {
         let mut conn = store.pool.acquire().await?;
         let lock = take_lock(store, &mut conn).await?;
@@ -307,6 +367,10 @@ async fn create(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<
         .await?;
     match version {
         None => {
+            // Tables left by an earlier build's first migration, cut off before its version
+            // row, may lack the nonce and the registry's mark.
+            add_nonce(store, conn).await?;
+            add_registry_mark(store, conn).await?;
             create_procedures(store, conn).await?;
             conn.execute(store.sql(SEED_COUNTER).as_str()).await?;
             sqlx::query(&store.sql("INSERT INTO {p}schema (id, version) VALUES (1, ?)"))
@@ -318,16 +382,22 @@ async fn create(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<
         }
         Some(SCHEMA_VERSION) => Ok(()),
         Some(v) if v < SCHEMA_VERSION => {
-            // Version 1 → 2: the procedure is new; 2 → 3: the tables above are (created
-            // already); 3 → 4: so are the managed jobs' tables, and the counter's row is
-            // new. Each step is idempotent, so a migration cut off before the version is
-            // written is redone. The procedure is left alone from version 2 on: nodes of that
-            // version call it while others migrate.
-            if v < 2 {
-                create_procedures(store, conn).await?;
-            }
+            // Version 2 → 3: the tables above are new (created already); 3 → 4: so are the
+            // managed jobs' tables, and the counter's row is new; 4 → 5: the nonce column,
+            // and the procedure that takes it; 5 → 6: the registry's mark and key by node.
+            // Each step is idempotent, so a migration cut off before the version is
+            // written is redone. A procedure is left alone once
+            // its version is recorded: nodes of that version call it while others migrate
+            // (hence a new procedure for version 5, beside version 2's).
             if v < 4 {
                 conn.execute(store.sql(SEED_COUNTER).as_str()).await?;
+            }
+            if v < 5 {
+                add_nonce(store, conn).await?;
+                create_procedures(store, conn).await?;
+            }
+            if v < 6 {
+                add_registry_mark(store, conn).await?;
             }
             sqlx::query(&store.sql("UPDATE {p}schema SET version = ?"))
                 .bind(SCHEMA_VERSION)
@@ -343,13 +413,37 @@ async fn create(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<
     }
 }
 
-/// (Re)creates the stored procedures. MySQL 8 has no `CREATE OR REPLACE PROCEDURE`, hence
-/// the drop first; the two run under the migration lock, and only while migrating to the
-/// version that first calls the procedure, so no node of that version can call it between
-/// them.
+/// (Re)creates this version's stored procedure. MySQL 8 has no `CREATE OR REPLACE
+/// PROCEDURE`, hence the drop first; the two run under the migration lock, and only while
+/// migrating to the version that first calls the procedure, so no node of that version
+/// can call it between them.
 async fn create_procedures(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<(), Failure> {
-    conn.execute(store.sql("DROP PROCEDURE IF EXISTS {p}claim_one").as_str()).await?;
+    conn.execute(store.sql("DROP PROCEDURE IF EXISTS {p}claim_one_v5").as_str()).await?;
     conn.execute(store.sql(&claim_one_procedure()).as_str()).await?;
+    Ok(())
+}
+
+/// Adds the runs' `nonce` column (version 5) unless it is there.
+async fn add_nonce(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<(), Failure> {
+    let has: i64 = sqlx::query_scalar(HAS_NONCE).bind(store.sql("{p}runs")).fetch_one(&mut **conn).await?;
+    if has == 0 {
+        conn.execute(store.sql(ADD_NONCE).as_str()).await?;
+    }
+    Ok(())
+}
+
+/// Adds the registry's `mark` column and key by node (version 6), each unless it is there.
+async fn add_registry_mark(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<(), Failure> {
+    let table = store.sql("{p}registry");
+    let has: i64 = sqlx::query_scalar(HAS_MARK).bind(&table).fetch_one(&mut **conn).await?;
+    if has == 0 {
+        conn.execute(store.sql(ADD_MARK).as_str()).await?;
+    }
+    let key = store.sql("{p}registry_node");
+    let has: i64 = sqlx::query_scalar(HAS_REGISTRY_NODE).bind(&table).bind(&key).fetch_one(&mut **conn).await?;
+    if has == 0 {
+        conn.execute(store.sql(ADD_REGISTRY_NODE).as_str()).await?;
+    }
     Ok(())
 }
 

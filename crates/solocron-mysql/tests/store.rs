@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use solocron_conformance::checks::definition;
 use solocron_core::{
     ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, Lease, NodeBeat, Prefix,
     RecoverAction, RecoverOutcome, RunEnd, RunState, Store, StoreError, Tick, Trigger, CLAIM_BATCH_MAX,
@@ -35,6 +36,7 @@ fn run(tick: Tick, node: &str, lease: Duration, skip_if_running: bool) -> ClaimR
         node: node.into(),
         lease,
         mode: ClaimMode::Run { skip_if_running },
+        nonce: 0,
     }
 }
 
@@ -352,7 +354,7 @@ async fn uninstall_removes_everything_of_its_prefix_and_nothing_else() {
     let mine: Vec<String> =
         objects_named(&pool, &ns.prefix.table_prefix()).await.into_iter().filter(|o| !others.contains(o)).collect();
     let p = ns.prefix.table_prefix();
-    for object in ["table {p}runs", "table {p}schema", "table {p}fences", "procedure {p}claim_one"] {
+    for object in ["table {p}runs", "table {p}schema", "table {p}fences", "procedure {p}claim_one_v5"] {
         assert!(mine.contains(&object.replace("{p}", &p)), "{object} is missing from {mine:?}");
     }
     assert_eq!(others.len(), mine.len(), "the other prefix has the same schema: {others:?}");
@@ -508,26 +510,27 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
     let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
     let p = &ns.prefix.table_prefix();
     for sql in [
-        format!("DROP PROCEDURE {p}claim_one"),
+        format!("DROP PROCEDURE {p}claim_one_v5"),
         format!("DROP TABLE {p}nodes, {p}actions"),
+        format!("ALTER TABLE {p}runs DROP COLUMN nonce"),
         format!("UPDATE {p}schema SET version = 1"),
     ] {
         sqlx::query(&sql).execute(&pool).await.expect("make a version 1 schema");
     }
     let one = [run(tick("backup", 0), "a", LONG, false)];
-    assert!(store.claim(&one).await.is_err(), "the procedure of version 2 is missing");
+    assert!(store.claim(&one).await.is_err(), "the procedure is missing");
     store.migrate().await.expect("migrate from version 1");
     let version: i64 = sqlx::query_scalar(&format!("SELECT CAST(version AS SIGNED) FROM {p}schema"))
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, 4);
+    assert_eq!(version, 6);
     assert!(matches!(store.claim(&one).await.expect("claim")[..], [ClaimOutcome::Won(_)]));
     assert_eq!(store.claim(&one).await.expect("claim"), vec![ClaimOutcome::Taken]);
     store.set_paused("backup", true, "ops", None).await.expect("the audit log is there");
-    sqlx::query(&format!("UPDATE {p}schema SET version = 5")).execute(&pool).await.expect("a newer schema");
+    sqlx::query(&format!("UPDATE {p}schema SET version = 7")).execute(&pool).await.expect("a newer schema");
     let refused = store.migrate().await.expect_err("a newer schema is refused");
-    assert!(refused.to_string().contains("schema version 5"), "{refused}");
+    assert!(refused.to_string().contains("schema version 7"), "{refused}");
     pool.close().await;
 }
 
@@ -550,7 +553,7 @@ async fn a_version_2_schema_gets_the_nodes_and_actions_tables() {
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, 4);
+    assert_eq!(version, 6);
     assert_eq!(store.controls().await.expect("controls")[0].reason.as_deref(), Some("disk"), "the switches survive");
     store.heartbeat(&beat).await.expect("heartbeat");
     assert_eq!(store.nodes().await.expect("nodes").len(), 1);
@@ -560,7 +563,7 @@ async fn a_version_2_schema_gets_the_nodes_and_actions_tables() {
     pool.close().await;
 }
 
-/// A schema of version 3 (before managed jobs) is brought to version 4 by `migrate`,
+/// A schema of version 3 (before managed jobs) is brought to the current version by `migrate`,
 /// keeping its data; managed jobs are then written from revision 1, and a second migrate
 /// keeps the revision counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -583,13 +586,85 @@ async fn a_version_3_schema_gets_the_managed_jobs_tables() {
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, 4);
+    assert_eq!(version, 6);
     assert_eq!(store.controls().await.expect("controls")[0].reason.as_deref(), Some("disk"), "the switches survive");
     assert_eq!(store.managed_version().await.expect("version"), 0);
     let wrote = store.put_job("sync", spec, "ann", Some(0)).await.expect("put");
     assert_eq!(wrote, solocron_core::JobWrite::Written(1));
     store.migrate().await.expect("migrate again");
     assert_eq!(store.managed_version().await.expect("version"), 1, "a second migrate keeps the counter");
+    pool.close().await;
+}
+
+/// A schema of version 4 (before the runs' nonce column and the procedure that takes it)
+/// is brought to the current version by `migrate`, keeping its records, which have no
+/// nonce: asked again with any nonce, their ticks are taken. Version 4's procedure stays
+/// for the nodes still calling it, until `uninstall`. New claims store their nonce and,
+/// asked again with it, are won again alone and in a batch with their token, handing out
+/// none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_version_4_schema_gets_the_nonce_column_and_its_records_have_none() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
+    let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
+    let p = &ns.prefix.table_prefix();
+    let old = ClaimRequest { nonce: 7, ..run(tick("backup", 0), "a", LONG, false) };
+    for sql in [
+        format!("DROP PROCEDURE {p}claim_one_v5"),
+        format!("CREATE PROCEDURE {p}claim_one() BEGIN END"),
+        format!("ALTER TABLE {p}runs DROP COLUMN nonce"),
+        format!("UPDATE {p}schema SET version = 4"),
+        // A running claim as a version 4 build writes it.
+        format!(
+            "INSERT INTO {p}runs (job, scheduled_at, attempt, `trigger`, node, token, state, claimed_at, lease_until,
+             output) VALUES ('backup', {}, 1, 'schedule', 'a', 1, 'running', 0, 0, '')",
+            old.tick.scheduled_at.timestamp_millis()
+        ),
+        format!("INSERT INTO {p}fences VALUES ('backup', 1)"),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.expect("make a version 4 schema");
+    }
+    assert!(store.claim(std::slice::from_ref(&old)).await.is_err(), "version 5's procedure is missing");
+    store.migrate().await.expect("migrate from version 4");
+    store.migrate().await.expect("migrate again");
+    let version: i64 = sqlx::query_scalar(&format!("SELECT CAST(version AS SIGNED) FROM {p}schema"))
+        .fetch_one(&pool)
+        .await
+        .expect("version");
+    assert_eq!(version, 6);
+    assert_eq!(store.claim(std::slice::from_ref(&old)).await.expect("claim"), [ClaimOutcome::Taken], "no nonce");
+
+    let new = ClaimRequest { nonce: u64::MAX, ..run(tick("backup", 1), "a", LONG, false) };
+    // The taken one-tick claim left a gap in the tokens.
+    let first = won(store, new.clone()).await;
+    let t = first.fencing_token;
+    let again = won(store, new.clone()).await;
+    assert_eq!((again.fencing_token, again.claimed_at), (t, first.claimed_at), "alone");
+    let batch = [old, new, ClaimRequest { nonce: 8, ..run(tick("backup", 2), "a", LONG, false) }];
+    let outcomes = store.claim(&batch).await.expect("claim");
+    let lease = |o: &ClaimOutcome| match o {
+        ClaimOutcome::Won(lease) => lease.clone(),
+        other => panic!("expected Won, got {other:?}"),
+    };
+    assert_eq!(outcomes[0], ClaimOutcome::Taken);
+    let (again, next) = (lease(&outcomes[1]), lease(&outcomes[2]));
+    assert_eq!((again.fencing_token, again.claimed_at, next.fencing_token), (t, first.claimed_at, t + 1), "in a batch");
+    let stored: Vec<(Option<i64>, Option<i64>)> =
+        sqlx::query_as(&format!("SELECT nonce, lease_until FROM {p}runs ORDER BY scheduled_at"))
+            .fetch_all(&pool)
+            .await
+            .expect("records");
+    let ms = |lease: &Lease| Some(lease.lease_until.timestamp_millis());
+    assert_eq!(stored, [(None, Some(0)), (Some(-1), ms(&again)), (Some(8), ms(&next))]);
+    let counter: i64 = sqlx::query_scalar(&format!("SELECT token FROM {p}fences WHERE job = 'backup'"))
+        .fetch_one(&pool)
+        .await
+        .expect("counter");
+    assert_eq!(counter, t as i64 + 1, "a claim won again hands out no token");
+
+    assert!(objects_named(&pool, p).await.contains(&format!("procedure {p}claim_one")), "version 4's stays");
+    store.uninstall().await.expect("uninstall");
+    assert_eq!(objects_named(&pool, p).await, Vec::<String>::new());
     pool.close().await;
 }
 
@@ -621,4 +696,95 @@ async fn a_failed_statement_stops_the_rest_of_a_multi_statement_query() {
         .collect();
     assert_eq!(ids, [1], "the row before the failure was not committed");
     conn.execute(format!("DROP TABLE {table}").as_str()).await.expect("drop");
+}
+
+/// Each registration as `(node, job)`, by job then node.
+async fn registered(store: &MySqlStore) -> Vec<(String, String)> {
+    store.registrations().await.expect("registrations").into_iter().map(|r| (r.node, r.definition.job)).collect()
+}
+
+/// A schema of version 5 (before the registry's mark and key by node) is brought to the
+/// current version by `migrate`; the registrations a version 5 build wrote (no mark) are
+/// kept when listed again, keeping `first_seen`, and removed when not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_version_5_schema_gets_the_registry_mark_and_its_rows_are_removed_once_unlisted() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
+    let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
+    let p = &ns.prefix.table_prefix();
+    for sql in [
+        format!("ALTER TABLE {p}registry DROP KEY {p}registry_node"),
+        format!("ALTER TABLE {p}registry DROP COLUMN mark"),
+        format!("UPDATE {p}schema SET version = 5"),
+        // Registrations as a version 5 build writes them.
+        format!(
+            "INSERT INTO {p}registry (job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen)
+             VALUES ('backup', 'a', 's', 'UTC', 'h', 's', 5, 5), ('sync', 'a', 's', 'UTC', 'h', 's', 5, 5),
+                    ('sync', 'b', 's', 'UTC', 'h', 's', 5, 5)"
+        ),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.expect("make a version 5 schema");
+    }
+    assert!(store.register("a", &[definition("backup", "h2")]).await.is_err(), "version 5 has no mark");
+    store.migrate().await.expect("migrate from version 5");
+    store.migrate().await.expect("migrate again");
+    let version: i64 = sqlx::query_scalar(&format!("SELECT CAST(version AS SIGNED) FROM {p}schema"))
+        .fetch_one(&pool)
+        .await
+        .expect("version");
+    assert_eq!(version, 6);
+    store.register("a", &[definition("backup", "h2")]).await.expect("register");
+    let left = store.registrations().await.expect("registrations");
+    let keys: Vec<_> = left.iter().map(|r| (r.node.as_str(), r.definition.job.as_str())).collect();
+    assert_eq!(keys, [("a", "backup"), ("b", "sync")], "a no longer lists sync; b is untouched");
+    assert_eq!((left[0].first_seen.timestamp_millis(), left[0].definition.definition_hash.as_str()), (5, "h2"));
+    pool.close().await;
+}
+
+/// `register` takes lists of more rows than one statement's placeholders hold (chunks of
+/// upserts, one delete by mark); two calls in a row, however close, each leave exactly
+/// their own list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn register_removes_unlisted_jobs_for_long_lists_and_quick_calls() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
+    let many: Vec<_> = (0..12_000).map(|i| definition(&format!("job-{i:05}"), "h")).collect();
+    store.register("b", &many[..2]).await.expect("register b");
+    store.register("a", &many).await.expect("register a");
+    assert_eq!(store.registrations().await.expect("registrations").len(), many.len() + 2);
+    for round in 0..5 {
+        let (kept, other) = (&many[round..round + 1], &many[round + 7..round + 9]);
+        store.register("a", &[kept, other].concat()).await.expect("register a");
+        store.register("a", kept).await.expect("register a again at once");
+        let mut expected: Vec<_> = [("a", &kept[0].job), ("b", &many[0].job), ("b", &many[1].job)]
+            .map(|(node, job)| (node.to_owned(), job.clone()))
+            .into();
+        expected.sort_by(|x, y| (&x.1, &x.0).cmp(&(&y.1, &y.0)));
+        assert_eq!(registered(store).await, expected, "round {round}");
+    }
+    store.register("a", &[]).await.expect("register nothing");
+    assert_eq!(registered(store).await.len(), 2, "only b's are left");
+}
+
+/// `register`'s delete finds the node's rows by `{p}registry_node` in a registry of many
+/// nodes, not by reading every node's registrations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_removal_of_unlisted_jobs_reads_the_registry_by_node() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
+    let jobs: Vec<_> = (0..100).map(|i| definition(&format!("job-{i:03}"), "h")).collect();
+    for node in 0..40 {
+        store.register(&format!("node-{node:02}"), &jobs).await.expect("register");
+    }
+    let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
+    let p = &ns.prefix.table_prefix();
+    sqlx::query(&format!("ANALYZE TABLE {p}registry")).execute(&pool).await.expect("analyze");
+    let plan: Vec<sqlx::mysql::MySqlRow> =
+        sqlx::query(&format!("EXPLAIN DELETE FROM {p}registry WHERE node = 'node-07' AND mark <> 7"))
+            .fetch_all(&pool)
+            .await
+            .expect("explain");
+    let key: Option<String> = sqlx::Row::try_get(&plan[0], "key").expect("the plan's key");
+    assert_eq!(key, Some(format!("{p}registry_node")));
+    pool.close().await;
 }

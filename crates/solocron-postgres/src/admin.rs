@@ -55,16 +55,20 @@ pub(crate) async fn now(store: &PgStore) -> Result<DateTime<Utc>, StoreError> {
     instant(ms)
 }
 
-/// Upserts `node`'s registration of each job, in one statement.
+/// Records that `node` runs exactly `jobs`, in one statement: the upsert of each listed
+/// job's registration, and the removal of the node's others.
 pub(crate) async fn register(store: &PgStore, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
     // One row per job: an upsert cannot touch the same row twice in one statement.
     let unique: BTreeMap<&str, &JobDefinition> = jobs.iter().map(|d| (d.job.as_str(), d)).collect();
-    if unique.is_empty() {
-        return Ok(());
-    }
     let column = |f: fn(&JobDefinition) -> &str| unique.values().map(|d| f(d)).collect::<Vec<_>>();
+    // The removal and the upsert see one snapshot and touch disjoint rows (listed or not).
+    // `NOT IN (SELECT ...)` is a hashed subplan, one probe per row of the node (found by
+    // `{p}registry_node`), where `<> ALL($2)` would walk the whole array for each row under a
+    // generic plan.
     sqlx::query(&store.sql(
-        "INSERT INTO {p}registry (job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen)
+        "WITH unlisted AS (
+             DELETE FROM {p}registry WHERE node = $1 AND job NOT IN (SELECT unnest($2::text[])))
+         INSERT INTO {p}registry (job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen)
          SELECT d.job, $1, d.schedule, d.timezone, d.definition_hash, d.summary, {now}, {now}
          FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
               AS d(job, schedule, timezone, definition_hash, summary)

@@ -30,9 +30,9 @@ async fn claim_once(store: &PgStore, batch: &Batch, requests: &[ClaimRequest]) -
         return claim_one(store, batch, requests).await;
     }
     let sql = if requests.len() >= TAKEN_FIRST_MIN {
-        store.sql("SELECT * FROM {p}claim_taken_first($1, $2, $3, $4, $5, $6, $7)")
+        store.sql("SELECT * FROM {p}claim_taken_first($1, $2, $3, $4, $5, $6, $7, $8)")
     } else {
-        store.sql("SELECT * FROM {p}claim($1, $2, $3, $4, $5, $6, $7)")
+        store.sql("SELECT * FROM {p}claim($1, $2, $3, $4, $5, $6, $7, $8)")
     };
     let rows = batch.send(&store.pool, &sql).await?;
     Ok(outcomes(requests, &rows)?)
@@ -49,6 +49,7 @@ impl Batch {
             .bind(&self.leases)
             .bind(&self.modes)
             .bind(&self.reasons)
+            .bind(&self.nonces)
             .fetch_all(pool)
             .await?)
     }

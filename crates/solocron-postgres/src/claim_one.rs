@@ -12,7 +12,7 @@ use crate::PgStore;
 /// One try at claiming the one request of `batch`: one round trip, one transaction.
 pub(crate) async fn claim_one(store: &PgStore, batch: &Batch, requests: &[ClaimRequest]) -> Res<Vec<ClaimOutcome>> {
     let rows =
-        batch.send_one(&store.pool, &store.sql("SELECT * FROM {p}claim_one($1, $2, $3, $4, $5, $6, $7)")).await?;
+        batch.send_one(&store.pool, &store.sql("SELECT * FROM {p}claim_one($1, $2, $3, $4, $5, $6, $7, $8)")).await?;
     Ok(outcomes(requests, &rows)?)
 }
 
@@ -29,6 +29,7 @@ impl Batch {
             .bind(self.leases[0])
             .bind(self.modes[0])
             .bind(&self.reasons[0])
+            .bind(self.nonces[0])
             .fetch_all(pool)
             .await?)
     }

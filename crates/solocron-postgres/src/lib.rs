@@ -18,6 +18,11 @@
 //!   both see "nothing running" under READ COMMITTED. Fencing tokens come from that counter,
 //!   bumped in the claim's own transaction, so they strictly increase per job, even across
 //!   pruning.
+//! - **A claim whose answer was lost is won again.** The run a claim creates keeps the
+//!   request's nonce; a node asking again with it (a timeout, a broken connection) finds
+//!   attempt 1 still `running` as its claim, and the claim function grants it again in the
+//!   same call: one update of that row (a fresh lease by the server's clock), the same
+//!   token. A recovered or ended run, another nonce or another node gets `Taken`.
 //! - **Each step is atomic.** A whole claim batch is one call of a PL/pgSQL function (one
 //!   round trip, one transaction; a batch of one tick calls its one-tick twin, which takes
 //!   scalars instead of arrays); every other method is one statement or one transaction.
@@ -84,6 +89,7 @@
 //!     node: "node-a".into(),
 //!     lease: Duration::from_secs(30),
 //!     mode: ClaimMode::Run { skip_if_running: true },
+//!     nonce: 0,
 //! };
 //! match store.claim(&[request]).await?.remove(0) {
 //!     ClaimOutcome::Won(lease) => println!("run it, fencing token {}", lease.fencing_token),

@@ -40,6 +40,12 @@ pub(crate) fn attempt_param(attempt: u32) -> Result<i32, StoreError> {
     i32::try_from(attempt).map_err(|_| StoreError::Invalid(format!("attempt {attempt} is out of range")))
 }
 
+/// A claim's nonce as the `BIGINT` column keeps it: the same 64 bits, so that every value
+/// is kept distinct (those above `i64::MAX` stored negative) and `0` stays "none".
+pub(crate) fn nonce_param(nonce: u64) -> i64 {
+    i64::from_ne_bytes(nonce.to_ne_bytes())
+}
+
 /// An instant from stored milliseconds.
 pub(crate) fn instant(ms: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_millis(ms)
@@ -142,6 +148,8 @@ pub(crate) struct Batch {
     pub(crate) leases: Vec<i64>,
     pub(crate) modes: Vec<&'static str>,
     pub(crate) reasons: Vec<String>,
+    /// Each request's nonce, its bits as the `BIGINT` column keeps them (`0`: none).
+    pub(crate) nonces: Vec<i64>,
 }
 
 impl Batch {
@@ -161,6 +169,7 @@ impl Batch {
             batch.leases.push(millis(request.lease)?);
             batch.modes.push(mode);
             batch.reasons.push(reason);
+            batch.nonces.push(nonce_param(request.nonce));
         }
         Ok(batch)
     }
@@ -221,5 +230,13 @@ mod tests {
         assert!(solocron_sql::token_param(u64::MAX).is_err());
         assert!(token(0).is_err() && token(-3).is_err());
         assert_eq!(token(7).unwrap(), 7);
+    }
+
+    #[test]
+    fn nonces_keep_all_their_bits() {
+        assert_eq!(nonce_param(0), 0);
+        assert_eq!(nonce_param(7), 7);
+        assert_eq!(nonce_param(u64::MAX), -1);
+        assert_eq!(nonce_param(1 << 63), i64::MIN);
     }
 }

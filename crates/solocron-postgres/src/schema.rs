@@ -12,7 +12,7 @@ use crate::error::{retrying, Res};
 use crate::PgStore;
 
 /// The schema version this crate writes and understands.
-pub(crate) const SCHEMA_VERSION: i32 = 7;
+pub(crate) const SCHEMA_VERSION: i32 = 9;
 
 /// The store's "now" in SQL: the server clock, in integer milliseconds since the epoch.
 /// `now()` is the start of the current transaction, so one statement (or one transaction)
@@ -21,7 +21,8 @@ pub(crate) const NOW_MS: &str = "floor(extract(epoch FROM now()) * 1000)::bigint
 
 /// The migrations, by the version each one brings the schema to. Later versions append
 /// here; a released step is never edited.
-pub(crate) const MIGRATIONS: &[(i32, &[&str])] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6), (7, V7)];
+pub(crate) const MIGRATIONS: &[(i32, &[&str])] =
+    &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6), (7, V7), (8, V8), (9, V9)];
 
 const V1: &[&str] = &[
     r#"CREATE TABLE IF NOT EXISTS {p}runs (
@@ -454,6 +455,303 @@ const V7: &[&str] = &[
     "INSERT INTO {p}managed_version (id, revision) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
 ];
 
+/// Version 8: the nonce of the claim that created a run (`nonce`, `NULL` on the records
+/// of earlier versions and of attempts after the first), and the claim functions taking
+/// each request's nonce: [`CLAIM_FUNCTION_V8`], [`CLAIM_ONE_FUNCTION_V8`] and
+/// [`CLAIM_TAKEN_FIRST_V8`]. A nullable column without a default is added without
+/// rewriting the table. The functions of earlier versions are dropped rather than left as
+/// overloads, so that each name keeps one function (`uninstall` drops them by name); a
+/// node of an older build still running then fails its claims until it is upgraded, as
+/// its `migrate` would refuse this version.
+const V8: &[&str] = &[
+    "ALTER TABLE {p}runs ADD COLUMN IF NOT EXISTS nonce BIGINT NULL",
+    "DROP FUNCTION IF EXISTS {p}claim_taken_first(TEXT[], BIGINT[], TEXT[], TEXT[], BIGINT[], TEXT[], TEXT[])",
+    "DROP FUNCTION IF EXISTS {p}claim_one(TEXT, BIGINT, TEXT, TEXT, BIGINT, TEXT, TEXT)",
+    "DROP FUNCTION IF EXISTS {p}claim(TEXT[], BIGINT[], TEXT[], TEXT[], BIGINT[], TEXT[], TEXT[])",
+    CLAIM_FUNCTION_V8,
+    CLAIM_ONE_FUNCTION_V8,
+    CLAIM_TAKEN_FIRST_V8,
+];
+
+/// Version 9: the registry by node, which serves `register`'s removal of the jobs a node
+/// no longer lists (the primary key leads with the job, so without it that removal reads
+/// every node's registrations). Builds of version 8 work beside it.
+const V9: &[&str] = &["CREATE INDEX IF NOT EXISTS {p}registry_node ON {p}registry (node, job)"];
+
+/// [`CLAIM_FUNCTION_V4`] with each request's nonce (`p_nonces`, `0`: none), stored on the
+/// run it creates. A `run` or `run-unless-running` request that does not win and carries a
+/// nonce is granted again when the tick's attempt 1 is still running as this node's claim
+/// under this nonce (its answer was lost): one update of that row, which writes a fresh
+/// lease from `v_now` and returns the run's own token and `claimed_at`; pause and overlap
+/// do not apply (the running run is that very claim). Under READ COMMITTED the update waits
+/// for a recovery of the row in flight and re-checks `state`, so a recovered run is not
+/// granted again. The reserved token of such a request goes unused. The won path is
+/// unchanged, and the taken one still reads the tick's record once (that read now also
+/// tells whether it is this request's claim): only a grant again writes.
+const CLAIM_FUNCTION_V8: &str = r#"
+CREATE OR REPLACE FUNCTION {p}claim(
+    p_jobs TEXT[], p_ticks BIGINT[], p_triggers TEXT[], p_nodes TEXT[],
+    p_leases BIGINT[], p_modes TEXT[], p_reasons TEXT[], p_nonces BIGINT[])
+RETURNS TABLE (o_index INTEGER, o_outcome TEXT, o_reason TEXT, o_token BIGINT,
+               o_claimed_at BIGINT, o_lease_until BIGINT)
+LANGUAGE plpgsql VOLATILE AS $claim$
+DECLARE
+    v_now BIGINT;
+    v_reason TEXT;
+    v_found RECORD;
+    v_tokens BIGINT[];
+    v_rechecks INTEGER;
+    v_mine BOOLEAN;
+BEGIN
+    IF coalesce(cardinality(p_jobs), 0) = 0 THEN
+        RETURN;
+    ELSIF cardinality(p_jobs) = 1 THEN
+        INSERT INTO {p}fences AS f (job, token) VALUES (p_jobs[1], 1)
+            ON CONFLICT (job) DO UPDATE SET token = f.token + 1
+            RETURNING ARRAY[f.token] INTO v_tokens;
+    ELSE
+        WITH reserved AS (
+            INSERT INTO {p}fences AS f (job, token)
+                SELECT j, count(*) FROM unnest(p_jobs) AS j GROUP BY j ORDER BY j
+                ON CONFLICT (job) DO UPDATE SET token = f.token + excluded.token
+                RETURNING f.job, f.token),
+        requests AS (
+            SELECT r.j, r.i, row_number() OVER (PARTITION BY r.j ORDER BY r.i) AS k,
+                   count(*) OVER (PARTITION BY r.j) AS n
+            FROM unnest(p_jobs) WITH ORDINALITY AS r(j, i))
+        SELECT array_agg(reserved.token - requests.n + requests.k ORDER BY requests.i) INTO v_tokens
+            FROM requests JOIN reserved ON reserved.job = requests.j;
+    END IF;
+    -- The clock is read once the locks are held, so that a claim that waited for another
+    -- gets a later claimed_at, in step with its larger fencing token.
+    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    FOR i IN 1 .. cardinality(p_jobs) LOOP
+        o_index := i;
+        o_reason := NULL; o_token := NULL; o_claimed_at := NULL; o_lease_until := NULL;
+        v_rechecks := 0;
+        LOOP
+            v_reason := NULL;
+            IF p_modes[i] = 'skip' THEN
+                v_reason := p_reasons[i];
+            ELSE
+                INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, token, state, claimed_at,
+                                     lease_until, nonce)
+                    SELECT p_jobs[i], p_ticks[i], 1, p_triggers[i], p_nodes[i], v_tokens[i], 'running',
+                           v_now, v_now + p_leases[i], nullif(p_nonces[i], 0)
+                    WHERE (p_triggers[i] = 'manual'
+                           OR NOT EXISTS (SELECT 1 FROM {p}jobs WHERE job = p_jobs[i] AND paused))
+                      AND (p_modes[i] <> 'run-unless-running'
+                           OR NOT EXISTS (SELECT 1 FROM {p}runs WHERE job = p_jobs[i] AND state = 'running'))
+                    ON CONFLICT (job, scheduled_at, attempt) DO NOTHING;
+                IF FOUND THEN
+                    o_outcome := 'won'; o_token := v_tokens[i];
+                    o_claimed_at := v_now; o_lease_until := v_now + p_leases[i];
+                    EXIT;
+                END IF;
+                SELECT state = 'running' AND node = p_nodes[i] AND nonce = p_nonces[i] INTO v_mine
+                    FROM {p}runs WHERE job = p_jobs[i] AND scheduled_at = p_ticks[i] AND attempt = 1;
+                IF FOUND THEN
+                    o_outcome := 'taken';
+                    -- Asked again for a claim whose answer was lost: granted again while its
+                    -- run is untouched (the update re-checks it, after any recovery in flight).
+                    IF v_mine AND p_nonces[i] <> 0 THEN
+                        UPDATE {p}runs SET lease_until = v_now + p_leases[i]
+                            WHERE job = p_jobs[i] AND scheduled_at = p_ticks[i] AND attempt = 1
+                              AND state = 'running' AND node = p_nodes[i] AND nonce = p_nonces[i]
+                            RETURNING token, claimed_at, lease_until INTO o_token, o_claimed_at, o_lease_until;
+                        IF FOUND THEN
+                            o_outcome := 'won';
+                        END IF;
+                    END IF;
+                    EXIT;
+                END IF;
+                IF p_triggers[i] <> 'manual' THEN
+                    SELECT changed_by, reason INTO v_found FROM {p}jobs WHERE job = p_jobs[i] AND paused;
+                    IF FOUND THEN
+                        v_reason := 'paused by ' || v_found.changed_by || coalesce(': ' || v_found.reason, '');
+                    END IF;
+                END IF;
+                IF v_reason IS NULL AND p_modes[i] = 'run-unless-running' THEN
+                    -- Any running run counts, even one whose lease expired: it awaits recovery.
+                    SELECT job, scheduled_at, attempt INTO v_found FROM {p}runs
+                        WHERE job = p_jobs[i] AND state = 'running'
+                        ORDER BY scheduled_at DESC, attempt DESC LIMIT 1;
+                    IF FOUND THEN
+                        -- Spelled like RunId's Display: job@2026-01-01T00:00:00.000Z#1
+                        v_reason := 'overlap: previous run ' || v_found.job || '@'
+                            || to_char('epoch'::timestamp + v_found.scheduled_at * interval '1 millisecond',
+                                       'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                            || '#' || v_found.attempt || ' still running';
+                    END IF;
+                END IF;
+            END IF;
+            IF v_reason IS NOT NULL THEN
+                INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, state, reason, claimed_at, finished_at)
+                    VALUES (p_jobs[i], p_ticks[i], 1, p_triggers[i], p_nodes[i], 'skipped', v_reason, v_now, v_now)
+                    ON CONFLICT (job, scheduled_at, attempt) DO NOTHING;
+                IF FOUND THEN
+                    o_outcome := 'skipped'; o_reason := v_reason;
+                ELSE
+                    o_outcome := 'taken';
+                END IF;
+                EXIT;
+            END IF;
+            -- What kept the run from being inserted is gone (the running run ended, the
+            -- job was resumed): try again.
+            v_rechecks := v_rechecks + 1;
+            IF v_rechecks >= 10 THEN
+                RAISE EXCEPTION 'the claim of % kept changing under it', p_jobs[i] USING ERRCODE = '40001';
+            END IF;
+        END LOOP;
+        RETURN NEXT;
+    END LOOP;
+END
+$claim$"#;
+
+/// [`CLAIM_ONE_FUNCTION`] with the request's nonce (`p_nonce`, `0`: none): the one-tick
+/// twin of [`CLAIM_FUNCTION_V8`], with the same answers, granting a claim asked again with
+/// its nonce the same way.
+const CLAIM_ONE_FUNCTION_V8: &str = r#"
+CREATE OR REPLACE FUNCTION {p}claim_one(
+    p_job TEXT, p_tick BIGINT, p_trigger TEXT, p_node TEXT, p_lease BIGINT, p_mode TEXT, p_reason TEXT,
+    p_nonce BIGINT,
+    OUT o_index INTEGER, OUT o_outcome TEXT, OUT o_reason TEXT, OUT o_token BIGINT,
+    OUT o_claimed_at BIGINT, OUT o_lease_until BIGINT)
+LANGUAGE plpgsql VOLATILE AS $claim$
+DECLARE
+    v_now BIGINT;
+    v_reason TEXT;
+    v_found RECORD;
+    v_token BIGINT;
+    v_rechecks INTEGER := 0;
+    v_mine BOOLEAN;
+BEGIN
+    o_index := 1;
+    INSERT INTO {p}fences AS f (job, token) VALUES (p_job, 1)
+        ON CONFLICT (job) DO UPDATE SET token = f.token + 1
+        RETURNING f.token INTO v_token;
+    -- The clock is read once the lock is held, as in {p}claim.
+    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    LOOP
+        v_reason := NULL;
+        IF p_mode = 'skip' THEN
+            v_reason := p_reason;
+        ELSE
+            INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, token, state, claimed_at,
+                                 lease_until, nonce)
+                SELECT p_job, p_tick, 1, p_trigger, p_node, v_token, 'running', v_now, v_now + p_lease,
+                       nullif(p_nonce, 0)
+                WHERE (p_trigger = 'manual'
+                       OR NOT EXISTS (SELECT 1 FROM {p}jobs WHERE job = p_job AND paused))
+                  AND (p_mode <> 'run-unless-running'
+                       OR NOT EXISTS (SELECT 1 FROM {p}runs WHERE job = p_job AND state = 'running'))
+                ON CONFLICT (job, scheduled_at, attempt) DO NOTHING;
+            IF FOUND THEN
+                o_outcome := 'won'; o_token := v_token;
+                o_claimed_at := v_now; o_lease_until := v_now + p_lease;
+                RETURN;
+            END IF;
+            SELECT state = 'running' AND node = p_node AND nonce = p_nonce INTO v_mine
+                FROM {p}runs WHERE job = p_job AND scheduled_at = p_tick AND attempt = 1;
+            IF FOUND THEN
+                o_outcome := 'taken';
+                -- Asked again for a claim whose answer was lost: granted again while its run
+                -- is untouched (the update re-checks it, after any recovery in flight).
+                IF v_mine AND p_nonce <> 0 THEN
+                    UPDATE {p}runs SET lease_until = v_now + p_lease
+                        WHERE job = p_job AND scheduled_at = p_tick AND attempt = 1
+                          AND state = 'running' AND node = p_node AND nonce = p_nonce
+                        RETURNING token, claimed_at, lease_until INTO o_token, o_claimed_at, o_lease_until;
+                    IF FOUND THEN
+                        o_outcome := 'won';
+                    END IF;
+                END IF;
+                RETURN;
+            END IF;
+            IF p_trigger <> 'manual' THEN
+                SELECT changed_by, reason INTO v_found FROM {p}jobs WHERE job = p_job AND paused;
+                IF FOUND THEN
+                    v_reason := 'paused by ' || v_found.changed_by || coalesce(': ' || v_found.reason, '');
+                END IF;
+            END IF;
+            IF v_reason IS NULL AND p_mode = 'run-unless-running' THEN
+                -- Any running run counts, even one whose lease expired: it awaits recovery.
+                SELECT job, scheduled_at, attempt INTO v_found FROM {p}runs
+                    WHERE job = p_job AND state = 'running'
+                    ORDER BY scheduled_at DESC, attempt DESC LIMIT 1;
+                IF FOUND THEN
+                    -- Spelled like RunId's Display: job@2026-01-01T00:00:00.000Z#1
+                    v_reason := 'overlap: previous run ' || v_found.job || '@'
+                        || to_char('epoch'::timestamp + v_found.scheduled_at * interval '1 millisecond',
+                                   'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                        || '#' || v_found.attempt || ' still running';
+                END IF;
+            END IF;
+        END IF;
+        IF v_reason IS NOT NULL THEN
+            INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, state, reason, claimed_at, finished_at)
+                VALUES (p_job, p_tick, 1, p_trigger, p_node, 'skipped', v_reason, v_now, v_now)
+                ON CONFLICT (job, scheduled_at, attempt) DO NOTHING;
+            IF FOUND THEN
+                o_outcome := 'skipped'; o_reason := v_reason;
+            ELSE
+                o_outcome := 'taken';
+            END IF;
+            RETURN;
+        END IF;
+        -- What kept the run from being inserted is gone (the running run ended, the job
+        -- was resumed): try again.
+        v_rechecks := v_rechecks + 1;
+        IF v_rechecks >= 10 THEN
+            RAISE EXCEPTION 'the claim of % kept changing under it', p_job USING ERRCODE = '40001';
+        END IF;
+    END LOOP;
+END
+$claim$"#;
+
+/// [`CLAIM_TAKEN_FIRST`] with each request's nonce. Its first read answers `taken` only
+/// the requests whose record no nonce can grant again; a request that may be granted again
+/// (a `run` request with a nonce, its tick's attempt 1 running as this node's claim under
+/// that nonce) goes to `{p}claim`, which decides it under the lock. A record never comes
+/// to match later (its node and nonce are fixed, and a run that ended does not run again),
+/// so the lock-free read cannot answer `taken` wrongly.
+const CLAIM_TAKEN_FIRST_V8: &str = r#"
+CREATE OR REPLACE FUNCTION {p}claim_taken_first(
+    p_jobs TEXT[], p_ticks BIGINT[], p_triggers TEXT[], p_nodes TEXT[],
+    p_leases BIGINT[], p_modes TEXT[], p_reasons TEXT[], p_nonces BIGINT[])
+RETURNS TABLE (o_index INTEGER, o_outcome TEXT, o_reason TEXT, o_token BIGINT,
+               o_claimed_at BIGINT, o_lease_until BIGINT)
+LANGUAGE plpgsql VOLATILE AS $claim$
+DECLARE
+    v_open INTEGER[];
+BEGIN
+    v_open := ARRAY(
+        SELECT i FROM generate_subscripts(p_jobs, 1) AS i
+        WHERE NOT EXISTS (SELECT 1 FROM {p}runs r
+                          WHERE r.job = p_jobs[i] AND r.scheduled_at = p_ticks[i] AND r.attempt = 1
+                            AND NOT (p_nonces[i] <> 0 AND p_modes[i] <> 'skip' AND r.state = 'running'
+                                     AND r.node = p_nodes[i] AND coalesce(r.nonce, 0) = p_nonces[i]))
+        ORDER BY i);
+    IF cardinality(v_open) = coalesce(cardinality(p_jobs), 0) THEN
+        RETURN QUERY SELECT * FROM {p}claim(p_jobs, p_ticks, p_triggers, p_nodes, p_leases, p_modes, p_reasons,
+                                            p_nonces);
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH pending AS (SELECT u.i, u.k FROM unnest(v_open) WITH ORDINALITY AS u(i, k))
+    SELECT v_open[d.o_index], d.o_outcome, d.o_reason, d.o_token, d.o_claimed_at, d.o_lease_until
+    FROM {p}claim(
+        ARRAY(SELECT p_jobs[i] FROM pending ORDER BY k), ARRAY(SELECT p_ticks[i] FROM pending ORDER BY k),
+        ARRAY(SELECT p_triggers[i] FROM pending ORDER BY k), ARRAY(SELECT p_nodes[i] FROM pending ORDER BY k),
+        ARRAY(SELECT p_leases[i] FROM pending ORDER BY k), ARRAY(SELECT p_modes[i] FROM pending ORDER BY k),
+        ARRAY(SELECT p_reasons[i] FROM pending ORDER BY k), ARRAY(SELECT p_nonces[i] FROM pending ORDER BY k)) AS d
+    UNION ALL
+    SELECT t.i, 'taken', NULL, NULL, NULL, NULL
+    FROM (SELECT i FROM generate_subscripts(p_jobs, 1) AS i EXCEPT SELECT unnest(v_open)) AS t
+    ORDER BY 1;
+END
+$claim$"#;
+
 /// The claim of a large batch (the same answers as [`CLAIM_FUNCTION`]) in two steps.
 /// First, without locks, one read finds the requests whose tick has a record: they are
 /// `taken` for good (a record is never deleted while its tick can be claimed: the retention
@@ -522,12 +820,18 @@ const FUNCTIONS: [&str; 3] = ["claim_taken_first", "claim_one", "claim"];
 
 /// Creates or upgrades the schema, in one transaction.
 pub(crate) async fn migrate(store: &PgStore) -> Result<(), StoreError> {
+    migrate_to(store, SCHEMA_VERSION).await
+}
+
+/// Creates or upgrades the schema up to version `target` (the tests build a schema of an
+/// earlier version with it), in one transaction.
+async fn migrate_to(store: &PgStore, target: i32) -> Result<(), StoreError> {
     retrying("migrate", || async {
         // Nodes migrating at once take turns, each later one finds everything in place, and
         // a failure leaves nothing half-applied (PostgreSQL's DDL is transactional).
         let mut tx = store.pool.begin().await?;
         lock_schema(store, &mut tx).await?;
-        migrate_locked(store, &mut tx).await?;
+        migrate_locked(store, &mut tx, target).await?;
         tx.commit().await?;
         Ok(())
     })
@@ -547,9 +851,9 @@ async fn lock_schema(store: &PgStore, conn: &mut PgConnection) -> Res<()> {
     Ok(())
 }
 
-/// Applies the migrations the schema lacks; `conn` is in a transaction holding the
-/// migration lock.
-async fn migrate_locked(store: &PgStore, conn: &mut PgConnection) -> Res<()> {
+/// Applies the migrations the schema lacks, up to version `target`; `conn` is in a
+/// transaction holding the migration lock.
+async fn migrate_locked(store: &PgStore, conn: &mut PgConnection, target: i32) -> Res<()> {
     // "relation already exists, skipping" notices are noise here.
     sqlx::query("SET LOCAL client_min_messages = warning").execute(&mut *conn).await?;
     sqlx::query(&store.sql("CREATE TABLE IF NOT EXISTS {p}schema (version INTEGER NOT NULL)"))
@@ -565,7 +869,7 @@ async fn migrate_locked(store: &PgStore, conn: &mut PgConnection) -> Res<()> {
         ))
         .into());
     }
-    for (step, statements) in MIGRATIONS.iter().filter(|(step, _)| *step > version) {
+    for (step, statements) in MIGRATIONS.iter().filter(|(step, _)| (version + 1..=target).contains(step)) {
         for statement in *statements {
             sqlx::query(&store.sql(statement)).execute(&mut *conn).await?;
         }
@@ -600,4 +904,111 @@ pub(crate) async fn uninstall(store: &PgStore) -> Result<(), StoreError> {
     .await?;
     tracing::info!(store = %store.description, "schema uninstalled");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+    use chrono::DateTime;
+    use solocron_conformance::server::{self, Failure, Namespace, TestServer};
+    use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// The test server as `tests/common` describes it, which unit tests cannot reach.
+    struct Postgres;
+
+    #[async_trait]
+    impl TestServer for Postgres {
+        type Store = PgStore;
+        const NAME: &'static str = server::POSTGRES.name;
+        const URL_VAR: &'static str = server::POSTGRES.var;
+        const URL_DEFAULT: &'static str = server::POSTGRES.default;
+
+        async fn connect(url: &str, prefix: &Prefix) -> Result<PgStore, StoreError> {
+            PgStore::connect(url, prefix).await
+        }
+
+        async fn names(url: &str, root: &str) -> Result<Vec<String>, Failure> {
+            let pool = sqlx::PgPool::connect(url).await?;
+            let names = sqlx::query_scalar(
+                "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema()
+                   AND left(tablename, length($1)) = $1
+                 UNION
+                 SELECT proname::text FROM pg_proc WHERE pronamespace = current_schema()::regnamespace
+                   AND left(proname, length($1)) = $1",
+            )
+            .bind(root)
+            .fetch_all(&pool)
+            .await;
+            pool.close().await;
+            Ok(names?)
+        }
+
+        async fn close(store: PgStore) {
+            store.close().await;
+        }
+    }
+
+    /// A claim of `backup` at `minute` past 2026-01-01T00:00Z by node `a`, with `nonce`.
+    fn backup(minute: i64, nonce: u64) -> ClaimRequest {
+        let at = DateTime::from_timestamp_millis(1_767_225_600_000 + minute * 60_000).expect("in range");
+        ClaimRequest {
+            tick: Tick::new("backup", at),
+            trigger: Trigger::Schedule,
+            node: "a".into(),
+            lease: Duration::from_secs(60),
+            mode: ClaimMode::Run { skip_if_running: false },
+            nonce,
+        }
+    }
+
+    /// The token of a claim that must be won.
+    async fn won(store: &PgStore, request: ClaimRequest) -> u64 {
+        match store.claim(&[request]).await.expect("claim").remove(0) {
+            ClaimOutcome::Won(lease) => lease.fencing_token,
+            other => panic!("expected Won, got {other:?}"),
+        }
+    }
+
+    /// A schema of version 7 holding a run claimed by a node of that version is brought to
+    /// version 8 in place: the run has no nonce (asked again with one, it is taken), each
+    /// claim function is replaced by the one taking nonces (no overload is left), and a
+    /// claim asked again with its nonce is won again.
+    #[tokio::test]
+    async fn a_version_7_schema_gets_nonces_and_keeps_its_runs() {
+        let Some(ns) = Namespace::<Postgres>::new().await else { return };
+        let store = ns.store().await;
+        migrate_to(&store, 7).await.expect("migrate to version 7");
+        let old_claim = "SELECT o_outcome, o_token FROM {p}claim_one('backup', $1, 'schedule', 'a', 60000, 'run', '')";
+        let old: (String, i64) = sqlx::query_as(&store.sql(old_claim))
+            .bind(backup(0, 0).tick.scheduled_at.timestamp_millis())
+            .fetch_one(&store.pool)
+            .await
+            .expect("a claim of version 7");
+        assert_eq!(old, ("won".to_owned(), 1));
+
+        migrate(&store).await.expect("migrate to version 8");
+        let functions: Vec<(String, i16)> = sqlx::query_as(
+            "SELECT proname::text, pronargs FROM pg_proc WHERE pronamespace = current_schema()::regnamespace
+               AND left(proname, length($1)) = $1 ORDER BY 1",
+        )
+        .bind(&store.tables)
+        .fetch_all(&store.pool)
+        .await
+        .expect("functions");
+        let expected = ["claim", "claim_one", "claim_taken_first"].map(|f| (format!("{}{f}", store.tables), 8));
+        assert_eq!(functions, expected);
+        let without: i64 = sqlx::query_scalar(&store.sql("SELECT count(*) FROM {p}runs WHERE nonce IS NULL"))
+            .fetch_one(&store.pool)
+            .await
+            .expect("count");
+        assert_eq!(without, 1, "the run of version 7 has no nonce");
+
+        assert_eq!(store.claim(&[backup(0, 5)]).await.expect("claim"), [ClaimOutcome::Taken]);
+        assert_eq!(won(&store, backup(1, 5)).await, 3, "the taken claim left its reserved token unused");
+        assert_eq!(won(&store, backup(1, 5)).await, 3, "asked again with its nonce");
+        assert_eq!(store.claim(&[backup(1, 6)]).await.expect("claim"), [ClaimOutcome::Taken]);
+    }
 }

@@ -32,6 +32,7 @@ fn run(tick: Tick, node: &str, lease: Duration, skip_if_running: bool) -> ClaimR
         node: node.into(),
         lease,
         mode: ClaimMode::Run { skip_if_running },
+        nonce: 0,
     }
 }
 
@@ -166,6 +167,75 @@ async fn a_large_batch_partly_claimed_elsewhere_answers_every_request_in_order()
     assert_eq!(records.len(), batch.len(), "one record per tick");
 }
 
+/// A `run` claim of `tick` by `node` with `nonce`, skipping if its job is running.
+fn with_nonce(tick: Tick, node: &str, nonce: u64) -> ClaimRequest {
+    ClaimRequest { nonce, ..run(tick, node, LONG_LEASE, true) }
+}
+
+/// The leases of claims that must all be won, in request order.
+fn all_won(outcomes: &[ClaimOutcome]) -> Vec<&Lease> {
+    outcomes.iter().map(|o| if let ClaimOutcome::Won(lease) = o { lease } else { panic!("{outcomes:?}") }).collect()
+}
+
+/// A claim asked again with its nonce is won again through each claim function: the
+/// one-tick one (the job paused since: the running run is that very claim), a short batch,
+/// and a large batch, whose first, lock-free read must not answer it taken. The same token
+/// and `claimed_at`, a fresh lease; requests of another nonce, node or mode in the same
+/// batch stay taken, in request order. Nonces keep all their 64 bits.
+#[tokio::test]
+async fn a_claim_asked_again_with_its_nonce_is_won_again_by_every_claim_function() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let first = won(&store, with_nonce(tick("backup", 0), "a", u64::MAX)).await;
+    store.set_paused("backup", true, "ops", None).await.unwrap();
+    let again = won(&store, with_nonce(tick("backup", 0), "a", u64::MAX)).await;
+    assert_eq!(
+        (&again.run, again.fencing_token, again.claimed_at),
+        (&first.run, first.fencing_token, first.claimed_at)
+    );
+    assert!(again.lease_until >= first.lease_until, "a fresh lease");
+    assert_eq!(find(&store, &first.run).await.lease_until, Some(again.lease_until));
+    for nonce in [i64::MAX as u64, 1 << 63, 0] {
+        assert_eq!(store.claim(&[with_nonce(tick("backup", 0), "a", nonce)]).await.unwrap(), [ClaimOutcome::Taken]);
+    }
+
+    // 300 ticks over 30 jobs, each of its own nonce; then the same batch, every third
+    // request with another nonce, every fifth by another node, every seventh a skip.
+    let batch: Vec<ClaimRequest> = (0..300u64)
+        .map(|k| with_nonce(tick(&format!("job-{:03}", k % 30), (k / 30) as u32), "a", k + 1))
+        .map(|r| ClaimRequest { mode: ClaimMode::Run { skip_if_running: false }, ..r })
+        .collect();
+    let leases: Vec<Lease> = all_won(&store.claim(&batch).await.unwrap()).into_iter().cloned().collect();
+    let mut asked = batch.clone();
+    for (k, request) in asked.iter_mut().enumerate() {
+        match k {
+            _ if k % 3 == 1 => request.nonce += 1000,
+            _ if k % 5 == 1 => request.node = "b".into(),
+            _ if k % 7 == 1 => request.mode = ClaimMode::Skip { reason: "missed".into() },
+            _ => {}
+        }
+    }
+    for size in [300, 10] {
+        let outcomes = store.claim(&asked[..size]).await.unwrap();
+        for (k, (outcome, lease)) in outcomes.iter().zip(&leases).enumerate() {
+            if k % 3 == 1 || k % 5 == 1 || k % 7 == 1 {
+                assert_eq!(*outcome, ClaimOutcome::Taken, "{size}: {k}");
+            } else {
+                let ClaimOutcome::Won(again) = outcome else { panic!("{size}: {k}: {outcome:?}") };
+                assert_eq!(
+                    (&again.run, again.fencing_token, again.claimed_at),
+                    (&lease.run, lease.fencing_token, lease.claimed_at)
+                );
+            }
+        }
+    }
+    // Once a run ends (finished, abandoned), its nonce is taken like any other.
+    assert!(store.finish(&leases[0], &succeeded("done")).await.unwrap());
+    store.unlock("job-002", "ops", "stuck").await.unwrap();
+    let outcomes = store.claim(&batch[..3]).await.unwrap();
+    assert!(matches!(outcomes[..], [ClaimOutcome::Taken, ClaimOutcome::Won(_), ClaimOutcome::Taken]), "{outcomes:?}");
+}
+
 /// A schema of version 5 (before the nodes and actions tables) is brought to the current
 /// version by `migrate`, keeping its data; heartbeats and the audit log then work on it.
 #[tokio::test]
@@ -182,7 +252,7 @@ async fn a_version_5_schema_gets_the_nodes_and_actions_tables() {
     assert!(store.heartbeat(&beat).await.is_err(), "version 5 has no nodes table");
     store.migrate().await.expect("migrate from version 5");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 7);
+    assert_eq!(version, 9);
     assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
     store.heartbeat(&beat).await.unwrap();
     assert_eq!(store.nodes().await.unwrap().len(), 1);
@@ -192,7 +262,7 @@ async fn a_version_5_schema_gets_the_nodes_and_actions_tables() {
     pool.close().await;
 }
 
-/// A schema of version 6 (before managed jobs) is brought to version 7 by `migrate`,
+/// A schema of version 6 (before managed jobs) is brought to the current version by `migrate`,
 /// keeping its data; managed jobs are then written from revision 1, and the change wakes
 /// a request watch.
 #[tokio::test]
@@ -212,7 +282,7 @@ async fn a_version_6_schema_gets_the_managed_jobs_tables() {
     assert!(store.put_job("sync", spec, "ann", None).await.is_err(), "version 6 has no managed jobs");
     store.migrate().await.expect("migrate from version 6");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 7);
+    assert_eq!(version, 9);
     assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
     assert_eq!(store.managed_version().await.unwrap(), 0);
     let mut watch = store.request_watch().expect("a watch");
@@ -254,7 +324,7 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
     assert!(store.claim(&one).await.is_err(), "the function of version 5 is missing");
     store.migrate().await.expect("migrate from version 1");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 7);
+    assert_eq!(version, 9);
     let claim: String = sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = $1")
         .bind(format!("{p}claim"))
         .fetch_one(&pool)
@@ -517,10 +587,68 @@ async fn history_filters_and_registrations_upsert() {
     store.register("b", &[definition("backup", "h3")]).await.unwrap();
     let second = store.registrations().await.unwrap();
     let keys: Vec<(&str, &str)> = second.iter().map(|r| (r.definition.job.as_str(), r.node.as_str())).collect();
-    assert_eq!(keys, vec![("backup", "a"), ("backup", "b"), ("sync", "a")]);
+    assert_eq!(keys, vec![("backup", "a"), ("backup", "b")], "a no longer lists sync");
     assert_eq!(second[0].first_seen, first[0].first_seen);
     assert!(second[0].last_seen > first[0].last_seen);
     store.register("a", &[]).await.unwrap();
+    let keys: Vec<String> = store.registrations().await.unwrap().into_iter().map(|r| r.node).collect();
+    assert_eq!(keys, ["b"], "a runs nothing");
+}
+
+/// `register`'s removal of a node's unlisted jobs finds the node's rows by
+/// `{p}registry_node`, not by reading every node's registrations.
+#[tokio::test]
+async fn the_removal_of_unlisted_jobs_reads_the_registry_by_node() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let definition = |job: String| JobDefinition {
+        job,
+        schedule: "0 * * * * *".into(),
+        timezone: "UTC".into(),
+        definition_hash: "h".into(),
+        summary: "s".into(),
+    };
+    for node in 0..40 {
+        let jobs: Vec<JobDefinition> = (0..250).map(|job| definition(format!("job-{job:03}"))).collect();
+        store.register(&format!("node-{node:02}"), &jobs).await.unwrap();
+    }
+    let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
+    let p = &ns.prefix.table_prefix();
+    sqlx::query(&format!("ANALYZE {p}registry")).execute(&pool).await.unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(&format!(
+        "EXPLAIN DELETE FROM {p}registry WHERE node = 'node-07' AND job NOT IN (SELECT unnest('{{job-001}}'::text[]))"
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains(&format!("{p}registry_node")), "no index by node:\n{plan}");
+    assert!(plan.contains("hashed SubPlan"), "the listed names are not hashed:\n{plan}");
+    pool.close().await;
+}
+
+/// A schema of version 8 (before the registry's index by node) is brought to the current
+/// version by `migrate`, which creates that index.
+#[tokio::test]
+async fn a_version_8_schema_gets_the_registry_index_by_node() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
+    let p = &ns.prefix.table_prefix();
+    for sql in [format!("DROP INDEX {p}registry_node"), format!("UPDATE {p}schema SET version = 8")] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    store.migrate().await.expect("migrate from version 8");
+    let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
+    assert_eq!(version, 9);
+    let indexes: Vec<String> =
+        sqlx::query_scalar("SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY indexname")
+            .bind(format!("{p}registry"))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(indexes, [format!("{p}registry_node"), format!("{p}registry_pkey")]);
+    pool.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -61,11 +61,9 @@ pub(crate) async fn now(store: &RedisStore) -> Result<DateTime<Utc>, StoreError>
     instant(secs * 1000 + micros / 1000)
 }
 
-/// Registers a node's job definitions (see [`solocron_core::Store::register`]).
+/// Records that `node` runs exactly these jobs (see [`solocron_core::Store::register`]):
+/// one call upserts the listed ones and deletes the node's others, even when none is listed.
 pub(crate) async fn register(store: &RedisStore, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
-    if jobs.is_empty() {
-        return Ok(());
-    }
     let mut call = store.invocation(&CODE.register);
     call.arg(node).arg(jobs.len());
     for job in jobs {

@@ -2,6 +2,11 @@
 //! requests) in one call of `lua/claim.lua`, so one round trip and one atomic step; one
 //! outcome per request in request order, each request seeing the effect of the earlier
 //! ones. Nothing else in this crate claims.
+//!
+//! A request that finds its tick's record is `Taken`, except a `Run` request asked again
+//! with the nonce of the claim that created the record, while that run is still running as
+//! this node's: it is won again (same token, original `claimed_at`, a fresh lease). See
+//! [`ClaimRequest::nonce`].
 
 use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, StoreError, Tick};
 
@@ -25,7 +30,9 @@ pub(crate) async fn claim(store: &RedisStore, requests: &[ClaimRequest]) -> Resu
             .arg(&request.node)
             .arg(millis(request.lease)?)
             .arg(mode)
-            .arg(reason);
+            .arg(reason)
+            // Decimal, compared as text by the script: Lua's doubles cannot hold every u64.
+            .arg(request.nonce);
     }
     let replies: Vec<Vec<String>> = convert(store.run(&call, "claim").await?, "claim outcomes")?;
     if replies.len() != requests.len() {

@@ -20,6 +20,7 @@
 //!     node: "node-a".into(),
 //!     lease: Duration::from_secs(30),
 //!     mode: ClaimMode::Run { skip_if_running: true },
+//!     nonce: 0,
 //! };
 //! let outcomes = store.claim(&[request.clone()]).await?;
 //! assert!(matches!(outcomes[0], ClaimOutcome::Won(_)));
@@ -74,7 +75,7 @@
 //!
 //! | key | type | holds |
 //! |-----|------|-------|
-//! | `{solocron}:run:<id>` | hash | one run record: `job at att trig node tok state reason claimed started finished lease exit out` |
+//! | `{solocron}:run:<id>` | hash | one run record: `job at att trig node tok state reason claimed started finished lease exit out nonce` (`nonce`: the creating claim's, in decimal; `0` or absent: none) |
 //! | `{solocron}:hist` | sorted set | every record's `<id>`, scored by `scheduled_at` (history across jobs, pruning) |
 //! | `{solocron}:jhist:<job>` | sorted set | the job's record ids, scored by `scheduled_at` (history of one job) |
 //! | `{solocron}:expiry` | sorted set | ids of running runs, scored by `lease_until` ([`Store::expired`]) |
@@ -82,6 +83,7 @@
 //! | `{solocron}:fences` | hash | job → last fencing token |
 //! | `{solocron}:ctl:<job>` / `…ctls` | hash / set | a job's pause switch / the jobs ever switched |
 //! | `{solocron}:reg:<len(job)>:<job>:<node>` / `…regs` | hash / sorted set | a registration / their ids by `last_seen` |
+//! | `{solocron}:nregs:<node>` | set | the node's registration ids, and the member `""` once they are all there (see "Cost") |
 //! | `{solocron}:req` / `…reqpend` / `…reqby` | sorted sets / hash | manual requests (`<ms>:<job>`), those with no record yet, who asked |
 //! | `{solocron}:node:<node>` / `…nodes` / `…nodeseen` | hash / sorted sets | a node's last heartbeat / node ids by id (all scored 0) / by `last_seen` |
 //! | `{solocron}:act:<id>` / `…acts` / `…actseq` | hash / sorted set / string | an operator's action / action ids by instant / the id counter |
@@ -108,6 +110,16 @@
 //! [`ACTIONS_KEPT_MAX`] actions per prefix whether pruned or not: each pause, resume,
 //! trigger or unlock appends its action in its own call and drops the oldest beyond that.
 //! A heartbeat is one call that writes one hash and two sorted-set entries.
+//!
+//! [`Store::register`] is one call: it upserts each listed job's registration and deletes
+//! the node's others, which it finds in the node's `nregs` set (so a refresh that changes
+//! nothing reads the node's ids once and writes what it wrote before). A node whose set is
+//! absent or lacks its `""` mark (new to this layout, or forgotten by prune as silent) is
+//! looked for once in the whole registry instead, which also finds the registrations
+//! written by builds that kept no such set; such a call costs one read of every
+//! registration id of the prefix. A registration an older build writes for a node whose
+//! set is already marked (a node taken back to that build) is not in the set: it stays
+//! until prune removes it as stale.
 //!
 //! Managed jobs ([`Store::put_job`], [`Store::delete_job`]): a write is one call that
 //! compares the job's revision with the expected one, takes the next revision from the

@@ -1,6 +1,13 @@
 //! The layout's life: `migrate` marks (or checks) the layout version and the epoch; there
 //! are no structures to create. `uninstall` removes every key under the prefix.
 //!
+//! The version changes only when a build would misread the keys another build writes: a
+//! build refuses a prefix marked with any other version than its own, so a change of it
+//! stops every node of the other builds sharing the prefix. A new field in a hash is no
+//! such change: every build reads hashes by field name and ignores fields it does not know,
+//! and a field absent from older records reads as its "none" (so the claim's `nonce`, kept
+//! in the run record, came with no new version).
+//!
 //! The Functions library is not removed: its name comes from its code's hash, not from the
 //! prefix (the prefix is each call's first argument), so every prefix on the server served
 //! by the same build shares it, and it holds no data. `FUNCTION DELETE solocron_<hash>`

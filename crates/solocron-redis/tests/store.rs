@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use redis::Value;
+use solocron_conformance::checks::definition;
 use solocron_core::{
     ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, Lease, Prefix, RecoverAction,
     RecoverOutcome, RunEnd, RunState, Store, StoreError, Tick, Trigger,
@@ -35,6 +36,7 @@ fn run(tick: Tick, node: &str, skip_if_running: bool) -> ClaimRequest {
         node: node.into(),
         lease: LONG,
         mode: ClaimMode::Run { skip_if_running },
+        nonce: 0,
     }
 }
 
@@ -329,6 +331,7 @@ async fn filtered_history_pages_through_more_records_than_one_page() {
         let skips: Vec<ClaimRequest> = (0..1000)
             .map(|i| ClaimRequest {
                 mode: ClaimMode::Skip { reason: "missed".into() },
+                nonce: 0,
                 ..run(tick("backup", 1 + page * 1000 + i), "b", false)
             })
             .collect();
@@ -508,4 +511,163 @@ async fn the_audit_log_keeps_only_its_newest_actions() {
     assert_eq!(held, kept);
     let hashes = common::keys(&mut conn, &format!("{prefix}act:*")).await.expect("keys");
     assert_eq!(hashes.len(), kept, "a dropped action's hash goes with it");
+}
+
+/// `request` carrying `nonce`.
+fn with_nonce(request: ClaimRequest, nonce: u64) -> ClaimRequest {
+    ClaimRequest { nonce, ..request }
+}
+
+#[tokio::test]
+async fn a_nonce_beyond_luas_doubles_is_matched_exactly_and_kept_in_decimal() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    // Each pair is one double in Lua: only a comparison as text tells them apart.
+    for (second, nonce, neighbour) in [(0, u64::MAX, u64::MAX - 1), (1, (1 << 53) + 1, 1 << 53)] {
+        let first = won(&store, with_nonce(run(tick("backup", second), "a", false), nonce)).await;
+        let key = format!(
+            "{}run:{}:0000000001:backup",
+            ns.prefix.redis_key_prefix(),
+            first.run.tick.scheduled_at.timestamp_millis()
+        );
+        let mut conn = common::raw(&ns.url).await.expect("connect");
+        let stored: String = redis::cmd("HGET").arg(&key).arg("nonce").query_async(&mut conn).await.expect("hget");
+        assert_eq!(stored, nonce.to_string());
+        let asked = store.claim(&[with_nonce(run(tick("backup", second), "a", false), neighbour)]).await;
+        assert_eq!(asked.expect("claim"), [ClaimOutcome::Taken], "{neighbour} is not {nonce}");
+        let again = won(&store, with_nonce(run(tick("backup", second), "a", false), nonce)).await;
+        assert_eq!((again.run, again.fencing_token), (first.run, first.fencing_token));
+    }
+}
+
+#[tokio::test]
+async fn a_run_granted_again_leaves_the_expiry_index_until_its_fresh_lease_lapses() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let short = |second| {
+        with_nonce(ClaimRequest { lease: Duration::from_millis(50), ..run(tick("backup", second), "a", false) }, 7)
+    };
+    let first = won(&store, short(0)).await;
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(store.expired(10).await.expect("expired").len(), 1, "lapsed");
+    let again = won(&store, with_nonce(run(tick("backup", 0), "a", false), 7)).await;
+    assert_eq!((again.fencing_token, again.claimed_at), (first.fencing_token, first.claimed_at));
+    assert!(store.expired(10).await.expect("expired").is_empty(), "a fresh lease");
+    assert!(store.renew(&again, LONG).await.expect("renew"), "the lease granted again is renewable");
+    assert!(store.finish(&again, &done()).await.expect("finish"));
+
+    // Abandoned by a recoverer: the tick's attempt ended, the nonce wins nothing.
+    let abandoned = won(&store, short(1)).await;
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let abandon = RecoverAction::Abandon { reason: "owner vanished".into() };
+    assert_eq!(store.recover(&abandoned.run, &abandon).await.expect("recover"), RecoverOutcome::Abandoned);
+    let asked = store.claim(&[with_nonce(run(tick("backup", 1), "a", false), 7)]).await.expect("claim");
+    assert_eq!(asked, [ClaimOutcome::Taken]);
+}
+
+#[tokio::test]
+async fn a_record_written_before_nonces_is_never_granted_again() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let first = won(&store, with_nonce(run(tick("backup", 0), "a", false), 7)).await;
+    // As an older build writes it: no `nonce` field.
+    let key = format!(
+        "{}run:{}:0000000001:backup",
+        ns.prefix.redis_key_prefix(),
+        first.run.tick.scheduled_at.timestamp_millis()
+    );
+    let mut conn = common::raw(&ns.url).await.expect("connect");
+    let removed: i64 = redis::cmd("HDEL").arg(&key).arg("nonce").query_async(&mut conn).await.expect("hdel");
+    assert_eq!(removed, 1);
+    for nonce in [0, 7] {
+        let asked = store.claim(&[with_nonce(run(tick("backup", 0), "a", false), nonce)]).await.expect("claim");
+        assert_eq!(asked, [ClaimOutcome::Taken], "nonce {nonce}");
+    }
+    let record = store.history(&HistoryQuery::default()).await.expect("history").remove(0);
+    assert_eq!((record.state, record.lease_until), (RunState::Running, Some(first.lease_until)), "unchanged");
+}
+
+/// `(job, node)` of every registration, as the store lists them.
+async fn registered(store: &RedisStore) -> Vec<(String, String)> {
+    let all = store.registrations().await.expect("registrations");
+    all.into_iter().map(|r| (r.definition.job, r.node)).collect()
+}
+
+/// The members of a node's set of registration ids, sorted.
+async fn node_set(ns: &common::Namespace, node: &str) -> Vec<String> {
+    let mut conn = common::raw(&ns.url).await.expect("connect");
+    let key = format!("{}nregs:{node}", ns.prefix.redis_key_prefix());
+    let mut members: Vec<String> = redis::cmd("SMEMBERS").arg(&key).query_async(&mut conn).await.expect("smembers");
+    members.sort();
+    members
+}
+
+/// Registrations written by a build that kept no per-node set (behind the store's back
+/// here) are found by the node's next registration and removed if unlisted; the node's
+/// set is then complete, and other nodes' registrations stay.
+#[tokio::test]
+async fn a_registration_written_without_the_nodes_set_is_removed_when_no_longer_listed() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let p = ns.prefix.redis_key_prefix();
+    let mut conn = common::raw(&ns.url).await.expect("connect");
+    // Node names that end like each other: only the length prefix tells them apart.
+    for (job, node) in [("old", "a"), ("old", "xa"), ("a:old", "a")] {
+        let id = format!("{}:{job}:{node}", job.len());
+        let () = redis::cmd("HSET")
+            .arg(format!("{p}reg:{id}"))
+            .arg(&["job", job, "node", node, "schedule", "* * * * *", "tz", "UTC", "hash", "h"][..])
+            .arg(&["summary", "", "first", "1", "last", "1"][..])
+            .query_async(&mut conn)
+            .await
+            .expect("write an old build's registration");
+        let () = redis::cmd("ZADD").arg(format!("{p}regs")).arg(1).arg(&id).query_async(&mut conn).await.expect("zadd");
+    }
+    store.register("a", &[definition("new", "n1")]).await.expect("register");
+    let expected = [("new", "a"), ("old", "xa")].map(|(j, n)| (j.to_owned(), n.to_owned()));
+    assert_eq!(registered(&store).await, expected);
+    assert_eq!(node_set(&ns, "a").await, ["", "3:new:a"], "the node's set is complete");
+
+    store.register("a", &[]).await.expect("registering nothing");
+    assert_eq!(registered(&store).await, expected[1..]);
+    assert_eq!(node_set(&ns, "a").await, [""], "the mark stays: the next registration reads the set alone");
+}
+
+/// A list of ten thousand jobs is recorded whole in one call, and a refresh dropping some
+/// of them removes exactly those.
+#[tokio::test]
+async fn a_list_of_ten_thousand_jobs_is_recorded_whole_and_refreshed() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let all: Vec<_> = (0..10_000).map(|i| definition(&format!("job-{i:05}"), "h")).collect();
+    store.register("other", &all[..3]).await.expect("register another node");
+    store.register("a", &all).await.expect("register ten thousand");
+    assert_eq!(store.registrations().await.expect("registrations").len(), 10_003);
+
+    store.register("a", &all[1_000..]).await.expect("refresh without the first thousand");
+    let left = store.registrations().await.expect("registrations");
+    assert_eq!(left.len(), 9_003);
+    assert!(left.iter().all(|r| r.node == "other" || r.definition.job.as_str() >= "job-01000"));
+    assert_eq!(node_set(&ns, "a").await.len(), 9_001, "9,000 ids and the mark");
+}
+
+/// Pruning a stale registration takes it out of its node's set, and a set left with its
+/// mark alone goes: the node's next registration rebuilds it from the registry.
+#[tokio::test]
+async fn prune_keeps_the_nodes_sets_of_registrations_in_step() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    store.register("a", &[definition("backup", "h")]).await.expect("register");
+    store.register("b", &[definition("backup", "h"), definition("sync", "s")]).await.expect("register");
+    store.register("b", &[definition("sync", "s")]).await.expect("refresh b");
+    // a's registration last refreshed long ago, behind the store's back.
+    let mut conn = common::raw(&ns.url).await.expect("connect");
+    let regs = format!("{}regs", ns.prefix.redis_key_prefix());
+    let () = redis::cmd("ZADD").arg(&regs).arg(1).arg("6:backup:a").query_async(&mut conn).await.expect("zadd");
+    store.prune(Duration::from_secs(3600), 100).await.expect("prune");
+    assert_eq!(registered(&store).await, [("sync".to_owned(), "b".to_owned())]);
+    assert_eq!(node_set(&ns, "a").await, Vec::<String>::new(), "a's set went with its last registration");
+    assert_eq!(node_set(&ns, "b").await, ["", "4:sync:b"]);
+    store.register("a", &[definition("report", "r")]).await.expect("register again");
+    assert_eq!(node_set(&ns, "a").await, ["", "6:report:a"]);
 }

@@ -3,10 +3,10 @@
 //!
 //! A store locks what the batch's decisions depend on (SQLite: the database's write lock;
 //! MySQL: the jobs' fence rows), reads what [`Wanted`] lists into a [`Found`], calls
-//! [`plan`], and writes the rows of the [`Decision`]s and the jobs' new counters before
-//! it commits. Nothing it read can change before the commit, so deciding in memory is as
-//! safe as deciding statement by statement, and costs a few statements per batch instead
-//! of a few per tick.
+//! [`plan`], and writes the rows of the [`Decision`]s (new records, and the fresh leases
+//! of [`Decision::Regranted`] runs) and the jobs' new counters before it commits. Nothing
+//! it read can change before the commit, so deciding in memory is as safe as deciding
+//! statement by statement, and costs a few statements per batch instead of a few per tick.
 //!
 //! ```
 //! use std::time::Duration;
@@ -19,6 +19,7 @@
 //!     node: "n1".into(),
 //!     lease: Duration::from_secs(30),
 //!     mode: ClaimMode::Run { skip_if_running: true },
+//!     nonce: 0,
 //! };
 //! let batch = [request("2026-01-01T00:00:00Z"), request("2026-01-01T00:01:00Z")];
 //! let mut found = Found::default();
@@ -82,8 +83,11 @@ pub struct Found {
     pub tokens: HashMap<String, u64>,
     /// Ticks (job, ms) that have a record (attempt 1); may hold ticks not in the batch.
     pub existing: HashSet<(String, i64)>,
+    /// Of those, the ticks whose attempt 1 is still `running` as a claim made with a
+    /// nonce: what a request asking again with that nonce is granted again.
+    pub claims: HashMap<(String, i64), Claimed>,
     /// The newest running run of each job asked not to overlap (read), and of each job
-    /// the batch won a run of (noted by [`plan`]).
+    /// the batch won or granted again a run of (noted by [`plan`]).
     pub running: HashMap<String, RunId>,
     /// Why each paused job is paused: `paused by <who>[: <why>]`.
     pub paused: HashMap<String, String>,
@@ -91,11 +95,25 @@ pub struct Found {
     pub now: Option<i64>,
 }
 
-/// One row of a store's `UNION ALL` state read, its columns decoded as they come.
+/// An existing tick's attempt 1, `running` as the claim of a request that carried a nonce.
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The node that claimed it (and holds it).
+    pub node: String,
+    /// The claim's nonce (never 0).
+    pub nonce: u64,
+    /// The claim's fencing token.
+    pub token: u64,
+    /// When it was claimed (store clock).
+    pub claimed_at: DateTime<Utc>,
+}
+
+/// One row of a store's `UNION ALL` state read, its columns decoded as they come.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct StateRow {
-    /// `f` a job's counter (`n`), `t` an existing tick (`n` its instant), `r` a running
-    /// run (`n` its instant, `attempt`), `p` a paused job (`who`, `why`), `n` the clock (`n`).
+    /// `f` a job's counter (`n`), `t` an existing tick (`n` its instant; `state`, `node`,
+    /// `nonce`, `token`, `claimed_at` its record's), `r` a running run (`n` its instant,
+    /// `attempt`), `p` a paused job (`who`, `why`), `n` the clock (`n`).
     pub kind: String,
     /// The job (empty for the clock).
     pub job: String,
@@ -107,6 +125,27 @@ pub struct StateRow {
     pub who: Option<String>,
     /// Why, if they said.
     pub why: Option<String>,
+    /// An existing tick's state (`None` for other kinds).
+    pub state: Option<String>,
+    /// An existing tick's node.
+    pub node: Option<String>,
+    /// An existing tick's nonce, as stored: the `u64` bit-cast to `i64` (`None` or 0: none).
+    pub nonce: Option<i64>,
+    /// An existing tick's fencing token.
+    pub token: Option<i64>,
+    /// An existing tick's claim instant (ms).
+    pub claimed_at: Option<i64>,
+}
+
+/// A nonce as the signed 64-bit integer the SQL stores keep it in (bit-cast: every `u64`
+/// fits), `None` for 0 (no nonce).
+///
+/// ```
+/// assert_eq!(solocron_sql::plan::nonce_param(0), None);
+/// assert_eq!(solocron_sql::plan::nonce_param(u64::MAX), Some(-1));
+/// ```
+pub fn nonce_param(nonce: u64) -> Option<i64> {
+    (nonce != 0).then_some(nonce as i64)
 }
 
 impl Found {
@@ -129,19 +168,23 @@ impl Found {
 
     /// Notes what one row of the state read says.
     pub fn note_row(&mut self, row: StateRow) -> Result<(), StoreError> {
-        let invalid = |what: String| StoreError::Invalid(format!("the claim's read: {what}"));
-        let StateRow { kind, job, n, attempt, who, why } = row;
+        if row.kind == "t" {
+            let claimed = claimed(&row)?;
+            let tick = (row.job, row.n);
+            if let Some(claimed) = claimed {
+                self.claims.insert(tick.clone(), claimed);
+            }
+            self.existing.insert(tick);
+            return Ok(());
+        }
+        let StateRow { kind, job, n, attempt, who, why, .. } = row;
         match kind.as_str() {
             "f" => {
                 let token = u64::try_from(n).map_err(|_| invalid(format!("fencing token {n} is negative")))?;
                 self.tokens.insert(job, token);
             }
-            "t" => {
-                self.existing.insert((job, n));
-            }
             "r" => {
-                let at = DateTime::from_timestamp_millis(n)
-                    .ok_or_else(|| invalid(format!("instant {n} ms is out of range")))?;
+                let at = instant(n)?;
                 let attempt = u32::try_from(attempt)
                     .ok()
                     .filter(|a| *a >= 1)
@@ -159,11 +202,54 @@ impl Found {
     }
 }
 
+/// An error in the claim's read.
+fn invalid(what: String) -> StoreError {
+    StoreError::Invalid(format!("the claim's read: {what}"))
+}
+
+/// The instant of `ms` milliseconds since the epoch.
+fn instant(ms: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_millis(ms).ok_or_else(|| invalid(format!("instant {ms} ms is out of range")))
+}
+
+/// What a `t` row says of its record's claim, if it is `running` under a nonce (only such
+/// a record can be granted again).
+fn claimed(row: &StateRow) -> Result<Option<Claimed>, StoreError> {
+    let nonce = row.nonce.unwrap_or(0);
+    if nonce == 0 || row.state.as_deref() != Some("running") {
+        return Ok(None);
+    }
+    let tick = || format!("{}@{} ms", row.job, row.n);
+    let node = row.node.clone().ok_or_else(|| invalid(format!("running record {} has no node", tick())))?;
+    let token = row
+        .token
+        .and_then(|t| u64::try_from(t).ok())
+        .filter(|t| *t >= 1)
+        .ok_or_else(|| invalid(format!("running record {} has no positive fencing token", tick())))?;
+    let claimed_at =
+        instant(row.claimed_at.ok_or_else(|| invalid(format!("record {} has no claim instant", tick())))?)?;
+    // The nonce was stored bit-cast from a u64.
+    Ok(Some(Claimed { node, nonce: nonce as u64, token, claimed_at }))
+}
+
 /// What becomes of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// A record of the tick exists: nothing is written.
     Taken,
+    /// The tick's attempt 1 is still `running` as this very request's claim (the same
+    /// node and nonce, asked again after a lost answer): won again, with its token and
+    /// claim instant; its record only gets a fresh lease (`lease` from the batch's instant).
+    Regranted {
+        /// The run (attempt 1 of the tick).
+        run: RunId,
+        /// Its fencing token, unchanged.
+        token: u64,
+        /// When it was first claimed.
+        claimed_at: DateTime<Utc>,
+        /// How long its fresh lease lasts from the batch's instant.
+        lease: Duration,
+    },
     /// Recorded `skipped` with this reason.
     Skipped(String),
     /// Recorded `running` for the request's node, with this token and lease length.
@@ -179,14 +265,17 @@ pub enum Decision {
 
 /// Decides every request in order, as if each were claimed after the previous ones (a
 /// repeated tick is taken, a second won tick of a job gets the next token, an overlap sees
-/// the batch's own wins). Also returns each winning job's new counter (its last token).
+/// the batch's own wins and re-grants). A request that finds its tick's record still
+/// running as its own claim ([`Claimed`], the same node and nonce) is
+/// [`Decision::Regranted`], once per batch: a repeat of it in the batch is taken. Also
+/// returns each winning job's new counter (its last token); a re-grant changes none.
 pub fn plan(requests: &[ClaimRequest], mut found: Found) -> (Vec<Decision>, HashMap<String, u64>) {
     let mut decisions = Vec::with_capacity(requests.len());
     let mut counters = HashMap::new();
     for request in requests {
         let tick = Tick::new(request.tick.job.clone(), request.tick.scheduled_at);
         if !found.existing.insert((tick.job.clone(), tick.scheduled_at.timestamp_millis())) {
-            decisions.push(Decision::Taken);
+            decisions.push(regrant(request, tick, &mut found).unwrap_or(Decision::Taken));
             continue;
         }
         let decision = decide(request, tick, &mut found);
@@ -196,6 +285,25 @@ pub fn plan(requests: &[ClaimRequest], mut found: Found) -> (Vec<Decision>, Hash
         decisions.push(decision);
     }
     (decisions, counters)
+}
+
+/// The re-grant of a request whose tick has a record, if that record is its own claim: a
+/// `Run` request with a nonce, by the node that holds it under that nonce. Pause and
+/// overlap do not apply (the running run is that claim), but later requests see it run.
+fn regrant(request: &ClaimRequest, tick: Tick, found: &mut Found) -> Option<Decision> {
+    if request.nonce == 0 || !matches!(request.mode, ClaimMode::Run { .. }) {
+        return None;
+    }
+    let key = (tick.job, tick.scheduled_at.timestamp_millis());
+    let claimed = found.claims.get(&key)?;
+    if claimed.nonce != request.nonce || claimed.node != request.node {
+        return None;
+    }
+    // Removed: a repeat of this request in the batch finds the tick taken.
+    let Claimed { token, claimed_at, .. } = found.claims.remove(&key)?;
+    let run = RunId { tick: Tick::new(key.0, request.tick.scheduled_at), attempt: 1 };
+    found.note_running(run.clone());
+    Some(Decision::Regranted { run, token, claimed_at, lease: request.lease })
 }
 
 /// The decision for a request whose tick has no record yet.
@@ -223,18 +331,25 @@ fn decide(request: &ClaimRequest, tick: Tick, found: &mut Found) -> Decision {
     Decision::Won { run, token, lease: request.lease }
 }
 
-/// The outcome of `decision`, claimed at `claimed_at` (the instant the batch's rows carry).
-pub fn outcome(request: &ClaimRequest, decision: Decision, claimed_at: DateTime<Utc>) -> ClaimOutcome {
+/// The outcome of `decision`, decided at `now` (the instant the batch's rows carry: a new
+/// run's claim instant, and where every lease of the batch starts).
+pub fn outcome(request: &ClaimRequest, decision: Decision, now: DateTime<Utc>) -> ClaimOutcome {
+    let won = |run, token, claimed_at, lease| {
+        let lease_until = lease_until(now, lease);
+        ClaimOutcome::Won(Lease { run, owner: request.node.clone(), fencing_token: token, claimed_at, lease_until })
+    };
     match decision {
         Decision::Taken => ClaimOutcome::Taken,
         Decision::Skipped(reason) => ClaimOutcome::Skipped { reason },
-        Decision::Won { run, token, lease } => {
-            // Whole milliseconds, as the stores keep instants.
-            let ms = TimeDelta::milliseconds(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX).min(MS_MAX));
-            let lease_until = claimed_at.checked_add_signed(ms).unwrap_or(DateTime::<Utc>::MAX_UTC);
-            ClaimOutcome::Won(Lease { run, owner: request.node.clone(), fencing_token: token, claimed_at, lease_until })
-        }
+        Decision::Won { run, token, lease } => won(run, token, now, lease),
+        Decision::Regranted { run, token, claimed_at, lease } => won(run, token, claimed_at, lease),
     }
+}
+
+/// `now` plus `lease`, in whole milliseconds as the stores keep instants.
+fn lease_until(now: DateTime<Utc>, lease: Duration) -> DateTime<Utc> {
+    let ms = TimeDelta::milliseconds(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX).min(MS_MAX));
+    now.checked_add_signed(ms).unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 #[cfg(test)]
@@ -248,6 +363,7 @@ mod tests {
             node: "n1".into(),
             lease: Duration::from_secs(10),
             mode,
+            nonce: 0,
         }
     }
 
@@ -300,7 +416,7 @@ mod tests {
             n,
             attempt,
             who: who.map(Into::into),
-            why: None,
+            ..StateRow::default()
         };
         let mut found = Found::default();
         for r in [
@@ -338,5 +454,95 @@ mod tests {
                 pausable: vec!["b"]
             }
         );
+    }
+
+    /// The record of tick `secs` of `job`, running as node `n1`'s claim under `nonce`, as
+    /// the read's `t` row brings it.
+    fn record_row(job: &str, secs: i64, state: &str, node: &str, nonce: i64) -> StateRow {
+        StateRow {
+            kind: "t".into(),
+            job: job.into(),
+            n: secs * 1000,
+            attempt: 1,
+            state: Some(state.into()),
+            node: Some(node.into()),
+            nonce: Some(nonce),
+            token: Some(5),
+            claimed_at: Some(secs * 1000 + 7),
+            ..StateRow::default()
+        }
+    }
+
+    fn with_nonce(mut request: ClaimRequest, nonce: u64) -> ClaimRequest {
+        request.nonce = nonce;
+        request
+    }
+
+    #[test]
+    fn a_request_asked_again_with_its_nonce_is_regranted_its_token_and_claim_instant() {
+        let batch = [with_nonce(request("a", 60, RUN, Trigger::Schedule), 9)];
+        let mut found = Found::default();
+        found.tokens.insert("a".into(), 5);
+        found.note_row(record_row("a", 60, "running", "n1", 9)).unwrap();
+        let (decisions, counters) = plan(&batch, found);
+        let run = RunId { tick: Tick::new("a", DateTime::from_timestamp(60, 0).unwrap()), attempt: 1 };
+        let claimed_at = DateTime::from_timestamp_millis(60_007).unwrap();
+        let lease = Duration::from_secs(10);
+        assert_eq!(decisions, [Decision::Regranted { run: run.clone(), token: 5, claimed_at, lease }]);
+        assert!(counters.is_empty(), "a re-grant hands out no token");
+        let now = DateTime::from_timestamp(100, 0).unwrap();
+        let ClaimOutcome::Won(granted) = outcome(&batch[0], decisions[0].clone(), now) else { panic!("won") };
+        let until = DateTime::from_timestamp(110, 0).unwrap();
+        assert_eq!(granted, Lease { run, owner: "n1".into(), fencing_token: 5, claimed_at, lease_until: until });
+    }
+
+    #[test]
+    fn any_other_request_for_a_running_claim_is_taken() {
+        let skip = ClaimMode::Skip { reason: "missed".into() };
+        let other_node = ClaimRequest { node: "n2".into(), ..with_nonce(request("a", 60, RUN, Trigger::Schedule), 9) };
+        let batch = [
+            with_nonce(request("a", 60, RUN, Trigger::Schedule), 8),
+            request("a", 60, RUN, Trigger::Schedule),
+            other_node,
+            with_nonce(request("a", 60, skip, Trigger::Schedule), 9),
+            with_nonce(request("e", 60, RUN, Trigger::Schedule), 9),
+            with_nonce(request("u", 60, RUN, Trigger::Schedule), 9),
+        ];
+        let mut found = Found::default();
+        for row in [
+            record_row("a", 60, "running", "n1", 9),
+            record_row("e", 60, "succeeded", "n1", 9),
+            record_row("u", 60, "running", "n1", 0),
+        ] {
+            found.note_row(row).unwrap();
+        }
+        assert_eq!(found.claims.len(), 1, "only a running record claimed under a nonce");
+        let (decisions, counters) = plan(&batch, found);
+        assert_eq!(decisions, vec![Decision::Taken; batch.len()]);
+        assert!(counters.is_empty());
+    }
+
+    #[test]
+    fn a_regrant_ignores_the_pause_counts_as_running_for_later_requests_and_is_granted_once() {
+        let exclusive = ClaimMode::Run { skip_if_running: true };
+        let again = with_nonce(request("a", 60, exclusive.clone(), Trigger::Schedule), 9);
+        let batch = [again.clone(), request("a", 120, exclusive, Trigger::Manual), again];
+        let mut found = Found::default();
+        found.note_paused("a".into(), "ops", None);
+        found.note_row(record_row("a", 60, "running", "n1", 9)).unwrap();
+        let (decisions, _) = plan(&batch, found);
+        assert!(matches!(decisions[0], Decision::Regranted { token: 5, .. }), "{decisions:?}");
+        let regranted = "a@1970-01-01T00:01:00.000Z#1";
+        assert_eq!(decisions[1], Decision::Skipped(format!("overlap: previous run {regranted} still running")));
+        assert_eq!(decisions[2], Decision::Taken, "a repeat in the batch is not granted twice");
+    }
+
+    #[test]
+    fn a_running_claim_with_a_nonce_and_no_token_is_refused() {
+        let mut found = Found::default();
+        let row = StateRow { token: None, ..record_row("a", 60, "running", "n1", 9) };
+        assert!(found.note_row(row).is_err());
+        assert!(found.note_row(record_row("a", 60, "running", "n1", -1)).is_ok(), "a nonce over i64::MAX");
+        assert_eq!(found.claims[&("a".to_owned(), 60_000)].nonce, u64::MAX);
     }
 }

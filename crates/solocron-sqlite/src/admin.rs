@@ -37,6 +37,12 @@ const REGISTER: &str = concat!(
                    timezone = excluded.timezone, definition_hash = excluded.definition_hash,
                    summary = excluded.summary, last_seen = excluded.last_seen"
 );
+/// Removes a node's registrations of the jobs not in a JSON array of names: one
+/// parameter however long the list (SQLite caps the number of parameters). The node's
+/// rows come from `{p}registry_node`, and `NOT IN` reads the names once into a temporary
+/// index.
+const UNREGISTER_UNLISTED: &str =
+    "DELETE FROM {p}registry WHERE node = ? AND job NOT IN (SELECT value FROM json_each(?))";
 /// A registration's columns, from the registry.
 macro_rules! registry_select {
     () => {
@@ -86,6 +92,7 @@ const PRUNE_REQUESTS: &str = "DELETE FROM {p}requests WHERE requested_at < ?";
 pub(crate) struct Sql {
     history: String,
     register: String,
+    unregister_unlisted: String,
     registrations: String,
     registrations_of: String,
     registered_jobs: String,
@@ -105,6 +112,7 @@ impl Sql {
         Sql {
             history: fill(HISTORY, tables),
             register: fill(REGISTER, tables),
+            unregister_unlisted: fill(UNREGISTER_UNLISTED, tables),
             registrations: fill(REGISTRATIONS, tables),
             registrations_of: fill(REGISTRATIONS_OF, tables),
             registered_jobs: fill(REGISTERED_JOBS, tables),
@@ -134,7 +142,8 @@ pub(crate) async fn now(store: &SqliteStore) -> Result<DateTime<Utc>, StoreError
     instant(ms)
 }
 
-/// Records that `node` runs `jobs` (see [`solocron_core::Store::register`]).
+/// Records that `node` runs exactly `jobs` (see [`solocron_core::Store::register`]): one
+/// upsert per job, then one delete of the node's other registrations, in one transaction.
 pub(crate) async fn register(store: &SqliteStore, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
     let mut tx = store.write_tx().await?;
     for job in jobs {
@@ -149,7 +158,45 @@ pub(crate) async fn register(store: &SqliteStore, node: &str, jobs: &[JobDefinit
             .await
             .map_err(db_err)?;
     }
+    sqlx::query(&store.sql.admin.unregister_unlisted)
+        .bind(node)
+        .bind(json_names(jobs))
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
     tx.commit().await.map_err(db_err)
+}
+
+/// The jobs' names as a JSON array of strings, for `json_each`.
+fn json_names(jobs: &[JobDefinition]) -> String {
+    let mut json = String::with_capacity(jobs.iter().map(|j| j.job.len() + 3).sum::<usize>() + 2);
+    json.push('[');
+    for (i, job) in jobs.iter().enumerate() {
+        if i > 0 {
+            json.push(',');
+        }
+        push_json_string(&mut json, &job.job);
+    }
+    json.push(']');
+    json
+}
+
+/// Appends `text` as a JSON string, escaping every character JSON requires escaped: the
+/// store takes names as given (`validate_job_name` is the caller's rule, not checked here).
+fn push_json_string(json: &mut String, text: &str) {
+    use std::fmt::Write as _;
+    json.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => json.push_str("\\\""),
+            '\\' => json.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(json, "\\u{:04x}", u32::from(c));
+            }
+            c => json.push(c),
+        }
+    }
+    json.push('"');
 }
 
 /// Every node's registered jobs (see [`solocron_core::Store::registrations`]).

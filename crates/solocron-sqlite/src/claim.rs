@@ -1,8 +1,9 @@
 //! The claim of a batch of ticks: one `BEGIN IMMEDIATE` transaction of a few statements,
 //! whatever the batch's size. One read of everything the decisions depend on, the
 //! decisions made in memory ([`solocron_sql::plan`]), then one insert per 90 new records
-//! (each run inserted with a token advances its job's counter by trigger). A batch of one
-//! tick is claimed in one statement instead ([`crate::claim_one`]).
+//! (each run inserted with a token advances its job's counter by trigger), and, only if
+//! some request asked again for its own running claim, one update of those runs' leases.
+//! A batch of one tick is claimed in one statement instead ([`crate::claim_one`]).
 //!
 //! Deciding in memory is safe because the transaction holds the database's write lock
 //! from its first statement to its commit: nothing it read can change in between. The
@@ -30,8 +31,9 @@ use crate::{fill, SqliteStore};
 /// their size and are not kept.
 const PREPARED_BATCH_MAX: usize = 8;
 
-/// Records per `INSERT`: 10 bound values each stay below SQLite's limit on a statement's
-/// parameters (32,766 in the bundled SQLite; the read binds at most ~5 per request).
+/// Records per `INSERT`: 11 bound values each stay below SQLite's limit on a statement's
+/// parameters (32,766 in the bundled SQLite; the read binds at most ~5 per request, the
+/// leases' update 3 per re-grant).
 const ROWS_PER_INSERT: usize = 90;
 
 /// The batch claim's statement parts for one table prefix, built when the store connects:
@@ -42,6 +44,7 @@ pub(crate) struct Sql {
     read_running: String,
     read_paused: String,
     insert: String,
+    regrant: String,
 }
 
 impl Sql {
@@ -49,23 +52,46 @@ impl Sql {
     pub(crate) fn new(tables: &str) -> Sql {
         Sql {
             read_fences: fill(
-                "SELECT 'f' AS kind, job, token AS n, 0 AS attempt, NULL AS who, NULL AS why FROM {p}fences WHERE job IN ",
+                concat!(
+                    "SELECT 'f' AS kind, job, token AS n, 0 AS attempt, NULL AS who, NULL AS why, NULL AS state,",
+                    " NULL AS node, NULL AS nonce, NULL AS token, NULL AS claimed_at FROM {p}fences WHERE job IN "
+                ),
                 tables,
             ),
+            // What a request asking again for its own claim is re-granted from.
             read_firsts: fill(
-                " UNION ALL SELECT 't', job, scheduled_at, attempt, NULL, NULL FROM {p}runs WHERE attempt = 1 AND job IN ",
+                concat!(
+                    " UNION ALL SELECT 't', job, scheduled_at, attempt, NULL, NULL, state, node, nonce, token,",
+                    " claimed_at FROM {p}runs WHERE attempt = 1 AND job IN "
+                ),
                 tables,
             ),
             read_running: fill(
-                " UNION ALL SELECT 'r', job, scheduled_at, attempt, NULL, NULL FROM {p}runs WHERE state = 'running' AND job IN ",
+                concat!(
+                    " UNION ALL SELECT 'r', job, scheduled_at, attempt, NULL, NULL, NULL, NULL, NULL, NULL, NULL",
+                    " FROM {p}runs WHERE state = 'running' AND job IN "
+                ),
                 tables,
             ),
             read_paused: fill(
-                " UNION ALL SELECT 'p', job, 0, 0, changed_by, reason FROM {p}jobs WHERE paused <> 0 AND job IN ",
+                concat!(
+                    " UNION ALL SELECT 'p', job, 0, 0, changed_by, reason, NULL, NULL, NULL, NULL, NULL",
+                    " FROM {p}jobs WHERE paused <> 0 AND job IN "
+                ),
                 tables,
             ),
             insert: fill(
-                r#"INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, token, state, reason, claimed_at, finished_at, lease_until) "#,
+                r#"INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, token, state, reason, claimed_at, finished_at, lease_until, nonce) "#,
+                tables,
+            ),
+            // `running`: checked under the write lock already, restated so that the count
+            // proves it.
+            regrant: fill(
+                concat!(
+                    "UPDATE {p}runs SET lease_until = g.column3 FROM (VALUES {values}) AS g",
+                    " WHERE {p}runs.job = g.column1 AND {p}runs.scheduled_at = g.column2 AND {p}runs.attempt = 1",
+                    " AND {p}runs.state = 'running'"
+                ),
                 tables,
             ),
         }
@@ -94,19 +120,22 @@ pub(crate) async fn claim(store: &SqliteStore, requests: &[ClaimRequest]) -> Res
     let sql = &store.sql.claim;
     let (found, now) = read_state(sql, &mut tx, &Wanted::of(requests), keep).await?;
     let (decisions, counters) = plan::plan(requests, found);
-    let rows: Vec<(&ClaimRequest, &Decision)> =
-        requests.iter().zip(&decisions).filter(|(_, d)| !matches!(d, Decision::Taken)).collect();
+    let rows: Vec<(&ClaimRequest, &Decision)> = requests
+        .iter()
+        .zip(&decisions)
+        .filter(|(_, d)| matches!(d, Decision::Won { .. } | Decision::Skipped(_)))
+        .collect();
     // Each inserted run with a token advances its job's counter (the `{p}runs_fence`
     // trigger), so the counters `plan` computed need no statement of their own.
     for chunk in rows.chunks(ROWS_PER_INSERT) {
         insert(sql, &mut tx, chunk, now, keep).await?;
     }
+    regrant(sql, &mut tx, requests, &decisions, now, keep).await?;
     debug_assert!(counters.values().all(|t| *t >= 1));
     // Checked before the commit: once committed, the won runs must be run.
-    let claimed_at = instant(now)?;
+    let now = instant(now)?;
     tx.commit().await.map_err(db_err)?;
-    let outcomes: Vec<ClaimOutcome> =
-        requests.iter().zip(decisions).map(|(r, d)| plan::outcome(r, d, claimed_at)).collect();
+    let outcomes: Vec<ClaimOutcome> = requests.iter().zip(decisions).map(|(r, d)| plan::outcome(r, d, now)).collect();
     for outcome in &outcomes {
         if let ClaimOutcome::Won(lease) = outcome {
             tracing::debug!(run = %lease.run, node = %lease.owner, token = lease.fencing_token, "run claimed");
@@ -141,7 +170,7 @@ async fn read_state(
         sql.push(&texts.read_paused);
         list(&mut sql, &wanted.pausable);
     }
-    sql.push(concat!(" UNION ALL SELECT 'n', '', ", now!(), ", 0, NULL, NULL"));
+    sql.push(concat!(" UNION ALL SELECT 'n', '', ", now!(), ", 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL"));
     let rows = sql.build().persistent(keep).fetch_all(conn).await.map_err(db_err)?;
     let mut found = Found::default();
     const READ: &str = "the claim's read";
@@ -153,6 +182,11 @@ async fn read_state(
             attempt: get_in(row, READ, "attempt")?,
             who: get_in(row, READ, "who")?,
             why: get_in(row, READ, "why")?,
+            state: get_in(row, READ, "state")?,
+            node: get_in(row, READ, "node")?,
+            nonce: get_in(row, READ, "nonce")?,
+            token: get_in(row, READ, "token")?,
+            claimed_at: get_in(row, READ, "claimed_at")?,
         })?;
     }
     let now = found.now.ok_or_else(|| StoreError::Invalid(format!("{READ} returned no clock")))?;
@@ -186,7 +220,7 @@ async fn insert(
                 (Some(token), "running", None, None, Some(now.saturating_add(millis(*lease)?)))
             }
             Decision::Skipped(reason) => (None, "skipped", Some(reason.as_str()), Some(now), None),
-            Decision::Taken => unreachable!("taken ticks get no row"),
+            Decision::Taken | Decision::Regranted { .. } => unreachable!("only new records are inserted"),
         };
         values.push((request, token, state, reason, finished, lease_until));
     }
@@ -202,9 +236,39 @@ async fn insert(
             .push_bind(reason)
             .push_bind(now)
             .push_bind(finished)
-            .push_bind(lease_until);
+            .push_bind(lease_until)
+            .push_bind(plan::nonce_param(request.nonce));
     });
     let inserted = sql.build().persistent(keep).execute(conn).await.map_err(db_err)?.rows_affected();
     assert_eq!(inserted, rows.len() as u64, "every new record inserted");
+    Ok(())
+}
+
+/// Gives each [`Decision::Regranted`] run a fresh lease from `now`, in one statement, and
+/// none when there is none (the usual batch).
+async fn regrant(
+    texts: &Sql,
+    conn: &mut SqliteConnection,
+    requests: &[ClaimRequest],
+    decisions: &[Decision],
+    now: i64,
+    keep: bool,
+) -> Result<(), StoreError> {
+    let mut leases = Vec::new();
+    for (request, decision) in requests.iter().zip(decisions) {
+        if let Decision::Regranted { lease, .. } = decision {
+            leases.push((request, now.saturating_add(millis(*lease)?)));
+        }
+    }
+    if leases.is_empty() {
+        return Ok(());
+    }
+    let text = texts.regrant.replace("{values}", &vec!["(?, ?, ?)"; leases.len()].join(", "));
+    let mut query = sqlx::query::<Sqlite>(&text);
+    for (request, until) in &leases {
+        query = query.bind(request.tick.job.as_str()).bind(request.tick.scheduled_at.timestamp_millis()).bind(*until);
+    }
+    let updated = query.persistent(keep).execute(conn).await.map_err(db_err)?.rows_affected();
+    assert_eq!(updated, leases.len() as u64, "every run granted again holds a fresh lease");
     Ok(())
 }

@@ -2,13 +2,20 @@
 //! in memory between the five worker round trips of [`crate::claim`] (`BEGIN IMMEDIATE`,
 //! read, insert, counter write, `COMMIT`).
 //!
-//! One `INSERT ... SELECT ... WHERE NOT EXISTS (the tick's record) RETURNING` in
-//! autocommit. A writing statement takes the database's write lock when it begins, before
-//! it reads (waiting in the busy handler like every other writer), so its reads (whether
-//! the tick has a record, why it would be skipped, the job's counter) cannot change before
-//! its write. The job's fencing counter is advanced by the `{p}runs_fence` trigger that
-//! every insert of a run with a token fires (see [`crate::schema`]), inside the same
-//! statement. No row back: the tick was taken.
+//! One `INSERT ... SELECT ... RETURNING` in autocommit. A writing statement takes the
+//! database's write lock when it begins, before it reads (waiting in the busy handler like
+//! every other writer), so its reads (whether the tick has a record, why it would be
+//! skipped, the job's counter) cannot change before its write. The job's fencing counter
+//! is advanced by the `{p}runs_fence` trigger that every insert of a run with a token
+//! fires (see [`crate::schema`]), inside the same statement. No row back: the tick was
+//! taken.
+//!
+//! Where the tick has a record, a request to record a skip inserts nothing (`WHERE NOT
+//! EXISTS`); a request to run it meets the primary key instead (`ON CONFLICT DO UPDATE`),
+//! which gives the record a fresh lease, and returns it, only if it is still `running` as
+//! this very request's claim (the same node and nonce, asked again after a lost answer):
+//! the row returned then carries the claim's token and `claimed_at`. An upsert's update
+//! fires no insert trigger, so the counter stays.
 //!
 //! The decisions are those of [`solocron_sql::plan`], spelled in SQL: a pause comes before
 //! an overlap, a manual run ignores the pause, and the overlap names the job's newest
@@ -17,8 +24,8 @@
 use sqlx::sqlite::SqliteRow;
 use sqlx::Sqlite;
 
-use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, StoreError, Tick, Trigger};
-use solocron_sql::plan::{self, Decision};
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, RunId, StoreError, Tick, Trigger};
+use solocron_sql::plan;
 
 use crate::error::db_err;
 use crate::records::{get, instant, millis};
@@ -32,7 +39,8 @@ pub(crate) async fn claim_one(store: &SqliteStore, request: &ClaimRequest) -> Re
         .bind(request.tick.scheduled_at.timestamp_millis())
         .bind(request.trigger.as_str())
         .bind(request.node.as_str())
-        .bind(millis(request.lease)?);
+        .bind(millis(request.lease)?)
+        .bind(plan::nonce_param(request.nonce));
     if let Some(reason) = skip_reason {
         query = query.bind(reason);
     }
@@ -42,7 +50,7 @@ pub(crate) async fn claim_one(store: &SqliteStore, request: &ClaimRequest) -> Re
 
 /// Which of the claim's texts a request needs: whether it asks for a skipped record, and
 /// otherwise whether the pause applies (not to manual runs) and whether an overlap skips
-/// it; and the reason to bind as `?6` when it asks for a skipped record.
+/// it; and the reason to bind as `?7` when it asks for a skipped record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Variant {
     Skip,
@@ -90,31 +98,46 @@ impl Sql {
     }
 }
 
+/// The claim's text for `variant`: job, tick (ms), trigger, node, lease (ms) and nonce
+/// (`NULL`: none) are `?1` to `?6`.
 fn build_sql(variant: Variant, tables: &str) -> String {
+    let existing = match variant {
+        Variant::Skip => {
+            "WHERE NOT EXISTS (SELECT 1 FROM {p}runs WHERE job = ?1 AND scheduled_at = ?2 AND attempt = 1)"
+        }
+        // `WHERE true`: an upsert's `SELECT` needs a `WHERE`, or its `ON` would be read as
+        // a join's. `NULL = NULL` is not true: a request without a nonce is never re-granted.
+        Variant::Run { .. } => {
+            "WHERE true
+               ON CONFLICT (job, scheduled_at, attempt) DO UPDATE SET lease_until = excluded.claimed_at + ?5
+               WHERE state = 'running' AND node = excluded.node AND nonce = excluded.nonce"
+        }
+    };
     format!(
         concat!(
             r#"INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, token, state, reason,
-                   claimed_at, finished_at, lease_until)
+                   claimed_at, finished_at, lease_until, nonce)
                SELECT ?1, ?2, 1, ?3, ?4,
                    CASE WHEN why IS NULL THEN COALESCE((SELECT token FROM {p}fences WHERE job = ?1), 0) + 1 END,
                    CASE WHEN why IS NULL THEN 'running' ELSE 'skipped' END,
-                   why, now, CASE WHEN why IS NULL THEN NULL ELSE now END, CASE WHEN why IS NULL THEN now + ?5 END
+                   why, now, CASE WHEN why IS NULL THEN NULL ELSE now END, CASE WHEN why IS NULL THEN now + ?5 END, ?6
                FROM (SELECT {why} AS why, "#,
             now!(),
             r#" AS now)
-               WHERE NOT EXISTS (SELECT 1 FROM {p}runs WHERE job = ?1 AND scheduled_at = ?2 AND attempt = 1)
-               RETURNING token, reason, claimed_at"#
+               {existing}
+               RETURNING token, reason, claimed_at, lease_until"#
         ),
         p = tables,
-        why = why_sql(variant, tables)
+        why = why_sql(variant, tables),
+        existing = fill(existing, tables),
     )
 }
 
 /// Why a request of `variant` would be recorded `skipped` rather than run, as SQL (`NULL`:
-/// run it); a skip request's reason is bound as `?6`.
+/// run it); a skip request's reason is bound as `?7`.
 fn why_sql(variant: Variant, tables: &str) -> String {
     let (pausable, skip_if_running) = match variant {
-        Variant::Skip => return "?6".into(),
+        Variant::Skip => return "?7".into(),
         Variant::Run { pausable, skip_if_running } => (pausable, skip_if_running),
     };
     let mut reasons = Vec::new();
@@ -142,31 +165,31 @@ fn why_sql(variant: Variant, tables: &str) -> String {
     }
 }
 
-/// The outcome the returned row (if any) says.
+/// The outcome the returned row (if any) says: a new record, or a run granted again (its
+/// first `claimed_at`, its fresh `lease_until`).
 fn outcome(request: &ClaimRequest, row: Option<&SqliteRow>) -> Result<ClaimOutcome, StoreError> {
     const WHAT: &str = "the one-tick claim";
     let Some(row) = row else { return Ok(ClaimOutcome::Taken) };
-    let claimed_at = instant(get(row, "claimed_at")?)?;
     let token: Option<i64> = get(row, "token")?;
-    let decision = match token {
-        None => {
-            let reason: Option<String> = get(row, "reason")?;
-            Decision::Skipped(
-                reason.ok_or_else(|| StoreError::Invalid(format!("{WHAT}: a skipped record without a reason")))?,
-            )
-        }
-        Some(token) => {
-            let token = u64::try_from(token)
-                .ok()
-                .filter(|t| *t >= 1)
-                .ok_or_else(|| StoreError::Invalid(format!("{WHAT}: fencing token {token} is not positive")))?;
-            let run = RunId { tick: Tick::new(request.tick.job.clone(), request.tick.scheduled_at), attempt: 1 };
-            Decision::Won { run, token, lease: request.lease }
-        }
+    let Some(token) = token else {
+        let reason: Option<String> = get(row, "reason")?;
+        let reason = reason.ok_or_else(|| StoreError::Invalid(format!("{WHAT}: a skipped record without a reason")))?;
+        return Ok(ClaimOutcome::Skipped { reason });
     };
-    let outcome = plan::outcome(request, decision, claimed_at);
-    if let ClaimOutcome::Won(lease) = &outcome {
-        tracing::debug!(run = %lease.run, node = %lease.owner, token = lease.fencing_token, "run claimed");
-    }
-    Ok(outcome)
+    let fencing_token = u64::try_from(token)
+        .ok()
+        .filter(|t| *t >= 1)
+        .ok_or_else(|| StoreError::Invalid(format!("{WHAT}: fencing token {token} is not positive")))?;
+    let lease_until: Option<i64> = get(row, "lease_until")?;
+    let lease_until =
+        lease_until.ok_or_else(|| StoreError::Invalid(format!("{WHAT}: a running record without a lease")))?;
+    let lease = Lease {
+        run: RunId { tick: Tick::new(request.tick.job.clone(), request.tick.scheduled_at), attempt: 1 },
+        owner: request.node.clone(),
+        fencing_token,
+        claimed_at: instant(get(row, "claimed_at")?)?,
+        lease_until: instant(lease_until)?,
+    };
+    tracing::debug!(run = %lease.run, node = %lease.owner, token = lease.fencing_token, "run claimed");
+    Ok(ClaimOutcome::Won(lease))
 }

@@ -25,8 +25,8 @@
 //! heartbeat), `{p}actions` (the audit log of operators' actions), `{p}managed` and
 //! `{p}job_revisions` (jobs defined in the store, and each change), `{p}schema` (the
 //! version); the indexes `{p}runs_expiry`, `{p}runs_running`, `{p}runs_newest`,
-//! `{p}runs_running_newest`, `{p}requests_oldest`, `{p}actions_newest`, `{p}actions_job`,
-//! `{p}job_revisions_job`.
+//! `{p}runs_running_newest`, `{p}registry_node`, `{p}requests_oldest`, `{p}actions_newest`,
+//! `{p}actions_job`, `{p}job_revisions_job`.
 //! Every statement's text is built once, when the store connects.
 //!
 //! ## Code map
@@ -64,6 +64,7 @@
 //!     node: "node-a".into(),
 //!     lease: Duration::from_secs(30),
 //!     mode: ClaimMode::Run { skip_if_running: true },
+//!     nonce: 0,
 //! };
 //! let outcomes = store.claim(&[request.clone()]).await?;
 //! assert!(matches!(outcomes[0], ClaimOutcome::Won(_)));

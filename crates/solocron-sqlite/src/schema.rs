@@ -10,9 +10,19 @@ use crate::{fill, SqliteStore};
 
 /// The schema version this crate writes and understands. Version 1 lacked the jobs,
 /// registry and requests tables, version 2 the nodes and actions tables, version 3 the
-/// managed jobs and their revisions; [`SCHEMA`] adds them, so migrating an older database
-/// only has to record the new version.
-const SCHEMA_VERSION: i64 = 4;
+/// managed jobs and their revisions; [`SCHEMA`] adds them. Version 4 lacked the runs'
+/// `nonce` column, which [`migrate`] adds ([`ADD_NONCE`]); then it records the new version.
+/// Builds of earlier versions refuse to migrate a newer schema, and keep claiming on it
+/// meanwhile (their inserts name their columns, leaving `nonce` NULL).
+const SCHEMA_VERSION: i64 = 5;
+
+/// Whether the runs table has version 5's `nonce` column (SQLite has no `ADD COLUMN IF
+/// NOT EXISTS`): bound to the table's name.
+const HAS_NONCE: &str = "SELECT count(*) FROM pragma_table_info(?) WHERE name = 'nonce'";
+
+/// Version 5: the nonce of the claim that created a record (the `u64` bit-cast to a signed
+/// integer; `NULL`: none, as in every record written before).
+const ADD_NONCE: &str = "ALTER TABLE {p}runs ADD COLUMN nonce INTEGER NULL";
 
 /// Schema statements, each idempotent; [`migrate`] runs them in one transaction.
 const SCHEMA: &[&str] = &[
@@ -32,6 +42,7 @@ const SCHEMA: &[&str] = &[
         lease_until INTEGER NULL,
         exit_code INTEGER NULL,
         output TEXT NOT NULL DEFAULT '',
+        nonce INTEGER NULL,
         PRIMARY KEY (job, scheduled_at, attempt)
     )"#,
     // Per-job fencing counters: a separate row per job, so a token is never reused even
@@ -67,6 +78,10 @@ const SCHEMA: &[&str] = &[
         last_seen INTEGER NOT NULL,
         PRIMARY KEY (job, node)
     )"#,
+    // Serves `register`'s removal of a node's unlisted jobs (the primary key leads with the
+    // job). An index alone, added without a new version number like `{p}runs_fence`:
+    // builds that predate it work beside it, and every `migrate` creates it if missing.
+    "CREATE INDEX IF NOT EXISTS {p}registry_node ON {p}registry (node, job)",
     r#"CREATE TABLE IF NOT EXISTS {p}requests (
         job TEXT NOT NULL,
         requested_at INTEGER NOT NULL,
@@ -138,6 +153,7 @@ const DROP: &[&str] = &[
     "DROP INDEX IF EXISTS {p}runs_running",
     "DROP INDEX IF EXISTS {p}runs_newest",
     "DROP INDEX IF EXISTS {p}runs_running_newest",
+    "DROP INDEX IF EXISTS {p}registry_node",
     "DROP INDEX IF EXISTS {p}requests_oldest",
     "DROP INDEX IF EXISTS {p}actions_newest",
     "DROP INDEX IF EXISTS {p}actions_job",
@@ -157,6 +173,8 @@ const DROP: &[&str] = &[
 /// The schema's statements for one table prefix, built when the store connects.
 pub(crate) struct Sql {
     create: Vec<String>,
+    runs: String,
+    add_nonce: String,
     version: String,
     first_version: String,
     set_version: String,
@@ -169,6 +187,8 @@ impl Sql {
         let all = |templates: &[&str]| templates.iter().map(|t| fill(t, tables)).collect();
         Sql {
             create: all(SCHEMA),
+            runs: fill("{p}runs", tables),
+            add_nonce: fill(ADD_NONCE, tables),
             version: fill("SELECT max(version) FROM {p}schema", tables),
             first_version: fill("INSERT INTO {p}schema (version) VALUES (?)", tables),
             set_version: fill("UPDATE {p}schema SET version = ?", tables),
@@ -192,8 +212,14 @@ pub(crate) async fn migrate(store: &SqliteStore) -> Result<(), StoreError> {
             sqlx::query(&sql.first_version).bind(SCHEMA_VERSION).execute(&mut *tx).await.map_err(db_err)?;
         }
         Some(SCHEMA_VERSION) => {}
-        // Earlier versions differ only by the tables the statements above just created.
-        Some(1..=3) => {
+        // Earlier versions differ by the tables the statements above just created, and by
+        // the runs' nonce column.
+        Some(1..=4) => {
+            let has_nonce: i64 =
+                sqlx::query_scalar(HAS_NONCE).bind(&sql.runs).fetch_one(&mut *tx).await.map_err(db_err)?;
+            if has_nonce == 0 {
+                sqlx::query(&sql.add_nonce).execute(&mut *tx).await.map_err(db_err)?;
+            }
             sqlx::query(&sql.set_version).bind(SCHEMA_VERSION).execute(&mut *tx).await.map_err(db_err)?;
         }
         Some(v) => {

@@ -28,6 +28,7 @@ async fn child(url: &str) {
         node: format!("pid-{}", std::process::id()),
         lease: Duration::from_secs(60),
         mode: ClaimMode::Run { skip_if_running: false },
+        nonce: 0,
     };
     let outcome = match store.claim(&[request]).await.unwrap().remove(0) {
         ClaimOutcome::Won(_) => "won",

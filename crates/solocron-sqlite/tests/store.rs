@@ -3,6 +3,7 @@
 //! (`tests/conformance.rs`).
 #![forbid(unsafe_code)]
 
+use solocron_conformance::checks::definition;
 use solocron_core::{
     ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, NodeBeat, Prefix, RunState, Store,
     StoreError, Tick, Trigger,
@@ -26,9 +27,9 @@ async fn raw(dir: &TempDir) -> sqlx::SqlitePool {
 async fn a_schema_newer_than_this_crate_is_refused() {
     let (dir, store) = fresh().await;
     let pool = raw(&dir).await;
-    sqlx::query("UPDATE solocron_schema SET version = 5").execute(&pool).await.unwrap();
+    sqlx::query("UPDATE solocron_schema SET version = 6").execute(&pool).await.unwrap();
     let err = store.migrate().await.unwrap_err();
-    assert!(matches!(err, StoreError::Invalid(_)) && err.to_string().contains("version 5"), "{err}");
+    assert!(matches!(err, StoreError::Invalid(_)) && err.to_string().contains("version 6"), "{err}");
 }
 
 #[tokio::test]
@@ -116,6 +117,10 @@ async fn each_index_serves_the_query_it_is_for() {
             "solocron_actions_job",
         ),
         ("SELECT id FROM solocron_actions WHERE done_at < 5 ORDER BY done_at LIMIT 9", "solocron_actions_newest"),
+        (
+            r#"DELETE FROM solocron_registry WHERE node = 'n' AND job NOT IN (SELECT value FROM json_each('["a"]'))"#,
+            "solocron_registry_node",
+        ),
     ];
     for (sql, index) in plans {
         let rows: Vec<(i64, i64, i64, String)> =
@@ -153,7 +158,7 @@ async fn a_version_1_database_is_upgraded_in_place_keeping_its_runs_and_tokens()
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [4]);
+    assert_eq!(versions, [5]);
 
     let history = store.history(&HistoryQuery::default()).await.unwrap();
     assert_eq!((history.len(), history[0].state, history[0].output.as_str()), (1, RunState::Succeeded, "ok"));
@@ -166,6 +171,7 @@ async fn a_version_1_database_is_upgraded_in_place_keeping_its_runs_and_tokens()
         node: "a".into(),
         lease: std::time::Duration::from_secs(30),
         mode: ClaimMode::Run { skip_if_running: true },
+        nonce: 0,
     };
     match store.claim(&[request]).await.unwrap().remove(0) {
         ClaimOutcome::Won(lease) => assert_eq!(lease.fencing_token, 8, "the token counter carries on"),
@@ -173,8 +179,8 @@ async fn a_version_1_database_is_upgraded_in_place_keeping_its_runs_and_tokens()
     }
 }
 
-/// A version 2 database (before the nodes and actions tables) is brought to version 4 by
-/// `migrate`, keeping its data; heartbeats and the audit log then work on it.
+/// A version 2 database (before the nodes and actions tables) is brought to the current
+/// version by `migrate`, keeping its data; heartbeats and the audit log then work on it.
 #[tokio::test]
 async fn a_version_2_database_gets_the_nodes_and_actions_tables() {
     let (dir, store) = fresh().await;
@@ -187,7 +193,7 @@ async fn a_version_2_database_gets_the_nodes_and_actions_tables() {
     assert!(store.heartbeat(&beat).await.is_err(), "version 2 has no nodes table");
     store.migrate().await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [4]);
+    assert_eq!(versions, [5]);
     assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
     store.heartbeat(&beat).await.unwrap();
     assert_eq!(store.nodes().await.unwrap().len(), 1);
@@ -212,6 +218,7 @@ async fn a_database_from_before_the_fence_trigger_gets_it_and_tokens_carry_on() 
         node: "a".into(),
         lease: std::time::Duration::from_secs(30),
         mode: ClaimMode::Run { skip_if_running: false },
+        nonce: 0,
     };
     let tokens = |outcomes: Vec<ClaimOutcome>| -> Vec<u64> {
         outcomes
@@ -252,6 +259,57 @@ async fn a_node_opening_while_another_migrates_waits_instead_of_failing() {
     release.await.unwrap();
 }
 
+/// A version 4 database (before the runs' nonce column) gets the column at `migrate`,
+/// keeping its records, which have no nonce: asked again with any nonce, their ticks are
+/// taken. New claims store their nonce, and asked again with it are won again, alone and
+/// in a batch, with their token: no token is handed out for them.
+#[tokio::test]
+async fn a_version_4_database_gets_the_nonce_column_and_its_records_have_none() {
+    let (dir, store) = fresh().await;
+    let pool = raw(&dir).await;
+    for sql in [
+        "ALTER TABLE solocron_runs DROP COLUMN nonce",
+        "UPDATE solocron_schema SET version = 4",
+        // A running claim as a version 4 build writes it (the trigger counts its token).
+        r#"INSERT INTO solocron_runs (job, scheduled_at, attempt, "trigger", node, token, state, claimed_at, lease_until)
+           VALUES ('backup', 1767225600000, 1, 'schedule', 'n', 1, 'running', 0, 0)"#,
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
+    assert_eq!(versions, [5]);
+    let asked = |at: &str, nonce: u64| ClaimRequest { nonce, ..tick_request("backup", at) };
+    let old = asked("2026-01-01T00:00:00Z", 7);
+    assert_eq!(store.claim(std::slice::from_ref(&old)).await.unwrap(), [ClaimOutcome::Taken], "no nonce stored");
+
+    let lease = |outcome: &ClaimOutcome| match outcome {
+        ClaimOutcome::Won(lease) => lease.clone(),
+        other => panic!("expected Won, got {other:?}"),
+    };
+    let new = asked("2026-01-01T00:01:00Z", u64::MAX);
+    let first = lease(&store.claim(std::slice::from_ref(&new)).await.unwrap()[0]);
+    assert_eq!(first.fencing_token, 2);
+    let again = lease(&store.claim(std::slice::from_ref(&new)).await.unwrap()[0]);
+    assert_eq!((again.fencing_token, again.claimed_at), (2, first.claimed_at), "alone");
+    let batch = [old, new, asked("2026-01-01T00:02:00Z", 8)];
+    let outcomes = store.claim(&batch).await.unwrap();
+    assert_eq!(outcomes[0], ClaimOutcome::Taken);
+    let (again, next) = (lease(&outcomes[1]), lease(&outcomes[2]));
+    assert_eq!((again.fencing_token, again.claimed_at, next.fencing_token), (2, first.claimed_at, 3), "in a batch");
+    let stored: Vec<(Option<i64>, Option<i64>)> =
+        sqlx::query_as("SELECT nonce, lease_until FROM solocron_runs ORDER BY scheduled_at")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let ms = |lease: &solocron_core::Lease| Some(lease.lease_until.timestamp_millis());
+    assert_eq!(stored, [(None, Some(0)), (Some(-1), ms(&again)), (Some(8), ms(&next))]);
+    let counter: i64 =
+        sqlx::query_scalar("SELECT token FROM solocron_fences WHERE job = 'backup'").fetch_one(&pool).await.unwrap();
+    assert_eq!(counter, 3, "a claim won again hands out no token");
+}
+
 fn tick_request(job: &str, at: &str) -> ClaimRequest {
     ClaimRequest {
         tick: Tick::new(job, at.parse().unwrap()),
@@ -259,6 +317,7 @@ fn tick_request(job: &str, at: &str) -> ClaimRequest {
         node: "n".into(),
         lease: std::time::Duration::from_secs(60),
         mode: ClaimMode::Run { skip_if_running: false },
+        nonce: 0,
     }
 }
 
@@ -413,8 +472,8 @@ async fn connect_errors_and_descriptions_never_show_a_password() {
     assert_eq!(store.describe(), format!("sqlite://{} (prefix billing)", path.display()));
 }
 
-/// A version 3 database (before managed jobs) is brought to version 4 by `migrate`; managed
-/// jobs then work on it.
+/// A version 3 database (before managed jobs) is brought to the current version by
+/// `migrate`; managed jobs then work on it.
 #[tokio::test]
 async fn a_version_3_database_gets_the_managed_jobs_tables() {
     let (dir, store) = fresh().await;
@@ -428,6 +487,46 @@ async fn a_version_3_database_gets_the_managed_jobs_tables() {
     assert!(store.put_job("a", spec, "ann", None).await.is_err(), "version 3 has no managed jobs table");
     store.migrate().await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [4]);
+    assert_eq!(versions, [5]);
     assert_eq!(store.put_job("a", spec, "ann", None).await.unwrap(), solocron_core::JobWrite::Written(1));
+}
+
+/// `register` sends the node's whole list as one parameter: a list longer than SQLite's
+/// cap on parameters (32,766) works, names JSON must escape are kept and removed exactly,
+/// and other nodes' registrations of the same names stay.
+#[tokio::test]
+async fn register_removes_unlisted_jobs_from_lists_past_the_parameter_cap_and_odd_names() {
+    let (_dir, store) = fresh().await;
+    let odd = ["quo\"te", "back\\slash", "ünï😀", "bell\u{7}", "[\"x\"]"];
+    let many: Vec<_> = (0..33_000).map(|i| definition(&format!("job-{i:05}"), "h")).collect();
+    let listed: Vec<_> = odd.iter().map(|name| definition(name, "h")).chain(many.iter().cloned()).collect();
+    store.register("b", &[definition(odd[0], "h"), definition("job-00001", "h")]).await.unwrap();
+    store.register("a", &listed).await.unwrap();
+    assert_eq!(store.registrations().await.unwrap().len(), listed.len() + 2);
+
+    // Keep every other odd name and a few of the many.
+    let kept: Vec<_> = [odd[1], odd[3], "job-00001", "job-32999"].map(|name| definition(name, "h2")).into();
+    store.register("a", &kept).await.unwrap();
+    let left: Vec<(String, String)> =
+        store.registrations().await.unwrap().into_iter().map(|r| (r.node, r.definition.job)).collect();
+    let mut expected: Vec<(String, String)> = kept.iter().map(|d| ("a".to_owned(), d.job.clone())).collect();
+    expected.extend([("b".to_owned(), odd[0].to_owned()), ("b".to_owned(), "job-00001".to_owned())]);
+    expected.sort_by(|x, y| (&x.1, &x.0).cmp(&(&y.1, &y.0)));
+    assert_eq!(left, expected);
+}
+
+/// A database migrated before `{p}registry_node` existed gets it from `migrate`.
+#[tokio::test]
+async fn migrate_adds_the_registry_index_by_node_to_a_database_without_it() {
+    let (dir, store) = fresh().await;
+    let pool = raw(&dir).await;
+    sqlx::query("DROP INDEX solocron_registry_node").execute(&pool).await.unwrap();
+    store.migrate().await.unwrap();
+    let found: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'solocron_registry_node'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(found, 1);
 }

@@ -250,6 +250,7 @@ mod tests {
             node: "n".into(),
             lease: Duration::from_secs(60),
             mode: ClaimMode::Run { skip_if_running: false },
+            nonce: 0,
         };
         let lease = match rt.block_on(store.claim(&[request])).unwrap().pop() {
             Some(ClaimOutcome::Won(lease)) => lease,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{ClaimOutcome, ClaimRequest, HistoryQuery, Overlap, RunState, Tick, Trigger};
+use solocron_core::{ClaimOutcome, ClaimRequest, HistoryQuery, Overlap, RunRecord, RunState, Tick, Trigger};
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
@@ -16,6 +16,10 @@ use crate::metrics::StoreOp;
 
 /// How often a catch-up sequence looks whether the job is still running elsewhere.
 const IDLE_POLL: Duration = Duration::from_millis(200);
+/// Most running runs of a job read at each look: more than this node's own unanswered
+/// claims of one job are, short of an outage of many seconds (a full page is
+/// taken as "not idle", whatever it holds).
+const RUNNING_LOOKED_AT_MAX: usize = 16;
 
 /// Ticks of one job to claim and run in sequence, oldest first.
 pub(crate) type Sequence = Vec<(DateTime<Utc>, Trigger)>;
@@ -69,12 +73,19 @@ async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>, ticks: Sequence) {
     }
 }
 
-/// Waits until no run of `job` is running anywhere; false on shutdown.
+/// Waits until no run of `job` is running anywhere, but this node's own claims whose
+/// answer was lost (the sequence asks for those again itself); false on shutdown.
 async fn wait_until_idle(e: &Engine, job: &str) -> bool {
-    let q = HistoryQuery { job: Some(job.to_owned()), state: Some(RunState::Running), limit: 1, ..Default::default() };
+    let q = HistoryQuery {
+        job: Some(job.to_owned()),
+        state: Some(RunState::Running),
+        limit: RUNNING_LOOKED_AT_MAX,
+        ..Default::default()
+    };
+    let ours_unanswered = |r: &RunRecord| r.node == e.node && r.id.attempt == 1 && e.unanswered.contains(&r.id.tick);
     while !e.tracker.is_closed() {
         match counted(StoreOp::History, e.store.history(&q)).await {
-            Ok(running) if running.is_empty() => return true,
+            Ok(running) if running.len() < RUNNING_LOOKED_AT_MAX && running.iter().all(ours_unanswered) => return true,
             Ok(_) => {}
             Err(err) => tracing::debug!(error = %err, "cannot tell whether the job is running"),
         }

@@ -25,6 +25,9 @@ use crate::jobset::{JobSet, Jobs};
 use crate::lead::CLAIM_AHEAD_MAX;
 use crate::metrics::{self, StoreOp};
 use crate::runner::{execute, Claimed};
+use crate::spread::Spread;
+use crate::store_clock::StoreClock;
+use crate::unanswered::UnansweredClaims;
 
 /// Longest a single store call may take before the engine treats the store as unavailable.
 /// Half the late tolerance, so a tick delayed by one slow call is still late, not missed.
@@ -40,6 +43,8 @@ pub(crate) struct Engine {
     pub(crate) clock: Arc<dyn Clock>,
     /// `clock` is the system clock, whose steps the kernel announces.
     pub(crate) system_clock: bool,
+    /// The store's clock as this node estimates it: what [`Engine::now`] follows.
+    pub(crate) store_clock: StoreClock,
     /// The job list, replaceable while the node runs.
     pub(crate) jobs: Jobs,
     pub(crate) history_retention: Option<Duration>,
@@ -49,6 +54,10 @@ pub(crate) struct Engine {
     in_flight: Arc<AtomicUsize>,
     /// Jobs (by name) with a catch-up sequence under way on this node (at most one each).
     pub(crate) catching_up: Mutex<HashSet<String>>,
+    /// This node's claims that went unanswered, asked again with their nonce.
+    pub(crate) unanswered: UnansweredClaims,
+    /// This node's view of the fleet: which ticks it claims first, which as a backup.
+    pub(crate) spread: Spread,
     pub(crate) tracker: TaskTracker,
     /// Fired when shutdown's grace is over: running jobs are stopped.
     pub(crate) interrupt: CancellationToken,
@@ -70,12 +79,14 @@ pub(crate) struct Parts {
 impl Engine {
     pub(crate) fn new(p: Parts) -> Engine {
         assert!(p.max_concurrent_runs > 0);
+        let spread = Spread::new(&p.node);
         Engine {
             batches: Batches::new(p.store.clone()),
             store: p.store,
             node: p.node,
             clock: p.clock,
             system_clock: p.system_clock,
+            store_clock: StoreClock::default(),
             jobs: p.jobs,
             history_retention: p.history_retention,
             shutdown_grace: p.shutdown_grace,
@@ -83,9 +94,26 @@ impl Engine {
             recovery_interval: p.recovery_interval,
             in_flight: Arc::new(AtomicUsize::new(0)),
             catching_up: Mutex::new(HashSet::new()),
+            unanswered: UnansweredClaims::default(),
+            spread,
             tracker: TaskTracker::new(),
             interrupt: CancellationToken::new(),
         }
+    }
+
+    /// Now, for schedules: the earliest the store's clock can read, by this node's clock and
+    /// its estimate of the offset (see `store_clock.rs`).
+    pub(crate) fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        self.store_clock.now(self.clock.as_ref())
+    }
+
+    /// Reads the store's clock once, to keep [`Engine::now`] close to it; a failure is
+    /// counted and leaves the estimate as it was.
+    pub(crate) async fn sample_store_clock(&self) -> Result<(), StoreError> {
+        let (before, sent) = (self.clock.now(), Instant::now());
+        let store_now = counted(StoreOp::Now, self.store.now()).await?;
+        self.store_clock.observe(before, sent.elapsed(), store_now);
+        Ok(())
     }
 
     /// Runs in progress on this node.
@@ -94,10 +122,12 @@ impl Engine {
     }
 
     /// The one constructor of a claim request: a tick of `job`, asked for by this node
-    /// with the job's lease.
+    /// with the job's lease, and a new nonce (the earlier one, if this tick's claim went
+    /// unanswered: see `unanswered.rs`).
     pub(crate) fn request(&self, job: &Job, tick: Tick, trigger: Trigger, mode: ClaimMode) -> ClaimRequest {
         debug_assert_eq!(tick.job, job.name());
-        ClaimRequest { tick, trigger, node: self.node.clone(), lease: job.policy().lease, mode }
+        let nonce = self.unanswered.nonce(&tick);
+        ClaimRequest { tick, trigger, node: self.node.clone(), lease: job.policy().lease, mode, nonce }
     }
 
     /// A request to run a tick of `job` now (its overlap policy decides whether a run in
@@ -107,12 +137,18 @@ impl Engine {
         self.request(job, tick, trigger, mode)
     }
 
-    /// One claim round trip, bounded in time, with the store's answer checked. Every claim
-    /// of the engine goes through here, so here its duration, its failure and the ticks it
-    /// recorded skipped are counted.
+    /// One claim round trip, bounded in time ([`claim_timeout`]), with the store's answer
+    /// checked. Every claim of the engine goes through here, so here its duration, its
+    /// failure and the ticks it recorded skipped are counted, and here a claim without an
+    /// answer is remembered, so that its tick is asked for again with the same nonce.
     pub(crate) async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
         let sent = Instant::now();
-        let answer = bounded(self.store.claim(requests)).await;
+        let asked_again = requests.iter().any(|r| self.unanswered.contains(&r.tick));
+        let timeout = claim_timeout(requests, asked_again);
+        let answer = match tokio::time::timeout(timeout, self.store.claim(requests)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(StoreError::Unavailable(format!("no answer to a claim within {timeout:?}"))),
+        };
         metrics::claim_round(sent.elapsed());
         let outcomes = answer.and_then(|outcomes| {
             if outcomes.len() != requests.len() {
@@ -124,12 +160,23 @@ impl Engine {
             }
             Ok(outcomes)
         });
-        let outcomes = outcomes.inspect_err(|_| metrics::store_error(StoreOp::Claim))?;
+        let outcomes = outcomes.inspect_err(|_| {
+            metrics::store_error(StoreOp::Claim);
+            self.unanswered.failed(requests, sent);
+        })?;
         for (req, outcome) in requests.iter().zip(&outcomes) {
-            if let ClaimOutcome::Skipped { reason } = outcome {
-                metrics::tick(&req.tick.job, metrics::skip_outcome(&req.mode, reason));
+            match outcome {
+                ClaimOutcome::Skipped { reason } => {
+                    metrics::tick(&req.tick.job, metrics::skip_outcome(&req.mode, reason))
+                }
+                ClaimOutcome::Won(lease) if !regranted_after(lease, req.lease).is_zero() => {
+                    tracing::warn!(job = %req.tick.job, scheduled_at = %req.tick.scheduled_at, token = lease.fencing_token,
+                        "an earlier claim of this tick committed but its answer was lost; the store granted it again")
+                }
+                _ => {}
             }
         }
+        self.unanswered.answered(requests);
         Ok(outcomes)
     }
 
@@ -190,18 +237,19 @@ impl Engine {
     }
 
     /// The claimed run of a won lease of `job`, whose claim was sent at `sent`. It
-    /// starts at its instant by this node's clock (a tick claimed ahead), or at once if that
+    /// starts at its instant by the store's clock as this node estimates it (a tick claimed ahead), or at once if that
     /// has passed; never later than [`CLAIM_AHEAD_MAX`] after the claim was sent, so before
     /// the lease's first renewal is due even if the wall clock was set back meanwhile.
     pub(crate) fn claimed(&self, job: Arc<Job>, lease: Lease, trigger: Trigger, sent: Instant) -> Claimed {
         assert_eq!(lease.run.tick.job, job.name(), "a lease runs its own job");
-        let behind = self.clock.now() - lease.run.tick.scheduled_at;
+        let behind = self.now() - lease.run.tick.scheduled_at;
         let now = Instant::now();
         let until = (-behind).to_std().unwrap_or_default();
         let start_at = (now + until).min(sent + CLAIM_AHEAD_MAX);
+        let regranted_after = regranted_after(&lease, job.policy().lease);
         // The instant on the monotonic clock, which may not reach back to an old tick's.
         let due = behind.to_std().map_or(Some(now + until), |late| now.checked_sub(late));
-        Claimed { job, lease, trigger, sent, start_at, due }
+        Claimed { job, lease, trigger, sent, regranted_after, start_at, due }
     }
 
     /// The one door through which every claimed run starts: counted as in flight, tracked
@@ -237,6 +285,37 @@ fn chunk_order(jobs: &[usize], max: usize, node: &str, round: i64) -> Vec<std::o
         }
     }
     chunks
+}
+
+/// How long after its record was created (`claimed_at`) a lease of `length` was granted,
+/// by the store's clock: zero for a first grant, the time since the first try for a claim
+/// granted again with its nonce (its answer had been lost). Leases a store grants in one
+/// statement may read the clock twice, a few ms apart: that is not a second grant.
+pub(crate) fn regranted_after(lease: &Lease, length: Duration) -> Duration {
+    const SAME_GRANT_SLACK: Duration = Duration::from_millis(20);
+    let held = (lease.lease_until - lease.claimed_at).to_std().unwrap_or_default();
+    let after = held.saturating_sub(length);
+    if after <= SAME_GRANT_SLACK {
+        Duration::ZERO
+    } else {
+        after
+    }
+}
+
+/// How long a claim of `requests` may take before its answer counts as lost. A first try
+/// waits at most a third of the shortest lease asked for, so that a claim that committed
+/// while its answer was lost is asked for again, and granted again, before its lease
+/// lapses and anyone's recovery may end it. A try that asks again for a tick whose claim
+/// went unanswered (`asked_again`) waits the whole store bound, [`STORE_CALL_TIMEOUT`]:
+/// a store merely slower than a third of the lease still answers it (and the run then
+/// confirms its lease before it starts, as for any late answer).
+pub(crate) fn claim_timeout(requests: &[ClaimRequest], asked_again: bool) -> Duration {
+    let shortest = requests.iter().map(|r| r.lease).min().unwrap_or(STORE_CALL_TIMEOUT * 3);
+    if asked_again {
+        STORE_CALL_TIMEOUT
+    } else {
+        (shortest / 3).min(STORE_CALL_TIMEOUT)
+    }
 }
 
 /// A store call bounded by [`STORE_CALL_TIMEOUT`]; a hung connection counts as unavailable.
@@ -278,7 +357,48 @@ impl Drop for InFlight {
 
 #[cfg(test)]
 mod tests {
-    use super::chunk_order;
+    use std::time::Duration;
+
+    use chrono::DateTime;
+    use solocron_core::{ClaimMode, ClaimRequest, Lease, RunId, Tick, Trigger};
+
+    use super::{chunk_order, claim_timeout, regranted_after, STORE_CALL_TIMEOUT};
+
+    fn lease(claimed_ms: i64, until_ms: i64) -> Lease {
+        let at = |ms| DateTime::from_timestamp_millis(ms).expect("in range");
+        Lease {
+            run: RunId { tick: Tick::new("j", at(0)), attempt: 1 },
+            owner: "n".into(),
+            fencing_token: 1,
+            claimed_at: at(claimed_ms),
+            lease_until: at(until_ms),
+        }
+    }
+
+    #[test]
+    fn a_lease_granted_again_says_how_long_after_its_claim() {
+        let length = Duration::from_secs(3);
+        assert_eq!(regranted_after(&lease(1_000, 4_000), length), Duration::ZERO, "a first grant");
+        assert_eq!(regranted_after(&lease(1_000, 4_015), length), Duration::ZERO, "two reads of one clock");
+        assert_eq!(regranted_after(&lease(1_000, 5_200), length), Duration::from_millis(1_200), "granted again");
+        assert_eq!(regranted_after(&lease(1_000, 3_000), length), Duration::ZERO, "never negative");
+    }
+
+    #[test]
+    fn a_first_claim_waits_at_most_a_third_of_its_shortest_lease() {
+        let request = |secs| ClaimRequest {
+            tick: Tick::new("j", DateTime::from_timestamp(0, 0).expect("in range")),
+            trigger: Trigger::Schedule,
+            node: "n".into(),
+            lease: Duration::from_secs(secs),
+            mode: ClaimMode::Run { skip_if_running: false },
+            nonce: 1,
+        };
+        assert_eq!(claim_timeout(&[request(60), request(3), request(30)], false), Duration::from_secs(1));
+        assert_eq!(claim_timeout(&[request(60), request(3)], true), STORE_CALL_TIMEOUT, "asked again: the whole bound");
+        assert_eq!(claim_timeout(&[request(3600)], false), STORE_CALL_TIMEOUT);
+        assert_eq!(claim_timeout(&[], false), STORE_CALL_TIMEOUT);
+    }
 
     #[test]
     fn nodes_start_at_different_chunks_but_never_reorder_a_jobs_ticks() {

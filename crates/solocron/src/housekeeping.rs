@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use solocron_core::{NodeBeat, Store, StoreError, Trigger, HEARTBEAT_EVERY, PRUNE_BATCH_MAX};
+use solocron_core::{Liveness, NodeBeat, Store, StoreError, Trigger, HEARTBEAT_EVERY, PRUNE_BATCH_MAX};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -52,6 +52,19 @@ pub(crate) async fn heartbeat_loop(e: Arc<Engine>, stop: CancellationToken) {
         if let Err(err) = bounded(e.store.heartbeat(&beat(&e))).await {
             tracing::debug!(error = %err, "cannot send this node's heartbeat; sending the next one on time");
         }
+        // The store's clock, read as often: the schedules follow it.
+        if let Err(err) = e.sample_store_clock().await {
+            tracing::debug!(error = %err, "cannot read the store's clock; keeping the estimate");
+        }
+        // The live nodes, as often: the ticks are spread over them.
+        match bounded(e.store.nodes()).await {
+            Ok(nodes) => {
+                let now = e.now();
+                let alive = nodes.into_iter().filter(|n| n.liveness(now) == Liveness::Alive);
+                e.spread.set_alive(alive.map(|n| n.beat.node));
+            }
+            Err(err) => tracing::debug!(error = %err, "cannot read the fleet's nodes; keeping the last view"),
+        }
     }
 }
 
@@ -82,7 +95,7 @@ pub(crate) async fn registry_loop(e: Arc<Engine>, shutdown: CancellationToken) {
     loop {
         let definitions: Vec<_> = list.borrow_and_update().jobs.iter().map(|j| j.definition()).collect();
         match bounded(e.store.register(&e.node, &definitions)).await {
-            Ok(()) => warn_drift(&e, &definitions, &mut warned).await,
+            Ok(()) => read_registry(&e, &definitions, &mut warned).await,
             Err(err) => tracing::warn!(error = %err, "cannot register this node's jobs; retrying later"),
         }
         tokio::select! {
@@ -93,8 +106,15 @@ pub(crate) async fn registry_loop(e: Arc<Engine>, shutdown: CancellationToken) {
     }
 }
 
-async fn warn_drift(e: &Engine, mine: &[solocron_core::JobDefinition], warned: &mut HashSet<(String, String, String)>) {
+/// Reads the registry after this node registered: which nodes carry which jobs (for the
+/// spread of ticks), and any other node's different definition of a job, warned of once.
+async fn read_registry(
+    e: &Engine,
+    mine: &[solocron_core::JobDefinition],
+    warned: &mut HashSet<(String, String, String)>,
+) {
     let (Ok(all), Ok(now)) = (bounded(e.store.registrations()).await, bounded(e.store.now()).await) else { return };
+    e.spread.set_carriers(&all);
     let stale_before = now - chrono::Duration::from_std(REGISTRATION_STALE_AFTER).expect("small");
     for r in all.iter().filter(|r| r.node != e.node && r.last_seen >= stale_before) {
         let Some(my) = mine.iter().find(|d| d.job == r.definition.job) else { continue };

@@ -30,7 +30,10 @@ pub mod metrics;
 mod recovery;
 mod runner;
 mod scheduler;
+mod spread;
+mod store_clock;
 mod timer;
+mod unanswered;
 
 pub use command::Command;
 pub use housekeeping::{prune_pass, REGISTRATION_STALE_AFTER};

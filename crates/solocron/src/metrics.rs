@@ -77,10 +77,17 @@ pub const CLAIM_LEAD_SECONDS: &str = "solocron_claim_lead_seconds";
 pub const LAST_SUCCESS_TIMESTAMP_SECONDS: &str = "solocron_last_success_timestamp_seconds";
 /// Jobs in this node's job list.
 pub const JOBS: &str = "solocron_jobs";
+/// The store's clock minus this node's wall clock, as this node estimates it (the sample
+/// with the shortest round trip among its recent ones); schedules follow the store's clock,
+/// so a node whose clock is off neither claims nor starts early. Absent until the first
+/// estimate. Zero on stores without a clock of their own (SQLite shares the host's, etcd
+/// has none).
+pub const STORE_CLOCK_OFFSET_SECONDS: &str = "solocron_store_clock_offset_seconds";
 
 /// Bucket bounds (seconds) that suit both histograms: from a millisecond (a local store's
 /// claim, a punctual start) to the engine's 5 s store call bound and beyond. For exporters
-/// that need them (`metrics-exporter-prometheus` renders summaries without buckets).
+/// that need them; the daemon's (`solocron_http::install_prometheus`) keeps a copy, since
+/// solocron-http cannot depend on this crate (a test holds the two equal).
 pub const HISTOGRAM_BUCKETS_SECONDS: &[f64] =
     &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
@@ -110,6 +117,11 @@ pub fn describe() {
         "Unix time of the last succeeded run of the job on this node."
     );
     describe_gauge!(JOBS, Unit::Count, "Jobs this node carries.");
+    describe_gauge!(
+        STORE_CLOCK_OFFSET_SECONDS,
+        Unit::Seconds,
+        "The store's clock minus this node's wall clock, as estimated by this node."
+    );
 }
 
 /// The `outcome` label of [`TICKS_TOTAL`].
@@ -245,6 +257,8 @@ pub(crate) enum StoreOp {
     History,
     /// Asking since when the store remembers (`memory_since`).
     MemorySince,
+    /// Reading the store's clock (`now`), to estimate this node's offset from it.
+    Now,
 }
 
 /// Counts one failed (or timed-out) store call.
@@ -256,6 +270,7 @@ pub(crate) fn store_error(op: StoreOp) {
         StoreOp::Recover => "recover",
         StoreOp::History => "history",
         StoreOp::MemorySince => "memory_since",
+        StoreOp::Now => "now",
     };
     counter!(STORE_ERRORS_TOTAL, "operation" => operation).increment(1);
 }
@@ -271,6 +286,11 @@ pub(crate) fn claim_lead(lead: Duration) {
     gauge!(CLAIM_LEAD_SECONDS).set(lead.as_secs_f64());
 }
 
+/// Sets the estimated offset of the store's clock from this node's.
+pub(crate) fn store_clock_offset(offset: chrono::Duration) {
+    gauge!(STORE_CLOCK_OFFSET_SECONDS).set(offset.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6);
+}
+
 /// Sets how many jobs this node carries.
 pub(crate) fn jobs(count: usize) {
     gauge!(JOBS).set(count as f64);
@@ -279,6 +299,14 @@ pub(crate) fn jobs(count: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The daemon's exporter keeps its own copy of the buckets (it cannot depend on this
+    /// crate): the two must not drift apart.
+    #[cfg(feature = "http")]
+    #[test]
+    fn the_exporters_buckets_are_these() {
+        assert_eq!(HISTOGRAM_BUCKETS_SECONDS, solocron_http::HISTOGRAM_BUCKETS_SECONDS);
+    }
 
     #[test]
     fn free_text_skip_reasons_reduce_to_a_few_kinds() {

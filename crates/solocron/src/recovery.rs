@@ -43,6 +43,12 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
         if shutdown.is_cancelled() {
             break;
         }
+        if run.node == e.node && run.id.attempt == 1 && e.unanswered.contains(&run.id.tick) {
+            // This node's own claim whose answer was lost: it asks for the tick again, with
+            // the nonce that makes the store grant it again (see `unanswered.rs`).
+            tracing::debug!(run = %run.id, "expired run of this node's unanswered claim; left to its claim");
+            continue;
+        }
         // The job as this node's list has it now (taken per run: the list may change).
         let job = e.jobs.get().get(&run.id.tick.job).cloned();
         let action = recover_action(e, job.as_deref(), &run);

@@ -28,6 +28,10 @@ pub(crate) struct Claimed {
     pub(crate) trigger: Trigger,
     /// When the claim was sent: the lease's local deadlines count from it.
     pub(crate) sent: Instant,
+    /// How long after the record's `claimed_at` the store granted this lease (not zero
+    /// only for a claim granted again after its answer was lost): the run's start is
+    /// recorded as `claimed_at` plus this plus the time from `sent` to the start.
+    pub(crate) regranted_after: Duration,
     /// When the job starts: the tick's instant for a tick claimed ahead, else at once.
     pub(crate) start_at: Instant,
     /// The tick's instant on the monotonic clock (by this node's wall clock at the claim),
@@ -136,7 +140,7 @@ type PendingRenewal = Pin<Box<dyn Future<Output = (Instant, Option<Result<bool, 
 /// recorded through `batches`, and `interrupt` fires when it must stop early (shutdown's
 /// grace is over).
 pub(crate) async fn execute(run: Claimed, batches: &Batches, interrupt: CancellationToken) {
-    let Claimed { job, lease, trigger, sent: claim_sent, start_at, due } = run;
+    let Claimed { job, lease, trigger, sent: claim_sent, regranted_after, start_at, due } = run;
     let policy = job.policy().clone();
     let cancel = CancellationToken::new();
     let ctx = RunContext {
@@ -184,7 +188,7 @@ pub(crate) async fn execute(run: Claimed, batches: &Batches, interrupt: Cancella
     let handler = job.handler();
     let task = tokio::spawn(async move { handler.run(ctx).await });
     let (outcome, stop) = supervise(task, &mut hb, renewals, &policy, started, &cancel, &interrupt).await;
-    let end = end_of(outcome, stop, started - claim_sent);
+    let end = end_of(outcome, stop, regranted_after + (started - claim_sent));
     if record_end(ends, &hb, &end, matches!(stop, Some(Stop::Lost(_)))).await {
         metrics::tick_ended(job.name(), end.state);
     }

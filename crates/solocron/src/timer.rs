@@ -6,7 +6,7 @@
 //! asks for the same ticks a punctual one did, and the store's claim makes one of them win.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +23,8 @@ use crate::job::Job;
 use crate::jobset::JobSet;
 use crate::lead::{Lead, CLAIM_AHEAD_MAX};
 use crate::metrics::{self, StoreOp};
+use crate::spread::BACKUP_AFTER;
+use crate::store_clock::SAMPLES_AT_START;
 use solocron_os::wallclock::ClockSteps;
 
 /// Longest the timer sleeps before looking at the wall clock again, with the system clock
@@ -73,7 +75,7 @@ pub(crate) async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
     let mut backoff = Backoff::store();
     let mut lead = Lead::new(Instant::now());
     while !shutdown.is_cancelled() {
-        let now = e.clock.now();
+        let now = e.now();
         // The list's `changed` (awaited in `sleep`) marks it seen: compare the lists instead.
         let current = timer.list.borrow_and_update().clone();
         if !Arc::ptr_eq(&current, &timer.set) {
@@ -86,10 +88,9 @@ pub(crate) async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
             timer.sleep(round.horizon, shutdown).await;
             continue;
         }
-        let sent = Instant::now();
-        let failed = claim_due(e, &timer.set, &due, &mut timer.cursors, round).await;
+        let (failed, claim_took) = claim_due(e, &timer.set, &due, &mut timer.cursors, round, shutdown).await;
         if failed.is_empty() {
-            lead.observe(Instant::now(), sent.elapsed());
+            lead.observe(Instant::now(), claim_took);
             backoff.reset();
         }
         timer.reschedule(&due, &failed, now);
@@ -118,7 +119,8 @@ struct Timer {
 
 impl Timer {
     async fn new(e: &Engine) -> Timer {
-        let started = e.clock.now();
+        calibrate(e).await;
+        let started = e.now();
         let mut list = e.jobs.watch();
         let set = list.borrow_and_update().clone();
         // Never look back before the store's memory began: a tick it forgot is not missed.
@@ -233,15 +235,30 @@ impl Timer {
     }
 }
 
-/// Plans and claims the ticks of `due` jobs up to the round's horizon; returns the jobs
-/// whose claim failed (store unavailable): their cursor stays, so nothing is lost.
+/// Reads the store's clock a few times before the first claim, so the first ticks are
+/// claimed and started by it; without an answer, the node's clock is followed until the
+/// heartbeats' samples come.
+async fn calibrate(e: &Engine) {
+    for _ in 0..SAMPLES_AT_START {
+        if let Err(err) = e.sample_store_clock().await {
+            tracing::warn!(error = %err, "cannot read the store's clock; following this node's until it answers");
+            return;
+        }
+    }
+}
+
+/// Plans and claims the ticks of `due` jobs up to the round's horizon: the ticks this node
+/// ranks first at once, the others as a backup past their instant (`spread.rs`). Returns
+/// the jobs whose claim failed (store unavailable): their cursor stays, so nothing is
+/// lost; and how long the claim of this node's own ticks took (what the lead adapts to).
 async fn claim_due(
     e: &Arc<Engine>,
     set: &JobSet,
     due: &[usize],
     cursors: &mut [Cursor],
     round: Round,
-) -> HashSet<usize> {
+    shutdown: &CancellationToken,
+) -> (HashSet<usize>, Duration) {
     debug_assert!(round.now <= round.horizon);
     debug_assert!((round.horizon - round.now).to_std().is_ok_and(|d| d <= CLAIM_AHEAD_MAX));
     // After failed claims the store may have restarted and forgotten (Redis without
@@ -256,7 +273,7 @@ async fn claim_due(
                 }
             }
             Ok(None) => {}
-            Err(_) => return due.iter().copied().collect(),
+            Err(_) => return (due.iter().copied().collect(), Duration::ZERO),
         }
     }
     let mut plan = Plan::default();
@@ -264,7 +281,20 @@ async fn claim_due(
     for &i in due {
         plan_job(e, &set.jobs[i], i, cursors[i], round, &mut run_slots, &mut plan);
     }
-    let failed = e.claim_and_start(set, &plan.claims, round.horizon.timestamp_millis()).await;
+    let (first, backup) = spread(e, plan.claims);
+    let sent = Instant::now();
+    let mut failed = e.claim_and_start(set, &first, round.horizon.timestamp_millis()).await;
+    let claim_took = sent.elapsed();
+    if let Some(earliest) = backup.iter().map(|(_, r)| r.tick.scheduled_at).min() {
+        let at = earliest + chrono::Duration::from_std(BACKUP_AFTER).expect("small");
+        tokio::select! {
+            _ = tokio::time::sleep((at - e.now()).to_std().unwrap_or_default()) => {
+                failed.extend(e.claim_and_start(set, &backup, round.horizon.timestamp_millis()).await);
+            }
+            // Shutting down: the ticks are the other nodes'.
+            _ = shutdown.cancelled() => {}
+        }
+    }
     for &i in due {
         if !failed.contains(&i) {
             cursors[i].handled = round.horizon;
@@ -275,7 +305,16 @@ async fn claim_due(
             catchup::spawn(e, set.jobs[i].clone(), ticks);
         }
     }
-    failed
+    (failed, claim_took)
+}
+
+/// The claims this node makes first and those it makes as a backup: each job's by its
+/// earliest tick in the round, so a job's ticks stay together, claimed oldest first.
+type Claims = Vec<(usize, ClaimRequest)>;
+fn spread(e: &Engine, claims: Claims) -> (Claims, Claims) {
+    let ranking = e.spread.ranking();
+    let mut firsts: HashMap<usize, bool> = HashMap::new();
+    claims.into_iter().partition(|(i, r)| *firsts.entry(*i).or_insert_with(|| ranking.is_first(&r.tick)))
 }
 
 /// Adds what `job` (index `i` of the list) asks for in this round to `plan`: its on-time

@@ -238,6 +238,7 @@ async fn a_crash_retry_sends_the_same_idempotency_key_with_the_next_attempt_and_
         node: "died".into(),
         lease: Duration::from_millis(500),
         mode: ClaimMode::Run { skip_if_running: false },
+        nonce: 0,
     };
     let outcomes = st.claim(&[request]).await.unwrap();
     let [ClaimOutcome::Won(first)] = outcomes.as_slice() else { panic!("{outcomes:?}") };

@@ -71,6 +71,13 @@ async fn nodes_with_skewed_clocks_still_run_each_tick_exactly_once() {
     }
     assert!(per_tick.values().all(|&n| n == 1), "a tick ran twice: {per_tick:?}");
     assert!(per_tick.len() >= 7, "ticks were missed: {per_tick:?}");
+    // Schedules follow the store's clock (here the host's), not the nodes' own: no tick
+    // starts before its instant, though the node 700 ms ahead claims as early as it can.
+    let early: Vec<_> = seen.iter().filter(|(t, _, _, started)| started < t).collect();
+    assert!(early.is_empty(), "started before their instants by the store's clock: {early:?}");
+    let mut late: Vec<i64> = seen.iter().map(|(t, _, _, started)| (*started - *t).num_milliseconds()).collect();
+    late.sort_unstable();
+    assert!(late[late.len() / 2] < 100, "the median start is late by the skew (ms): {late:?}");
     let ticks: Vec<_> = per_tick.keys().collect();
     assert!(ticks.windows(2).all(|w| (*w[1] - *w[0]).num_milliseconds() == 1000), "a gap: {ticks:?}");
     // Tokens rise in claim order (the store's guarantee, tested per store); with skew a
@@ -282,8 +289,11 @@ async fn a_catch_up_sequence_that_reaches_a_tick_claimed_ahead_waits_for_its_ins
     };
     let job = Job::new("sequence", Schedule::parse("* * * * * *", "UTC").unwrap(), handler).with_policy(policy);
     let shutdown = CancellationToken::new();
-    let node =
-        Scheduler::builder(store(&dir).await).node_id("n").clock(Arc::new(Frozen(frozen))).job(job).build().unwrap();
+    // The store's clock stands still with the node's: nothing to correct.
+    let clock: Arc<dyn Clock> = Arc::new(Frozen(frozen));
+    let store =
+        Arc::new(Distant { clock: Some(clock.clone()), call: Duration::ZERO, ..Distant::new(store(&dir).await) });
+    let node = Scheduler::builder(store).node_id("n").clock(clock).job(job).build().unwrap();
     let task = tokio::spawn(node.run(shutdown.clone()));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     shutdown.cancel();
@@ -310,6 +320,8 @@ async fn a_catch_up_sequence_that_reaches_a_tick_claimed_ahead_waits_for_its_ins
 /// `claim_delay` more, and it counts the calls that renew leases.
 struct Distant {
     inner: Arc<dyn Store>,
+    /// How long every call waits before it goes through (`DISTANT_CALL`).
+    call: Duration,
     refuse: Option<&'static str>,
     claim_delay: Duration,
     /// Calls of `renew` and of `renew_all`.
@@ -317,6 +329,11 @@ struct Distant {
     renew_all_calls: AtomicUsize,
     /// Renewals hang (never answer) while set: a partition that refuses nothing.
     hang_renewals: std::sync::atomic::AtomicBool,
+    /// How many claims still to lose the answer of: the claim commits, the caller gets an
+    /// error (a connection that broke after the commit).
+    lose_claim_answers: AtomicUsize,
+    /// The store's clock, when not the host's (a test's frozen instant).
+    clock: Option<Arc<dyn Clock>>,
 }
 
 const DISTANT_CALL: Duration = Duration::from_millis(20);
@@ -325,11 +342,14 @@ impl Distant {
     fn new(inner: Arc<dyn Store>) -> Distant {
         Distant {
             inner,
+            call: DISTANT_CALL,
             refuse: None,
             claim_delay: Duration::ZERO,
             renew_calls: AtomicUsize::new(0),
             renew_all_calls: AtomicUsize::new(0),
             hang_renewals: std::sync::atomic::AtomicBool::new(false),
+            lose_claim_answers: AtomicUsize::new(0),
+            clock: None,
         }
     }
 
@@ -355,33 +375,45 @@ macro_rules! distant {
                 self.inner.describe()
             }
             async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-                tokio::time::sleep(DISTANT_CALL).await;
+                tokio::time::sleep(self.call).await;
                 self.refuses(end)?;
                 self.inner.finish(lease, end).await
             }
             async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-                tokio::time::sleep(DISTANT_CALL).await;
+                tokio::time::sleep(self.call).await;
                 endings.iter().try_for_each(|e| self.refuses(&e.end))?;
                 self.inner.finish_all(endings).await
             }
             async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-                tokio::time::sleep(DISTANT_CALL + self.claim_delay).await;
-                self.inner.claim(requests).await
+                tokio::time::sleep(self.call + self.claim_delay).await;
+                let outcomes = self.inner.claim(requests).await?;
+                let lose = self.lose_claim_answers.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+                match lose {
+                    Ok(_) => Err(StoreError::Unavailable("the connection broke before the answer came".into())),
+                    Err(_) => Ok(outcomes),
+                }
+            }
+            async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+                tokio::time::sleep(self.call).await;
+                match &self.clock {
+                    Some(clock) => Ok(clock.now()),
+                    None => self.inner.now().await,
+                }
             }
             async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
                 self.renew_calls.fetch_add(1, Ordering::SeqCst);
                 self.hang_if_partitioned().await;
-                tokio::time::sleep(DISTANT_CALL).await;
+                tokio::time::sleep(self.call).await;
                 self.inner.renew(lease, length).await
             }
             async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
                 self.renew_all_calls.fetch_add(1, Ordering::SeqCst);
                 self.hang_if_partitioned().await;
-                tokio::time::sleep(DISTANT_CALL).await;
+                tokio::time::sleep(self.call).await;
                 self.inner.renew_all(renewals).await
             }
             $(async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
-                tokio::time::sleep(DISTANT_CALL).await;
+                tokio::time::sleep(self.call).await;
                 self.inner.$name($($arg),*).await
             })*
         }
@@ -399,7 +431,6 @@ distant! {
     expired(limit: usize) -> Vec<RunRecord>;
     recover(run: &RunId, action: &RecoverAction) -> RecoverOutcome;
     history(query: &HistoryQuery) -> Vec<RunRecord>;
-    now() -> DateTime<Utc>;
     register(node: &str, jobs: &[JobDefinition]) -> ();
     registrations() -> Vec<Registration>;
     set_paused(job: &str, paused: bool, by: &str, reason: Option<&str>) -> ();
@@ -652,6 +683,7 @@ async fn past_run(store: &dyn Store, job: &str, ago: chrono::Duration, end: bool
         // Long enough that no recovery scan sees the running one expire during the test.
         lease: Duration::from_secs(3600),
         mode: solocron_core::ClaimMode::Run { skip_if_running: false },
+        nonce: 0,
     };
     let outcomes = store.claim(&[request]).await.unwrap();
     let [ClaimOutcome::Won(lease)] = outcomes.as_slice() else { panic!("claim refused: {outcomes:?}") };
@@ -782,4 +814,57 @@ async fn a_running_node_beats_with_its_jobs_and_runs_and_says_goodbye_once_drain
     let gone = st.nodes().await.unwrap().remove(0);
     assert!(gone.left_at.is_some_and(|t| t >= later.last_seen), "no goodbye: {gone:?}");
     assert_eq!(gone.liveness(st.now().await.unwrap()), solocron_core::Liveness::Gone);
+}
+
+/// A claim that committed but whose answer was lost (issue 20 §3) still runs its tick,
+/// once: the node asks again with the claim's nonce and the store grants the same run
+/// again, before the lease lapses and recovery could end it `abandoned`. The record's
+/// start is the real one, not the first claim's instant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_whose_claim_answer_was_lost_still_runs_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let distant = Arc::new(Distant::new(store(&dir).await));
+    // (scheduled instant, fencing token) of each start.
+    type Starts = Arc<Mutex<Vec<(DateTime<Utc>, u64)>>>;
+    let starts: Starts = Arc::default();
+    let seen = starts.clone();
+    let handler = handler_fn(move |ctx: RunContext| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().push((ctx.scheduled_at, ctx.fencing_token));
+            Ok(())
+        }
+    });
+    distant.lose_claim_answers.store(1, Ordering::SeqCst);
+    let (node, shutdown, _) = one_tick_node(&distant, "lost-answer", handler);
+    let q = HistoryQuery { job: Some("lost-answer".into()), ..Default::default() };
+    let waited = std::time::Instant::now();
+    let mut runs = Vec::new();
+    while waited.elapsed() < Duration::from_secs(15) {
+        runs = distant.history(&q).await.unwrap();
+        if runs.iter().any(|r| r.state != RunState::Running) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shutdown.cancel();
+    node.await.unwrap();
+    assert_eq!(distant.lose_claim_answers.load(Ordering::SeqCst), 0, "the first claim's answer was lost");
+    assert_eq!(runs.len(), 1, "one record of the tick: {runs:?}");
+    let run = &runs[0];
+    assert_eq!(run.state, RunState::Succeeded, "{run:?}");
+    let starts = starts.lock().unwrap().clone();
+    assert_eq!(
+        starts,
+        vec![(run.id.tick.scheduled_at, run.fencing_token.unwrap())],
+        "ran once, with the record's token"
+    );
+    // Counted from the first claim's instant as if the run started when the second try
+    // was sent, the start would be recorded before the tick's instant (the first try
+    // went out a claim lead ahead of it, the second one 100 ms later).
+    let started = run.started_at.expect("started");
+    assert!(
+        started >= run.id.tick.scheduled_at - chrono::Duration::milliseconds(10),
+        "the start is recorded when it happened, at the tick's instant, not before: {run:?}"
+    );
 }

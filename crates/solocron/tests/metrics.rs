@@ -227,6 +227,7 @@ async fn claimed_by_a_dead_node(store: &dyn Store, job: &str) {
         node: "dead".into(),
         lease: LEASE_MIN,
         mode: ClaimMode::Run { skip_if_running: false },
+        nonce: 0,
     };
     let won = store.claim(&[request]).await.unwrap();
     assert!(matches!(won[..], [ClaimOutcome::Won(_)]), "{won:?}");

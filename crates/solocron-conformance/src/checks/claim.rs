@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use solocron_core::{ClaimOutcome, ClaimRequest, Lease, RecoverAction, RecoverOutcome, RunState, Tick, Trigger};
 
 use super::support::{
-    all, assert_between, claim, find, first, race, run, skip, stores, succeeded, tick, timing, won, Handle,
+    all, assert_between, claim, find, first, now, race, run, skip, stores, succeeded, tick, timing, won, Handle,
     LENGTH_SLACK, LONG_LEASE,
 };
 use crate::StoreFactory;
@@ -200,4 +200,85 @@ pub async fn overlap_skips_while_any_run_of_the_job_is_running_even_expired(f: &
 
     assert!(store.finish(&second_run, &succeeded("")).await.expect("finish"), "a lapsed run may still finish");
     won(&store, run(tick("backup", 5), "b", LONG_LEASE, true)).await;
+}
+
+/// A claim whose answer was lost, asked again with the same nonce by the same node, is won
+/// again while its record is still that claim's `running` attempt: the same run and token,
+/// the first `claimed_at`, a lease from the store's now (even after the first one lapsed,
+/// as long as nobody recovered the run), in a batch beside other ticks. Everything else
+/// finds the tick taken: another nonce, no nonce, another node, a skip claim, and the same
+/// nonce once the run ended or was recovered.
+pub async fn a_claim_asked_again_with_its_nonce_is_won_again_only_while_its_run_is_untouched(f: &impl StoreFactory) {
+    let t = timing(f);
+    let stores = stores(f, 2).await;
+    let (store, other) = (&stores[0], &stores[1]);
+    let with_nonce = |tick: Tick, node: &str, nonce: u64, lease| ClaimRequest { nonce, ..run(tick, node, lease, true) };
+
+    let first_lease = won(store, with_nonce(tick("backup", 0), "a", 7, t.short)).await;
+    let before = store.now().await.expect("now");
+    let batch = [with_nonce(tick("backup", 0), "a", 7, LONG_LEASE), with_nonce(tick("backup", 1), "a", 8, LONG_LEASE)];
+    let outcomes = store.claim(&batch).await.expect("claim");
+    let ClaimOutcome::Won(again) = &outcomes[0] else { panic!("asked again with its nonce: {outcomes:?}") };
+    assert_eq!((&again.run, &again.owner), (&first_lease.run, &first_lease.owner));
+    assert_eq!(again.fencing_token, first_lease.fencing_token, "the same attempt keeps its token");
+    assert_eq!(again.claimed_at, first_lease.claimed_at, "the first claim's instant stays");
+    assert_between(
+        again.lease_until - chrono::Duration::from_std(LONG_LEASE).expect("small"),
+        before,
+        now(store).await,
+        "a fresh lease",
+    );
+    assert!(matches!(&outcomes[1], ClaimOutcome::Skipped { reason } if reason.starts_with("overlap")), "{outcomes:?}");
+    let record = find(store, &first_lease.run).await;
+    assert_eq!(
+        (record.state, record.lease_until, record.fencing_token),
+        (RunState::Running, Some(again.lease_until), Some(again.fencing_token))
+    );
+    assert_eq!(all(store).await.iter().filter(|r| r.id.tick == tick("backup", 0)).count(), 1, "no second record");
+
+    for (request, what) in [
+        (with_nonce(tick("backup", 0), "a", 9, LONG_LEASE), "another nonce"),
+        (with_nonce(tick("backup", 0), "a", 0, LONG_LEASE), "no nonce"),
+        (with_nonce(tick("backup", 0), "b", 7, LONG_LEASE), "another node"),
+        (ClaimRequest { nonce: 7, ..skip(tick("backup", 0), "a", "missed") }, "a skip claim"),
+    ] {
+        assert_eq!(claim(other, request).await, ClaimOutcome::Taken, "{what}");
+    }
+    assert_eq!(
+        find(store, &first_lease.run).await.lease_until,
+        Some(again.lease_until),
+        "a taken claim changes nothing"
+    );
+    assert!(store.finish(again, &succeeded("once")).await.expect("finish"));
+    assert_eq!(claim(store, with_nonce(tick("backup", 0), "a", 7, LONG_LEASE)).await, ClaimOutcome::Taken, "ended");
+
+    // A lapsed lease nobody recovered is granted again; once recovered, it is not.
+    let lapsed = won(store, with_nonce(tick("report", 0), "a", 11, t.short)).await;
+    tokio::time::sleep(t.past).await;
+    let ClaimOutcome::Won(renewed) = claim(other, with_nonce(tick("report", 0), "a", 11, t.short)).await else {
+        panic!("a lapsed claim nobody recovered is granted again");
+    };
+    assert_eq!(renewed.fencing_token, lapsed.fencing_token);
+    let early = store.recover(&lapsed.run, &RecoverAction::Abandon { reason: "x".into() }).await.expect("recover");
+    assert_eq!(early, RecoverOutcome::NotNeeded, "the lease granted again is live");
+    tokio::time::sleep(t.past).await;
+    let retry = RecoverAction::Retry { node: "b".into(), lease: LONG_LEASE };
+    let RecoverOutcome::Retried(attempt_2) = store.recover(&lapsed.run, &retry).await.expect("recover") else {
+        panic!("the lapsed run is retried");
+    };
+    assert_eq!(
+        claim(store, with_nonce(tick("report", 0), "a", 11, LONG_LEASE)).await,
+        ClaimOutcome::Taken,
+        "recovered"
+    );
+    assert!(store.finish(&attempt_2, &succeeded("retried")).await.expect("finish"), "the job is idle again");
+    let abandoned = won(store, with_nonce(tick("report", 1), "a", 12, t.short)).await;
+    tokio::time::sleep(t.past).await;
+    let abandon = RecoverAction::Abandon { reason: "owner vanished".into() };
+    assert_eq!(store.recover(&abandoned.run, &abandon).await.expect("recover"), RecoverOutcome::Abandoned);
+    assert_eq!(
+        claim(store, with_nonce(tick("report", 1), "a", 12, LONG_LEASE)).await,
+        ClaimOutcome::Taken,
+        "abandoned"
+    );
 }

@@ -7,8 +7,8 @@ use solocron_core::{JobDefinition, Registration};
 use super::support::{assert_between, now, Handle, LENGTH_SLACK};
 use crate::StoreFactory;
 
-/// A definition of `job` with digest `hash`.
-fn definition(job: &str, hash: &str) -> JobDefinition {
+/// A definition of `job` with digest `hash` (for the stores' own registry tests too).
+pub fn definition(job: &str, hash: &str) -> JobDefinition {
     JobDefinition {
         job: job.into(),
         schedule: "0 * * * * *".into(),
@@ -23,16 +23,14 @@ async fn registrations(store: &Handle) -> Vec<Registration> {
     store.registrations().await.expect("registrations")
 }
 
-/// Registering records each (job, node) with first_seen = last_seen = the store's now;
-/// refreshing keeps first_seen, advances last_seen and replaces the definition, leaving
-/// the node's unlisted jobs as they were; two nodes' different definitions of one job are
-/// both listed (callers compare them to find drift), by job then node.
-pub async fn register_keeps_first_seen_advances_last_seen_and_lists_every_nodes_definition(f: &impl StoreFactory) {
+/// `register` records a node's whole job list: each registration keeps its `first_seen`
+/// and advances its `last_seen` (store clock); the node's jobs no longer listed are
+/// removed (registering nothing removes them all); other nodes' registrations stay.
+pub async fn register_records_a_nodes_whole_list_keeping_first_seen_and_removing_unlisted_jobs(f: &impl StoreFactory) {
     let store = f.open().await;
     let before = now(&store).await;
     store.register("node-b", &[definition("backup", "h2")]).await.expect("register");
     store.register("node-a", &[definition("sync", "s1"), definition("backup", "h1")]).await.expect("register");
-    store.register("node-a", &[]).await.expect("registering nothing is fine");
     let after = now(&store).await;
     let first = registrations(&store).await;
     let keys: Vec<(&str, &str, &str)> = first
@@ -50,12 +48,17 @@ pub async fn register_keeps_first_seen_advances_last_seen_and_lists_every_nodes_
     tokio::time::sleep(Duration::from_millis(20)).await;
     store.register("node-a", &[definition("backup", "h3")]).await.expect("register");
     let second = registrations(&store).await;
-    assert_eq!(second.len(), 3, "{second:?}");
+    assert_eq!(second.len(), 2, "node-a no longer lists sync: {second:?}");
     let refreshed = &second[0];
     assert_eq!((refreshed.node.as_str(), &refreshed.definition), ("node-a", &definition("backup", "h3")));
     assert_eq!(refreshed.first_seen, first[0].first_seen, "first_seen is kept");
     assert!(refreshed.last_seen > first[0].last_seen, "last_seen advances: {refreshed:?}");
-    assert_eq!(second[1..], first[1..], "node-b's registration and node-a's unlisted sync are left as they were");
+    assert_eq!(second[1], first[1], "node-b's registration is left as it was");
+    assert_eq!(store.registered_jobs().await.expect("registered_jobs"), ["backup"], "sync is no longer registered");
+
+    store.register("node-a", &[]).await.expect("registering nothing");
+    let third = registrations(&store).await;
+    assert_eq!(third, second[1..], "node-a runs nothing: only node-b's registration is left");
 }
 
 /// `registrations_of` answers exactly the named jobs' registrations, by job then node, as

@@ -72,6 +72,7 @@ pub(crate) fn run(tick: Tick, node: &str, lease: Duration, skip_if_running: bool
         node: node.into(),
         lease,
         mode: ClaimMode::Run { skip_if_running },
+        nonce: 0,
     }
 }
 

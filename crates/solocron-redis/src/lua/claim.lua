@@ -1,6 +1,7 @@
--- claim: ARGV[2] = number of requests, then 7 arguments per request: job, scheduled_at,
+-- claim: ARGV[2] = number of requests, then 8 arguments per request: job, scheduled_at,
 -- trigger, node, lease ms, mode ('run', 'exclusive' = run unless another run of the job is
--- running, 'skip'), skip reason. One outcome per request, in order.
+-- running, 'skip'), skip reason, nonce (a u64 in decimal, '0' = none). One outcome per
+-- request, in order.
 
 -- Howard Hinnant's days-to-civil: the proleptic Gregorian date of a day since 1970-01-01.
 local function civil(days)
@@ -44,9 +45,33 @@ local function record_skip(job, at, trigger, node, reason)
   return {'skipped', reason}
 end
 
-local function claim_one(job, at, trigger, node, lease_ms, mode, reason)
-  -- The tick's record is attempt 1; whatever it says, the tick is taken.
-  if redis.call('EXISTS', run_key(run_id(job, at, 1))) == 1 then return {'taken'} end
+-- The tick's existing record granted again to a request that asks again for its own
+-- claim (its answer may have been lost): attempt 1 still running, this node's, created
+-- under this nonce. Nonces are compared as the decimal strings they are stored as: a u64
+-- does not fit in Lua's doubles. The same token and claimed_at, a fresh lease by NOW (even
+-- past a lapsed one: nobody recovered the run). {'won', ...} as start_run's, or nil.
+local function regrant(job, at, node, lease_ms, nonce)
+  local id = run_id(job, at, 1)
+  local key = run_key(id)
+  local r = redis.call('HMGET', key, 'state', 'node', 'nonce', 'tok', 'claimed')
+  if r[1] ~= 'running' or r[2] ~= node or r[3] ~= nonce then return nil end
+  local lease_until = int(NOW + tonumber(lease_ms))
+  redis.call('HSET', key, 'lease', lease_until)
+  -- Still in the job's running set: later 'exclusive' requests see it as running.
+  redis.call('ZADD', EXPIRY, lease_until, id)
+  return {'won', r[4], r[5], lease_until}
+end
+
+local function claim_one(job, at, trigger, node, lease_ms, mode, reason, nonce)
+  -- The tick's record is attempt 1; whatever it says, the tick is taken, unless this is
+  -- the request that created it, asked again (checked only then: the common path, no
+  -- record yet, costs one EXISTS as before).
+  if redis.call('EXISTS', run_key(run_id(job, at, 1))) == 1 then
+    if mode ~= 'skip' and nonce ~= '0' then
+      return regrant(job, at, node, lease_ms, nonce) or {'taken'}
+    end
+    return {'taken'}
+  end
   if mode == 'skip' then return record_skip(job, at, trigger, node, reason) end
   -- An operator's manual run is the way to run a paused job once: it ignores the pause.
   if trigger ~= 'manual' then
@@ -61,7 +86,7 @@ local function claim_one(job, at, trigger, node, lease_ms, mode, reason)
     end
   end
   -- Checked absent at the top (and nothing above wrote it).
-  return start_run(job, at, 1, trigger, node, lease_ms, true)
+  return start_run(job, at, 1, trigger, node, lease_ms, true, nonce)
 end
 
 handlers.claim = function(KEYS, ARGV)
@@ -70,8 +95,9 @@ handlers.claim = function(KEYS, ARGV)
   remember()
   local outcomes = {}
   for i = 0, tonumber(ARGV[2]) - 1 do
-    local b = 3 + i * 7
-    outcomes[i + 1] = claim_one(ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6])
+    local b = 3 + i * 8
+    outcomes[i + 1] =
+      claim_one(ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7])
   end
   return outcomes
 end

@@ -44,6 +44,9 @@ local function job_hist(job) return P .. 'jhist:' .. job end
 local function job_running(job) return P .. 'jrun:' .. job end
 local function ctl_key(job) return P .. 'ctl:' .. job end
 local function reg_key(id) return P .. 'reg:' .. id end
+-- A node's registration ids, with NODE_REGS_COMPLETE once they are all in it (see
+-- register.lua).
+local function node_regs(node) return P .. 'nregs:' .. node end
 local function node_key(node) return P .. 'node:' .. node end
 local function act_key(id) return P .. 'act:' .. id end
 local function mjob_key(job) return P .. 'mjob:' .. job end
@@ -59,6 +62,19 @@ local function hashes(ids, key_of)
   end
   return out
 end
+
+-- A registration's id: length-prefixed, so that no (job, node) pair can spell another's.
+local function reg_id(job, node) return #job .. ':' .. job .. ':' .. node end
+
+-- The node of a registration id made by `reg_id`.
+local function reg_node(id)
+  local length, rest = string.match(id, '^(%d+):(.*)$')
+  return string.sub(rest, tonumber(length) + 2)
+end
+
+-- The member of a node's `node_regs` set that says every registration of the node is in
+-- it. Never an id: ids start with a digit.
+local NODE_REGS_COMPLETE = ''
 
 -- Integers as exact decimal strings: Lua numbers are doubles, and tostring() would print
 -- 1.7953577417e+15 for a microsecond token. Every value stored or returned goes through this.
@@ -153,15 +169,17 @@ local function next_token(job)
 end
 
 -- Creates attempt `attempt` of the tick as running for `node`, unless it exists;
--- {'won', token, claimed_at, lease_until}, or nil.
-local function start_run(job, at, attempt, trigger, node, lease_ms, known_absent)
+-- {'won', token, claimed_at, lease_until}, or nil. `nonce`: the claim's (decimal, '0' or
+-- nil = none), kept so that the claim asked again is recognized (see claim.lua).
+local function start_run(job, at, attempt, trigger, node, lease_ms, known_absent, nonce)
   local id = run_id(job, at, attempt)
   local key = run_key(id)
   if not known_absent and redis.call('EXISTS', key) == 1 then return nil end
   local token = next_token(job)
   local lease_until = int(NOW + tonumber(lease_ms))
   redis.call('HSET', key, 'job', job, 'at', at, 'att', int(attempt), 'trig', trigger, 'node', node,
-    'tok', token, 'state', 'running', 'claimed', int(NOW), 'lease', lease_until, 'out', '')
+    'tok', token, 'state', 'running', 'claimed', int(NOW), 'lease', lease_until, 'out', '',
+    'nonce', nonce or '0')
   index(id, job, at)
   redis.call('ZADD', EXPIRY, lease_until, id)
   redis.call('ZADD', job_running(job), at, id)

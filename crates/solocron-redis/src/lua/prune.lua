@@ -2,7 +2,8 @@
 -- actions and nodes deleted, ms after which a silent node is forgotten. Deletes ended
 -- records of ticks before now - older, oldest first (never a running one), requests and
 -- actions as old, registrations not refreshed since then, and nodes not heard from within
--- the last argument; returns the number of run records deleted.
+-- the last argument (with their sets of registration ids: a node registering again rebuilds
+-- its set from the registry); returns the number of run records deleted.
 handlers.prune = function(KEYS, ARGV)
   local cutoff = '(' .. int(NOW - tonumber(ARGV[2]))
   local batch, others = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -31,6 +32,11 @@ handlers.prune = function(KEYS, ARGV)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', REGS, '-inf', cutoff, 'LIMIT', 0, others)) do
     redis.call('DEL', reg_key(id))
     redis.call('ZREM', REGS, id)
+    -- Out of its node's set too; a set left with its mark alone goes (absent, it is
+    -- rebuilt by the node's next registration).
+    local index = node_regs(reg_node(id))
+    redis.call('SREM', index, id)
+    if redis.call('SCARD', index) <= 1 then redis.call('DEL', index) end
   end
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', ACTS, '-inf', cutoff, 'LIMIT', 0, others)) do
     redis.call('DEL', act_key(id))
@@ -39,6 +45,7 @@ handlers.prune = function(KEYS, ARGV)
   local silent = '(' .. int(NOW - tonumber(ARGV[5]))
   for _, node in ipairs(redis.call('ZRANGEBYSCORE', NODESEEN, '-inf', silent, 'LIMIT', 0, others)) do
     redis.call('DEL', node_key(node))
+    redis.call('DEL', node_regs(node))
     redis.call('ZREM', NODES, node)
     redis.call('ZREM', NODESEEN, node)
   end

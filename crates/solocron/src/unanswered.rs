@@ -1,0 +1,167 @@
+//! This node's claims that went unanswered: a timeout or a broken connection may hide a
+//! claim that committed in the store while its answer was lost. Such a tick's record says
+//! `running` under this node, yet nothing runs it; without more, its lease lapses and
+//! recovery ends it (by default `abandoned`): a tick silently not run.
+//!
+//! So each tick asked for carries a nonce ([`ClaimRequest::nonce`]), new for every tick,
+//! and kept here when the claim gets no answer. The next request for that tick (the
+//! timer's next round, a catch-up's retry, the next look at manual requests) carries the
+//! same nonce, and the store answers `Won` again if the record is still that claim's
+//! running attempt. A nonce is reused only for a tick whose claim went unanswered, so a
+//! tick this node knows it won is never granted to it twice; a restarted node has none of
+//! its predecessor's nonces, so a run that died with it is recovered, not re-run.
+//!
+//! Bounded: at most [`UNANSWERED_MAX`] ticks, each kept at most [`UNANSWERED_KEPT`] (past
+//! that, the tick is no longer on time, so nobody asks for it again to run it).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use solocron_core::{ClaimRequest, Tick, LATE_TOLERANCE};
+use tokio::time::Instant;
+
+/// Most unanswered ticks remembered; a claim failing beyond that is not remembered (its
+/// tick, if it committed, is recovered by `on_crash` after its lease).
+pub(crate) const UNANSWERED_MAX: usize = 20_000;
+/// How long an unanswered tick is remembered: longer than the late tolerance, after which
+/// the timer no longer asks for it as a run.
+pub(crate) const UNANSWERED_KEPT: Duration = Duration::from_secs(LATE_TOLERANCE.as_secs() * 2);
+
+/// The nonce of an unanswered claim, and when its first try was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Unanswered {
+    nonce: u64,
+    first_sent: Instant,
+}
+
+/// The ticks whose claim went unanswered, by tick.
+#[derive(Debug, Default)]
+pub(crate) struct UnansweredClaims {
+    ticks: Mutex<HashMap<Tick, Unanswered>>,
+    /// Whether `ticks` may hold anything: the common path (nothing unanswered) asks for a
+    /// nonce without taking the lock.
+    any: AtomicBool,
+}
+
+impl UnansweredClaims {
+    /// The nonce for a request for `tick`: the unanswered claim's, or a new one.
+    pub(crate) fn nonce(&self, tick: &Tick) -> u64 {
+        if self.any.load(Ordering::Acquire) {
+            if let Some(u) = self.lock().get(tick) {
+                return u.nonce;
+            }
+        }
+        fastrand::u64(1..)
+    }
+
+    /// Whether this node's claim of `tick` went unanswered (and is remembered): its own
+    /// recovery leaves such a run alone, since the node asks for it again.
+    pub(crate) fn contains(&self, tick: &Tick) -> bool {
+        self.any.load(Ordering::Acquire) && self.lock().contains_key(tick)
+    }
+
+    #[cfg(test)]
+    fn get(&self, tick: &Tick) -> Option<Unanswered> {
+        self.lock().get(tick).copied()
+    }
+
+    /// Remembers `requests`, sent at `sent`, as unanswered (a request already remembered
+    /// keeps its first try's instant). Forgets what is older than [`UNANSWERED_KEPT`].
+    pub(crate) fn failed(&self, requests: &[ClaimRequest], sent: Instant) {
+        let mut ticks = self.lock();
+        ticks.retain(|_, u| sent.saturating_duration_since(u.first_sent) < UNANSWERED_KEPT);
+        let mut not_kept = 0_usize;
+        for req in requests.iter().filter(|r| r.nonce != 0) {
+            if ticks.len() >= UNANSWERED_MAX && !ticks.contains_key(&req.tick) {
+                not_kept += 1;
+                continue;
+            }
+            ticks.entry(req.tick.clone()).or_insert(Unanswered { nonce: req.nonce, first_sent: sent });
+        }
+        if not_kept > 0 {
+            tracing::warn!(
+                ticks = not_kept,
+                "too many unanswered claims to remember these; if they committed, recovery ends them"
+            );
+        }
+        self.any.store(!ticks.is_empty(), Ordering::Release);
+    }
+
+    /// Forgets the ticks of `requests`, which got their answer.
+    pub(crate) fn answered(&self, requests: &[ClaimRequest]) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
+        let mut ticks = self.lock();
+        for req in requests {
+            ticks.remove(&req.tick);
+        }
+        self.any.store(!ticks.is_empty(), Ordering::Release);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Tick, Unanswered>> {
+        self.ticks.lock().expect("not poisoned")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration as StdDuration;
+
+    use chrono::DateTime;
+    use solocron_core::{ClaimMode, Trigger};
+
+    use super::*;
+
+    fn request(tick: &Tick, nonce: u64) -> ClaimRequest {
+        ClaimRequest {
+            tick: tick.clone(),
+            trigger: Trigger::Schedule,
+            node: "n1".into(),
+            lease: StdDuration::from_secs(30),
+            mode: ClaimMode::Run { skip_if_running: false },
+            nonce,
+        }
+    }
+
+    fn tick(secs: i64) -> Tick {
+        Tick::new("job", DateTime::from_timestamp(secs, 0).expect("in range"))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_ticks_nonce_is_reused_until_it_is_answered_or_too_old() {
+        let claims = UnansweredClaims::default();
+        let (a, b) = (tick(0), tick(1));
+        let na = claims.nonce(&a);
+        assert_ne!(na, 0);
+        assert_ne!(claims.nonce(&a), na, "a tick never asked for unanswered gets a new nonce each time");
+        let first = Instant::now();
+        claims.failed(&[request(&a, na)], first);
+        assert_eq!(claims.nonce(&a), na, "asked again with its nonce");
+        tokio::time::advance(StdDuration::from_secs(1)).await;
+        claims.failed(&[request(&a, na)], Instant::now());
+        assert_eq!(claims.get(&a), Some(Unanswered { nonce: na, first_sent: first }), "the first try's instant");
+        assert_eq!(claims.get(&b), None);
+        claims.answered(&[request(&a, na)]);
+        assert_eq!(claims.get(&a), None, "answered: forgotten");
+        assert_ne!(claims.nonce(&a), na);
+
+        claims.failed(&[request(&a, 5), request(&b, 0)], Instant::now());
+        assert_eq!(claims.get(&b), None, "a request without a nonce is not remembered");
+        tokio::time::advance(UNANSWERED_KEPT).await;
+        claims.failed(&[request(&b, 6)], Instant::now());
+        assert_eq!(claims.get(&a), None, "too old: forgotten");
+        assert_eq!(claims.get(&b).map(|u| u.nonce), Some(6));
+    }
+
+    #[test]
+    fn at_most_unanswered_max_ticks_are_remembered() {
+        let claims = UnansweredClaims::default();
+        let requests: Vec<_> = (0..=UNANSWERED_MAX as i64).map(|s| request(&tick(s), 1)).collect();
+        claims.failed(&requests, Instant::now());
+        assert_eq!(claims.lock().len(), UNANSWERED_MAX);
+        assert_eq!(claims.get(&tick(UNANSWERED_MAX as i64)), None);
+    }
+}
