@@ -13,7 +13,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -38,26 +37,6 @@ fn libfaketime() -> PathBuf {
             .map(PathBuf::from)
             .find(|p| p.exists());
     found.expect("libfaketime is missing: ./scripts/services installs it (Debian package libfaketime)")
-}
-
-/// Starts node `id` with its clock `offset` off, logging to `DIR/<id>.log`.
-fn start_skewed(f: &mut Fleet, id: &str, offset: &str) {
-    let log = std::fs::File::create(f.path(&format!("{id}.log"))).unwrap();
-    let child = Command::new(BIN)
-        .args(["run", "--config"])
-        .arg(f.config())
-        .args(["--node-id", id, "--log-format", "json"])
-        .env("RUST_LOG", "info")
-        .env("LD_PRELOAD", libfaketime())
-        .env("FAKETIME", offset)
-        // Only the wall clock is off; the monotonic clock stays the kernel's.
-        .env("DONT_FAKE_MONOTONIC", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    f.nodes.push(Node { id: id.to_owned(), child });
 }
 
 /// (tick, node, real start) of each line the job wrote.
@@ -89,8 +68,11 @@ lease = "3s"
 command = ["/usr/bin/env", "-u", "LD_PRELOAD", "-u", "FAKETIME", "/bin/sh", "-c", "echo $SOLOCRON_SCHEDULED_AT $SOLOCRON_NODE_ID $(date +%s.%N) >> $DIR/ticks.txt"]
 "#;
     let mut f = Fleet::on(Some(&store), job);
+    let lib = libfaketime();
     for (id, offset) in NODES {
-        start_skewed(&mut f, id, offset);
+        // Only the wall clock is off; the monotonic clock stays the kernel's.
+        let env = [("LD_PRELOAD", lib.to_str().unwrap()), ("FAKETIME", offset), ("DONT_FAKE_MONOTONIC", "1")];
+        f.start_with_env(id, &env);
     }
     std::thread::sleep(RUN_FOR);
     f.stop_all();

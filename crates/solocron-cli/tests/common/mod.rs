@@ -54,12 +54,18 @@ impl Fleet {
 
     /// Starts one `solocron run` node, logging to `DIR/<id>.log`.
     pub fn start(&mut self, id: &str) -> usize {
+        self.start_with_env(id, &[])
+    }
+
+    /// Like [`Fleet::start`], with more environment variables for the node's process.
+    pub fn start_with_env(&mut self, id: &str, env: &[(&str, &str)]) -> usize {
         let log = std::fs::File::create(self.path(&format!("{id}.log"))).unwrap();
         let child = Command::new(BIN)
             .args(["run", "--config"])
             .arg(self.config())
             .args(["--node-id", id, "--log-format", "json"])
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
