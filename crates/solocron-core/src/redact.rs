@@ -23,6 +23,10 @@ pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://").filter(|(scheme, _)| is_scheme(scheme)) else {
         return if url.contains('@') { "<a URL without `://`, hidden>".to_owned() } else { url.to_owned() };
     };
+    // More slashes after `://` are skipped by the WHATWG parser for special schemes
+    // (`http:///:pw@h` has the password `pw`; found by fuzzing): the authority starts after
+    // them. For other schemes that hides a path that looks like one, which is harmless.
+    let (slashes, rest) = rest.split_at(rest.len() - rest.trim_start_matches('/').len());
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
     let authority = match authority.rsplit_once('@') {
@@ -32,7 +36,7 @@ pub fn redact_url(url: &str) -> String {
         },
         None => authority.to_owned(),
     };
-    let Some((path, query)) = tail.split_once('?') else { return format!("{scheme}://{authority}{tail}") };
+    let Some((path, query)) = tail.split_once('?') else { return format!("{scheme}://{slashes}{authority}{tail}") };
     let (query, fragment) = match query.split_once('#') {
         Some((q, f)) => (q, format!("#{f}")),
         None => (query, String::new()),
@@ -44,7 +48,7 @@ pub fn redact_url(url: &str) -> String {
             _ => pair.to_owned(),
         })
         .collect();
-    format!("{scheme}://{authority}{path}?{}{fragment}", query.join("&"))
+    format!("{scheme}://{slashes}{authority}{path}?{}{fragment}", query.join("&"))
 }
 
 /// Whether `s` is a URL scheme: a letter, then letters, digits, `+`, `-` or `.`.
@@ -89,6 +93,9 @@ mod tests {
             // `https:`: the password comes before the first `://` (found by fuzzing).
             format!("mysql:/\n\n/u:{secret}@h/dj?passwostgres://app@dbw@h/"),
             format!("https:\x08:{secret}@h/db?q,://u:pQw@h/dh"),
+            // Special schemes skip more slashes before the authority (found by fuzzing).
+            format!("http:///:{secret}@lm"),
+            format!("https:////u:{secret}@h/x?a=b"),
         ] {
             let shown = redact_url(&url);
             assert!(!shown.contains(secret), "{url} -> {shown}");
