@@ -53,8 +53,8 @@ pub use redact::{redact_in, redact_url};
 pub use run::{output_tail, RunId, RunRecord, RunState, Tick, Trigger, OUTPUT_TAIL_BYTES_MAX};
 pub use schedule::{Schedule, ScheduleError, TICKS_ENUMERATED_MAX};
 pub use store::{
-    spread_start, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition, Lease,
-    RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunRequest, Store, StoreError,
+    spread_start, stable_hash, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
+    Lease, RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunRequest, Store, StoreError,
     CLAIM_BATCH_MAX, FINISH_BATCH_MAX, JOBS_ASKED_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 

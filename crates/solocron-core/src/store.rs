@@ -33,14 +33,25 @@ pub const CLAIM_BATCH_MAX: usize = 1000;
 /// assert_eq!(solocron_core::spread_start("node-a", 0, 0), 0);
 /// ```
 pub fn spread_start(node: &str, salt: i64, len: usize) -> usize {
-    let mut hash = node
-        .bytes()
-        .chain(salt.to_le_bytes())
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let hash = stable_hash(node.bytes().chain(salt.to_le_bytes()));
+    usize::try_from(hash % len.max(1) as u64).expect("below len")
+}
+
+/// A hash of `bytes` that every node computes alike, across builds and platforms (no
+/// random seed): FNV-1a, then splitmix64's finalizer, since FNV's low bits barely differ
+/// between inputs like `n1` and `n2`.
+///
+/// ```
+/// let h = solocron_core::stable_hash("n1".bytes());
+/// assert_eq!(h, solocron_core::stable_hash("n1".bytes()));
+/// assert_ne!(h, solocron_core::stable_hash("n2".bytes()));
+/// ```
+pub fn stable_hash(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    let mut hash =
+        bytes.into_iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
     hash = (hash ^ (hash >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     hash = (hash ^ (hash >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    hash ^= hash >> 31;
-    usize::try_from(hash % len.max(1) as u64).expect("below len")
+    hash ^ (hash >> 31)
 }
 
 /// Most records one [`Store::expired`] or [`Store::history`] call returns.

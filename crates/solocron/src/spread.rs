@@ -109,15 +109,10 @@ impl Ranking<'_> {
     }
 }
 
-/// The rendezvous weight of `node` for `tick`: FNV-1a over the node, the job and the
-/// instant, then splitmix64's finalizer (FNV's low bits barely differ between `n1`, `n2`).
+/// The rendezvous weight of `node` for `tick`: the same on every node.
 fn weight(node: &str, tick: &Tick) -> u64 {
-    let bytes =
-        node.bytes().chain([0xff]).chain(tick.job.bytes()).chain(tick.scheduled_at.timestamp_millis().to_le_bytes());
-    let mut h = bytes.fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
+    let instant = tick.scheduled_at.timestamp_millis().to_le_bytes();
+    solocron_core::stable_hash(node.bytes().chain([0xff]).chain(tick.job.bytes()).chain(instant))
 }
 
 #[cfg(test)]
