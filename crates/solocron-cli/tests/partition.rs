@@ -387,8 +387,10 @@ const DROP_BEFORE: Duration = Duration::from_millis(250);
 /// answer is lost, and the next tick's claim is not yet sent.
 const DROP_AFTER: Duration = Duration::from_millis(500);
 /// How many ticks the test tries, one after the other, for one whose claim commits while
-/// answers are dropped (the claim may wait for a connection and be sent after the heal).
-const LOST_ANSWER_TRIES: usize = 3;
+/// answers are dropped (the claim may wait for a connection, or for the answer to a
+/// statement's preparation on a connection opened before the schema existed, and be sent
+/// after the heal).
+const LOST_ANSWER_TRIES: usize = 5;
 /// Longest wait, after the heal, for the tick's record to show (a claim sent after the
 /// heal is answered at once).
 const LOST_ANSWER_RECORD_WAIT: Duration = Duration::from_secs(5);

@@ -33,13 +33,17 @@ use crate::records::{get, instant, millis, opt_text, token};
 use crate::text::OpenTransaction;
 use crate::MySqlStore;
 
+/// The one-tick claim's statement, to be filled with the tables' prefix; every connection
+/// prepares it when it opens (see `setup_session`).
+pub(crate) const CALL: &str = "CALL {p}claim_one_v5(?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
 /// One try at claiming one tick (checked by the caller), in one round trip.
 pub(crate) async fn claim_one(store: &MySqlStore, request: &ClaimRequest) -> Result<ClaimOutcome, Failure> {
     let (pausable, overlap, skip) = match &request.mode {
         ClaimMode::Skip { reason } => (false, false, Some(reason.as_str())),
         ClaimMode::Run { skip_if_running } => (request.trigger != Trigger::Manual, *skip_if_running, None),
     };
-    let sql = store.sql("CALL {p}claim_one_v5(?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    let sql = store.sql(CALL);
     let call = sqlx::query(&sql)
         .bind(request.tick.job.as_str())
         .bind(request.tick.scheduled_at.timestamp_millis())

@@ -292,6 +292,14 @@ impl MySqlStore {
     pub async fn connect(url: &str, prefix: &Prefix) -> Result<MySqlStore, StoreError> {
         let options = url::parse(url)?;
         let description = format!("{} (prefix {prefix})", solocron_core::redact_url(url));
+        let tables = prefix.table_prefix();
+        // Each pooled connection also prepares (and caches) the one-tick claim's `CALL` when
+        // it opens: its first use would otherwise cost a round trip more (prepare, then
+        // execute) on the step a tick waits for, and a lost answer to that prepare would fail
+        // the claim unsent, where a prepared claim is one packet whose commit needs no answer.
+        // MySQL resolves the procedure when the statement executes, so preparing it before
+        // `migrate` created it is harmless.
+        let claim_call: std::sync::Arc<str> = schema::fill(claim_one::CALL, &tables).into();
         probe(&options).await.map_err(|f| f.into_store(&format!("cannot connect to {description}")))?;
         let pool = MySqlPoolOptions::new()
             .max_connections(POOL_MAX)
@@ -307,9 +315,15 @@ impl MySqlStore {
                     Ok(true)
                 })
             })
-            .after_connect(|conn, _| Box::pin(setup_session(conn)))
+            .after_connect(move |conn, _| {
+                let claim_call = claim_call.clone();
+                Box::pin(async move {
+                    setup_session(conn).await?;
+                    conn.prepare(&claim_call).await.map(drop)
+                })
+            })
             .connect_lazy_with(options);
-        Ok(MySqlStore { pool, prefix: prefix.clone(), tables: prefix.table_prefix(), description })
+        Ok(MySqlStore { pool, prefix: prefix.clone(), tables, description })
     }
 
     /// The prefix this store names its tables and procedure from.

@@ -9,10 +9,13 @@ use crate::error::Res;
 use crate::records::{outcomes, Batch};
 use crate::PgStore;
 
+/// The one-tick claim's statement, to be filled with the tables' prefix; every connection
+/// prepares it when it opens (see `prepare_claim`).
+pub(crate) const CALL: &str = "SELECT * FROM {p}claim_one($1, $2, $3, $4, $5, $6, $7, $8)";
+
 /// One try at claiming the one request of `batch`: one round trip, one transaction.
 pub(crate) async fn claim_one(store: &PgStore, batch: &Batch, requests: &[ClaimRequest]) -> Res<Vec<ClaimOutcome>> {
-    let rows =
-        batch.send_one(&store.pool, &store.sql("SELECT * FROM {p}claim_one($1, $2, $3, $4, $5, $6, $7, $8)")).await?;
+    let rows = batch.send_one(&store.pool, &store.sql(CALL)).await?;
     Ok(outcomes(requests, &rows)?)
 }
 

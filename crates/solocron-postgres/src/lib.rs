@@ -114,6 +114,7 @@ mod url;
 mod watch;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -123,8 +124,8 @@ use solocron_core::{
     JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
     Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
 };
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, Executor};
 
 use crate::error::Failure;
 
@@ -182,8 +183,9 @@ impl PgStore {
             options = options.application_name("solocron");
         }
         let description = format!("{} (prefix {prefix})", solocron_core::redact_url(url));
-        let pool = open_pool(options, &description).await?;
-        Ok(PgStore { pool, prefix: prefix.clone(), tables: prefix.table_prefix(), description })
+        let tables = prefix.table_prefix();
+        let pool = open_pool(options, &description, schema::fill(claim_one::CALL, &tables).into()).await?;
+        Ok(PgStore { pool, prefix: prefix.clone(), tables, description })
     }
 
     /// The prefix this store names its tables and functions from.
@@ -203,8 +205,9 @@ impl PgStore {
     }
 }
 
-/// A pool with one connection open, or why there is none.
-async fn open_pool(options: PgConnectOptions, description: &str) -> Result<PgPool, StoreError> {
+/// A pool with one connection open, or why there is none. Each connection prepares (and
+/// caches) the one-tick claim, `claim_call`, when it opens (see [`prepare_claim`]).
+async fn open_pool(options: PgConnectOptions, description: &str, claim_call: Arc<str>) -> Result<PgPool, StoreError> {
     // No ping before handing out a pooled connection: it would double the round trips of
     // every step. A connection that broke fails one step (Unavailable), which the engine
     // retries, and sqlx then drops it.
@@ -214,6 +217,10 @@ async fn open_pool(options: PgConnectOptions, description: &str) -> Result<PgPoo
         .idle_timeout(IDLE_TIMEOUT)
         .max_lifetime(MAX_LIFETIME)
         .test_before_acquire(false)
+        .after_connect(move |conn, _| {
+            let claim_call = claim_call.clone();
+            Box::pin(async move { prepare_claim(conn, &claim_call).await })
+        })
         .connect_with(options.clone())
         .await;
     let context = format!("cannot connect to {description}");
@@ -233,6 +240,22 @@ async fn open_pool(options: PgConnectOptions, description: &str) -> Result<PgPoo
             Err(StoreError::Unavailable(format!("{context}: no connection within {ACQUIRE_TIMEOUT:?} ({why})")))
         }
         Err(e) => Err(Failure::from(e).into_store(&context)),
+    }
+}
+
+/// Prepares the one-tick claim on a new connection. Its first use would otherwise cost a
+/// round trip more (parse, then bind and execute) on the step a tick waits for, and a lost
+/// answer to that parse would fail the claim unsent, where a prepared claim is one message
+/// whose commit needs no answer. Before `migrate` has created the function the server
+/// refuses the statement: the connection then prepares it at its first claim.
+async fn prepare_claim(conn: &mut PgConnection, claim_call: &str) -> Result<(), sqlx::Error> {
+    match conn.prepare(claim_call).await {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(e)) => {
+            tracing::debug!(error = %e, "the claim function is not there yet; not prepared");
+            Ok(())
+        }
+        Err(e) => Err(e),
     }
 }
 
