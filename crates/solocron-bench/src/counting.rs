@@ -54,6 +54,10 @@ impl Store for Counting {
         self.hit();
         self.inner.finish(l, e).await
     }
+    async fn finish_for_retry(&self, l: &Lease, e: &RunEnd, after: Duration) -> Result<bool, StoreError> {
+        self.hit();
+        self.inner.finish_for_retry(l, e, after).await
+    }
     async fn finish_all(&self, e: &[Ending]) -> Result<Vec<bool>, StoreError> {
         self.hit();
         self.inner.finish_all(e).await

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
-use solocron_core::{parse_duration, JobPolicy, Misfire, OnCrash, Overlap, Prefix, Schedule};
+use solocron_core::{parse_duration, JobPolicy, Misfire, OnCrash, Overlap, Prefix, RetryPolicy, Schedule};
 
 /// The store used when the configuration has no `[store]`.
 pub const DEFAULT_STORE_URL: &str = "sqlite://solocron.db";
@@ -94,8 +94,26 @@ struct RawJob {
     on_crash: Option<String>,
     max_attempts: Option<u32>,
     kill_grace: Option<String>,
+    retry: Option<RawRetry>,
     http: Option<RawHttpJob>,
 }
+
+/// A job's `retry = { ... }`: failure retries. Every key is optional (see [`resolve_retry`]).
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct RawRetry {
+    attempts: Option<u32>,
+    backoff: Option<String>,
+    max_backoff: Option<String>,
+    jitter: Option<bool>,
+}
+
+/// Attempts of a `retry` that does not say, the first included.
+const RETRY_ATTEMPTS_DEFAULT: u32 = 3;
+/// The first wait of a `retry` that does not say.
+const RETRY_BACKOFF_DEFAULT: Duration = Duration::from_secs(10);
+/// The longest wait of a `retry` that does not say (or its `backoff`, if longer).
+const RETRY_MAX_BACKOFF_DEFAULT: Duration = Duration::from_secs(300);
 
 /// A job's `http = { ... }`: a request instead of a command.
 #[derive(Debug, Deserialize, Default, Clone)]
@@ -760,9 +778,25 @@ fn resolve_policy(j: &RawJob, d: &RawJob, key: &dyn Fn(&str) -> String) -> Resul
         on_crash: pick::<OnCrash>(key, "on_crash", &j.on_crash, &d.on_crash, base.on_crash)?,
         max_attempts: j.max_attempts.or(d.max_attempts).unwrap_or(base.max_attempts),
         kill_grace: dur("kill_grace", &j.kill_grace, &d.kill_grace)?.unwrap_or(JobPolicy::default_kill_grace(lease)),
+        retry: j.retry.as_ref().or(d.retry.as_ref()).map(|r| resolve_retry(r, key)).transpose()?,
     };
     policy.validate().map_err(|e| (key(e.field), e.why))?;
     Ok(policy)
+}
+
+/// A `retry` table (the job's, or else `[defaults]`'s, taken whole) with its defaults: 3
+/// attempts, 10 s doubling up to 5 min, with jitter.
+fn resolve_retry(r: &RawRetry, key: &dyn Fn(&str) -> String) -> Result<RetryPolicy, KeyError> {
+    let dur = |k: &str, v: &Option<String>| -> Result<Option<Duration>, KeyError> {
+        v.as_ref().map(|s| parse_duration(s).map_err(|e| (key(k), e.to_string()))).transpose()
+    };
+    let backoff = dur("retry.backoff", &r.backoff)?.unwrap_or(RETRY_BACKOFF_DEFAULT);
+    Ok(RetryPolicy {
+        attempts: r.attempts.unwrap_or(RETRY_ATTEMPTS_DEFAULT),
+        backoff,
+        max_backoff: dur("retry.max_backoff", &r.max_backoff)?.unwrap_or(RETRY_MAX_BACKOFF_DEFAULT.max(backoff)),
+        jitter: r.jitter.unwrap_or(true),
+    })
 }
 
 #[cfg(test)]
@@ -819,6 +853,22 @@ catchup = "1h"
     }
 
     #[test]
+    fn a_retry_table_takes_defaults_for_what_it_leaves_out_and_defaults_apply_it_to_every_job() {
+        let c =
+            Config::parse("t.toml", &GOOD.replace("max_attempts = 5", "retry = { attempts = 4, backoff = \"20m\" }"))
+                .unwrap();
+        let b = c.jobs[1].policy.retry.expect("b retries");
+        assert_eq!(
+            (b.attempts, b.backoff, b.max_backoff, b.jitter),
+            (4, Duration::from_secs(1200), Duration::from_secs(1200), true)
+        );
+        assert_eq!(c.jobs[0].policy.retry, None, "no retry unless asked");
+        let c = Config::parse("t.toml", &GOOD.replace("[defaults]", "[defaults]\nretry = {}")).unwrap();
+        let a = c.jobs[0].policy.retry.expect("a retries by the defaults");
+        assert_eq!((a.attempts, a.backoff, a.max_backoff), (3, Duration::from_secs(10), Duration::from_secs(300)));
+    }
+
+    #[test]
     fn each_bad_input_names_file_and_key() {
         let cases = [
             (GOOD.replace("lease = \"3s\"", "lease = \"3 parsecs\""), "jobs[1] (b).lease"),
@@ -827,6 +877,16 @@ catchup = "1h"
             (GOOD.replace("name = \"b\"", "name = \"a\""), "already used by jobs[0]"),
             (GOOD.replace("on_crash = \"retry\"", "on_crash = \"pray\""), "jobs[1] (b).on_crash"),
             (GOOD.replace("max_attempts = 5", "max_attempts = 0"), "jobs[1] (b).max_attempts"),
+            (
+                GOOD.replace("max_attempts = 5", "retry = { attempts = 1 }"),
+                "jobs[1] (b).retry.attempts: must be between 2",
+            ),
+            (GOOD.replace("max_attempts = 5", "retry = { backoff = \"soon\" }"), "jobs[1] (b).retry.backoff"),
+            (
+                GOOD.replace("max_attempts = 5", "retry = { backoff = \"1m\", max_backoff = \"30s\" }"),
+                "jobs[1] (b).retry.max_backoff: must be at least `retry.backoff`",
+            ),
+            (GOOD.replace("max_attempts = 5", "retry = { tries = 3 }"), "tries"),
             (GOOD.replace("[node]", "[node]\ncolour = \"red\""), "node.colour: unknown key (line 5)"),
             (GOOD.replace("command = [\"/bin/true\"]\nlease", "command = []\nlease"), "jobs[1] (b).command"),
             (GOOD.replace("[defaults]", "[defaults]\nschedule = \"* * * * *\""), "defaults.schedule"),

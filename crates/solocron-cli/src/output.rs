@@ -57,7 +57,7 @@ impl From<&str> for Cell {
 }
 
 /// The colour of a run state: green for success, red for failures, yellow for runs ended
-/// by someone else, dim for skipped, cyan while running.
+/// by someone else, dim for skipped, cyan while running, blue while a retry waits.
 pub fn state_cell(state: &str) -> Cell {
     let colour = match state.parse::<RunState>() {
         Ok(RunState::Succeeded) => Some("32"),
@@ -65,6 +65,7 @@ pub fn state_cell(state: &str) -> Cell {
         Ok(RunState::Abandoned | RunState::Interrupted) => Some("33"),
         Ok(RunState::Skipped) => Some("2"),
         Ok(RunState::Running) => Some("36"),
+        Ok(RunState::Waiting) => Some("34"),
         Err(_) => None,
     };
     Cell { text: state.to_owned(), colour }

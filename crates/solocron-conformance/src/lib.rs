@@ -154,6 +154,9 @@ macro_rules! conformance_tests {
             // Recovery.
             exactly_one_of_many_recoverers_abandons_an_expired_run_only_after_expiry,
             exactly_one_of_many_recoverers_retries_an_expired_run_only_after_expiry,
+            // Failure retries.
+            a_failed_run_finished_for_retry_waits_its_backoff_then_exactly_one_node_starts_it,
+            a_due_retry_can_be_dropped_once_and_a_run_ended_elsewhere_gets_no_retry,
             // History.
             history_filters_orders_newest_first_and_limits,
             prune_deletes_only_old_ended_records_in_batches_and_old_requests,

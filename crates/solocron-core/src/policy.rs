@@ -98,7 +98,79 @@ pub struct JobPolicy {
     /// `0.45 × lease`: a node that cannot renew starts stopping its job early enough that it
     /// is dead before the lease can expire in the store.
     pub kill_grace: Duration,
+    /// Failure retries (`None`: a failed or timed-out run is not run again).
+    pub retry: Option<RetryPolicy>,
 }
+
+/// How a run that failed or timed out is run again: as a new attempt of its tick (a new,
+/// larger fencing token) after an exponential backoff, on whichever node takes it. A lost
+/// or crashed run is not retried by this policy: [`OnCrash`] decides those.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Most attempts per tick, the first included (at least 2).
+    pub attempts: u32,
+    /// The wait before the second attempt; it doubles for each one after.
+    pub backoff: Duration,
+    /// The longest wait between two attempts.
+    pub max_backoff: Duration,
+    /// Whether each wait is drawn between half of it and all of it, so that the retries of
+    /// many jobs that failed together do not all come back at once.
+    pub jitter: bool,
+}
+
+impl RetryPolicy {
+    /// The wait after attempt `attempt` (1 for the first) failed, before jitter:
+    /// `backoff × 2^(attempt-1)`, at most `max_backoff`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use solocron_core::RetryPolicy;
+    /// let p = RetryPolicy { attempts: 5, backoff: Duration::from_secs(10), max_backoff: Duration::from_secs(30), jitter: false };
+    /// assert_eq!(p.wait_after(1), Duration::from_secs(10));
+    /// assert_eq!(p.wait_after(2), Duration::from_secs(20));
+    /// assert_eq!(p.wait_after(3), Duration::from_secs(30));
+    /// ```
+    pub fn wait_after(&self, attempt: u32) -> Duration {
+        debug_assert!(attempt >= 1);
+        let doublings = attempt.saturating_sub(1).min(32);
+        self.backoff.saturating_mul(1 << doublings.min(31)).min(self.max_backoff)
+    }
+
+    /// [`RetryPolicy::wait_after`] with its jitter applied: `unit` (in `[0, 1)`) picks the
+    /// wait between half of it and all of it; without jitter the wait itself.
+    pub fn jittered_wait_after(&self, attempt: u32, unit: f64) -> Duration {
+        let wait = self.wait_after(attempt);
+        if !self.jitter {
+            return wait;
+        }
+        debug_assert!((0.0..1.0).contains(&unit));
+        wait / 2 + (wait / 2).mul_f64(unit.clamp(0.0, 1.0))
+    }
+
+    fn validate(&self) -> Result<(), PolicyError> {
+        let err = |field, why: String| Err(PolicyError { field, why });
+        if self.attempts < 2 || self.attempts > MAX_ATTEMPTS_MAX {
+            return err(
+                "retry.attempts",
+                format!("must be between 2 and {MAX_ATTEMPTS_MAX} (it counts every attempt, the first included)"),
+            );
+        }
+        if self.backoff < RETRY_BACKOFF_MIN {
+            return err("retry.backoff", format!("must be at least {}ms", RETRY_BACKOFF_MIN.as_millis()));
+        }
+        if self.max_backoff < self.backoff {
+            return err("retry.max_backoff", "must be at least `retry.backoff`".into());
+        }
+        if self.max_backoff > LONG_DURATION_MAX {
+            return err("retry.max_backoff", format!("must be at most {}d", LONG_DURATION_MAX.as_secs() / 86_400));
+        }
+        Ok(())
+    }
+}
+
+/// The shortest failure-retry backoff: a retry is taken by a recovery scan or a timer, not
+/// in the same breath as the failure.
+pub const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(100);
 
 impl Default for JobPolicy {
     fn default() -> Self {
@@ -112,6 +184,7 @@ impl Default for JobPolicy {
             on_crash: OnCrash::Abandon,
             max_attempts: 3,
             kill_grace: JobPolicy::default_kill_grace(Duration::from_secs(30)),
+            retry: None,
         }
     }
 }
@@ -165,6 +238,9 @@ impl JobPolicy {
         }
         if self.max_catchup == 0 || self.max_catchup > MAX_CATCHUP_MAX {
             return err("max_catchup", format!("must be between 1 and {MAX_CATCHUP_MAX}"));
+        }
+        if let Some(retry) = &self.retry {
+            retry.validate()?;
         }
         Ok(())
     }

@@ -58,13 +58,14 @@ pub enum Trigger {
     Schedule,
     /// Late, by the misfire policy after the tick was missed.
     Catchup,
-    /// A crash retry of an earlier attempt.
+    /// A retry of an earlier attempt: one that crashed ([`crate::OnCrash`]) or failed
+    /// ([`crate::RetryPolicy`]).
     Retry,
     /// By an operator (`solocron trigger`).
     Manual,
 }
 
-/// Where a run is in its life. Only `Running` is not terminal.
+/// Where a run is in its life. Only `Running` and `Waiting` are not terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RunState {
     /// Claimed; its owner holds a lease and renews it.
@@ -84,6 +85,10 @@ pub enum RunState {
     Skipped,
     /// The node shut down and stopped the job before it finished.
     Interrupted,
+    /// A retry of a failed attempt, waiting for its backoff to pass: from `lease_until`
+    /// (its not-before, by the store's clock) any node may start it ([`crate::Store::recover`]).
+    /// It holds no token and no lease.
+    Waiting,
 }
 
 string_enum!("The lower-case name used in stores, logs and output.", RunState {
@@ -95,6 +100,7 @@ string_enum!("The lower-case name used in stores, logs and output.", RunState {
     Abandoned => "abandoned",
     Skipped => "skipped",
     Interrupted => "interrupted",
+    Waiting => "waiting",
 }, |other, valid| format!("unknown RunState `{other}`; expected one of: {valid}"));
 
 string_enum!(
@@ -104,9 +110,9 @@ string_enum!(
 );
 
 impl RunState {
-    /// True for every state a run can end in (all but `Running`).
+    /// True for every state a run can end in (all but `Running` and `Waiting`).
     pub fn is_terminal(self) -> bool {
-        self != RunState::Running
+        !matches!(self, RunState::Running | RunState::Waiting)
     }
 }
 

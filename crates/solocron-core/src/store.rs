@@ -403,10 +403,25 @@ pub trait Store: Send + Sync + 'static {
         Ok(answers)
     }
 
-    /// `running` runs whose lease has expired by the store's clock, oldest first, at most `limit`.
+    /// Records a failed or timed-out run's end, as [`Store::finish`] does, and in the same
+    /// atomic step creates its tick's next attempt as [`RunState::Waiting`] (trigger
+    /// `retry`, the same node, no token, `lease_until` = the store's now + `after`: its
+    /// not-before). `Ok(false)`: the run was already ended by someone else; nothing is
+    /// written. Whoever then finds the waiting attempt in [`Store::expired`] starts it with
+    /// [`Store::recover`], so a retry survives the death of the node that planned it.
+    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError>;
+
+    /// At most `limit` runs someone must act on, by the store's clock, oldest first: `running`
+    /// runs whose lease has expired, and `waiting` retries whose not-before has passed
+    /// (both by `lease_until`).
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError>;
 
-    /// Acts on one expired run; only one caller can succeed per run.
+    /// Acts on one run [`Store::expired`] lists; only one caller can succeed per run. A
+    /// `running` run whose lease expired: [`RecoverAction::Retry`] ends it `lost` and starts
+    /// its next attempt, [`RecoverAction::Abandon`] ends it `abandoned`. A `waiting` retry
+    /// whose not-before passed: `Retry` starts that same attempt (`running`, for the node, a
+    /// new larger token, a fresh lease), `Abandon` ends it `abandoned` (a dropped retry).
+    /// Before then, or once it is neither, [`RecoverOutcome::NotNeeded`].
     async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError>;
 
     /// Run records, newest first.

@@ -357,8 +357,9 @@ pub(crate) async fn pending_requests(store: &EtcdStore, limit: usize) -> Result<
 }
 
 /// Deletes old ended records, oldest first, old requests and actions, and forgets silent
-/// nodes (see [`solocron_core::Store::prune`]). One read at one revision (every job guard, to know the
-/// running runs, and the oldest record keys before the cutoff), then delete `Txn`s of
+/// nodes (see [`solocron_core::Store::prune`]). One read at one revision (every job guard
+/// and every waiting retry's index key, to know the runs in progress, which it keeps, and
+/// the oldest record keys before the cutoff), then delete `Txn`s of
 /// [`TXN_OPS_MAX`] keys. Records ended at that revision never change again, so deleting them
 /// needs no compare. etcd sorts that range server-side after reading all of it (records
 /// older than the cutoff): prune regularly and it stays short.
@@ -374,6 +375,10 @@ pub(crate) async fn prune(store: &EtcdStore, older_than: Duration, batch: usize)
             running.insert(store.keys.run(&id).into_bytes());
         }
     }
+    // Waiting retries are kept like running runs: their index keys' values are their keys.
+    let waits = store.keys.family("wait");
+    let (waits, _) = range_all(&store.client, "a prune read", (&waits, &prefix_end(&waits)), false, at).await?;
+    running.extend(waits.iter().map(|kv| kv.value().to_vec()));
     // At the guards' revision: a run started since (a retry of an old tick) is not among
     // the keys read either. Oldest first, in pages (every key of an old range at once can
     // pass the client's message limit), until `batch` ended ones are found among the running.

@@ -27,7 +27,9 @@ pub(crate) struct StoredRun {
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
     /// An estimate (claim or renewal time on the client's clock + the lease's length):
-    /// expiry itself is judged by etcd's lease TTL, never by this.
+    /// expiry itself is judged by etcd's lease TTL, never by this. For a `waiting` retry,
+    /// its not-before (the client's clock at its finish + the backoff), which decides when
+    /// it is due.
     pub lease_until: Option<i64>,
     pub exit_code: Option<i32>,
     pub output: String,
@@ -52,6 +54,11 @@ impl StoredRun {
     /// True while the run is `running`.
     pub(crate) fn is_running(&self) -> bool {
         self.state == RunState::Running.as_str()
+    }
+
+    /// True while the run is a `waiting` retry (see `retry.rs`).
+    pub(crate) fn is_waiting(&self) -> bool {
+        self.state == RunState::Waiting.as_str()
     }
 
     /// True if this is the running first attempt that `node`'s claim with `nonce` (not

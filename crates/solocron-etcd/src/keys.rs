@@ -5,6 +5,7 @@
 //! | `{p}schema` | layout version | written once by `migrate` |
 //! | `{p}run/{at↓}/{attempt↓}/{job}` | run record (JSON) | the history, newest first in key order |
 //! | `{p}alive/{at↓}/{attempt↓}/{job}` | owner node | attached to the run's etcd lease: gone = lease expired or run ended |
+//! | `{p}wait/{not_before}/{at↓}/{attempt↓}/{job}` | the run's key | one per `waiting` retry, written and deleted with its record: due ones first in key order |
 //! | `{p}job/{job}` | per-job guard (JSON): last fencing token, running runs | the per-job compare-and-swap point |
 //! | `{p}control/{job}` | pause switch (JSON) | read by every claim of the job |
 //! | `{p}registry/{node}/{job}` | registration (JSON) | one node's definitions in one range |
@@ -112,6 +113,20 @@ impl Keys {
 
     pub(crate) fn alive(&self, run: &RunId) -> String {
         format!("{}alive/{}", self.prefix, run_suffix(run))
+    }
+
+    /// The index key of a `waiting` retry whose not-before is `not_before` (ms): waiting
+    /// retries sort by their not-before, oldest first.
+    pub(crate) fn wait(&self, not_before: i64, run: &RunId) -> String {
+        format!("{}wait/{}/{}", self.prefix, ascending(not_before), run_suffix(run))
+    }
+
+    /// Index keys of retries due at `now` (ms; not-before at or before it) sort before this key.
+    pub(crate) fn waits_due_end(&self, now: i64) -> String {
+        match now.checked_add(1) {
+            Some(after) => format!("{}wait/{}", self.prefix, ascending(after)),
+            None => prefix_end(&self.family("wait")),
+        }
     }
 
     pub(crate) fn guard(&self, job: &str) -> String {
@@ -283,6 +298,18 @@ mod tests {
         for other in [keys.registration("a/b", "x"), keys.registration("ab", "x"), keys.registration("a%", "x")] {
             assert!(!(a <= other && other < end), "{other}");
         }
+    }
+
+    #[test]
+    fn waiting_retries_sort_by_not_before_and_the_due_end_bounds_them() {
+        let keys = Keys::new("/p/");
+        let (a, b) = (run("z", "2020-01-01T00:00:00Z", 2), run("a", "2021-01-01T00:00:00Z", 3));
+        assert!(keys.wait(-5, &a) < keys.wait(3, &b) && keys.wait(3, &b) < keys.wait(4, &a));
+        let due = keys.waits_due_end(3);
+        assert!(keys.wait(3, &a) < due && keys.wait(3, &b) < due && keys.wait(4, &a) > due);
+        assert!(keys.wait(i64::MAX, &a) < keys.waits_due_end(i64::MAX));
+        let family = keys.family("wait");
+        assert!(keys.wait(i64::MIN, &b).starts_with(&family) && !keys.run(&b).starts_with(&family));
     }
 
     #[test]

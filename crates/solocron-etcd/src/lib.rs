@@ -75,7 +75,24 @@
 //!   (`ceil(1.5 × election timeout)`, 2 s with default settings), and expiry seen up to
 //!   ~0.5 s after the TTL (etcd's expiry scan). Leases of under a few seconds are
 //!   effectively longer. Use leases of several seconds with this store.
-//! - Nodes' clocks only skew informational instants and the retention cutoff.
+//! - Nodes' clocks only skew informational instants, the retention cutoff, and when a
+//!   failure retry becomes due (see below).
+//!
+//! ## Failure retries
+//!
+//! [`Store::finish_for_retry`] records a failed run's end exactly as [`Store::finish`]
+//! does and, in the same `Txn` (only if that end's compares hold), creates the tick's next
+//! attempt as a `waiting` record (trigger `retry`, the same node, no token, no etcd lease,
+//! `lease_until` = this process's clock + the backoff: its not-before) and its index key
+//! `{p}wait/{not_before}/...`. A retry is due once the clock of the node looking passes its
+//! not-before (etcd has no clock to ask; skew moves when a retry starts, never who starts
+//! it). [`Store::expired`] lists the due ones (a range of the index up to now) beside the
+//! expired running runs, oldest `lease_until` first. [`Store::recover`] on a due one starts
+//! that same record (`running`, the job's next token from its guard, a fresh etcd lease as a
+//! recovery's retry gets) or ends it `abandoned`, deleting its index key, in one `Txn`
+//! comparing the record's revision (and the guard's for a token): exactly one recoverer
+//! wins. A waiting retry is not in its job guard's running runs (overlap checks, the runs
+//! in progress do not see it), and prune keeps its record.
 //!
 //! ## Data layout
 //!
@@ -86,6 +103,7 @@
 //! | `{p}schema` | key layout version, written once by [`Store::migrate`] |
 //! | `{p}run/{at}/{attempt}/{job}` | a run record (JSON); `at` and `attempt` inverted so that ascending key order is newest first |
 //! | `{p}alive/{at}/{attempt}/{job}` | the owner; attached to the run's etcd lease, present while it runs and the lease lives |
+//! | `{p}wait/{not_before}/{at}/{attempt}/{job}` | the run key of a `waiting` retry, present while it waits; due ones first |
 //! | `{p}job/{job}` | the job's guard (JSON): its last fencing token and its running runs |
 //! | `{p}control/{job}` | the job's pause switch (JSON) |
 //! | `{p}registry/{node}/{job}` | a registration (JSON) |
@@ -116,8 +134,10 @@
 //! - renew: a keep-alive and a `Txn` (a read first if this store instance did not claim or
 //!   last renew the run; a lease grant if the length's whole seconds change).
 //! - finish: a read, a `Txn` (which deletes the alive key; the lease, perhaps shared, is
-//!   left to expire). recover: a read, (a grant for a retry), a `Txn`.
-//! - expired: one read of every job guard and alive key, one of the candidate records.
+//!   left to expire). finish_for_retry: the same, its `Txn` also creating the waiting
+//!   retry. recover: a read, (a grant for a retry), a `Txn`.
+//! - expired: one read of every job guard and alive key, one of the candidate records; one
+//!   read of the due retries' index keys (at most `limit`), one of their records.
 //! - history: filters are applied here over pages of 500 records read newest first in
 //!   key order, within the `since`/`until` window, at one revision; at most
 //!   [`HISTORY_SCAN_MAX`] records are read per call. Queries for `running` runs read the
@@ -197,6 +217,7 @@
 //! - `claim.rs`: the claim, in chunks of one `Txn` each. Nothing else claims.
 //! - `leases.rs`: the node's shared etcd leases that claims attach runs to.
 //! - `runs.rs`: a held run's life: renew, finish, expired, recover, unlock.
+//! - `retry.rs`: failure retries: finish for a retry; start or drop a due waiting retry.
 //! - `admin.rs`: history, now, registry, pause switches, manual requests, prune.
 //! - `fleet.rs`: node heartbeats (one `Txn`, no read) and the audit log (an action is one
 //!   more put in the `Txn` of the step it records; at most [`ACTIONS_KEPT_MAX`] are kept).
@@ -218,6 +239,7 @@ mod fleet;
 mod keys;
 mod leases;
 mod managed;
+mod retry;
 mod runs;
 mod schema;
 mod url;
@@ -265,8 +287,9 @@ const EXPIRY_LAG: Duration = Duration::from_millis(500);
 ///
 /// # Panics
 ///
-/// [`Store::finish`] panics if given a `RunEnd` whose state is `running`: that is a bug in
-/// the caller, not a condition of the store.
+/// [`Store::finish`] and [`Store::finish_for_retry`] panic if given a `RunEnd` whose state
+/// is not terminal (`running`, `waiting`): that is a bug in the caller, not a condition of
+/// the store.
 pub struct EtcdStore {
     client: Client,
     keys: Keys,
@@ -368,6 +391,10 @@ impl Store for EtcdStore {
 
     async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
         runs::finish_all(self, endings).await
+    }
+
+    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
+        retry::finish_for_retry(self, lease, end, after).await
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

@@ -47,7 +47,7 @@ impl EtcdStore {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).get(run).cloned()
     }
 
-    fn forget(&self, run: &RunId) {
+    pub(crate) fn forget(&self, run: &RunId) {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(run);
     }
 
@@ -73,7 +73,7 @@ pub(crate) fn contended(what: &str) -> StoreError {
 
 /// Commits `request`, with `rereads` as its `else` branch: the revision it was applied at,
 /// or (a compare failed, nothing written) the keys re-read.
-async fn commit(
+pub(crate) async fn commit(
     store: &EtcdStore,
     what: &str,
     request: Txn,
@@ -88,18 +88,18 @@ async fn commit(
 }
 
 /// Reads single keys at one revision.
-async fn read_keys(store: &EtcdStore, ops: Vec<TxnOp>) -> Result<Vec<Option<KeyValue>>, StoreError> {
+pub(crate) async fn read_keys(store: &EtcdStore, ops: Vec<TxnOp>) -> Result<Vec<Option<KeyValue>>, StoreError> {
     Ok(read(&store.client, ops).await?.into_iter().map(single).collect())
 }
 
 /// A record and its revision, if the key exists.
-fn stored_run(kv: Option<&KeyValue>) -> Result<Option<(StoredRun, i64)>, StoreError> {
+pub(crate) fn stored_run(kv: Option<&KeyValue>) -> Result<Option<(StoredRun, i64)>, StoreError> {
     kv.map(|kv| Ok((decode::<StoredRun>(kv.value(), "run record")?, kv.mod_revision()))).transpose()
 }
 
-/// A job's guard and its revision; a running run implies one exists.
-fn stored_guard(kv: Option<&KeyValue>, job: &str) -> Result<(Guard, i64), StoreError> {
-    let kv = kv.ok_or_else(|| StoreError::Invalid(format!("job `{job}` has a running run but no guard key")))?;
+/// A job's guard and its revision; a running run or a waiting retry implies one exists.
+pub(crate) fn stored_guard(kv: Option<&KeyValue>, job: &str) -> Result<(Guard, i64), StoreError> {
+    let kv = kv.ok_or_else(|| StoreError::Invalid(format!("job `{job}` has a run in progress but no guard key")))?;
     Ok((decode::<Guard>(kv.value(), "job guard")?, kv.mod_revision()))
 }
 
@@ -208,7 +208,7 @@ pub(crate) async fn finish(store: &EtcdStore, lease: &Lease, end: &RunEnd) -> Re
 }
 
 /// Writes the owner's `end` into its run's record.
-fn end_record(record: &mut StoredRun, end: &RunEnd, now: i64) {
+pub(crate) fn end_record(record: &mut StoredRun, end: &RunEnd, now: i64) {
     record.end(end.state, end.reason.clone(), now);
     record.exit_code = end.exit_code;
     record.output = output_tail(&end.output).to_owned();
@@ -321,8 +321,9 @@ async fn finish_ends(store: &EtcdStore, chunk: &[Ending], attempts: u32) -> Resu
     Ok(None)
 }
 
-/// Running runs whose etcd lease is gone (see [`solocron_core::Store::expired`]): one read
-/// of every job guard and every alive key at one revision, then the candidates' records.
+/// Running runs whose etcd lease is gone and due `waiting` retries (see
+/// [`solocron_core::Store::expired`]): one read of every job guard and every alive key at
+/// one revision, then the candidates' records; and the due retries (`retry.rs`).
 pub(crate) async fn expired(store: &EtcdStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
     let (guards, alive) = (store.keys.family("job"), store.keys.family("alive"));
     let what = "an expiry read";
@@ -340,9 +341,11 @@ pub(crate) async fn expired(store: &EtcdStore, limit: usize) -> Result<Vec<RunRe
         };
         lapsed.extend(guard.into_iter().filter(|id| !alive.contains(store.keys.alive(id).as_bytes())));
     }
+    let limit = limit.min(RECORDS_PAGE_MAX);
     let mut records = running_records(store, &lapsed).await?;
+    records.extend(crate::retry::due_waiting(store, at, limit).await?);
     records.sort_by(|a, b| (a.lease_until, &a.id).cmp(&(b.lease_until, &b.id)));
-    records.truncate(limit.min(RECORDS_PAGE_MAX));
+    records.truncate(limit);
     Ok(records)
 }
 
@@ -361,18 +364,17 @@ pub(crate) async fn running_records(store: &EtcdStore, ids: &[RunId]) -> Result<
     Ok(records)
 }
 
-/// Acts on an expired run (see [`solocron_core::Store::recover`]): a read, then one `Txn`
-/// that compares the record's and guard's revisions and that the alive key is still absent,
-/// so exactly one of several recoverers wins. Revokes nothing it does not own: the expired
-/// lease is etcd's to drop; only a lease granted here for a retry that lost is revoked.
+/// Acts on an expired run or a due `waiting` retry (see [`solocron_core::Store::recover`]):
+/// a read, then one `Txn` that compares the record's (and, when it hands out a token, the
+/// guard's) revision and that the alive key is still absent, so exactly one of several
+/// recoverers wins. Revokes nothing it does not own: the expired lease is etcd's to drop;
+/// only a lease granted here for a retry that lost is revoked.
 pub(crate) async fn recover(
     store: &EtcdStore,
     run: &RunId,
     action: &RecoverAction,
 ) -> Result<RecoverOutcome, StoreError> {
-    let attempt =
-        run.attempt.checked_add(1).ok_or_else(|| StoreError::Invalid(format!("run {run} has no next attempt")))?;
-    let next = RunId { tick: run.tick.clone(), attempt };
+    let next = crate::retry::next_of(run)?;
     let keys = &store.keys;
     let reads = || vec![get(keys.run(run)), get(keys.alive(run)), get(keys.guard(&run.tick.job)), get(keys.run(&next))];
     let mut answers = read_keys(store, reads()).await?;
@@ -400,9 +402,14 @@ pub(crate) async fn recover(
     outcome
 }
 
-/// The recovery `Txn`, its outcome and (for a retry) the new running record; `None` if
-/// there is nothing to do: the run is not running, its lease is live, or its next attempt
-/// exists.
+/// A planned recovery: its `Txn`, its outcome and (when it starts a run) the new running
+/// record.
+pub(crate) type Planned = (Txn, RecoverOutcome, Option<StoredRun>);
+
+/// The recovery `Txn` of `run` from `answers` (its record, its alive key, its job's guard,
+/// its next attempt's record); `None` if there is nothing to do: the run is neither
+/// running nor waiting, its lease is live, its next attempt exists, or (waiting) it is not
+/// due yet.
 async fn plan_recovery(
     store: &EtcdStore,
     run: &RunId,
@@ -410,10 +417,16 @@ async fn plan_recovery(
     action: &RecoverAction,
     answers: &[Option<KeyValue>],
     granted: &mut Option<(i64, i64)>,
-) -> Result<Option<(Txn, RecoverOutcome, Option<StoredRun>)>, StoreError> {
+) -> Result<Option<Planned>, StoreError> {
     let keys = &store.keys;
     let Some((mut old, old_rev)) = stored_run(answers[0].as_ref())? else { return Ok(None) };
-    if !old.is_running() || answers[1].is_some() {
+    if answers[1].is_some() {
+        return Ok(None);
+    }
+    if old.is_waiting() {
+        return crate::retry::plan_start(store, run, action, (old, old_rev), answers[2].as_ref(), granted).await;
+    }
+    if !old.is_running() {
         return Ok(None);
     }
     let (mut guard, guard_rev) = stored_guard(answers[2].as_ref(), &run.tick.job)?;
@@ -423,10 +436,9 @@ async fn plan_recovery(
         Compare::create_revision(keys.alive(run), CompareOp::Equal, 0),
     ];
     guard.remove(run);
-    let now = now_ms();
     let (node, length) = match action {
         RecoverAction::Abandon { reason } => {
-            old.end(RunState::Abandoned, Some(reason.clone()), now);
+            old.end(RunState::Abandoned, Some(reason.clone()), now_ms());
             let puts = vec![
                 TxnOp::put(keys.run(run), encode(&old), None),
                 TxnOp::put(keys.guard(&run.tick.job), encode(&guard), None),
@@ -438,12 +450,7 @@ async fn plan_recovery(
     if answers[3].is_some() {
         return Ok(None);
     }
-    let ttl = lease_secs(length)?;
-    // The retry's instant: no later than its lease's grant (see the claim's).
-    let (lease_id, now) = match *granted {
-        Some(lease) => lease,
-        None => *granted.insert((crate::etcd::grant(&store.client, ttl).await?, now)),
-    };
+    let (lease_id, now) = grant_once(store, granted, length).await?;
     old.end(RunState::Lost, Some(format!("lease expired; retried as attempt {} by {node}", next.attempt)), now);
     guard.token += 1;
     guard.add(next);
@@ -457,6 +464,23 @@ async fn plan_recovery(
     ];
     let outcome = RecoverOutcome::Retried(to_lease(&record)?);
     Ok(Some((Txn::new().when(compares).and_then(puts), outcome, Some(record))))
+}
+
+/// The etcd lease a recovery starts a run on, granted on the first try and kept in
+/// `granted` for the next ones (revoked by [`recover`] if the run is not started), with
+/// the run's instant: the client's clock just before the grant, no later than its TTL's
+/// start (see the claim's).
+pub(crate) async fn grant_once(
+    store: &EtcdStore,
+    granted: &mut Option<(i64, i64)>,
+    length: Duration,
+) -> Result<(i64, i64), StoreError> {
+    if let Some(lease) = *granted {
+        return Ok(lease);
+    }
+    let ttl = lease_secs(length)?;
+    let now = now_ms();
+    Ok(*granted.insert((crate::etcd::grant(&store.client, ttl).await?, now)))
 }
 
 /// The record of a retry: attempt `next` of the same tick, running for `node`.

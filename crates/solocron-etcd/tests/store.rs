@@ -134,6 +134,40 @@ async fn the_expiry_scan_and_running_history_read_60000_guards_in_pages() {
     assert_eq!(store.prune(Duration::from_secs(3600), 10).await.expect("prune"), 0, "running runs are kept");
 }
 
+/// A failure retry waiting its backoff is kept by prune however old its tick, is found by
+/// a history filter on `waiting`, and is never a running run: not in a `running` history,
+/// not an overlap for the job's next tick, not startable before its not-before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_retry_is_kept_by_prune_found_by_its_state_and_never_counted_running() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let first = won(&store, run(tick("flaky", 0), "a", Duration::from_secs(60))).await;
+    let failed = RunEnd {
+        state: RunState::Failed,
+        reason: Some("exit code 1".into()),
+        exit_code: Some(1),
+        output: "boom".into(),
+        started_after: None,
+    };
+    assert!(store.finish_for_retry(&first, &failed, Duration::from_secs(3600)).await.expect("finish_for_retry"));
+    let by_state = |state| solocron_core::HistoryQuery { state: Some(state), ..Default::default() };
+    let waiting = store.history(&by_state(RunState::Waiting)).await.expect("history");
+    assert_eq!(waiting.iter().map(|r| r.id.attempt).collect::<Vec<_>>(), vec![2]);
+    assert!(store.history(&by_state(RunState::Running)).await.expect("history").is_empty());
+    let next = ClaimRequest {
+        mode: ClaimMode::Run { skip_if_running: true },
+        ..run(tick("flaky", 1), "b", Duration::from_secs(60))
+    };
+    let second = won(&store, next).await;
+    assert!(store.finish(&second, &succeeded()).await.expect("finish"));
+    assert_eq!(store.prune(Duration::ZERO, 100).await.expect("prune"), 2, "both ended records, not the waiting one");
+    let left = store.history(&Default::default()).await.expect("history");
+    assert_eq!(left.iter().map(|r| (r.id.attempt, r.state)).collect::<Vec<_>>(), vec![(2, RunState::Waiting)]);
+    let drop = RecoverAction::Abandon { reason: "dropped".into() };
+    assert_eq!(store.recover(&waiting[0].id, &drop).await.expect("recover"), RecoverOutcome::NotNeeded);
+    assert!(store.expired(10).await.expect("expired").is_empty(), "not due for an hour");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_nodes_racing_for_400_ticks_of_distinct_jobs_split_them_exactly_once_in_request_order() {
     // 400 distinct jobs make 10 chunks, claimed several at a time, each node starting at a

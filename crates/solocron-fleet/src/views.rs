@@ -24,7 +24,7 @@ pub struct RunView {
     pub node: String,
     /// The fencing token handed to the job (none for a skipped tick).
     pub fencing_token: Option<u64>,
-    /// running, succeeded, failed, timed_out, lost, abandoned, skipped, interrupted.
+    /// running, succeeded, failed, timed_out, lost, abandoned, skipped, interrupted, waiting.
     pub state: String,
     /// Why it is in that state, where that is worth saying.
     pub reason: Option<String>,

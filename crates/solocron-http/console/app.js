@@ -56,6 +56,7 @@ const RUN_STATES = {
   abandoned: ['A', 'abandoned'],
   interrupted: ['I', 'interrupted'],
   skipped: ['–', 'skipped'],
+  waiting: ['↻', 'retry waiting'],
 };
 const LIVENESS = { alive: '●', stale: '◐', gone: '○' };
 const JOB_FILTERS = [['', 'All jobs'], ['active', 'Active'], ['paused', 'Paused'], ['running', 'Running'],

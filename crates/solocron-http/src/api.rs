@@ -63,6 +63,8 @@ pub enum RunStateParam {
     Skipped,
     /// Stopped by its node's shutdown.
     Interrupted,
+    /// A failure retry waiting for its backoff to pass (`lease_until` is its not-before).
+    Waiting,
 }
 
 impl RunStateParam {
@@ -76,6 +78,7 @@ impl RunStateParam {
             RunStateParam::Abandoned => RunState::Abandoned,
             RunStateParam::Skipped => RunState::Skipped,
             RunStateParam::Interrupted => RunState::Interrupted,
+            RunStateParam::Waiting => RunState::Waiting,
         }
     }
 }

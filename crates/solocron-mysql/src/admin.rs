@@ -384,9 +384,10 @@ async fn unlock_once(store: &MySqlStore, job: &str, by: &str, reason: &str) -> R
     Ok(runs)
 }
 
-/// Deletes at most `batch` ended records older than the cutoff, oldest first, the run
-/// requests as old, at most [`PRUNE_BATCH_MAX`] actions as old, and the nodes silent for
-/// longer than the smaller of `older_than` and [`NODE_FORGET_AFTER`]; one transaction.
+/// Deletes at most `batch` ended records (never a `running` run or a `waiting` retry)
+/// older than the cutoff, oldest first, the run requests as old, at most
+/// [`PRUNE_BATCH_MAX`] actions as old, and the nodes silent for longer than the smaller of
+/// `older_than` and [`NODE_FORGET_AFTER`]; one transaction.
 pub(crate) async fn prune(store: &MySqlStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
     let forget_after = millis(older_than.min(NODE_FORGET_AFTER)).map_err(|f| f.into_store("cannot prune"))?;
     let older_than = millis(older_than).map_err(|f| f.into_store("cannot prune"))?;
@@ -394,7 +395,7 @@ pub(crate) async fn prune(store: &MySqlStore, older_than: Duration, batch: usize
     retrying("cannot prune", || async {
         let mut tx = store.pool.begin().await?;
         let deleted = sqlx::query(&store.sql(
-            "DELETE FROM {p}runs WHERE state <> 'running' AND scheduled_at < NOW_MS - ?
+            "DELETE FROM {p}runs WHERE state NOT IN ('running', 'waiting') AND scheduled_at < NOW_MS - ?
              ORDER BY scheduled_at, attempt LIMIT ?",
         ))
         .bind(older_than)

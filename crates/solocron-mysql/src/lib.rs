@@ -18,8 +18,9 @@
 //! - **Claims of one job are serialized** by an exclusive row lock on the job's fencing
 //!   counter (`{p}fences`), taken before anything about the job is read; a batch locks
 //!   its jobs in sorted order, so concurrent batches do not deadlock on them. Every writer
-//!   that creates a `running` row or an attempt-1 row (claim, recovery by retry) takes that
-//!   lock first, so what a claim reads after taking it cannot change before it commits.
+//!   that creates a `running` row or an attempt-1 row (claim, recovery by retry, the start
+//!   of a waiting retry) takes that lock first, so what a claim reads after taking it cannot
+//!   change before it commits.
 //!   Fencing tokens come from that counter, written in the claim's own transaction, so they
 //!   strictly increase per job, even across pruning.
 //! - **Each step is atomic**: one statement or one transaction. A transaction that loses a
@@ -65,6 +66,29 @@
 //! first error, so a failed insert never reaches the `COMMIT`: the claim rolls back and is
 //! tried again. A claim cancelled between the two round trips closes its connection instead
 //! of returning it to the pool, and the server rolls the transaction back.
+//!
+//! ## Failure retries
+//!
+//! [`Store::finish_for_retry`] is one transaction in **one round trip**, a multi-statement
+//! text query like a claim's: `START TRANSACTION`, the `UPDATE` of [`Store::finish`] (the
+//! run `running` with the lease's node and token), `SET @solocron_finished = ROW_COUNT()`,
+//! an `INSERT ... SELECT ... FROM DUAL WHERE @solocron_finished = 1` of the tick's next
+//! attempt as `waiting` (trigger `retry`, the same node, no token, `claimed_at` the server's
+//! now, `lease_until` now + the backoff: its not-before), and `COMMIT`. A finish that
+//! matched nothing inserts nothing (answer `false`); an insert that fails stops the query
+//! before its `COMMIT`, and the end is rolled back with it. The waiting row is neither
+//! `running` nor attempt 1, so it needs no fence lock: claims never read it.
+//!
+//! [`Store::expired`] reads the expired `running` runs and the due `waiting` retries
+//! (`lease_until` < now for both) as two ordered `LIMIT` ranges of the key
+//! `{p}runs_expiry (state, lease_until)`, merged by a `UNION ALL` sorted by `lease_until`.
+//! [`Store::recover`] by `Retry` of a due waiting retry takes the job's fence lock, then the
+//! row (`FOR UPDATE`), and turns that same row `running` for the node with the job's next
+//! token, a fresh lease and no nonce, then advances the counter and reads the lease's
+//! instants back; by `Abandon`, one `UPDATE` ends it `abandoned` (as for an expired running
+//! run). Either acts only while the row is `waiting` and due, so one recoverer wins and the
+//! others find nothing to do. [`Store::prune`] never deletes a `waiting` row, and states are
+//! plain `VARCHAR(16)` (no `ENUM` or `CHECK`), so no schema change was needed.
 //!
 //! ## MySQL 8 and MariaDB: what differs, and what this crate does about it
 //!
@@ -160,7 +184,8 @@
 //!   `uninstall`.
 //! - `claim.rs`: the claim of a batch, in 2 round trips (3 when it grants a run again).
 //! - `claim_one.rs`: the claim of one tick, one `CALL {p}claim_one_v5`.
-//! - `runs.rs`: a held run after its claim: renew, finish (one or a batch), expiry, recovery.
+//! - `runs.rs`: a held run after its claim: renew, finish (one, a batch, or with a waiting
+//!   retry), expiry, recovery (of expired runs and due retries).
 //! - `admin.rs`: what operators and housekeeping read and change: history, the clock,
 //!   registrations, pauses, manual requests, unlock, prune.
 //! - `fleet.rs`: node heartbeats (one upsert each), and the audit log, appended inside the
@@ -401,6 +426,10 @@ impl Store for MySqlStore {
 
     async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
         runs::renew_all(self, renewals).await
+    }
+
+    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
+        runs::finish_for_retry(self, lease, end, after).await
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

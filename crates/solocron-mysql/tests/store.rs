@@ -788,3 +788,74 @@ async fn the_removal_of_unlisted_jobs_reads_the_registry_by_node() {
     assert_eq!(key, Some(format!("{p}registry_node")));
     pool.close().await;
 }
+
+/// A failed end (exit code 3), for retries.
+fn failed() -> RunEnd {
+    RunEnd {
+        state: RunState::Failed,
+        reason: Some("exit code 3".into()),
+        exit_code: Some(3),
+        output: "boom".into(),
+        started_after: None,
+    }
+}
+
+/// A waiting retry stays until someone starts or drops it: `prune` never deletes it,
+/// however old its tick. `expired` lists due retries and expired runs together, oldest
+/// `lease_until` first, at most `limit`, and reads each kind in order from the key
+/// `{p}runs_expiry`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiting_retries_are_listed_with_expired_runs_and_never_pruned() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
+    // Due in this order: a's lease, b's retry, c's lease (each step starts no earlier).
+    let a = won(store, run(tick("a", 0), "n", Duration::from_millis(100), false)).await;
+    let b = won(store, run(tick("b", 0), "n", LONG, false)).await;
+    assert!(store.finish_for_retry(&b, &failed(), Duration::from_millis(150)).await.expect("finish_for_retry"));
+    let c = won(store, run(tick("c", 0), "n", Duration::from_millis(200), false)).await;
+    let b2 = solocron_core::RunId { tick: b.run.tick.clone(), attempt: 2 };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ids = |records: Vec<solocron_core::RunRecord>| records.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(ids(store.expired(10).await.expect("expired")), [a.run.clone(), b2.clone(), c.run.clone()]);
+    assert_eq!(ids(store.expired(2).await.expect("expired")), [a.run.clone(), b2.clone()]);
+    assert_eq!(store.prune(Duration::from_secs(3600), 100).await.expect("prune"), 1, "only b's failed attempt 1");
+    let left = store.history(&HistoryQuery::default()).await.expect("history");
+    assert!(left.iter().any(|r| r.id == b2 && r.state == RunState::Waiting), "{left:?}");
+
+    let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
+    let p = &ns.prefix.table_prefix();
+    sqlx::query(&format!("ANALYZE TABLE {p}runs")).execute(&pool).await.expect("analyze");
+    let due = |state: &str| {
+        format!("(SELECT job, lease_until FROM {p}runs WHERE state = '{state}' AND lease_until < 9 ORDER BY lease_until LIMIT 5)")
+    };
+    let sql = format!("EXPLAIN {} UNION ALL {} ORDER BY lease_until LIMIT 5", due("running"), due("waiting"));
+    let plan: Vec<sqlx::mysql::MySqlRow> = sqlx::query(&sql).fetch_all(&pool).await.expect("explain");
+    let key = |row| -> Option<String> { sqlx::Row::try_get(&plan[row], "key").expect("the plan's key") };
+    assert_eq!((key(0), key(1)), (Some(format!("{p}runs_expiry")), Some(format!("{p}runs_expiry"))));
+    pool.close().await;
+}
+
+/// `finish_for_retry` is one transaction: if the next attempt cannot be written (here it
+/// exists already), the end is not recorded either, and the run is still running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_finish_for_retry_that_cannot_write_its_retry_records_nothing() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
+    let lease = won(store, run(tick("flaky", 0), "a", LONG, false)).await;
+    let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
+    let p = &ns.prefix.table_prefix();
+    sqlx::query(&format!(
+        "INSERT INTO {p}runs (job, scheduled_at, attempt, `trigger`, node, state, claimed_at, output)
+         VALUES ('flaky', ?, 2, 'retry', 'x', 'skipped', 0, '')"
+    ))
+    .bind(lease.run.tick.scheduled_at.timestamp_millis())
+    .execute(&pool)
+    .await
+    .expect("insert attempt 2");
+    pool.close().await;
+    assert!(store.finish_for_retry(&lease, &failed(), LONG).await.is_err(), "attempt 2 exists");
+    let records = store.history(&HistoryQuery::default()).await.expect("history");
+    let first = records.iter().find(|r| r.id == lease.run).expect("attempt 1");
+    assert_eq!((first.state, first.finished_at), (RunState::Running, None));
+    assert!(store.finish(&lease, &succeeded()).await.expect("finish"), "the lease still holds");
+}

@@ -279,19 +279,20 @@ pub(crate) async fn unlock(store: &PgStore, job: &str, by: &str, reason: &str) -
     Ok(ids)
 }
 
-/// Deletes at most `batch` ended records older than the cutoff, oldest first, the run
-/// requests as old, at most [`PRUNE_BATCH_MAX`] actions as old, and the nodes silent for
-/// longer than the smaller of `older_than` and [`NODE_FORGET_AFTER`].
+/// Deletes at most `batch` ended records (never a `running` run nor a `waiting` retry)
+/// older than the cutoff, oldest first, the run requests as old, at most
+/// [`PRUNE_BATCH_MAX`] actions as old, and the nodes silent for longer than the smaller of
+/// `older_than` and [`NODE_FORGET_AFTER`].
 pub(crate) async fn prune(store: &PgStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
     // One statement: PostgreSQL runs every data-modifying CTE exactly once, read or not.
     let deleted: i64 = sqlx::query_scalar(&store.sql(
         "WITH cutoff AS (SELECT {now} - $1 AS at),
          doomed AS (SELECT r.job, r.scheduled_at, r.attempt FROM {p}runs r, cutoff
-                    WHERE r.state <> 'running' AND r.scheduled_at < cutoff.at
+                    WHERE r.state NOT IN ('running', 'waiting') AND r.scheduled_at < cutoff.at
                     ORDER BY r.scheduled_at, r.attempt LIMIT $2),
          gone AS (DELETE FROM {p}runs r USING doomed d
                   WHERE r.job = d.job AND r.scheduled_at = d.scheduled_at AND r.attempt = d.attempt
-                    AND r.state <> 'running'
+                    AND r.state NOT IN ('running', 'waiting')
                   RETURNING 1),
          old_requests AS (DELETE FROM {p}requests q USING cutoff WHERE q.requested_at < cutoff.at),
          old_actions AS (DELETE FROM {p}actions a WHERE a.id IN (

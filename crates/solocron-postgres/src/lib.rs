@@ -27,6 +27,14 @@
 //!   round trip, one transaction; a batch of one tick calls its one-tick twin, which takes
 //!   scalars instead of arrays); every other method is one statement or one transaction.
 //!   A step that loses a deadlock or serialization conflict is retried a few times.
+//! - **A failure retry waits in the table.** [`Store::finish_for_retry`] is one statement:
+//!   the end, exactly as `finish` records it, and, only if that matched, the tick's next
+//!   attempt as `waiting` (trigger `retry`, the same node, no token, `lease_until` its
+//!   not-before: the server's now plus the backoff). `expired` lists due waiting retries
+//!   beside expired runs, each read from its own partial index (`{p}runs_expiry`,
+//!   `{p}runs_waiting`); `recover` locks the row as it does an expired run's, so one caller
+//!   starts it in place (`running`, the job's next token from its fence counter, a fresh
+//!   lease) or drops it (`abandoned`). `prune` never deletes a waiting retry.
 //! - **Failover.** What a committed step wrote survives a failover only if the standby had
 //!   it: with asynchronous replication, the last claims before a crash can vanish, and the
 //!   new primary may then hand the same tick (and the same fencing token) out again. Use
@@ -61,7 +69,8 @@
 //!   and `uninstall`.
 //! - `claim.rs`: the claim of a batch, one call of `{p}claim` (or `{p}claim_taken_first`).
 //! - `claim_one.rs`: the claim of one tick, one call of `{p}claim_one`.
-//! - `runs.rs`: a held run after its claim: renew, finish (one or a batch), expiry, recovery.
+//! - `runs.rs`: a held run after its claim: renew, finish (one or a batch, or for a retry),
+//!   expiry, recovery (of expired runs and due retries).
 //! - `admin.rs`: what operators and housekeeping read and change: history, the clock,
 //!   registrations, pauses, manual requests, unlock, prune.
 //! - `fleet.rs`: node heartbeats (one upsert each), and the audit log, appended inside the
@@ -150,8 +159,9 @@ const MAX_LIFETIME: Duration = Duration::from_secs(1800);
 ///
 /// # Panics
 ///
-/// [`Store::finish`] panics if given a `RunEnd` whose state is `running`: that is a bug in
-/// the caller, not a condition of the store.
+/// [`Store::finish`] and [`Store::finish_for_retry`] panic if given a `RunEnd` whose state
+/// is not terminal (`running`, `waiting`): that is a bug in the caller, not a condition of
+/// the store.
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
@@ -291,6 +301,10 @@ impl Store for PgStore {
 
     async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
         runs::renew_all(self, renewals).await
+    }
+
+    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
+        runs::finish_for_retry(self, lease, end, after).await
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

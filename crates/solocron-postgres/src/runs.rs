@@ -1,5 +1,6 @@
 //! A held run's life after its claim: renewals and ends (one or a batch, each one
-//! statement), and the recovery of runs whose lease expired (one transaction).
+//! statement), an end that plans a retry (one statement), and the recovery of runs whose
+//! lease expired or whose retry is due (one transaction).
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -80,6 +81,49 @@ pub(crate) async fn finish_all(store: &PgStore, endings: &[Ending]) -> Result<Ve
     answered(ended, endings.len(), "finish")
 }
 
+/// Records a held run's end as [`finish`] does and, only if that matched, its tick's next
+/// attempt as a waiting retry (trigger `retry`, the same node, no token, not-before =
+/// the server's now + `after`); one statement.
+pub(crate) async fn finish_for_retry(
+    store: &PgStore,
+    lease: &Lease,
+    end: &RunEnd,
+    after: Duration,
+) -> Result<bool, StoreError> {
+    assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
+    let next = next_attempt(&lease.run)?;
+    // The insert reads the row the update ended, so it writes only if the end matched.
+    // Should that attempt exist already (it cannot while this one runs under its lease),
+    // the end is still recorded and the existing attempt kept.
+    let sql = store.sql(
+        r#"WITH ended AS (
+             UPDATE {p}runs SET state = $1, reason = $2, exit_code = $3, output = $4,
+                finished_at = {now}, lease_until = NULL, started_at = claimed_at + $5
+             WHERE job = $6 AND scheduled_at = $7 AND attempt = $8 AND node = $9 AND token = $10
+               AND state = 'running'
+             RETURNING job, scheduled_at, node),
+           waiting AS (
+             INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, state, claimed_at, lease_until)
+             SELECT job, scheduled_at, $11, 'retry', node, 'waiting', {now}, {now} + $12 FROM ended
+             ON CONFLICT (job, scheduled_at, attempt) DO NOTHING RETURNING 1)
+         SELECT (SELECT count(*) FROM ended) AS ended, (SELECT count(*) FROM waiting) AS waiting"#,
+    );
+    let end = storable(end);
+    let started_after = end.started_after.map(millis).transpose()?;
+    let query = solocron_sql::bind_end(sqlx::query(&sql), &end, started_after);
+    let row = solocron_sql::bind_lease(query, lease, attempt_param(lease.run.attempt)?)?
+        .bind(attempt_param(next)?)
+        .bind(millis(after)?)
+        .fetch_one(&store.pool)
+        .await
+        .map_err(step("finish_for_retry"))?;
+    let (ended, waiting): (i64, i64) = (get(&row, "ended")?, get(&row, "waiting")?);
+    if ended == 1 && waiting == 0 {
+        tracing::warn!(run = %lease.run, "ended for a retry, but its next attempt exists already: kept as it is");
+    }
+    Ok(ended == 1)
+}
+
 /// Extends several leases in one statement.
 pub(crate) async fn renew_all(store: &PgStore, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
     assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
@@ -122,11 +166,21 @@ pub(crate) async fn renew_all(store: &PgStore, renewals: &[Renewal]) -> Result<V
     Ok(renewals.iter().zip(&renewed).map(|(r, done)| *done || extended(&r.lease)).collect())
 }
 
-/// Running runs whose lease expired, oldest expiry first.
+/// Running runs whose lease expired and waiting retries whose not-before passed, oldest
+/// `lease_until` first.
 pub(crate) async fn expired(store: &PgStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+    // One page of each, each read from its own partial index (`{p}runs_expiry`,
+    // `{p}runs_waiting`) in order, then merged: never a scan of the history.
+    let due = |state: &str| {
+        format!(
+            "(SELECT {RUN_COLUMNS} FROM {{p}}runs WHERE state = '{state}' AND lease_until < {{now}}
+              ORDER BY lease_until LIMIT $1)"
+        )
+    };
     let rows = sqlx::query(&store.sql(&format!(
-        "SELECT {RUN_COLUMNS} FROM {{p}}runs WHERE state = 'running' AND lease_until < {{now}}
-         ORDER BY lease_until LIMIT $1"
+        "SELECT {RUN_COLUMNS} FROM ({} UNION ALL {}) AS due ORDER BY lease_until LIMIT $1",
+        due("running"),
+        due("waiting")
     )))
     .bind(page(limit))
     .fetch_all(&store.pool)
@@ -154,19 +208,19 @@ pub(crate) async fn recover(
 /// One attempt at [`recover`], as one transaction.
 async fn recover_once(store: &PgStore, run: &RunId, action: &RecoverAction) -> Res<RecoverOutcome> {
     let mut tx = store.pool.begin().await?;
-    if lock_expired(store, &mut tx, run).await?.is_none() {
+    let Some(due) = lock_due(store, &mut tx, run).await? else {
         return Ok(RecoverOutcome::NotNeeded); // rolled back on drop; nothing was written
-    }
-    let outcome = match action {
-        RecoverAction::Abandon { reason } => {
+    };
+    let outcome = match (due, action) {
+        (_, RecoverAction::Abandon { reason }) => {
             end_run(store, &mut tx, run, "abandoned", reason).await?;
             RecoverOutcome::Abandoned
         }
-        RecoverAction::Retry { node, lease } => {
-            let attempt = run
-                .attempt
-                .checked_add(1)
-                .ok_or_else(|| StoreError::Invalid(format!("run {run} has no next attempt")))?;
+        (Due::Waiting, RecoverAction::Retry { node, lease }) => {
+            RecoverOutcome::Retried(start_waiting(store, &mut tx, run, node, *lease).await?)
+        }
+        (Due::Expired, RecoverAction::Retry { node, lease }) => {
+            let attempt = next_attempt(run)?;
             let reason = format!("lease expired; retried as attempt {attempt} by {node}");
             end_run(store, &mut tx, run, "lost", &reason).await?;
             let next = RunId { tick: run.tick.clone(), attempt };
@@ -179,22 +233,43 @@ async fn recover_once(store: &PgStore, run: &RunId, action: &RecoverAction) -> R
         }
     };
     tx.commit().await?;
-    tracing::debug!(%run, ?outcome, "expired run recovered");
+    tracing::debug!(%run, ?outcome, "due run recovered");
     Ok(outcome)
 }
 
-/// The run row locked if it is `running` with an expired lease, else `None`.
-async fn lock_expired(store: &PgStore, conn: &mut PgConnection, run: &RunId) -> Res<Option<()>> {
-    let row = sqlx::query(&store.sql(
-        "SELECT 1 FROM {p}runs WHERE job = $1 AND scheduled_at = $2 AND attempt = $3
-           AND state = 'running' AND lease_until < {now} FOR UPDATE",
+/// Why [`recover`] may act on a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Due {
+    /// A `running` run whose lease expired.
+    Expired,
+    /// A `waiting` retry whose not-before passed.
+    Waiting,
+}
+
+/// The run row locked if it is `running` with an expired lease or `waiting` past its
+/// not-before (both by `lease_until`), and which of the two; else `None`. A recoverer that
+/// waited for the lock re-reads the row as the winner left it, which no longer qualifies.
+async fn lock_due(store: &PgStore, conn: &mut PgConnection, run: &RunId) -> Res<Option<Due>> {
+    let state: Option<String> = sqlx::query_scalar(&store.sql(
+        "SELECT state FROM {p}runs WHERE job = $1 AND scheduled_at = $2 AND attempt = $3
+           AND state IN ('running', 'waiting') AND lease_until < {now} FOR UPDATE",
     ))
     .bind(&run.tick.job)
     .bind(run.tick.scheduled_at.timestamp_millis())
     .bind(attempt_param(run.attempt)?)
     .fetch_optional(conn)
     .await?;
-    Ok(row.map(|_| ()))
+    match state.as_deref() {
+        None => Ok(None),
+        Some("running") => Ok(Some(Due::Expired)),
+        Some("waiting") => Ok(Some(Due::Waiting)),
+        Some(other) => Err(StoreError::Invalid(format!("run {run} was locked as `{other}`")).into()),
+    }
+}
+
+/// The attempt after `run`'s.
+fn next_attempt(run: &RunId) -> Result<u32, StoreError> {
+    run.attempt.checked_add(1).ok_or_else(|| StoreError::Invalid(format!("run {run} has no next attempt")))
 }
 
 /// Ends the (locked) run with `state` and `reason`.
@@ -222,13 +297,7 @@ async fn start_retry(
     node: &str,
     lease: Duration,
 ) -> Res<Option<Lease>> {
-    let fence: i64 = sqlx::query_scalar(&store.sql(
-        "INSERT INTO {p}fences (job, token) VALUES ($1, 1)
-         ON CONFLICT (job) DO UPDATE SET token = {p}fences.token + 1 RETURNING token",
-    ))
-    .bind(&next.tick.job)
-    .fetch_one(&mut *conn)
-    .await?;
+    let fence = next_token(store, &mut *conn, &next.tick.job).await?;
     let row = sqlx::query(&store.sql(
         r#"INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, token, state, claimed_at, lease_until)
            VALUES ($1, $2, $3, 'retry', $4, $5, 'running', {now}, {now} + $6)
@@ -250,6 +319,52 @@ async fn start_retry(
         claimed_at: instant(get(&row, "claimed_at")?)?,
         lease_until: instant(get(&row, "lease_until")?)?,
     }))
+}
+
+/// Starts the (locked) waiting retry `run` in place: `running` for `node`, with the job's
+/// next token, claimed now, a lease of `lease`.
+async fn start_waiting(
+    store: &PgStore,
+    conn: &mut PgConnection,
+    run: &RunId,
+    node: &str,
+    lease: Duration,
+) -> Res<Lease> {
+    let fence = next_token(store, &mut *conn, &run.tick.job).await?;
+    let row = sqlx::query(&store.sql(
+        "UPDATE {p}runs SET state = 'running', node = $4, token = $5, claimed_at = {now},
+            lease_until = {now} + $6, nonce = NULL
+         WHERE job = $1 AND scheduled_at = $2 AND attempt = $3 AND state = 'waiting'
+         RETURNING claimed_at, lease_until",
+    ))
+    .bind(&run.tick.job)
+    .bind(run.tick.scheduled_at.timestamp_millis())
+    .bind(attempt_param(run.attempt)?)
+    .bind(node)
+    .bind(fence)
+    .bind(millis(lease)?)
+    .fetch_optional(conn)
+    .await?;
+    let row = row.ok_or_else(|| StoreError::Invalid(format!("the waiting run {run} changed under its lock")))?;
+    Ok(Lease {
+        run: run.clone(),
+        owner: node.to_owned(),
+        fencing_token: token(fence)?,
+        claimed_at: instant(get(&row, "claimed_at")?)?,
+        lease_until: instant(get(&row, "lease_until")?)?,
+    })
+}
+
+/// The job's next fencing token, from the counter claims use (created if absent); the
+/// counter's row stays locked until the transaction on `conn` ends.
+async fn next_token(store: &PgStore, conn: &mut PgConnection, job: &str) -> Res<i64> {
+    Ok(sqlx::query_scalar(&store.sql(
+        "INSERT INTO {p}fences (job, token) VALUES ($1, 1)
+         ON CONFLICT (job) DO UPDATE SET token = {p}fences.token + 1 RETURNING token",
+    ))
+    .bind(job)
+    .fetch_one(conn)
+    .await?)
 }
 
 /// `end` as PostgreSQL can store it: `text` cannot hold a NUL byte (a command's output may

@@ -12,7 +12,7 @@ use crate::error::{retrying, Res};
 use crate::PgStore;
 
 /// The schema version this crate writes and understands.
-pub(crate) const SCHEMA_VERSION: i32 = 9;
+pub(crate) const SCHEMA_VERSION: i32 = 10;
 
 /// The store's "now" in SQL: the server clock, in integer milliseconds since the epoch.
 /// `now()` is the start of the current transaction, so one statement (or one transaction)
@@ -22,7 +22,7 @@ pub(crate) const NOW_MS: &str = "floor(extract(epoch FROM now()) * 1000)::bigint
 /// The migrations, by the version each one brings the schema to. Later versions append
 /// here; a released step is never edited.
 pub(crate) const MIGRATIONS: &[(i32, &[&str])] =
-    &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6), (7, V7), (8, V8), (9, V9)];
+    &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6), (7, V7), (8, V8), (9, V9), (10, V10)];
 
 const V1: &[&str] = &[
     r#"CREATE TABLE IF NOT EXISTS {p}runs (
@@ -477,6 +477,14 @@ const V8: &[&str] = &[
 /// no longer lists (the primary key leads with the job, so without it that removal reads
 /// every node's registrations). Builds of version 8 work beside it.
 const V9: &[&str] = &["CREATE INDEX IF NOT EXISTS {p}registry_node ON {p}registry (node, job)"];
+
+/// Version 10: waiting retries (state `waiting`, their not-before in `lease_until`) by
+/// not-before, which serves `expired` beside `{p}runs_expiry`. Partial, so it holds only
+/// the few waiting retries, however long the history grows; built inside the migration's
+/// transaction (writes to the runs wait meanwhile: one scan of the table). Builds of
+/// version 9 still running beside it neither list nor start waiting retries, and their
+/// `prune` may delete old ones: upgrade every node.
+const V10: &[&str] = &["CREATE INDEX IF NOT EXISTS {p}runs_waiting ON {p}runs (lease_until) WHERE state = 'waiting'"];
 
 /// [`CLAIM_FUNCTION_V4`] with each request's nonce (`p_nonces`, `0`: none), stored on the
 /// run it creates. A `run` or `run-unless-running` request that does not win and carries a

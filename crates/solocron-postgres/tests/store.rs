@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::Namespace;
 use solocron_core::{
-    ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, JobDefinition, Lease, NodeBeat,
-    Prefix, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, RunState, Store, StoreError, Tick, Trigger,
-    OUTPUT_TAIL_BYTES_MAX,
+    ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobDefinition, Lease,
+    NodeBeat, Prefix, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, RunState, Store, StoreError, Tick,
+    Trigger, FINISH_BATCH_MAX, OUTPUT_TAIL_BYTES_MAX,
 };
 use solocron_postgres::PgStore;
 use tokio::sync::Barrier;
@@ -252,7 +252,7 @@ async fn a_version_5_schema_gets_the_nodes_and_actions_tables() {
     assert!(store.heartbeat(&beat).await.is_err(), "version 5 has no nodes table");
     store.migrate().await.expect("migrate from version 5");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
     assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
     store.heartbeat(&beat).await.unwrap();
     assert_eq!(store.nodes().await.unwrap().len(), 1);
@@ -282,7 +282,7 @@ async fn a_version_6_schema_gets_the_managed_jobs_tables() {
     assert!(store.put_job("sync", spec, "ann", None).await.is_err(), "version 6 has no managed jobs");
     store.migrate().await.expect("migrate from version 6");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
     assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
     assert_eq!(store.managed_version().await.unwrap(), 0);
     let mut watch = store.request_watch().expect("a watch");
@@ -324,7 +324,7 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
     assert!(store.claim(&one).await.is_err(), "the function of version 5 is missing");
     store.migrate().await.expect("migrate from version 1");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
     let claim: String = sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = $1")
         .bind(format!("{p}claim"))
         .fetch_one(&pool)
@@ -337,8 +337,10 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
             .fetch_all(&pool)
             .await
             .unwrap();
-    let expected: Vec<String> =
-        ["runs_expiry", "runs_pkey", "runs_running", "runs_scheduled_job"].iter().map(|i| format!("{p}{i}")).collect();
+    let expected: Vec<String> = ["runs_expiry", "runs_pkey", "runs_running", "runs_scheduled_job", "runs_waiting"]
+        .iter()
+        .map(|i| format!("{p}{i}"))
+        .collect();
     assert_eq!(indexes, expected);
     assert!(store.claim(&batch).await.unwrap().iter().all(|o| matches!(o, ClaimOutcome::Won(_))));
     assert!(store.claim(&batch).await.unwrap().iter().all(|o| *o == ClaimOutcome::Taken));
@@ -640,7 +642,7 @@ async fn a_version_8_schema_gets_the_registry_index_by_node() {
     }
     store.migrate().await.expect("migrate from version 8");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
     let indexes: Vec<String> =
         sqlx::query_scalar("SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY indexname")
             .bind(format!("{p}registry"))
@@ -649,6 +651,83 @@ async fn a_version_8_schema_gets_the_registry_index_by_node() {
             .unwrap();
     assert_eq!(indexes, [format!("{p}registry_node"), format!("{p}registry_pkey")]);
     pool.close().await;
+}
+
+/// A schema of version 9 (before waiting retries had their index) is brought to the
+/// current version by `migrate`, which creates that index; `expired` then reads running
+/// runs and waiting retries from partial indexes, never the history.
+#[tokio::test]
+async fn a_version_9_schema_gets_the_index_of_waiting_retries() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
+    let p = &ns.prefix.table_prefix();
+    for sql in [format!("DROP INDEX {p}runs_waiting"), format!("UPDATE {p}schema SET version = 9")] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    store.migrate().await.expect("migrate from version 9");
+    let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
+    assert_eq!(version, 10);
+    let definition: String = sqlx::query_scalar("SELECT indexdef::text FROM pg_indexes WHERE indexname = $1")
+        .bind(format!("{p}runs_waiting"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(definition.contains("(lease_until) WHERE (state = 'waiting'::text)"), "{definition}");
+
+    // Enough history that a scan of it would cost more than the partial indexes.
+    let batch: Vec<ClaimRequest> =
+        (0..1000).map(|job| run(tick(&format!("job-{job:04}"), 0), "a", LONG_LEASE, false)).collect();
+    let endings: Vec<Ending> = all_won(&store.claim(&batch).await.unwrap())
+        .into_iter()
+        .map(|lease| Ending { lease: lease.clone(), end: succeeded("") })
+        .collect();
+    for chunk in endings.chunks(FINISH_BATCH_MAX) {
+        assert!(store.finish_all(chunk).await.unwrap().iter().all(|ended| *ended));
+    }
+    sqlx::query(&format!("ANALYZE {p}runs")).execute(&pool).await.unwrap();
+    let due = |state: &str| {
+        format!("(SELECT * FROM {p}runs WHERE state = '{state}' AND lease_until < 1 ORDER BY lease_until LIMIT 10)")
+    };
+    let plan: Vec<String> = sqlx::query_scalar(&format!(
+        "EXPLAIN SELECT * FROM ({} UNION ALL {}) AS due ORDER BY lease_until LIMIT 10",
+        due("running"),
+        due("waiting")
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    // The running half may read either partial index of running runs.
+    assert!(plan.contains(&format!("{p}runs_waiting")), "runs_waiting is not used:\n{plan}");
+    for whole in ["Seq Scan", "runs_pkey", "runs_scheduled_job"] {
+        assert!(!plan.contains(whole), "the history is scanned ({whole}):\n{plan}");
+    }
+    pool.close().await;
+}
+
+/// `prune` never deletes a waiting retry, however old its tick: it is not ended yet. Once
+/// started and ended, it goes like any record.
+#[tokio::test]
+async fn prune_keeps_waiting_retries() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let first = won(&store, run(tick("backup", 0), "a", LONG_LEASE, false)).await;
+    let failed = RunEnd { state: RunState::Failed, exit_code: Some(1), ..succeeded("boom") };
+    assert!(store.finish_for_retry(&first, &failed, Duration::ZERO).await.unwrap());
+    let day = Duration::from_secs(86_400);
+    assert_eq!(store.prune(day, 10).await.unwrap(), 1, "only the failed attempt goes");
+    let left = store.history(&HistoryQuery::default()).await.unwrap();
+    let next = RunId { tick: first.run.tick.clone(), attempt: 2 };
+    assert_eq!(left.iter().map(|r| (r.id.clone(), r.state)).collect::<Vec<_>>(), [(next.clone(), RunState::Waiting)]);
+
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let start = RecoverAction::Retry { node: "b".into(), lease: LONG_LEASE };
+    let RecoverOutcome::Retried(second) = store.recover(&next, &start).await.unwrap() else { panic!("not started") };
+    assert_eq!(second.fencing_token, first.fencing_token + 1);
+    assert!(store.finish(&second, &succeeded("")).await.unwrap());
+    assert_eq!(store.prune(day, 10).await.unwrap(), 1);
+    assert!(store.history(&HistoryQuery::default()).await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

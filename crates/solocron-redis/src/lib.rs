@@ -78,8 +78,8 @@
 //! | `{solocron}:run:<id>` | hash | one run record: `job at att trig node tok state reason claimed started finished lease exit out nonce` (`nonce`: the creating claim's, in decimal; `0` or absent: none) |
 //! | `{solocron}:hist` | sorted set | every record's `<id>`, scored by `scheduled_at` (history across jobs, pruning) |
 //! | `{solocron}:jhist:<job>` | sorted set | the job's record ids, scored by `scheduled_at` (history of one job) |
-//! | `{solocron}:expiry` | sorted set | ids of running runs, scored by `lease_until` ([`Store::expired`]) |
-//! | `{solocron}:jrun:<job>` | sorted set | ids of the job's running runs (overlap check, unlock) |
+//! | `{solocron}:expiry` | sorted set | ids of running runs and of waiting retries, scored by `lease_until` (a retry's not-before) ([`Store::expired`]) |
+//! | `{solocron}:jrun:<job>` | sorted set | ids of the job's running runs, never of waiting retries (overlap check, unlock) |
 //! | `{solocron}:fences` | hash | job → last fencing token |
 //! | `{solocron}:ctl:<job>` / `…ctls` | hash / set | a job's pause switch / the jobs ever switched |
 //! | `{solocron}:reg:<len(job)>:<job>:<node>` / `…regs` | hash / sorted set | a registration / their ids by `last_seen` |
@@ -96,9 +96,29 @@
 //! with `maxmemory-policy noeviction` (or a `volatile-*` policy): an evicted key is
 //! forgotten like after a restart.
 //!
+//! ## Failure retries
+//!
+//! [`Store::finish_for_retry`] is one call: it records the end exactly as
+//! [`Store::finish`] does (same owner and token check) and, only if that matched, creates
+//! the tick's next attempt as a `waiting` record (trigger `retry`, the same node, no `tok`,
+//! `claimed` = now, `lease` = now + the backoff: its not-before), in `hist`, `jhist:<job>`
+//! and `expiry` (by its not-before), never in `jrun:<job>`: a waiting retry is not a
+//! running run, so it neither makes a claim skip for overlap nor is ended by an unlock.
+//! [`Store::expired`] reads `expiry` once for both kinds, so due retries and lapsed runs
+//! come merged, oldest first. [`Store::recover`] of a due retry turns that same record
+//! `running` (the job's next token from `fences`, a fresh lease, back in `jrun:<job>`) or
+//! ends it `abandoned`; before its not-before, `NotNeeded`. [`Store::prune`] never deletes
+//! a waiting record, like a running one.
+//!
+//! The layout version stays `1`: a waiting record is a run hash like any other, with a
+//! state value older builds do not know. In a fleet mixing builds, an older one skips a due
+//! retry in its expiry scan (logging that it cannot read it), fails a history read that
+//! meets one, and may prune one whose tick is older than the retention; finish upgrading
+//! before giving jobs a retry policy.
+//!
 //! ## Cost
 //!
-//! Claim, renew, finish, recover, request and pause touch a handful of keys per run:
+//! Claim, renew, finish (for a retry too), recover, request and pause touch a handful of keys per run:
 //! `O(log n)` each. [`Store::history`] walks the job's (or all jobs') history newest first
 //! from the `until` bound: without a state or node filter it reads exactly the records it
 //! returns; with one it examines records one by one, at most 50 000 per call (about 0.1 s
@@ -214,7 +234,8 @@
 //! - `url.rs`: the URL into a client; what is shown of it (redacted).
 //! - `schema.rs`: `migrate` (layout version, epoch) and `uninstall`.
 //! - `claim.rs`: the claim, a whole batch in one call. Nothing else claims.
-//! - `runs.rs`: a held run's life: renew, finish, expired, recover, unlock.
+//! - `runs.rs`: a held run's life: renew, finish, finish for a retry, expired, recover,
+//!   unlock.
 //! - `admin.rs`: history, now, registry, pause switches, manual requests, memory_since,
 //!   prune.
 //! - `fleet.rs`: node heartbeats and the audit log's reads (actions are appended by the Lua
@@ -279,8 +300,9 @@ const RECONNECT_DELAY_MAX: Duration = Duration::from_millis(500);
 ///
 /// # Panics
 ///
-/// [`Store::finish`] panics if given a `RunEnd` whose state is `running`: that is a bug in
-/// the caller, not a condition of the store.
+/// [`Store::finish`], [`Store::finish_all`] and [`Store::finish_for_retry`] panic if given
+/// a `RunEnd` whose state is not terminal (`running`, `waiting`): that is a bug in the
+/// caller, not a condition of the store.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: ConnectionManager,
@@ -378,6 +400,10 @@ impl Store for RedisStore {
 
     async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
         runs::finish_all(self, endings).await
+    }
+
+    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
+        runs::finish_for_retry(self, lease, end, after).await
     }
 
     async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

@@ -1,7 +1,8 @@
-//! A held run's life after its claim: renew, finish (one or a pipelined batch), the expiry
-//! scan, recovery, and an operator's unlock. Each is one call of the store's Lua code,
-//! which compares the owner and fencing token (or the state and lease expiry) in the same
-//! atomic step that writes.
+//! A held run's life after its claim: renew, finish (one or a pipelined batch), finish
+//! for a retry, the expiry scan, recovery (of expired runs and of due waiting retries),
+//! and an operator's unlock. Each is one call of the store's Lua code, which compares the
+//! owner and fencing token (or the state and lease expiry) in the same atomic step that
+//! writes.
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use solocron_core::{
 
 use crate::call::{millis, optional, Call};
 use crate::decode::{self, convert, invalid};
-use crate::scripts::CODE;
+use crate::scripts::{Method, CODE};
 use crate::RedisStore;
 
 /// Extends a lease (see [`solocron_core::Store::renew`]).
@@ -42,7 +43,29 @@ pub(crate) async fn finish_all(store: &RedisStore, endings: &[Ending]) -> Result
     store.run_flags(&calls, "finish").await
 }
 
-/// Running runs whose lease passed by Redis's clock (see [`solocron_core::Store::expired`]).
+/// Records a failed run's end and plans its next attempt as a waiting retry, in one call
+/// (see [`solocron_core::Store::finish_for_retry`]).
+pub(crate) async fn finish_for_retry(
+    store: &RedisStore,
+    lease: &Lease,
+    end: &RunEnd,
+    after: Duration,
+) -> Result<bool, StoreError> {
+    // The retry is never the last possible attempt, which `recover` could not start.
+    if lease.run.attempt >= u32::MAX - 1 {
+        return Err(StoreError::Invalid(format!("run {} has no next attempt to retry as", lease.run)));
+    }
+    let mut call = end_call(store, &CODE.finish_retry, lease, end)?;
+    call.arg(millis(after)?);
+    let finished: i64 = convert(store.run(&call, "finish_for_retry").await?, "finish_for_retry reply")?;
+    if finished == 1 {
+        tracing::debug!(run = %lease.run, ?after, "run finished; its retry waits");
+    }
+    Ok(finished == 1)
+}
+
+/// Running runs whose lease passed, and waiting retries whose not-before passed, by Redis's
+/// clock (see [`solocron_core::Store::expired`]).
 pub(crate) async fn expired(store: &RedisStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
     let limit = limit.min(RECORDS_PAGE_MAX);
     if limit == 0 {
@@ -59,13 +82,15 @@ pub(crate) async fn expired(store: &RedisStore, limit: usize) -> Result<Vec<RunR
         .collect())
 }
 
-/// Abandons or retries an expired run (see [`solocron_core::Store::recover`]).
+/// Abandons or retries an expired run, or drops or starts a due waiting retry (see
+/// [`solocron_core::Store::recover`]).
 pub(crate) async fn recover(
     store: &RedisStore,
     run: &RunId,
     action: &RecoverAction,
 ) -> Result<RecoverOutcome, StoreError> {
     // Checked before the call: the script may end the run before it starts the next one.
+    // (A waiting retry is never the last attempt: `finish_for_retry` makes none.)
     if matches!(action, RecoverAction::Retry { .. }) && run.attempt == u32::MAX {
         return Err(StoreError::Invalid(format!("run {run} has no next attempt")));
     }
@@ -81,6 +106,10 @@ pub(crate) async fn recover(
         (Some("not_needed"), _) => RecoverOutcome::NotNeeded,
         (Some("abandoned"), RecoverAction::Abandon { .. }) => RecoverOutcome::Abandoned,
         (Some("won"), RecoverAction::Retry { node, .. }) => RecoverOutcome::Retried(decode::won(&reply, next, node)?),
+        // A waiting retry started: the same attempt.
+        (Some("started"), RecoverAction::Retry { node, .. }) => {
+            RecoverOutcome::Retried(decode::won(&reply, run.clone(), node)?)
+        }
         _ => return Err(invalid("recover reply", format!("{reply:?}"))),
     };
     if outcome != RecoverOutcome::NotNeeded {
@@ -111,9 +140,15 @@ fn renew_call(store: &RedisStore, lease: &Lease, length: Duration) -> Result<Cal
 
 /// The `finish` script's call for one end.
 fn finish_call(store: &RedisStore, lease: &Lease, end: &RunEnd) -> Result<Call, StoreError> {
+    end_call(store, &CODE.finish, lease, end)
+}
+
+/// A call of `method` (`finish`, or `finish_retry` before its backoff argument) with the
+/// arguments of one end.
+fn end_call(store: &RedisStore, method: &'static Method, lease: &Lease, end: &RunEnd) -> Result<Call, StoreError> {
     assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
     let started_after = end.started_after.map(millis).transpose()?;
-    let mut call = store.invocation(&CODE.finish);
+    let mut call = store.invocation(method);
     lease_args(&mut call, lease);
     call.arg(end.state.as_str())
         .arg(optional(end.reason.as_deref()))

@@ -6,7 +6,9 @@
 //! stops every node of the other builds sharing the prefix. A new field in a hash is no
 //! such change: every build reads hashes by field name and ignores fields it does not know,
 //! and a field absent from older records reads as its "none" (so the claim's `nonce`, kept
-//! in the run record, came with no new version).
+//! in the run record, came with no new version). Nor is a new value of a field: the
+//! `waiting` state of failure retries came with no new version (see "Failure retries" in
+//! the crate docs for what older builds make of such records).
 //!
 //! The Functions library is not removed: its name comes from its code's hash, not from the
 //! prefix (the prefix is each call's first argument), so every prefix on the server served

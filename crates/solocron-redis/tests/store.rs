@@ -671,3 +671,88 @@ async fn prune_keeps_the_nodes_sets_of_registrations_in_step() {
     store.register("a", &[definition("report", "r")]).await.expect("register again");
     assert_eq!(node_set(&ns, "a").await, ["", "6:report:a"]);
 }
+
+/// A failed end (exit code 1).
+fn failed() -> RunEnd {
+    RunEnd { state: RunState::Failed, exit_code: Some(1), ..done() }
+}
+
+/// The members of the job's running set (`jrun:<job>`), read behind the store's back.
+async fn running_set(ns: &common::Namespace, job: &str) -> Vec<String> {
+    let mut conn = common::raw(&ns.url).await.expect("connect");
+    let key = format!("{}jrun:{job}", ns.prefix.redis_key_prefix());
+    redis::cmd("ZRANGE").arg(&key).arg(0).arg(-1).query_async(&mut conn).await.expect("zrange")
+}
+
+/// A waiting retry is not a running run (the overlap check and unlock pass it by, the job's
+/// running set never holds it), history finds it by its state, and prune keeps it however
+/// old its tick.
+#[tokio::test]
+async fn a_waiting_retry_is_not_running_is_found_by_its_state_and_is_never_pruned() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let first = won(&store, run(tick("flaky", 0), "a", false)).await;
+    assert!(store.finish_for_retry(&first, &failed(), LONG).await.expect("finish_for_retry"));
+    let waiting = store.history(&HistoryQuery { state: Some(RunState::Waiting), ..Default::default() }).await;
+    let waiting = waiting.expect("history");
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    assert_eq!((waiting[0].id.attempt, waiting[0].fencing_token), (2, None));
+    assert_eq!(running_set(&ns, "flaky").await, Vec::<String>::new());
+
+    let next = won(&store, run(tick("flaky", 1), "b", true)).await;
+    assert_eq!(running_set(&ns, "flaky").await.len(), 1, "only the running run");
+    assert_eq!(store.unlock("flaky", "op", "test").await.expect("unlock"), [next.run]);
+    // Ticks of 2020, long before the cutoff: the failed and the unlocked run go, not the retry.
+    assert_eq!(store.prune(Duration::from_secs(3600), 100).await.expect("prune"), 2);
+    let left = store.history(&HistoryQuery::default()).await.expect("history");
+    assert_eq!(left.iter().map(|r| (r.id.attempt, r.state)).collect::<Vec<_>>(), [(2, RunState::Waiting)]);
+}
+
+/// `expired` lists lapsed runs and due retries in one list, oldest `lease_until` first, at
+/// most `limit` in all; a started retry is a running run again (in the overlap check).
+#[tokio::test]
+async fn expired_merges_due_retries_with_lapsed_runs_oldest_first() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let lease = |ms| ClaimRequest { lease: Duration::from_millis(ms), ..run(tick("lapsed", 0), "a", false) };
+    let oldest = won(&store, lease(50)).await;
+    let failing = won(&store, run(tick("flaky", 0), "a", false)).await;
+    assert!(store.finish_for_retry(&failing, &failed(), Duration::from_millis(150)).await.expect("finish_for_retry"));
+    let newest = won(&store, ClaimRequest { tick: tick("lapsed", 1), ..lease(300) }).await;
+    tokio::time::sleep(Duration::from_millis(450)).await;
+
+    let retry_id = solocron_core::RunId { tick: failing.run.tick.clone(), attempt: 2 };
+    let ids = |records: Vec<solocron_core::RunRecord>| records.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    let all = ids(store.expired(10).await.expect("expired"));
+    assert_eq!(all, [oldest.run.clone(), retry_id.clone(), newest.run.clone()]);
+    assert_eq!(ids(store.expired(2).await.expect("expired")), [oldest.run, retry_id.clone()]);
+
+    let start = RecoverAction::Retry { node: "b".into(), lease: LONG };
+    let RecoverOutcome::Retried(started) = store.recover(&retry_id, &start).await.expect("recover") else {
+        panic!("the due retry should start")
+    };
+    assert_eq!(started.run, retry_id);
+    let outcome = store.claim(&[run(tick("flaky", 5), "c", true)]).await.expect("claim").remove(0);
+    assert_eq!(outcome, ClaimOutcome::Skipped { reason: format!("overlap: previous run {retry_id} still running") });
+}
+
+/// A next attempt that exists already (written behind the store's back: no build makes
+/// one while its previous attempt runs) makes `finish_for_retry` fail, writing nothing.
+#[tokio::test]
+async fn finish_for_retry_writes_nothing_when_the_next_attempt_exists() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let first = won(&store, run(tick("flaky", 0), "a", false)).await;
+    let key = format!(
+        "{}run:{}:0000000002:flaky",
+        ns.prefix.redis_key_prefix(),
+        first.run.tick.scheduled_at.timestamp_millis()
+    );
+    let mut conn = common::raw(&ns.url).await.expect("connect");
+    let () = redis::cmd("HSET").arg(&key).arg("state").arg("skipped").query_async(&mut conn).await.expect("hset");
+    let error = store.finish_for_retry(&first, &failed(), LONG).await.expect_err("an existing next attempt");
+    assert!(matches!(&error, StoreError::Invalid(m) if m.contains("exists already")), "{error}");
+    let record = store.history(&HistoryQuery::default()).await.expect("history").remove(0);
+    assert_eq!((record.id.attempt, record.state), (1, RunState::Running), "unchanged");
+    assert!(store.finish(&first, &failed()).await.expect("finish"), "still held");
+}

@@ -82,7 +82,7 @@ const UNLOCK: &str = concat!(
 );
 /// Deletes a batch of ended runs older than a cutoff, oldest first.
 const PRUNE_RUNS: &str = "DELETE FROM {p}runs WHERE rowid IN (
-               SELECT rowid FROM {p}runs WHERE state <> 'running' AND scheduled_at < ?
+               SELECT rowid FROM {p}runs WHERE state NOT IN ('running', 'waiting') AND scheduled_at < ?
                ORDER BY scheduled_at, attempt LIMIT ?)";
 /// Deletes the requests older than a cutoff.
 const PRUNE_REQUESTS: &str = "DELETE FROM {p}requests WHERE requested_at < ?";

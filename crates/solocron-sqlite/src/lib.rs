@@ -313,6 +313,10 @@ impl Store for SqliteStore {
         runs::finish(self, lease, end).await
     }
 
+    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
+        runs::finish_for_retry(self, lease, end, after).await
+    }
+
     async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
         runs::finish_all(self, endings).await
     }

@@ -1,5 +1,7 @@
-//! A held run's life after its claim: renewing its lease, recording its end, and the
-//! recovery of runs whose lease expired (abandon, or retry as the next attempt). A
+//! A held run's life after its claim: renewing its lease, recording its end (and, for a
+//! failure retry, its next attempt as `waiting`), and the recovery of runs whose lease
+//! expired (abandon, or retry as the next attempt) and of due waiting retries (start, or
+//! drop). A
 //! renewal or a finish is one statement in autocommit; a batch of them, or a recovery, is
 //! one `BEGIN IMMEDIATE` transaction.
 
@@ -34,21 +36,47 @@ const FINISH: &str = concat!(
     ", lease_until = NULL, started_at = claimed_at + ?
              WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ? AND state = 'running'"
 );
-/// Running runs whose lease expired, oldest expiry first.
+/// Running runs whose lease expired and waiting retries whose not-before passed, oldest
+/// first: one query per state, each served by its partial index, merged (binds: the limit,
+/// three times).
 const EXPIRED: &str = concat!(
-    "SELECT ",
+    "SELECT * FROM (SELECT ",
     columns!(),
     " FROM {p}runs WHERE state = 'running' AND lease_until < ",
     now!(),
-    " ORDER BY lease_until LIMIT ?"
+    " ORDER BY lease_until LIMIT ?) UNION ALL SELECT * FROM (SELECT ",
+    columns!(),
+    " FROM {p}runs WHERE state = 'waiting' AND lease_until < ",
+    now!(),
+    " ORDER BY lease_until LIMIT ?) ORDER BY lease_until LIMIT ?"
 );
-/// Ends an expired run as `abandoned`.
+/// Ends an expired run, or drops a due waiting retry, as `abandoned`.
 const ABANDON: &str = concat!(
     "UPDATE {p}runs SET state = 'abandoned', reason = ?, finished_at = ",
     now!(),
     ", lease_until = NULL
-         WHERE job = ? AND scheduled_at = ? AND attempt = ? AND state = 'running' AND lease_until < ",
+         WHERE job = ? AND scheduled_at = ? AND attempt = ? AND state IN ('running', 'waiting') AND lease_until < ",
     now!()
+);
+/// Creates a failed run's next attempt as `waiting` until `now + ?` (its not-before).
+const WAIT: &str = concat!(
+    r#"INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, state, claimed_at, lease_until)
+           VALUES (?, ?, ?, 'retry', ?, 'waiting', "#,
+    now!(),
+    ", ",
+    now!(),
+    " + ?)"
+);
+/// Starts a due waiting retry for a node (no row back if it is not one).
+const START_WAITING: &str = concat!(
+    "UPDATE {p}runs SET state = 'running', node = ?, claimed_at = ",
+    now!(),
+    ", lease_until = ",
+    now!(),
+    " + ?, nonce = NULL
+         WHERE job = ? AND scheduled_at = ? AND attempt = ? AND state = 'waiting' AND lease_until < ",
+    now!(),
+    " RETURNING claimed_at, lease_until"
 );
 /// Ends an expired run as `lost`, before its retry.
 const LOSE: &str = concat!(
@@ -81,6 +109,8 @@ pub(crate) struct Sql {
     abandon: String,
     lose: String,
     start: String,
+    wait: String,
+    start_waiting: String,
     set_token: String,
     next_token: String,
 }
@@ -95,6 +125,8 @@ impl Sql {
             abandon: fill(ABANDON, tables),
             lose: fill(LOSE, tables),
             start: fill(START, tables),
+            wait: fill(WAIT, tables),
+            start_waiting: fill(START_WAITING, tables),
             set_token: fill(SET_TOKEN, tables),
             next_token: fill(NEXT_TOKEN, tables),
         }
@@ -156,6 +188,38 @@ pub(crate) async fn finish_all(store: &SqliteStore, endings: &[Ending]) -> Resul
     Ok(answers)
 }
 
+/// Records a failed run's end and its next attempt, waiting `after`, in one transaction
+/// (see [`solocron_core::Store::finish_for_retry`]).
+pub(crate) async fn finish_for_retry(
+    store: &SqliteStore,
+    lease: &Lease,
+    end: &RunEnd,
+    after: Duration,
+) -> Result<bool, StoreError> {
+    let sql = &store.sql.runs;
+    let run = &lease.run;
+    let next =
+        run.attempt.checked_add(1).ok_or_else(|| StoreError::Invalid(format!("run {run} has no next attempt")))?;
+    let mut tx = store.write_tx().await?;
+    let changed = finish_query(sql, lease, end)?.execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+    debug_assert!(changed <= 1);
+    if changed == 0 {
+        tx.rollback().await.map_err(db_err)?;
+        return Ok(false);
+    }
+    sqlx::query(&sql.wait)
+        .bind(&run.tick.job)
+        .bind(run.tick.scheduled_at.timestamp_millis())
+        .bind(i64::from(next))
+        .bind(&lease.owner)
+        .bind(millis(after)?)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    tx.commit().await.map_err(db_err)?;
+    Ok(true)
+}
+
 /// The `UPDATE` that extends a live lease held by its owner, judged by SQLite's clock.
 fn renew_query<'q>(
     sql: &'q Sql,
@@ -184,7 +248,8 @@ fn finish_query<'q>(
 /// [`solocron_core::Store::expired`]).
 pub(crate) async fn expired(store: &SqliteStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
     let limit = limit.min(RECORDS_PAGE_MAX) as i64;
-    let rows = sqlx::query(&store.sql.runs.expired).bind(limit).fetch_all(&store.pool).await.map_err(db_err)?;
+    let query = sqlx::query(&store.sql.runs.expired).bind(limit).bind(limit).bind(limit);
+    let rows = query.fetch_all(&store.pool).await.map_err(db_err)?;
     // A row this version cannot read (written by a newer one, say) must not stop the
     // recovery of every other run.
     Ok(rows
@@ -210,7 +275,10 @@ pub(crate) async fn recover(
         },
         RecoverAction::Retry { node, lease } => match retry(sql, &mut tx, run, node, *lease).await? {
             Some(lease) => RecoverOutcome::Retried(lease),
-            None => RecoverOutcome::NotNeeded,
+            None => match start_waiting(sql, &mut tx, run, node, *lease).await? {
+                Some(lease) => RecoverOutcome::Retried(lease),
+                None => RecoverOutcome::NotNeeded,
+            },
         },
     };
     // NotNeeded may follow a partial step (the old run marked lost, but its next
@@ -267,6 +335,48 @@ async fn start_run(
         lease_until: instant(get(&row, "lease_until")?)?,
     };
     tracing::debug!(run = %lease.run, node, token, "run claimed");
+    Ok(Some(lease))
+}
+
+/// Starts `id`, a due waiting retry, as `running` for `node` with the job's next fencing
+/// token; the lease, or `None` if `id` is not a due waiting retry.
+async fn start_waiting(
+    sql: &Sql,
+    conn: &mut SqliteConnection,
+    id: &RunId,
+    node: &str,
+    lease: Duration,
+) -> Result<Option<Lease>, StoreError> {
+    let (job, at) = (&id.tick.job, id.tick.scheduled_at.timestamp_millis());
+    let row = sqlx::query(&sql.start_waiting)
+        .bind(node)
+        .bind(millis(lease)?)
+        .bind(job)
+        .bind(at)
+        .bind(i64::from(id.attempt))
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db_err)?;
+    let Some(row) = row else { return Ok(None) };
+    let token = next_token(sql, conn, job).await?;
+    let updated = sqlx::query(&sql.set_token)
+        .bind(solocron_sql::token_param(token)?)
+        .bind(job)
+        .bind(at)
+        .bind(i64::from(id.attempt))
+        .execute(conn)
+        .await
+        .map_err(db_err)?
+        .rows_affected();
+    assert_eq!(updated, 1, "the retry just started must take its token");
+    let lease = Lease {
+        run: id.clone(),
+        owner: node.to_owned(),
+        fencing_token: token,
+        claimed_at: instant(get(&row, "claimed_at")?)?,
+        lease_until: instant(get(&row, "lease_until")?)?,
+    };
+    tracing::debug!(run = %lease.run, node, token, "waiting retry started");
     Ok(Some(lease))
 }
 

@@ -12,9 +12,11 @@ use crate::{fill, SqliteStore};
 /// registry and requests tables, version 2 the nodes and actions tables, version 3 the
 /// managed jobs and their revisions; [`SCHEMA`] adds them. Version 4 lacked the runs'
 /// `nonce` column, which [`migrate`] adds ([`ADD_NONCE`]); then it records the new version.
-/// Builds of earlier versions refuse to migrate a newer schema, and keep claiming on it
-/// meanwhile (their inserts name their columns, leaving `nonce` NULL).
-const SCHEMA_VERSION: i64 = 5;
+/// Version 5 lacked the index of `waiting` retries ([`SCHEMA`] adds it), and its builds
+/// do not know that state. Builds of earlier versions refuse to migrate a newer schema,
+/// and keep claiming on it meanwhile (their inserts name their columns, leaving `nonce`
+/// NULL; they skip the waiting records they cannot read).
+const SCHEMA_VERSION: i64 = 6;
 
 /// Whether the runs table has version 5's `nonce` column (SQLite has no `ADD COLUMN IF
 /// NOT EXISTS`): bound to the table's name.
@@ -50,6 +52,8 @@ const SCHEMA: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS {p}fences (job TEXT PRIMARY KEY, token INTEGER NOT NULL)",
     // Serves `expired`: running runs by lease expiry, oldest first.
     "CREATE INDEX IF NOT EXISTS {p}runs_expiry ON {p}runs (lease_until) WHERE state = 'running'",
+    // Version 6: serves `expired` for failure retries waiting out their backoff.
+    "CREATE INDEX IF NOT EXISTS {p}runs_waiting ON {p}runs (lease_until) WHERE state = 'waiting'",
     // Serves the overlap check of `claim` (skip_if_running): the newest running run of a
     // job. Ordered like the primary key, or the planner prefers walking the job's whole
     // history through the primary key to avoid a sort.
@@ -212,9 +216,9 @@ pub(crate) async fn migrate(store: &SqliteStore) -> Result<(), StoreError> {
             sqlx::query(&sql.first_version).bind(SCHEMA_VERSION).execute(&mut *tx).await.map_err(db_err)?;
         }
         Some(SCHEMA_VERSION) => {}
-        // Earlier versions differ by the tables the statements above just created, and by
-        // the runs' nonce column.
-        Some(1..=4) => {
+        // Earlier versions differ by the tables and indexes the statements above just
+        // created, and by the runs' nonce column.
+        Some(1..=5) => {
             let has_nonce: i64 =
                 sqlx::query_scalar(HAS_NONCE).bind(&sql.runs).fetch_one(&mut *tx).await.map_err(db_err)?;
             if has_nonce == 0 {

@@ -27,9 +27,9 @@ async fn raw(dir: &TempDir) -> sqlx::SqlitePool {
 async fn a_schema_newer_than_this_crate_is_refused() {
     let (dir, store) = fresh().await;
     let pool = raw(&dir).await;
-    sqlx::query("UPDATE solocron_schema SET version = 6").execute(&pool).await.unwrap();
+    sqlx::query("UPDATE solocron_schema SET version = 7").execute(&pool).await.unwrap();
     let err = store.migrate().await.unwrap_err();
-    assert!(matches!(err, StoreError::Invalid(_)) && err.to_string().contains("version 6"), "{err}");
+    assert!(matches!(err, StoreError::Invalid(_)) && err.to_string().contains("version 7"), "{err}");
 }
 
 #[tokio::test]
@@ -158,7 +158,7 @@ async fn a_version_1_database_is_upgraded_in_place_keeping_its_runs_and_tokens()
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [5]);
+    assert_eq!(versions, [6]);
 
     let history = store.history(&HistoryQuery::default()).await.unwrap();
     assert_eq!((history.len(), history[0].state, history[0].output.as_str()), (1, RunState::Succeeded, "ok"));
@@ -193,7 +193,7 @@ async fn a_version_2_database_gets_the_nodes_and_actions_tables() {
     assert!(store.heartbeat(&beat).await.is_err(), "version 2 has no nodes table");
     store.migrate().await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [5]);
+    assert_eq!(versions, [6]);
     assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
     store.heartbeat(&beat).await.unwrap();
     assert_eq!(store.nodes().await.unwrap().len(), 1);
@@ -259,6 +259,31 @@ async fn a_node_opening_while_another_migrates_waits_instead_of_failing() {
     release.await.unwrap();
 }
 
+/// A version 5 database (before failure retries) gets the index of waiting retries at
+/// `migrate`, and `expired` uses it: it never walks the history to find them.
+#[tokio::test]
+async fn a_version_5_database_gets_the_waiting_retries_index_and_expired_uses_it() {
+    let (dir, store) = fresh().await;
+    let pool = raw(&dir).await;
+    for sql in ["DROP INDEX solocron_runs_waiting", "UPDATE solocron_schema SET version = 5"] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    store.migrate().await.unwrap();
+    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
+    assert_eq!(versions, [6]);
+    // A connection opened after the migration (one opened before plans with the schema it read).
+    let pool = raw(&dir).await;
+    let rows: Vec<(i64, i64, i64, String)> = sqlx::query_as(
+        "EXPLAIN QUERY PLAN SELECT job FROM solocron_runs WHERE state = 'waiting' AND lease_until < 5 ORDER BY lease_until LIMIT 10",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let detail: Vec<&str> = rows.iter().map(|r| r.3.as_str()).collect();
+    assert!(detail.iter().any(|d| d.contains("solocron_runs_waiting")), "the plan does not use the index: {detail:?}");
+    assert!(store.expired(10).await.unwrap().is_empty());
+}
+
 /// A version 4 database (before the runs' nonce column) gets the column at `migrate`,
 /// keeping its records, which have no nonce: asked again with any nonce, their ticks are
 /// taken. New claims store their nonce, and asked again with it are won again, alone and
@@ -279,7 +304,7 @@ async fn a_version_4_database_gets_the_nonce_column_and_its_records_have_none() 
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [5]);
+    assert_eq!(versions, [6]);
     let asked = |at: &str, nonce: u64| ClaimRequest { nonce, ..tick_request("backup", at) };
     let old = asked("2026-01-01T00:00:00Z", 7);
     assert_eq!(store.claim(std::slice::from_ref(&old)).await.unwrap(), [ClaimOutcome::Taken], "no nonce stored");
@@ -487,7 +512,7 @@ async fn a_version_3_database_gets_the_managed_jobs_tables() {
     assert!(store.put_job("a", spec, "ann", None).await.is_err(), "version 3 has no managed jobs table");
     store.migrate().await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM solocron_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [5]);
+    assert_eq!(versions, [6]);
     assert_eq!(store.put_job("a", spec, "ann", None).await.unwrap(), solocron_core::JobWrite::Written(1));
 }
 

@@ -24,6 +24,7 @@ use crate::job::Job;
 use crate::jobset::{JobSet, Jobs};
 use crate::lead::CLAIM_AHEAD_MAX;
 use crate::metrics::{self, StoreOp};
+use crate::retry::RetryWakes;
 use crate::runner::{execute, Claimed};
 use crate::spread::Spread;
 use crate::store_clock::StoreClock;
@@ -58,6 +59,8 @@ pub(crate) struct Engine {
     pub(crate) unanswered: UnansweredClaims,
     /// This node's view of the fleet: which ticks it claims first, which as a backup.
     pub(crate) spread: Spread,
+    /// When the failure retries this node planned come due (its recovery scan wakes then).
+    pub(crate) retry_wakes: RetryWakes,
     pub(crate) tracker: TaskTracker,
     /// Fired when shutdown's grace is over: running jobs are stopped.
     pub(crate) interrupt: CancellationToken,
@@ -96,6 +99,7 @@ impl Engine {
             catching_up: Mutex::new(HashSet::new()),
             unanswered: UnansweredClaims::default(),
             spread,
+            retry_wakes: RetryWakes::default(),
             tracker: TaskTracker::new(),
             interrupt: CancellationToken::new(),
         }
@@ -261,7 +265,7 @@ impl Engine {
         let engine = self.clone();
         self.tracker.spawn(async move {
             let _guard = guard;
-            execute(run, &engine.batches, interrupt).await
+            execute(run, &engine, interrupt).await
         })
     }
 }

@@ -28,6 +28,7 @@ mod jobset;
 mod lead;
 pub mod metrics;
 mod recovery;
+mod retry;
 mod runner;
 mod scheduler;
 mod spread;

@@ -1,7 +1,9 @@
 //! Recovery: runs whose lease expired (their node died or stalled) are found and handed to
-//! the store's `recover` with the job's `on_crash` action; a retry won here starts like any
-//! claimed run.
+//! the store's `recover` with the job's `on_crash` action; failure retries whose backoff
+//! passed (`waiting`, see `retry.rs`) are started, or dropped once the tick's next instant
+//! came. A retry won here starts like any claimed run.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use solocron_core::{OnCrash, RecoverAction, RecoverOutcome, RunRecord, RunState, StoreError, Trigger};
@@ -16,14 +18,21 @@ use crate::metrics::{self, Outcome, StoreOp};
 /// Most expired runs examined per recovery scan.
 const EXPIRED_PER_SCAN_MAX: usize = 100;
 
-/// Finds runs whose lease expired and applies the job's `on_crash` policy, every
-/// recovery interval, until `shutdown`.
+/// Finds runs whose lease expired and applies the job's `on_crash` policy, and starts due
+/// failure retries, every recovery interval and when a retry this node planned comes due,
+/// until `shutdown`.
 pub(crate) async fn recovery_loop(e: Arc<Engine>, shutdown: CancellationToken) {
     let mut backoff = Backoff::store();
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(e.recovery_interval) => {}
-            _ = shutdown.cancelled() => return,
+        let every = Instant::now() + e.recovery_interval;
+        loop {
+            let wake = e.retry_wakes.next_after(Instant::now()).map_or(every, |at| at.min(every));
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake) => break,
+                // A retry planned meanwhile may come due before `wake`.
+                _ = e.retry_wakes.changed() => {}
+                _ = shutdown.cancelled() => return,
+            }
         }
         match recover_expired(&e, &shutdown).await {
             Ok(()) => backoff.reset(),
@@ -39,6 +48,8 @@ pub(crate) async fn recovery_loop(e: Arc<Engine>, shutdown: CancellationToken) {
 }
 
 async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Result<(), StoreError> {
+    // The paused jobs, read once per scan and only when a retry is due.
+    let mut paused: Option<HashSet<String>> = None;
     for run in counted(StoreOp::Recover, e.store.expired(EXPIRED_PER_SCAN_MAX)).await? {
         if shutdown.is_cancelled() {
             break;
@@ -51,7 +62,18 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
         }
         // The job as this node's list has it now (taken per run: the list may change).
         let job = e.jobs.get().get(&run.id.tick.job).cloned();
-        let action = recover_action(e, job.as_deref(), &run);
+        let waiting = run.state == RunState::Waiting;
+        let action = if waiting {
+            // A retry of a job this node does not run is left to a node that runs it.
+            let Some(job) = job.as_deref() else { continue };
+            if paused.is_none() {
+                paused = Some(paused_jobs(e).await?);
+            }
+            let is_paused = paused.as_ref().is_some_and(|p| p.contains(job.name()));
+            retry_action(e, job, &run, is_paused)
+        } else {
+            recover_action(e, job.as_deref(), &run)
+        };
         let sent = Instant::now();
         let outcome = match counted(StoreOp::Recover, e.store.recover(&run.id, &action)).await {
             Ok(o) => o,
@@ -63,6 +85,15 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
             }
         };
         match outcome {
+            RecoverOutcome::Retried(lease) if waiting => {
+                tracing::info!(run = %run.id, failed_on = %run.node, token = lease.fencing_token, "starting a failure retry here");
+                let job = job.expect("only a job on this node's list is retried here");
+                e.start(e.claimed(job, lease, Trigger::Retry, sent), e.interrupt.clone());
+            }
+            RecoverOutcome::Abandoned if waiting => {
+                metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Abandoned));
+                tracing::warn!(run = %run.id, reason = action_reason(&action), "failure retry dropped");
+            }
             RecoverOutcome::Retried(lease) => {
                 // The dead node's attempt was recorded `lost` by this recovery.
                 metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Lost));
@@ -79,6 +110,41 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
         }
     }
     Ok(())
+}
+
+/// The names of the jobs paused fleet-wide.
+async fn paused_jobs(e: &Engine) -> Result<HashSet<String>, StoreError> {
+    let controls = counted(StoreOp::Recover, e.store.controls()).await?;
+    Ok(controls.into_iter().filter(|c| c.paused).map(|c| c.job).collect())
+}
+
+/// What to do with a due failure retry of `job`: start it here; or drop it if the job is
+/// paused, or once its tick's next instant has come (a retry never runs past it).
+fn retry_action(e: &Engine, job: &Job, run: &RunRecord, paused: bool) -> RecoverAction {
+    if paused {
+        return RecoverAction::Abandon {
+            reason: format!("retry dropped: job paused before attempt {} started", run.id.attempt),
+        };
+    }
+    let now = e.now();
+    match job.schedule().next_after(run.id.tick.scheduled_at) {
+        Some(next) if next <= now => RecoverAction::Abandon {
+            reason: format!(
+                "retry dropped: the next tick at {} came before attempt {} could start",
+                next.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                run.id.attempt
+            ),
+        },
+        _ => RecoverAction::Retry { node: e.node.clone(), lease: job.policy().lease },
+    }
+}
+
+/// The reason an action records, if any.
+fn action_reason(action: &RecoverAction) -> &str {
+    match action {
+        RecoverAction::Abandon { reason } => reason,
+        RecoverAction::Retry { .. } => "",
+    }
 }
 
 /// What to do with an expired run, by its job's policy on this node.

@@ -13,9 +13,11 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::batches::{Batcher, Batches, Finishes, Renewals};
+use crate::batches::{Batcher, Renewals};
+use crate::engine::Engine;
 use crate::job::{Job, Outcome, RunContext};
 use crate::metrics::{self, Renewal as RenewalResult};
+use crate::retry::{self, RetryPlan};
 
 /// A claimed run, ready to start: the one value every path hands to [`execute`].
 #[derive(Debug)]
@@ -137,9 +139,11 @@ type PendingRenewal = Pin<Box<dyn Future<Output = (Instant, Option<Result<bool, 
 
 /// Runs a claimed run to its recorded end: the handler starts at `run.start_at` (the instant
 /// of a tick claimed ahead, at most `CLAIM_AHEAD_MAX` away), its lease is renewed and its end
-/// recorded through `batches`, and `interrupt` fires when it must stop early (shutdown's
+/// recorded through the engine's batches (or, when it failed and is retried, with its next
+/// attempt in one store step), and `interrupt` fires when it must stop early (shutdown's
 /// grace is over).
-pub(crate) async fn execute(run: Claimed, batches: &Batches, interrupt: CancellationToken) {
+pub(crate) async fn execute(run: Claimed, e: &Engine, interrupt: CancellationToken) {
+    let batches = &e.batches;
     let Claimed { job, lease, trigger, sent: claim_sent, regranted_after, start_at, due } = run;
     let policy = job.policy().clone();
     let cancel = CancellationToken::new();
@@ -176,7 +180,7 @@ pub(crate) async fn execute(run: Claimed, batches: &Batches, interrupt: Cancella
             started_after: None,
         };
         metrics::lease_lost(job.name());
-        if record_end(ends, &hb, &end, true).await {
+        if record_end(&hb, &end, true, |ending, give_up| ends.send(ending, give_up)).await {
             metrics::tick_ended(job.name(), end.state);
         }
         tracing::warn!(run = %hb.lease.run, "lease not confirmed before start; run recorded lost without starting");
@@ -189,7 +193,30 @@ pub(crate) async fn execute(run: Claimed, batches: &Batches, interrupt: Cancella
     let task = tokio::spawn(async move { handler.run(ctx).await });
     let (outcome, stop) = supervise(task, &mut hb, renewals, &policy, started, &cancel, &interrupt).await;
     let end = end_of(outcome, stop, regranted_after + (started - claim_sent));
-    if record_end(ends, &hb, &end, matches!(stop, Some(Stop::Lost(_)))).await {
+    let plan = retry::plan(&policy, job.schedule(), &hb.lease.run, &end, e.now(), fastrand::f64());
+    let (end, wait) = match plan {
+        RetryPlan::None => (end, None),
+        RetryPlan::After(wait) => (end, Some(wait)),
+        RetryPlan::Dropped(why) => (retry::with_note(end, &why), None),
+    };
+    let lost = matches!(stop, Some(Stop::Lost(_)));
+    let recorded = match wait {
+        None => record_end(&hb, &end, lost, |ending, give_up| ends.send(ending, give_up)).await,
+        Some(wait) => {
+            let store = &e.store;
+            let recorded = record_end(&hb, &end, lost, |ending, _| async move {
+                store.finish_for_retry(&ending.lease, &ending.end, wait).await
+            })
+            .await;
+            if recorded {
+                e.retry_wakes.push(Instant::now() + wait + retry::WAKE_SLACK);
+                tracing::info!(run = %hb.lease.run, next_attempt = hb.lease.run.attempt + 1,
+                    wait = %solocron_core::format_duration(wait), "run failed; retry planned");
+            }
+            recorded
+        }
+    };
+    if recorded {
         metrics::tick_ended(job.name(), end.state);
     }
     // An absent exit code or reason is left out of the line, not shown as `None` or "".
@@ -286,15 +313,20 @@ fn end_of(outcome: Option<Outcome>, stop: Option<Stop>, started_after: Duration)
     }
 }
 
-/// Records the end (through the engine's batches of ends), retrying while the lease may
-/// still be ours; true if this end is the run's record.
-async fn record_end(ends: &Batcher<Finishes>, hb: &Heartbeat, end: &RunEnd, lost: bool) -> bool {
+/// Records the end with `send` (the engine's batches of ends, or the store's step that also
+/// plans a retry), retrying while the lease may still be ours; true if this end is the
+/// run's record.
+async fn record_end<F, Fut>(hb: &Heartbeat, end: &RunEnd, lost: bool, send: F) -> bool
+where
+    F: Fn(Ending, Instant) -> Fut,
+    Fut: Future<Output = Result<bool, StoreError>>,
+{
     let give_up =
         if lost { Instant::now() + LOST_FINISH_WAIT } else { hb.deadline.max(Instant::now() + LOST_FINISH_WAIT) };
     let ending = Ending { lease: hb.lease.clone(), end: end.clone() };
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
-        match timeout_at(give_up, ends.send(ending.clone(), give_up)).await {
+        match timeout_at(give_up, send(ending.clone(), give_up)).await {
             Ok(Ok(true)) => return true,
             Ok(Ok(false)) => {
                 tracing::warn!(run = %hb.lease.run, state = %end.state,

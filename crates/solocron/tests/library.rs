@@ -428,6 +428,7 @@ use solocron_core::{
 
 distant! {
     migrate() -> ();
+    finish_for_retry(lease: &Lease, end: &RunEnd, after: Duration) -> bool;
     expired(limit: usize) -> Vec<RunRecord>;
     recover(run: &RunId, action: &RecoverAction) -> RecoverOutcome;
     history(query: &HistoryQuery) -> Vec<RunRecord>;

@@ -14,6 +14,7 @@ mod managed;
 mod migrate;
 mod recovery;
 mod registry;
+mod retry;
 mod support;
 
 pub use claim::*;
@@ -25,3 +26,4 @@ pub use managed::*;
 pub use migrate::*;
 pub use recovery::*;
 pub use registry::*;
+pub use retry::*;

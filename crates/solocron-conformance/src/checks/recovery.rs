@@ -6,10 +6,10 @@ use super::support::{claim, find, race, run, stores, succeeded, tick, timing, wo
 use crate::StoreFactory;
 
 /// How many separate stores race to recover the same run.
-const RECOVERERS: usize = 6;
+pub(crate) const RECOVERERS: usize = 6;
 
 /// Races `action` on `run` from every store; the outcomes.
-async fn race_recover(stores: &[Handle], run: &RunId, action: &RecoverAction) -> Vec<RecoverOutcome> {
+pub(crate) async fn race_recover(stores: &[Handle], run: &RunId, action: &RecoverAction) -> Vec<RecoverOutcome> {
     race(stores, |_, store| {
         let (run, action) = (run.clone(), action.clone());
         async move { store.recover(&run, &action).await.expect("recover") }

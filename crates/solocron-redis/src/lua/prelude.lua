@@ -186,7 +186,8 @@ local function start_run(job, at, attempt, trigger, node, lease_ms, known_absent
   return {'won', token, int(NOW), lease_until}
 end
 
--- Ends a running run for someone other than its owner (recovery, unlock).
+-- Ends a running run for someone other than its owner (recovery, unlock), or a waiting
+-- retry (recovery).
 local function end_run(id, job, state, reason)
   local key = run_key(id)
   redis.call('HSET', key, 'state', state, 'reason', reason, 'finished', int(NOW))
@@ -194,11 +195,42 @@ local function end_run(id, job, state, reason)
   unindex_running(id, job)
 end
 
--- True if the record is running and its lease passed by Redis's clock.
-local function lapsed(key)
+-- The record's state if someone must act on it by Redis's clock: 'running' with its lease
+-- passed, or 'waiting' with its not-before passed (both in `lease`); else nil.
+local function due(key)
   local r = redis.call('HMGET', key, 'state', 'lease')
   local lease_until = tonumber(r[2])
-  return r[1] == 'running' and lease_until ~= nil and lease_until < NOW
+  if (r[1] == 'running' or r[1] == 'waiting') and lease_until ~= nil and lease_until < NOW then return r[1] end
+  return nil
+end
+
+-- The run ARGV[2..6] (job, scheduled_at, attempt, owner, token) names, if it is that
+-- owner's running run under that token: its id and its `claimed` instant; else nil.
+-- Reads only. No expiry check: a run whose lease lapsed but that nobody recovered records
+-- its true end.
+local function held_run(argv)
+  local id = run_id(argv[2], argv[3], tonumber(argv[4]))
+  local r = redis.call('HMGET', run_key(id), 'state', 'node', 'tok', 'claimed')
+  if r[1] ~= 'running' or r[2] ~= argv[5] or r[3] ~= argv[6] then return nil end
+  return id, r[4]
+end
+
+-- Records the owner's end ARGV[7..11] (state, reason?, exit code?, output, started after
+-- ms?) on the held run `id` of `job` claimed at `claimed`, and takes it out of the running
+-- indexes.
+local function record_end(id, job, claimed, argv)
+  local key = run_key(id)
+  local fields = {'state', argv[7], 'finished', int(NOW), 'out', argv[10]}
+  local reason, exit_code, started_after = opt(argv[8]), opt(argv[9]), opt(argv[11])
+  if reason then table.insert(fields, 'reason'); table.insert(fields, reason) end
+  if exit_code then table.insert(fields, 'exit'); table.insert(fields, exit_code) end
+  if started_after then
+    table.insert(fields, 'started')
+    table.insert(fields, int(tonumber(claimed) + tonumber(started_after)))
+  end
+  redis.call('HSET', key, unpack(fields))
+  redis.call('HDEL', key, 'lease')
+  unindex_running(id, job)
 end
 
 -- Appends an operator's action to the audit log at NOW, within the call that does it, and

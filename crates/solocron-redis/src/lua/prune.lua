@@ -1,20 +1,22 @@
 -- prune: ARGV older than ms, most run records deleted, most requests, registrations,
 -- actions and nodes deleted, ms after which a silent node is forgotten. Deletes ended
--- records of ticks before now - older, oldest first (never a running one), requests and
--- actions as old, registrations not refreshed since then, and nodes not heard from within
--- the last argument (with their sets of registration ids: a node registering again rebuilds
+-- records of ticks before now - older, oldest first (never a running or waiting one),
+-- requests and actions as old, registrations not refreshed since then, and nodes not heard
+-- from within the last argument (with their sets of registration ids: a node registering again rebuilds
 -- its set from the registry); returns the number of run records deleted.
 handlers.prune = function(KEYS, ARGV)
   local cutoff = '(' .. int(NOW - tonumber(ARGV[2]))
   local batch, others = tonumber(ARGV[3]), tonumber(ARGV[4])
   local deleted, skipped = 0, 0
   while deleted < batch do
-    -- Running records stay in the index, so the next page starts after the ones skipped.
+    -- Running and waiting records stay in the index, so the next page starts after the
+    -- ones skipped.
     local ids = redis.call('ZRANGEBYSCORE', HIST, '-inf', cutoff, 'LIMIT', skipped, batch - deleted)
     if #ids == 0 then break end
     for _, id in ipairs(ids) do
       local key = run_key(id)
-      if redis.call('HGET', key, 'state') == 'running' then
+      local state = redis.call('HGET', key, 'state')
+      if state == 'running' or state == 'waiting' then
         skipped = skipped + 1
       else
         redis.call('DEL', key)
