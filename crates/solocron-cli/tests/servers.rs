@@ -324,3 +324,145 @@ fn migrate_drop_on_redis_empties_one_prefix_and_keeps_its_neighbour() {
 fn migrate_drop_on_etcd_empties_one_prefix_and_keeps_its_neighbour() {
     drop_empties_one_prefix_and_keeps_its_neighbour(ETCD);
 }
+
+/// How long a server is frozen: twice the jobs' lease (issue 20 §2).
+const FREEZE_LEASE: Duration = Duration::from_secs(3);
+
+/// Thaws the frozen processes when dropped, so a failing test never leaves a server stopped.
+struct Frozen(&'static str);
+
+impl Frozen {
+    /// Stops (SIGSTOP) every process `pgrep_args` lists.
+    fn freeze(pgrep_args: &'static str) -> Frozen {
+        sh(&format!("kill -STOP $(pgrep {pgrep_args})"));
+        Frozen(pgrep_args)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = Command::new("sh").args(["-c", &format!("kill -CONT $(pgrep {})", self.0)]).status();
+    }
+}
+
+/// One line of `long.txt`: which holder (token) wrote, and when.
+fn writes(f: &Fleet) -> Vec<(u64, chrono::DateTime<chrono::Utc>)> {
+    f.lines("long.txt")
+        .iter()
+        .filter_map(|l| {
+            let (token, ms) = l.split_once(' ')?;
+            Some((token.parse().ok()?, chrono::DateTime::from_timestamp_millis(ms.parse().ok()?)?))
+        })
+        .collect()
+}
+
+/// Two nodes on `store`; every process of the server (`pgrep_args`) is frozen (SIGSTOP)
+/// for twice the lease, then thawed. Nothing runs twice; the holder of the long job, which
+/// cannot renew, stops it before the store's lease can end (at most a lease after the
+/// freeze began, when it last renewed at the latest); no other holder writes before the
+/// thaw; work resumes after it; and every claimed run ends recorded.
+fn survives_a_freeze(store: &str, pgrep_args: &'static str, kind: &str) {
+    let mut f = Fleet::on(
+        Some(store),
+        &format!(
+            r#"
+[[jobs]]
+name = "tick"
+schedule = "* * * * * *"
+lease = "3s"
+overlap = "allow"
+command = ["/bin/sh", "-c", "echo $SOLOCRON_SCHEDULED_AT >> $DIR/ticks.txt"]
+[[jobs]]
+name = "long"
+schedule = "* * * * * *"
+lease = "{}s"
+command = ["/bin/sh", "-c", "while true; do echo $SOLOCRON_FENCING_TOKEN $(date +%s%3N) >> $DIR/long.txt; sleep 0.1; done"]
+"#,
+            FREEZE_LEASE.as_secs()
+        ),
+    );
+    f.start("n1");
+    f.start("n2");
+    wait_for(Duration::from_secs(15), || (writes(&f).len() > 10).then_some(()))
+        .unwrap_or_else(|| panic!("{kind}: the long job never ran:\n{}", f.log("n1")));
+    let frozen_at = chrono::Utc::now();
+    let held = writes(&f).last().expect("a write").0;
+    let frozen = Frozen::freeze(pgrep_args);
+    std::thread::sleep(FREEZE_LEASE * 2);
+    let thawed_at = chrono::Utc::now();
+    drop(frozen);
+    let resumed = wait_for(Duration::from_secs(10), || {
+        let ticks = f.lines("ticks.txt");
+        ticks.iter().filter_map(|l| l.parse::<chrono::DateTime<chrono::Utc>>().ok()).find(|t| *t > thawed_at)
+    });
+    let settled = wait_for(Duration::from_secs(20), || {
+        let h: Vec<_> = f.history("long").into_iter().filter(|r| state(r) == "running").collect();
+        (h.len() <= 1).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    f.stop_all();
+
+    let ms = |d: chrono::TimeDelta| d.num_milliseconds();
+    let w = writes(&f);
+    let last_held = w.iter().filter(|(t, _)| *t == held).map(|(_, at)| *at).max().expect("the holder's writes");
+    let lease_end_bound = frozen_at + chrono::Duration::from_std(FREEZE_LEASE).unwrap();
+    assert!(
+        last_held < lease_end_bound,
+        "{kind}: the holder (token {held}) wrote at +{} ms after the freeze, past the latest its lease can end (+{} ms)",
+        ms(last_held - frozen_at),
+        ms(lease_end_bound - frozen_at)
+    );
+    let early: Vec<_> = w.iter().filter(|(t, at)| *t != held && *at > frozen_at && *at < thawed_at).collect();
+    assert!(early.is_empty(), "{kind}: another holder wrote while the server was frozen: {early:?}");
+    let mut by_time = w.clone();
+    by_time.sort_by_key(|(_, at)| *at);
+    for pair in by_time.windows(2) {
+        assert!(pair[0].0 <= pair[1].0, "{kind}: an older holder wrote after a newer one: {pair:?}");
+    }
+    let ticks = f.lines("ticks.txt");
+    let mut unique = ticks.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), ticks.len(), "{kind}: a tick ran twice across the freeze");
+    let resumed = resumed.unwrap_or_else(|| panic!("{kind}: no tick ran after the thaw:\n{}", f.log("n1")));
+    assert!(settled.is_some(), "{kind}: runs stayed running after the thaw");
+    for j in ["tick", "long"] {
+        let h = f.history(j);
+        assert!(h.iter().all(|r| state(r) != "running"), "{kind}: {j}: a claimed run has no end state: {h:#?}");
+    }
+    println!(
+        "{kind}: frozen {} ms; holder {held} last wrote at +{} ms (its lease ends by +{} ms at the latest); first tick after the thaw: {resumed}",
+        ms(thawed_at - frozen_at),
+        ms(last_held - frozen_at),
+        ms(lease_end_bound - frozen_at)
+    );
+}
+
+#[test]
+fn a_frozen_postgres_runs_nothing_twice_and_its_holders_stop_in_time() {
+    let _g = serial();
+    let Some(store) = server_store(POSTGRES) else { return };
+    survives_a_freeze(&store, "-u postgres", "PostgreSQL");
+}
+
+#[test]
+fn a_frozen_mariadb_runs_nothing_twice_and_its_holders_stop_in_time() {
+    let _g = serial();
+    let Some(store) = server_store(MYSQL) else { return };
+    survives_a_freeze(&store, "-x 'mariadbd|mysqld'", "MariaDB");
+}
+
+#[test]
+fn a_frozen_redis_runs_nothing_twice_and_its_holders_stop_in_time() {
+    let _g = serial();
+    let Some(store) = server_store(REDIS) else { return };
+    survives_a_freeze(&store, "-x redis-server", "Redis");
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn a_frozen_etcd_runs_nothing_twice_and_its_holders_stop_in_time() {
+    let _g = serial();
+    let Some(store) = server_store(ETCD) else { return };
+    survives_a_freeze(&store, "-x etcd", "etcd");
+}

@@ -787,7 +787,7 @@ function jobCards(job) {
   const rank = (k) => (order.includes(k) ? order.indexOf(k) : order.length);
   const counts = Object.entries(job.counts_24h).sort(([a], [b]) => rank(a) - rank(b));
   const total = counts.reduce((n, [, c]) => n + c, 0);
-  const ended = counts.reduce((n, [k, c]) => (k === 'running' || k === 'skipped' ? n : n + c), 0);
+  const ended = counts.reduce((n, [k, c]) => (['running', 'waiting', 'skipped'].includes(k) ? n : n + c), 0);
   return h('div', { class: 'cards' },
     h('section', { class: 'card' }, h('h2', null, 'Schedule'),
       h('p', { class: 'big' }, dash(job.schedule_words)),

@@ -10,7 +10,8 @@ use solocron_core::{Liveness, NodeBeat, Store, StoreError, Trigger, HEARTBEAT_EV
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{bounded, Engine};
+use crate::engine::{counted, Engine};
+use crate::metrics::StoreOp;
 
 /// How often a node confirms its registrations (and looks for drift). Each refresh writes
 /// every job definition and reads every registration, so it is rare: with 10,000 jobs a
@@ -49,7 +50,7 @@ pub(crate) async fn heartbeat_loop(e: Arc<Engine>, stop: CancellationToken) {
             _ = every.tick() => {}
             _ = stop.cancelled() => return,
         }
-        if let Err(err) = bounded(e.store.heartbeat(&beat(&e))).await {
+        if let Err(err) = counted(StoreOp::Heartbeat, e.store.heartbeat(&beat(&e))).await {
             tracing::debug!(error = %err, "cannot send this node's heartbeat; sending the next one on time");
         }
         // The store's clock, read as often: the schedules follow it.
@@ -57,7 +58,7 @@ pub(crate) async fn heartbeat_loop(e: Arc<Engine>, stop: CancellationToken) {
             tracing::debug!(error = %err, "cannot read the store's clock; keeping the estimate");
         }
         // The live nodes, as often: the ticks are spread over them.
-        match bounded(e.store.nodes()).await {
+        match counted(StoreOp::Heartbeat, e.store.nodes()).await {
             Ok(nodes) => {
                 let now = e.now();
                 let alive = nodes.into_iter().filter(|n| n.liveness(now) == Liveness::Alive);
@@ -82,7 +83,7 @@ fn beat(e: &Engine) -> NodeBeat {
 /// Tells the fleet this node shut down cleanly (once, bounded); a failure is logged at
 /// debug: the node then looks stale until its row is forgotten.
 pub(crate) async fn goodbye(e: &Engine) {
-    if let Err(err) = bounded(e.store.goodbye(&e.node)).await {
+    if let Err(err) = counted(StoreOp::Heartbeat, e.store.goodbye(&e.node)).await {
         tracing::debug!(error = %err, "cannot tell the store this node left");
     }
 }
@@ -94,7 +95,7 @@ pub(crate) async fn registry_loop(e: Arc<Engine>, shutdown: CancellationToken) {
     let mut warned: HashSet<(String, String, String)> = HashSet::new();
     loop {
         let definitions: Vec<_> = list.borrow_and_update().jobs.iter().map(|j| j.definition()).collect();
-        match bounded(e.store.register(&e.node, &definitions)).await {
+        match counted(StoreOp::Register, e.store.register(&e.node, &definitions)).await {
             Ok(()) => read_registry(&e, &definitions, &mut warned).await,
             Err(err) => tracing::warn!(error = %err, "cannot register this node's jobs; retrying later"),
         }
@@ -113,7 +114,11 @@ async fn read_registry(
     mine: &[solocron_core::JobDefinition],
     warned: &mut HashSet<(String, String, String)>,
 ) {
-    let (Ok(all), Ok(now)) = (bounded(e.store.registrations()).await, bounded(e.store.now()).await) else { return };
+    let (Ok(all), Ok(now)) =
+        (counted(StoreOp::Register, e.store.registrations()).await, counted(StoreOp::Now, e.store.now()).await)
+    else {
+        return;
+    };
     e.spread.set_carriers(&all);
     let stale_before = now - chrono::Duration::from_std(REGISTRATION_STALE_AFTER).expect("small");
     for r in all.iter().filter(|r| r.node != e.node && r.last_seen >= stale_before) {
@@ -158,7 +163,7 @@ pub(crate) async fn requests_loop(e: Arc<Engine>, shutdown: CancellationToken) {
 }
 
 async fn claim_requests(e: &Arc<Engine>) -> Result<(), StoreError> {
-    let pending = bounded(e.store.pending_requests(REQUESTS_PER_POLL_MAX)).await?;
+    let pending = counted(StoreOp::Requests, e.store.pending_requests(REQUESTS_PER_POLL_MAX)).await?;
     let set = e.jobs.get();
     let mut batch = Vec::new();
     for r in pending {
@@ -204,7 +209,7 @@ pub async fn prune_pass(store: &dyn Store, older_than: Duration, stop: &Cancella
         if stop.is_cancelled() {
             break;
         }
-        let n = bounded(store.prune(older_than, PRUNE_BATCH)).await?;
+        let n = counted(StoreOp::Prune, store.prune(older_than, PRUNE_BATCH)).await?;
         total += n;
         if n < PRUNE_BATCH as u64 {
             break;

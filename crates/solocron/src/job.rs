@@ -208,8 +208,14 @@ impl Job {
         use sha2::Digest as _;
         let p = &self.policy;
         let d = solocron_core::format_duration;
+        // Without a retry policy the summary (and so the digest) is what earlier versions
+        // wrote: an upgrade alone shows no drift.
+        let retry = p.retry.map_or(String::new(), |r| {
+            let jitter = if r.jitter { ", jitter" } else { "" };
+            format!(", retry {} attempts from {} up to {}{jitter}", r.attempts, d(r.backoff), d(r.max_backoff))
+        });
         let summary = format!(
-            "lease {}, timeout {}, overlap {}, misfire {}, catchup {}, max_catchup {}, on_crash {}, max_attempts {}, kill_grace {}",
+            "lease {}, timeout {}, overlap {}, misfire {}, catchup {}, max_catchup {}, on_crash {}, max_attempts {}, kill_grace {}{retry}",
             d(p.lease),
             p.timeout.map_or("none".into(), d),
             p.overlap,

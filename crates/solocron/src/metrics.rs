@@ -22,8 +22,8 @@
 //! **Cardinality.** A label is a job name or one word of a fixed set: `outcome` (8:
 //! `succeeded`, `failed`, `timed_out`, `lost`, `abandoned`, `interrupted`, `skipped`,
 //! `missed`), `reason` (3: `overlap`, `paused`, `other`), `result` (3: `ok`, `refused`,
-//! `error`), `operation` (6: `claim`, `renew`, `finish`, `recover`, `history`,
-//! `memory_since`). Job names are those of the node's job list, plus, for
+//! `error`), `operation` (11: `claim`, `renew`, `finish`, `recover`, `history`,
+//! `memory_since`, `now`, `heartbeat`, `register`, `requests`, `prune`). Job names are those of the node's job list, plus, for
 //! `ticks_total{outcome="abandoned"}` only, jobs of other nodes whose expired runs this node
 //! recovered (so at most the fleet's job list). A node carrying J of the fleet's F jobs
 //! exports at most 12 × J + (F − J) + 14 series (each of its jobs: 10 of ticks, leases
@@ -63,8 +63,10 @@ pub const LEASE_RENEWALS_TOTAL: &str = "solocron_lease_renewals_total";
 pub const LEASES_LOST_TOTAL: &str = "solocron_leases_lost_total";
 /// Store calls of the engine that failed or timed out, by `operation`: `claim`, `renew`,
 /// `finish` (per batch call, and per item of a refused batch sent again one by one),
-/// `recover` (finding and recovering expired runs), `history` (a catch-up's check that the
-/// job is idle), `memory_since`.
+/// `recover` (finding and recovering expired runs and due retries), `history` (a catch-up's
+/// check that the job is idle), `memory_since`, `now` (the store-clock samples), `heartbeat`
+/// (the node's heartbeat and goodbye, reading the nodes), `register` (the job registry),
+/// `requests` (manual run requests), `prune`.
 pub const STORE_ERRORS_TOTAL: &str = "solocron_store_errors_total";
 /// Runs in progress in this process, from their claim to their recorded end.
 pub const RUNS_IN_PROGRESS: &str = "solocron_runs_in_progress";
@@ -259,6 +261,14 @@ pub(crate) enum StoreOp {
     MemorySince,
     /// Reading the store's clock (`now`), to estimate this node's offset from it.
     Now,
+    /// The node's heartbeat, its goodbye, and reading the fleet's nodes.
+    Heartbeat,
+    /// Registering the node's jobs and reading the registry.
+    Register,
+    /// Reading manual run requests.
+    Requests,
+    /// Deleting old records (`prune`).
+    Prune,
 }
 
 /// Counts one failed (or timed-out) store call.
@@ -271,6 +281,10 @@ pub(crate) fn store_error(op: StoreOp) {
         StoreOp::History => "history",
         StoreOp::MemorySince => "memory_since",
         StoreOp::Now => "now",
+        StoreOp::Heartbeat => "heartbeat",
+        StoreOp::Register => "register",
+        StoreOp::Requests => "requests",
+        StoreOp::Prune => "prune",
     };
     counter!(STORE_ERRORS_TOTAL, "operation" => operation).increment(1);
 }

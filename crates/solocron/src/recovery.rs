@@ -23,10 +23,13 @@ const EXPIRED_PER_SCAN_MAX: usize = 100;
 /// until `shutdown`.
 pub(crate) async fn recovery_loop(e: Arc<Engine>, shutdown: CancellationToken) {
     let mut backoff = Backoff::store();
+    // When the last scan began: a wake-up due after it may be for a retry that scan could
+    // not see yet, so it is kept (and, already past, wakes the next scan at once).
+    let mut scanned = Instant::now();
     loop {
-        let every = Instant::now() + e.recovery_interval;
+        let every = scanned + e.recovery_interval;
         loop {
-            let wake = e.retry_wakes.next_after(Instant::now()).map_or(every, |at| at.min(every));
+            let wake = e.retry_wakes.next_after(scanned).map_or(every, |at| at.min(every));
             tokio::select! {
                 _ = tokio::time::sleep_until(wake) => break,
                 // A retry planned meanwhile may come due before `wake`.
@@ -34,6 +37,7 @@ pub(crate) async fn recovery_loop(e: Arc<Engine>, shutdown: CancellationToken) {
                 _ = shutdown.cancelled() => return,
             }
         }
+        scanned = Instant::now();
         match recover_expired(&e, &shutdown).await {
             Ok(()) => backoff.reset(),
             Err(err) => {
@@ -65,7 +69,13 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
         let waiting = run.state == RunState::Waiting;
         let action = if waiting {
             // A retry of a job this node does not run is left to a node that runs it.
-            let Some(job) = job.as_deref() else { continue };
+            let Some(job) = job.as_deref() else {
+                // Left to a node that runs the job; dropped once none started it in time.
+                if let Some(action) = orphan_retry_action(e, &run) {
+                    recover_orphan(e, &run, &action).await?;
+                }
+                continue;
+            };
             if paused.is_none() {
                 paused = Some(paused_jobs(e).await?);
             }
@@ -110,6 +120,42 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
         }
     }
     Ok(())
+}
+
+/// How long past its not-before a waiting retry of a job this node does not run is left
+/// to the nodes that run it (each scans at least every 10 s) before this node drops it:
+/// its job was removed or renamed, and the retry would otherwise wait forever.
+const ORPHAN_RETRY_GRACE: chrono::Duration = chrono::Duration::seconds(60);
+
+/// The drop of a waiting retry of a job this node does not run, once nobody started it
+/// within [`ORPHAN_RETRY_GRACE`] of its not-before.
+fn orphan_retry_action(e: &Engine, run: &RunRecord) -> Option<RecoverAction> {
+    let due = run.lease_until?;
+    (e.now() > due + ORPHAN_RETRY_GRACE).then(|| RecoverAction::Abandon {
+        reason: format!(
+            "retry dropped: no node that runs job {} started attempt {} within {} s of its due time",
+            run.id.tick.job,
+            run.id.attempt,
+            ORPHAN_RETRY_GRACE.num_seconds()
+        ),
+    })
+}
+
+/// Applies `action` to an orphaned waiting retry (see [`orphan_retry_action`]).
+async fn recover_orphan(e: &Engine, run: &RunRecord, action: &RecoverAction) -> Result<(), StoreError> {
+    match counted(StoreOp::Recover, e.store.recover(&run.id, action)).await {
+        Ok(RecoverOutcome::Abandoned) => {
+            metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Abandoned));
+            tracing::warn!(run = %run.id, reason = action_reason(action), "failure retry dropped");
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+        Err(err @ StoreError::Unavailable(_)) => Err(err),
+        Err(err) => {
+            tracing::error!(run = %run.id, error = %err, "cannot drop this retry; skipping it");
+            Ok(())
+        }
+    }
 }
 
 /// The names of the jobs paused fleet-wide.

@@ -94,11 +94,11 @@ impl RetryWakes {
         }
     }
 
-    /// The earliest wake-up, after forgetting those at or before `now` (their scan is the
-    /// one about to run).
-    pub(crate) fn next_after(&self, now: Instant) -> Option<Instant> {
+    /// The earliest wake-up, after forgetting those at or before `scanned` (the start of
+    /// the last scan, which looked after them); one still ahead, or due since, is kept.
+    pub(crate) fn next_after(&self, scanned: Instant) -> Option<Instant> {
         let mut due = self.due.lock().expect("retry wakes lock");
-        while due.peek().is_some_and(|Reverse(at)| *at <= now) {
+        while due.peek().is_some_and(|Reverse(at)| *at <= scanned) {
             due.pop();
         }
         due.peek().map(|Reverse(at)| *at)

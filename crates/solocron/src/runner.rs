@@ -14,9 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::batches::{Batcher, Renewals};
-use crate::engine::Engine;
+use crate::engine::{counted, Engine};
 use crate::job::{Job, Outcome, RunContext};
-use crate::metrics::{self, Renewal as RenewalResult};
+use crate::metrics::{self, Renewal as RenewalResult, StoreOp};
 use crate::retry::{self, RetryPlan};
 
 /// A claimed run, ready to start: the one value every path hands to [`execute`].
@@ -205,7 +205,7 @@ pub(crate) async fn execute(run: Claimed, e: &Engine, interrupt: CancellationTok
         Some(wait) => {
             let store = &e.store;
             let recorded = record_end(&hb, &end, lost, |ending, _| async move {
-                store.finish_for_retry(&ending.lease, &ending.end, wait).await
+                counted(StoreOp::Finish, store.finish_for_retry(&ending.lease, &ending.end, wait)).await
             })
             .await;
             if recorded {
