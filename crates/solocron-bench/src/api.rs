@@ -304,6 +304,9 @@ async fn claim_batch(store: &dyn Store, requests: &[ClaimRequest], filled: &mut 
             }
             ClaimOutcome::Skipped { .. } => {}
             ClaimOutcome::Taken => anyhow::bail!("tick {:?} of a fresh namespace was taken", requests[i].tick),
+            ClaimOutcome::TooEarly { .. } => {
+                anyhow::bail!("tick {:?} (in the past) was refused as early", requests[i].tick)
+            }
         }
         filled.records += 1;
     }

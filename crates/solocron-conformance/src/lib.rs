@@ -59,6 +59,13 @@ pub trait StoreFactory: Send + Sync + 'static {
         std::time::Duration::ZERO
     }
 
+    /// Whether the store has a clock of its own that judges claims (every store but etcd,
+    /// whose "now" is the client's): only such a store refuses a tick claimed too early
+    /// ([`solocron_core::ClaimOutcome::TooEarly`]). Default: true.
+    fn has_clock(&self) -> bool {
+        true
+    }
+
     /// A factory onto another namespace beside this one (another prefix in the same file or
     /// on the same server), empty like this one, for the checks that one prefix never sees
     /// another's data. Default: `None`, and those checks skip that part.
@@ -141,6 +148,7 @@ macro_rules! conformance_tests {
             a_skip_claim_records_the_tick_skipped_with_its_reason_only_if_absent,
             overlap_skips_while_any_run_of_the_job_is_running_even_expired,
             a_claim_asked_again_with_its_nonce_is_won_again_only_while_its_run_is_untouched,
+            a_scheduled_claim_too_far_ahead_of_the_store_clock_is_refused_and_writes_nothing,
             // Leases and ends.
             only_the_owner_with_its_token_renews_and_only_before_expiry,
             leases_are_judged_by_the_store_clock_not_the_nodes,

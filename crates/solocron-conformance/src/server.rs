@@ -107,6 +107,10 @@ pub trait TestServer: Send + Sync + 'static {
     /// [`StoreFactory::lease_resolution`]).
     const LEASE_RESOLUTION: Duration = Duration::ZERO;
 
+    /// Whether the store judges claims by a clock of its own (see
+    /// [`StoreFactory::has_clock`]).
+    const HAS_CLOCK: bool = true;
+
     /// A new store on `prefix` (not migrated). Must fail with [`StoreError::Unavailable`]
     /// when the server cannot be reached: that is how tests learn to skip.
     async fn connect(url: &str, prefix: &Prefix) -> Result<Self::Store, StoreError>;
@@ -192,6 +196,10 @@ impl<S: TestServer> StoreFactory for Namespace<S> {
 
     fn lease_resolution(&self) -> Duration {
         S::LEASE_RESOLUTION
+    }
+
+    fn has_clock(&self) -> bool {
+        S::HAS_CLOCK
     }
 
     /// `{this prefix}_nb`: its names begin like this one's, so a store that matched names

@@ -56,7 +56,8 @@ pub use schedule::{Schedule, ScheduleError, TICKS_ENUMERATED_MAX};
 pub use store::{
     spread_start, stable_hash, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
     Lease, RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunEnd, RunRequest, Store, StoreError,
-    CLAIM_BATCH_MAX, FINISH_BATCH_MAX, JOBS_ASKED_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
+    CLAIM_BATCH_MAX, CLAIM_EARLY_MAX, FINISH_BATCH_MAX, JOBS_ASKED_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    RENEW_BATCH_MAX,
 };
 
 /// The source of wall-clock time for schedule decisions; tests inject their own.

@@ -19,6 +19,13 @@ use crate::{JobRevision, JobWrite, ManagedJob};
 
 /// Most requests one [`Store::claim`] call carries; the engine splits larger batches.
 pub const CLAIM_BATCH_MAX: usize = 1000;
+
+/// How far ahead of its instant, by the store's clock, a tick may be claimed on its
+/// schedule: the engine's claim lead (at most 150 ms) plus a margin for the node's estimate
+/// of the store's clock. A [`Trigger::Schedule`] request for a tick further ahead is
+/// refused by stores that have a clock ([`ClaimOutcome::TooEarly`]): a node whose clock
+/// runs fast cannot start a job early by claiming it early.
+pub const CLAIM_EARLY_MAX: Duration = Duration::from_millis(500);
 /// Where `node` starts among `len` chunks of a batch that several nodes claim at once: a
 /// stable hash of its id and `salt` (the round's instant, say), below `len`. Nodes that
 /// start at different chunks first win chunks of their own instead of queueing on the same
@@ -145,6 +152,14 @@ pub enum ClaimOutcome {
     },
     /// A record of this tick already exists: another node (or an earlier call) has it.
     Taken,
+    /// A [`Trigger::Schedule`] request for a tick more than [`CLAIM_EARLY_MAX`] ahead of the
+    /// store's clock: nothing was written; the node's clock runs ahead of the store's, and
+    /// `store_now` (the store's clock when it refused) lets it correct itself. A store
+    /// without a clock of its own (etcd) never answers this.
+    TooEarly {
+        /// The store's clock when it refused.
+        store_now: DateTime<Utc>,
+    },
 }
 
 /// How a run ended, as its owner reports it.

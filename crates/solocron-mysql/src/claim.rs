@@ -17,7 +17,7 @@ use futures_util::TryStreamExt;
 use sqlx::mysql::MySqlQueryResult;
 use sqlx::Executor;
 
-use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, StoreError, CLAIM_BATCH_MAX};
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, StoreError, Trigger, CLAIM_BATCH_MAX, CLAIM_EARLY_MAX};
 use solocron_sql::plan::{self, Decision, Found, StateRow, Wanted};
 
 use crate::claim_one::claim_one;
@@ -26,6 +26,23 @@ use crate::records::{check_name, check_text, get, instant, millis, opt_text, pla
 use crate::records::{token_param, TEXT_BYTES_MAX};
 use crate::text::{execute, inline, read_rows, Literal, OpenTransaction};
 use crate::MySqlStore;
+
+/// [`CLAIM_EARLY_MAX`] in milliseconds.
+const EARLY_MAX_MS: i64 = CLAIM_EARLY_MAX.as_millis() as i64;
+const _: () = assert!(EARLY_MAX_MS > 0 && EARLY_MAX_MS as u128 == CLAIM_EARLY_MAX.as_millis());
+
+/// How far ahead of the server's clock `request`'s tick may be claimed, in ms:
+/// [`CLAIM_EARLY_MAX`] on its schedule; `None` (any distance) for every other trigger,
+/// which is never refused as too early.
+pub(crate) fn early_max_ms(request: &ClaimRequest) -> Option<i64> {
+    (request.trigger == Trigger::Schedule).then_some(EARLY_MAX_MS)
+}
+
+/// Whether `request` is refused as too early at `now` (the server's ms): a scheduled tick
+/// more than [`CLAIM_EARLY_MAX`] after it.
+fn too_early(request: &ClaimRequest, now: i64) -> bool {
+    early_max_ms(request).is_some_and(|max| request.tick.scheduled_at.timestamp_millis() > now.saturating_add(max))
+}
 
 /// Claims `requests` in one transaction, retried on lock conflicts.
 pub(crate) async fn claim(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
@@ -63,6 +80,10 @@ fn check(requests: &[ClaimRequest]) -> Result<(), Failure> {
 /// each. A statement that fails stops the rest of its round trip, so nothing after a
 /// failed insert commits. A batch that grants runs again ([`Decision::Regranted`]) also
 /// updates their leases, and commits in a third round trip (see [`write_regranting`]).
+///
+/// The scheduled ticks more than [`CLAIM_EARLY_MAX`] ahead of the server's clock at the
+/// read are refused first ([`ClaimOutcome::TooEarly`]) and left out of the plan: they
+/// write nothing, and the others are decided as if they were not in the batch.
 async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, Failure> {
     let jobs = sorted_jobs(requests);
     let mut tx = OpenTransaction { conn: store.pool.acquire().await?, open: true };
@@ -74,6 +95,30 @@ async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec
     };
     let found = found(&rows, jobs.len())?;
     let now = found.now.ok_or_else(|| invalid("the claim's read returned no clock"))?;
+    let early: Vec<bool> = requests.iter().map(|r| too_early(r, now)).collect();
+    if !early.contains(&true) {
+        return claim_read(store, tx, requests, found, now).await;
+    }
+    let store_now = instant(now)?;
+    let timely: Vec<ClaimRequest> =
+        requests.iter().zip(&early).filter(|(_, early)| !**early).map(|(r, _)| r.clone()).collect();
+    let decided = claim_read(store, tx, &timely, found, now).await?;
+    // Committed: checked in debug builds only, as a panic now would leave won runs unrun.
+    debug_assert_eq!(decided.len(), timely.len(), "one outcome per timely request");
+    let mut decided = decided.into_iter();
+    let too_early = || ClaimOutcome::TooEarly { store_now };
+    Ok(early.iter().map(|&early| if early { too_early() } else { decided.next().unwrap_or_else(too_early) }).collect())
+}
+
+/// The rest of [`claim_once`] once its first round trip has `found` the state of
+/// `requests` (every one of them timely) at `now`: the plan, the writes and the commit.
+async fn claim_read(
+    store: &MySqlStore,
+    tx: OpenTransaction,
+    requests: &[ClaimRequest],
+    found: Found,
+    now: i64,
+) -> Result<Vec<ClaimOutcome>, Failure> {
     let (mut decisions, tokens) = plan::plan(requests, found);
     for decision in &mut decisions {
         if let Decision::Skipped(reason) = decision {
@@ -109,9 +154,11 @@ async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec
     Ok(requests.iter().zip(decisions).map(|(r, d)| outcome(r, d, now_instant)).collect())
 }
 
-/// The second round trip of a batch: its `writes` and `COMMIT`; the rows they wrote.
+/// The second round trip of a batch: its `writes` and `COMMIT`; the rows they wrote. A
+/// batch with nothing to write (every tick taken or too early) rolls back instead: the
+/// fence rows its first round trip created for new jobs (counter 0, as good as none) go.
 async fn write(mut tx: OpenTransaction, mut writes: Vec<String>) -> Result<u64, Failure> {
-    writes.push("COMMIT".into());
+    writes.push(if writes.is_empty() { "ROLLBACK" } else { "COMMIT" }.into());
     let written = execute(&mut tx.conn, &writes.join("; ")).await;
     let written = match written {
         Ok(done) => done.rows_affected(),

@@ -1,8 +1,11 @@
-//! A one-tick claim in **one** round trip: `CALL {p}claim_one_v5(...)`, a stored procedure
-//! (schema version 5, its text in [`crate::schema`]) that decides on the server, instead
+//! A one-tick claim in **one** round trip: `CALL {p}claim_one_v7(...)`, a stored procedure
+//! (schema version 7, its text in [`crate::schema`]) that decides on the server, instead
 //! of Rust deciding in memory between the two round trips of [`crate::claim`].
 //!
-//! The procedure runs, in one transaction: an upsert that creates the job's fence row or
+//! A scheduled tick more than [`CLAIM_EARLY_MAX`](solocron_core::CLAIM_EARLY_MAX) ahead of
+//! the server's clock is refused first, by the procedure's first statement: it answers
+//! [`ClaimOutcome::TooEarly`] with that clock, having written nothing (not even the job's
+//! counter). Otherwise the procedure runs, in one transaction: an upsert that creates the job's fence row or
 //! advances its counter (taking the row's exclusive lock, as every claim and retry of the
 //! job does before it reads) and leaves the new token in `LAST_INSERT_ID()` (so no read of
 //! the row is needed); the read of whether the tick has a record and, if not, why it would
@@ -28,6 +31,7 @@ use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, Tick, Trigger}
 use solocron_sql::plan::{self, Decision};
 use sqlx::mysql::MySqlRow;
 
+use crate::claim::early_max_ms;
 use crate::error::{invalid, is_duplicate, Failure};
 use crate::records::{get, instant, millis, opt_text, token};
 use crate::text::OpenTransaction;
@@ -35,7 +39,7 @@ use crate::MySqlStore;
 
 /// The one-tick claim's statement, to be filled with the tables' prefix; every connection
 /// prepares it when it opens (see `setup_session`).
-pub(crate) const CALL: &str = "CALL {p}claim_one_v5(?, ?, ?, ?, ?, ?, ?, ?, ?)";
+pub(crate) const CALL: &str = "CALL {p}claim_one_v7(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// One try at claiming one tick (checked by the caller), in one round trip.
 pub(crate) async fn claim_one(store: &MySqlStore, request: &ClaimRequest) -> Result<ClaimOutcome, Failure> {
@@ -53,7 +57,8 @@ pub(crate) async fn claim_one(store: &MySqlStore, request: &ClaimRequest) -> Res
         .bind(pausable)
         .bind(overlap)
         .bind(skip)
-        .bind(plan::nonce_param(request.nonce));
+        .bind(plan::nonce_param(request.nonce))
+        .bind(early_max_ms(request));
     // The procedure begins a transaction and commits it last: until the call has answered,
     // the connection may hold it open (a statement inside failed), and must roll it back.
     let mut tx = OpenTransaction { conn: store.pool.acquire().await?, open: true };
@@ -73,9 +78,14 @@ pub(crate) async fn claim_one(store: &MySqlStore, request: &ClaimRequest) -> Res
 }
 
 /// The outcome the procedure's row says. Its columns are read by position (taken, why,
-/// token, now, and the claim instant of a run granted again): sqlx names a row's columns
-/// from the prepared statement, and a prepared `CALL` declares none.
+/// token, now, the claim instant of a run granted again, and whether the tick was too
+/// early): sqlx names a row's columns from the prepared statement, and a prepared `CALL`
+/// declares none.
 fn outcome(request: &ClaimRequest, row: &MySqlRow) -> Result<ClaimOutcome, Failure> {
+    let early: i64 = get(row, 5)?;
+    if early != 0 {
+        return Ok(ClaimOutcome::TooEarly { store_now: instant(get(row, 3)?)? });
+    }
     let taken: i64 = get(row, 0)?;
     let claimed: Option<i64> = get(row, 4)?;
     let run = || RunId { tick: Tick::new(request.tick.job.clone(), request.tick.scheduled_at), attempt: 1 };

@@ -34,10 +34,18 @@
 //! ## The claim, in round trips
 //!
 //! A claim of **one tick** (the common case: a job's own schedule) is **one round trip**, a
-//! prepared `CALL {p}claim_one_v5(...)`: a stored procedure (since schema version 2, so the
+//! prepared `CALL {p}claim_one_v7(...)`: a stored procedure (since schema version 2, so the
 //! database user needs `CREATE ROUTINE`, `ALTER ROUTINE` and `EXECUTE`) that takes the
 //! job's fence lock, decides and writes as described below for a batch of one, and
 //! commits (see `claim_one.rs`).
+//!
+//! A scheduled tick (trigger `schedule`) more than
+//! [`CLAIM_EARLY_MAX`](solocron_core::CLAIM_EARLY_MAX) ahead of the server's clock is
+//! refused as [`ClaimOutcome::TooEarly`] with that clock, before any other decision, and
+//! writes nothing: the procedure checks it before its transaction (no lock, no counter
+//! change); a batch checks it against the clock of its locked read, and decides its other
+//! requests as if that one were not there (a fence row it created for a job of only such
+//! ticks, counter 0, is as good as none; a batch with nothing to write rolls back).
 //!
 //! A whole batch (up to [`CLAIM_BATCH_MAX`](solocron_core::CLAIM_BATCH_MAX) requests) is one
 //! transaction of **2 round trips**, whatever its size. The first sends `START TRANSACTION`;
@@ -171,8 +179,9 @@
 //! written in the transaction of the action), `{p}managed` (jobs defined in the
 //! store), `{p}job_revisions` (every change of one), `{p}managed_version` (the store-wide
 //! revision counter, whose row lock orders their writers) and `{p}schema` (the version);
-//! the stored procedure `{p}claim_one_v5` (and version 2's `{p}claim_one`, left in place by
-//! an upgrade for the nodes still calling it); the named lock `{p}migrate`. [`Store::migrate`] creates
+//! the stored procedure `{p}claim_one_v7` (and version 2's `{p}claim_one` and version 5's
+//! `{p}claim_one_v5`, left in place by an upgrade for the nodes still calling them); the
+//! named lock `{p}migrate`. [`Store::migrate`] creates
 //! them; [`Store::uninstall`] drops them.
 //!
 //! ## Code map
@@ -183,7 +192,7 @@
 //! - `schema.rs`: the tables, the stored procedure, their versions, `migrate` and
 //!   `uninstall`.
 //! - `claim.rs`: the claim of a batch, in 2 round trips (3 when it grants a run again).
-//! - `claim_one.rs`: the claim of one tick, one `CALL {p}claim_one_v5`.
+//! - `claim_one.rs`: the claim of one tick, one `CALL {p}claim_one_v7`.
 //! - `runs.rs`: a held run after its claim: renew, finish (one, a batch, or with a waiting
 //!   retry), expiry, recovery (of expired runs and due retries).
 //! - `admin.rs`: what operators and housekeeping read and change: history, the clock,

@@ -19,13 +19,16 @@ const NOW_MS: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)";
 /// procedure `{p}claim_one` to version 1's tables; version 3 the tables `{p}nodes` and
 /// `{p}actions`; version 4 the managed jobs' tables `{p}managed`, `{p}job_revisions` and
 /// `{p}managed_version` (with its one row, [`SEED_COUNTER`]); version 5 the runs' `nonce`
-/// column ([`ADD_NONCE`]) and the procedure `{p}claim_one_v5` ([`claim_one_procedure`],
-/// called by [`crate::claim_one`]), which takes the nonce; version 6 the registry's `mark`
-/// column ([`ADD_MARK`]) and its key by node ([`ADD_REGISTRY_NODE`]), by which `register`
-/// removes the jobs a node no longer lists. Builds of earlier versions refuse to migrate a
-/// newer schema; those already running keep working on it meanwhile (their inserts name
-/// their columns, leaving `nonce` NULL and `mark` 0, and `{p}claim_one` stays).
-const SCHEMA_VERSION: i64 = 6;
+/// column ([`ADD_NONCE`]) and the procedure `{p}claim_one_v5`, which takes the nonce;
+/// version 6 the registry's `mark` column ([`ADD_MARK`]) and its key by node
+/// ([`ADD_REGISTRY_NODE`]), by which `register` removes the jobs a node no longer lists;
+/// version 7 the procedure `{p}claim_one_v7` ([`claim_one_procedure`], called by
+/// [`crate::claim_one`]), which also refuses a scheduled tick claimed too early (its
+/// tables are version 6's).
+/// Builds of earlier versions refuse to migrate a newer schema; those already running keep
+/// working on it meanwhile (their inserts name their columns, leaving `nonce` NULL and
+/// `mark` 0, and `{p}claim_one` and `{p}claim_one_v5` stay).
+const SCHEMA_VERSION: i64 = 7;
 
 /// Whether the runs table has version 5's `nonce` column (MySQL 8 has no `ADD COLUMN IF
 /// NOT EXISTS`): bound to the table's name.
@@ -56,9 +59,9 @@ const HAS_REGISTRY_NODE: &str = "SELECT COUNT(*) FROM information_schema.statist
 const ADD_REGISTRY_NODE: &str = "ALTER TABLE {p}registry ADD KEY {p}registry_node (node, job)";
 
 /// The stored procedures of every version, which [`uninstall`] drops: `{p}claim_one`
-/// (versions 2 to 4, left in place by migrations for the nodes still calling it) and
-/// `{p}claim_one_v5`.
-const PROCEDURES: [&str; 2] = ["claim_one", "claim_one_v5"];
+/// (versions 2 to 4) and `{p}claim_one_v5` (versions 5 and 6), left in place by migrations
+/// for the nodes still calling them, and `{p}claim_one_v7`.
+const PROCEDURES: [&str; 3] = ["claim_one", "claim_one_v5", "claim_one_v7"];
 
 /// How long `migrate` waits for another node's migration, in seconds.
 const LOCK_WAIT_S: i64 = 30;
@@ -187,11 +190,14 @@ const SEED_COUNTER: &str = "INSERT IGNORE INTO {p}managed_version (id, revision)
 /// always fits a `TEXT` column ([`TEXT_BYTES_MAX`] bytes); longer ones are cut to it.
 const REASON_CHARS_FIT: usize = TEXT_BYTES_MAX / 4;
 
-/// The procedure of schema version 5 (a template: prefix and clock not yet filled in).
+/// The procedure of schema version 7 (a template: prefix and clock not yet filled in).
 /// Its arguments: job, tick (ms), trigger, node, lease (ms), whether a pause applies,
 /// whether a running run of the job skips the tick, the skip reason of a request to
-/// record a skip (`NULL` otherwise), and the request's nonce (`NULL`: none). A pause comes
-/// before an overlap, as in [`solocron_sql::plan`]. A run request that finds the tick's
+/// record a skip (`NULL` otherwise), the request's nonce (`NULL`: none), and how far ahead
+/// of the server's clock the tick may be (ms; `NULL`: any, for triggers other than the
+/// schedule). A tick further ahead is refused first, before the transaction: nothing is
+/// written, not even the job's counter, and the row says `early` with the clock. A pause
+/// comes before an overlap, as in [`solocron_sql::plan`]. A run request that finds the tick's
 /// attempt 1 still `running` as its own claim (the same node and nonce) gives it a fresh
 /// lease and answers its token and claim instant; the counter it advanced goes back, as no
 /// token is handed out. It answers one row, whose columns [`crate::claim_one`] reads by
@@ -202,10 +208,10 @@ const REASON_CHARS_FIT: usize = TEXT_BYTES_MAX / 4;
 fn claim_one_procedure() -> String {
     const TEXT: &str = "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
     format!(
-        "CREATE PROCEDURE {{p}}claim_one_v5(
+        "CREATE PROCEDURE {{p}}claim_one_v7(
              IN p_job VARCHAR(191) {TEXT}, IN p_at BIGINT, IN p_trigger VARCHAR(16) {TEXT},
              IN p_node VARCHAR(191) {TEXT}, IN p_lease BIGINT, IN p_pausable BOOLEAN,
-             IN p_overlap BOOLEAN, IN p_skip TEXT {TEXT}, IN p_nonce BIGINT)
+             IN p_overlap BOOLEAN, IN p_skip TEXT {TEXT}, IN p_nonce BIGINT, IN p_early BIGINT)
          MODIFIES SQL DATA
          SQL SECURITY INVOKER
          BEGIN
@@ -214,55 +220,61 @@ fn claim_one_procedure() -> String {
              DECLARE v_why TEXT {TEXT};
              DECLARE v_now BIGINT;
              DECLARE v_claimed BIGINT DEFAULT NULL;
-             START TRANSACTION;
-             INSERT INTO {{p}}fences (job, token) VALUES (p_job, LAST_INSERT_ID(1))
-                 ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1);
-             SET v_token = LAST_INSERT_ID(), v_now = NOW_MS;
-             SET v_taken = EXISTS(SELECT 1 FROM {{p}}runs WHERE job = p_job AND scheduled_at = p_at AND attempt = 1);
-             IF v_taken AND p_nonce IS NOT NULL AND p_skip IS NULL THEN
-                 -- The UPDATE reads the row's latest version under its lock: a run ended
-                 -- (or recovered) since the read above is not granted again.
-                 UPDATE {{p}}runs SET lease_until = v_now + p_lease
-                     WHERE job = p_job AND scheduled_at = p_at AND attempt = 1 AND state = 'running'
-                       AND node = p_node AND nonce = p_nonce;
-                 IF ROW_COUNT() = 1 THEN
-                     SELECT token, claimed_at INTO v_token, v_claimed
-                         FROM {{p}}runs WHERE job = p_job AND scheduled_at = p_at AND attempt = 1;
-                     UPDATE {{p}}fences SET token = token - 1 WHERE job = p_job;
+             DECLARE v_early BOOLEAN DEFAULT FALSE;
+             IF p_early IS NOT NULL AND p_at > NOW_MS + p_early THEN
+                 -- Too early: nothing written; the clock read again (as late or later).
+                 SET v_early = TRUE, v_taken = FALSE, v_now = NOW_MS;
+             ELSE
+                 START TRANSACTION;
+                 INSERT INTO {{p}}fences (job, token) VALUES (p_job, LAST_INSERT_ID(1))
+                     ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1);
+                 SET v_token = LAST_INSERT_ID(), v_now = NOW_MS;
+                 SET v_taken = EXISTS(SELECT 1 FROM {{p}}runs WHERE job = p_job AND scheduled_at = p_at AND attempt = 1);
+                 IF v_taken AND p_nonce IS NOT NULL AND p_skip IS NULL THEN
+                     -- The UPDATE reads the row's latest version under its lock: a run ended
+                     -- (or recovered) since the read above is not granted again.
+                     UPDATE {{p}}runs SET lease_until = v_now + p_lease
+                         WHERE job = p_job AND scheduled_at = p_at AND attempt = 1 AND state = 'running'
+                           AND node = p_node AND nonce = p_nonce;
+                     IF ROW_COUNT() = 1 THEN
+                         SELECT token, claimed_at INTO v_token, v_claimed
+                             FROM {{p}}runs WHERE job = p_job AND scheduled_at = p_at AND attempt = 1;
+                         UPDATE {{p}}fences SET token = token - 1 WHERE job = p_job;
+                     END IF;
                  END IF;
+                 IF NOT v_taken THEN
+                     SET v_why = p_skip;
+                     IF v_why IS NULL AND p_pausable THEN
+                         SET v_why = (SELECT LEFT(CONCAT('paused by ', changed_by, COALESCE(CONCAT(': ', reason), '')),
+                                                  {REASON_CHARS_FIT})
+                                      FROM {{p}}jobs WHERE job = p_job AND paused <> 0);
+                     END IF;
+                     IF v_why IS NULL AND p_overlap THEN
+                         -- Spelled like RunId's Display: job@2026-01-01T00:00:00.000Z#1 (sessions are in UTC).
+                         SET v_why = (SELECT CONCAT('overlap: previous run ', job, '@',
+                                          LEFT(DATE_FORMAT(TIMESTAMP'1970-01-01 00:00:00' + INTERVAL scheduled_at * 1000 MICROSECOND,
+                                                           '%Y-%m-%dT%H:%i:%s.%f'), 23),
+                                          'Z#', attempt, ' still running')
+                                      FROM {{p}}runs WHERE job = p_job AND state = 'running'
+                                      ORDER BY scheduled_at DESC, attempt DESC LIMIT 1);
+                     END IF;
+                     IF v_why IS NULL THEN
+                         INSERT INTO {{p}}runs (job, scheduled_at, attempt, `trigger`, node, token, state, reason,
+                             claimed_at, finished_at, lease_until, output, nonce)
+                         VALUES (p_job, p_at, 1, p_trigger, p_node, v_token, 'running', NULL, v_now, NULL,
+                             v_now + p_lease, '', p_nonce);
+                     ELSE
+                         INSERT INTO {{p}}runs (job, scheduled_at, attempt, `trigger`, node, token, state, reason,
+                             claimed_at, finished_at, lease_until, output, nonce)
+                         VALUES (p_job, p_at, 1, p_trigger, p_node, NULL, 'skipped', v_why, v_now, v_now, NULL, '',
+                             p_nonce);
+                     END IF;
+                 END IF;
+                 COMMIT;
              END IF;
-             IF NOT v_taken THEN
-                 SET v_why = p_skip;
-                 IF v_why IS NULL AND p_pausable THEN
-                     SET v_why = (SELECT LEFT(CONCAT('paused by ', changed_by, COALESCE(CONCAT(': ', reason), '')),
-                                              {REASON_CHARS_FIT})
-                                  FROM {{p}}jobs WHERE job = p_job AND paused <> 0);
-                 END IF;
-                 IF v_why IS NULL AND p_overlap THEN
-                     -- Spelled like RunId's Display: job@2026-01-01T00:00:00.000Z#1 (sessions are in UTC).
-                     SET v_why = (SELECT CONCAT('overlap: previous run ', job, '@',
-                                      LEFT(DATE_FORMAT(TIMESTAMP'1970-01-01 00:00:00' + INTERVAL scheduled_at * 1000 MICROSECOND,
-                                                       '%Y-%m-%dT%H:%i:%s.%f'), 23),
-                                      'Z#', attempt, ' still running')
-                                  FROM {{p}}runs WHERE job = p_job AND state = 'running'
-                                  ORDER BY scheduled_at DESC, attempt DESC LIMIT 1);
-                 END IF;
-                 IF v_why IS NULL THEN
-                     INSERT INTO {{p}}runs (job, scheduled_at, attempt, `trigger`, node, token, state, reason,
-                         claimed_at, finished_at, lease_until, output, nonce)
-                     VALUES (p_job, p_at, 1, p_trigger, p_node, v_token, 'running', NULL, v_now, NULL,
-                         v_now + p_lease, '', p_nonce);
-                 ELSE
-                     INSERT INTO {{p}}runs (job, scheduled_at, attempt, `trigger`, node, token, state, reason,
-                         claimed_at, finished_at, lease_until, output, nonce)
-                     VALUES (p_job, p_at, 1, p_trigger, p_node, NULL, 'skipped', v_why, v_now, v_now, NULL, '',
-                         p_nonce);
-                 END IF;
-             END IF;
-             COMMIT;
              SELECT CAST(v_taken AS SIGNED) AS taken, CAST(v_why AS BINARY) AS why,
                  CAST(v_token AS SIGNED) AS token, CAST(v_now AS SIGNED) AS now,
-                 CAST(v_claimed AS SIGNED) AS claimed;
+                 CAST(v_claimed AS SIGNED) AS claimed, CAST(v_early AS SIGNED) AS early;
          END"
     )
 }
@@ -383,21 +395,24 @@ async fn create(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<
         Some(SCHEMA_VERSION) => Ok(()),
         Some(v) if v < SCHEMA_VERSION => {
             // Version 2 → 3: the tables above are new (created already); 3 → 4: so are the
-            // managed jobs' tables, and the counter's row is new; 4 → 5: the nonce column,
-            // and the procedure that takes it; 5 → 6: the registry's mark and key by node.
+            // managed jobs' tables, and the counter's row is new; 4 → 5: the nonce column
+            // (and a procedure that takes it, now replaced); 5 → 6: the registry's mark and
+            // key by node; 6 → 7: the procedure that refuses a tick claimed too early.
             // Each step is idempotent, so a migration cut off before the version is
-            // written is redone. A procedure is left alone once
-            // its version is recorded: nodes of that version call it while others migrate
-            // (hence a new procedure for version 5, beside version 2's).
+            // written is redone. A procedure is left alone once its version is recorded:
+            // nodes of that version call it while others migrate (hence a new procedure for
+            // version 5, beside version 2's, and for version 7, beside version 5's).
             if v < 4 {
                 conn.execute(store.sql(SEED_COUNTER).as_str()).await?;
             }
             if v < 5 {
                 add_nonce(store, conn).await?;
-                create_procedures(store, conn).await?;
             }
             if v < 6 {
                 add_registry_mark(store, conn).await?;
+            }
+            if v < 7 {
+                create_procedures(store, conn).await?;
             }
             sqlx::query(&store.sql("UPDATE {p}schema SET version = ?"))
                 .bind(SCHEMA_VERSION)
@@ -418,7 +433,7 @@ async fn create(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<
 /// migrating to the version that first calls the procedure, so no node of that version
 /// can call it between them.
 async fn create_procedures(store: &MySqlStore, conn: &mut PoolConnection<MySql>) -> Result<(), Failure> {
-    conn.execute(store.sql("DROP PROCEDURE IF EXISTS {p}claim_one_v5").as_str()).await?;
+    conn.execute(store.sql("DROP PROCEDURE IF EXISTS {p}claim_one_v7").as_str()).await?;
     conn.execute(store.sql(&claim_one_procedure()).as_str()).await?;
     Ok(())
 }

@@ -354,7 +354,7 @@ async fn uninstall_removes_everything_of_its_prefix_and_nothing_else() {
     let mine: Vec<String> =
         objects_named(&pool, &ns.prefix.table_prefix()).await.into_iter().filter(|o| !others.contains(o)).collect();
     let p = ns.prefix.table_prefix();
-    for object in ["table {p}runs", "table {p}schema", "table {p}fences", "procedure {p}claim_one_v5"] {
+    for object in ["table {p}runs", "table {p}schema", "table {p}fences", "procedure {p}claim_one_v7"] {
         assert!(mine.contains(&object.replace("{p}", &p)), "{object} is missing from {mine:?}");
     }
     assert_eq!(others.len(), mine.len(), "the other prefix has the same schema: {others:?}");
@@ -510,7 +510,7 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
     let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
     let p = &ns.prefix.table_prefix();
     for sql in [
-        format!("DROP PROCEDURE {p}claim_one_v5"),
+        format!("DROP PROCEDURE {p}claim_one_v7"),
         format!("DROP TABLE {p}nodes, {p}actions"),
         format!("ALTER TABLE {p}runs DROP COLUMN nonce"),
         format!("UPDATE {p}schema SET version = 1"),
@@ -524,13 +524,13 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
     assert!(matches!(store.claim(&one).await.expect("claim")[..], [ClaimOutcome::Won(_)]));
     assert_eq!(store.claim(&one).await.expect("claim"), vec![ClaimOutcome::Taken]);
     store.set_paused("backup", true, "ops", None).await.expect("the audit log is there");
-    sqlx::query(&format!("UPDATE {p}schema SET version = 7")).execute(&pool).await.expect("a newer schema");
+    sqlx::query(&format!("UPDATE {p}schema SET version = 8")).execute(&pool).await.expect("a newer schema");
     let refused = store.migrate().await.expect_err("a newer schema is refused");
-    assert!(refused.to_string().contains("schema version 7"), "{refused}");
+    assert!(refused.to_string().contains("schema version 8"), "{refused}");
     pool.close().await;
 }
 
@@ -553,7 +553,7 @@ async fn a_version_2_schema_gets_the_nodes_and_actions_tables() {
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
     assert_eq!(store.controls().await.expect("controls")[0].reason.as_deref(), Some("disk"), "the switches survive");
     store.heartbeat(&beat).await.expect("heartbeat");
     assert_eq!(store.nodes().await.expect("nodes").len(), 1);
@@ -586,7 +586,7 @@ async fn a_version_3_schema_gets_the_managed_jobs_tables() {
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
     assert_eq!(store.controls().await.expect("controls")[0].reason.as_deref(), Some("disk"), "the switches survive");
     assert_eq!(store.managed_version().await.expect("version"), 0);
     let wrote = store.put_job("sync", spec, "ann", Some(0)).await.expect("put");
@@ -610,7 +610,7 @@ async fn a_version_4_schema_gets_the_nonce_column_and_its_records_have_none() {
     let p = &ns.prefix.table_prefix();
     let old = ClaimRequest { nonce: 7, ..run(tick("backup", 0), "a", LONG, false) };
     for sql in [
-        format!("DROP PROCEDURE {p}claim_one_v5"),
+        format!("DROP PROCEDURE {p}claim_one_v7"),
         format!("CREATE PROCEDURE {p}claim_one() BEGIN END"),
         format!("ALTER TABLE {p}runs DROP COLUMN nonce"),
         format!("UPDATE {p}schema SET version = 4"),
@@ -624,14 +624,14 @@ async fn a_version_4_schema_gets_the_nonce_column_and_its_records_have_none() {
     ] {
         sqlx::query(&sql).execute(&pool).await.expect("make a version 4 schema");
     }
-    assert!(store.claim(std::slice::from_ref(&old)).await.is_err(), "version 5's procedure is missing");
+    assert!(store.claim(std::slice::from_ref(&old)).await.is_err(), "version 7's procedure is missing");
     store.migrate().await.expect("migrate from version 4");
     store.migrate().await.expect("migrate again");
     let version: i64 = sqlx::query_scalar(&format!("SELECT CAST(version AS SIGNED) FROM {p}schema"))
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
     assert_eq!(store.claim(std::slice::from_ref(&old)).await.expect("claim"), [ClaimOutcome::Taken], "no nonce");
 
     let new = ClaimRequest { nonce: u64::MAX, ..run(tick("backup", 1), "a", LONG, false) };
@@ -732,12 +732,77 @@ async fn a_version_5_schema_gets_the_registry_mark_and_its_rows_are_removed_once
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
     store.register("a", &[definition("backup", "h2")]).await.expect("register");
     let left = store.registrations().await.expect("registrations");
     let keys: Vec<_> = left.iter().map(|r| (r.node.as_str(), r.definition.job.as_str())).collect();
     assert_eq!(keys, [("a", "backup"), ("b", "sync")], "a no longer lists sync; b is untouched");
     assert_eq!((left[0].first_seen.timestamp_millis(), left[0].definition.definition_hash.as_str()), (5, "h2"));
+    pool.close().await;
+}
+
+/// The job's fencing counter, `None` while it has no fence row.
+async fn counter(pool: &sqlx::MySqlPool, p: &str, job: &str) -> Option<i64> {
+    sqlx::query_scalar(&format!("SELECT token FROM {p}fences WHERE job = ?"))
+        .bind(job)
+        .fetch_optional(pool)
+        .await
+        .expect("counter")
+}
+
+/// A schema of version 6 (before the procedure that refuses a tick claimed too early) is
+/// brought to the current version by `migrate`, keeping version 5's procedure for the
+/// nodes still calling it, until `uninstall`. A scheduled tick too far ahead of the
+/// server's clock is then refused alone and in a batch, without a record, a counter change
+/// or even a fence row for a new job; a manual one is won, and the counter is where the
+/// wins left it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_version_6_schema_gets_the_procedure_that_refuses_early_ticks_and_keeps_the_old_one() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = &stores(&ns, 1).await[0];
+    let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
+    let p = &ns.prefix.table_prefix();
+    for sql in [
+        format!("DROP PROCEDURE {p}claim_one_v7"),
+        format!("CREATE PROCEDURE {p}claim_one_v5() BEGIN END"),
+        format!("UPDATE {p}schema SET version = 6"),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.expect("make a version 6 schema");
+    }
+    let past = run(tick("backup", 0), "a", LONG, false);
+    assert!(store.claim(std::slice::from_ref(&past)).await.is_err(), "version 7's procedure is missing");
+    store.migrate().await.expect("migrate from version 6");
+    store.migrate().await.expect("migrate again");
+    let version: i64 = sqlx::query_scalar(&format!("SELECT CAST(version AS SIGNED) FROM {p}schema"))
+        .fetch_one(&pool)
+        .await
+        .expect("version");
+    assert_eq!(version, 7);
+    assert_eq!(won(store, past).await.fencing_token, 1);
+
+    let now = store.now().await.expect("now");
+    let ahead = DateTime::from_timestamp_millis((now + chrono::Duration::seconds(30)).timestamp_millis()).expect("ms");
+    let early = |job: &str| run(Tick::new(job, ahead), "a", LONG, false);
+    for batch in [vec![early("backup")], vec![early("backup"), early("fresh")]] {
+        let outcomes = store.claim(&batch).await.expect("claim");
+        for outcome in &outcomes {
+            let ClaimOutcome::TooEarly { store_now } = outcome else { panic!("too early: {outcomes:?}") };
+            assert!((*store_now - now).num_seconds().abs() < 5, "the server's clock: {store_now}, read {now}");
+        }
+        assert_eq!(counter(&pool, p, "backup").await, Some(1), "no counter change");
+        assert_eq!(counter(&pool, p, "fresh").await, None, "no fence row");
+    }
+    let manual = ClaimRequest { trigger: Trigger::Manual, ..early("fresh") };
+    let mixed = [early("backup"), manual.clone(), run(tick("backup", 1), "a", LONG, false)];
+    let outcomes = store.claim(&mixed).await.expect("claim");
+    assert!(matches!(outcomes[..], [ClaimOutcome::TooEarly { .. }, ClaimOutcome::Won(_), ClaimOutcome::Won(_)]));
+    assert_eq!((counter(&pool, p, "backup").await, counter(&pool, p, "fresh").await), (Some(2), Some(1)));
+    assert_eq!(won(store, ClaimRequest { tick: tick("manual", 0), ..manual }).await.fencing_token, 1, "alone");
+    assert_eq!(store.history(&HistoryQuery::default()).await.expect("history").len(), 4, "no early record");
+
+    assert!(objects_named(&pool, p).await.contains(&format!("procedure {p}claim_one_v5")), "version 5's stays");
+    store.uninstall().await.expect("uninstall");
+    assert_eq!(objects_named(&pool, p).await, Vec::<String>::new());
     pool.close().await;
 }
 

@@ -1,5 +1,6 @@
 //! Claims: one call of the server-side `{p}claim` function per batch (a batch of one
-//! calls `{p}claim_one`, see `claim_one.rs`).
+//! calls `{p}claim_one`, see `claim_one.rs`). Each function first refuses, by the server's
+//! clock, the scheduled requests made too early (`too-early`, see the schema's version 11).
 
 use solocron_core::{ClaimOutcome, ClaimRequest, StoreError};
 use sqlx::postgres::PgRow;

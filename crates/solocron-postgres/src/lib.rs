@@ -23,6 +23,12 @@
 //!   attempt 1 still `running` as its claim, and the claim function grants it again in the
 //!   same call: one update of that row (a fresh lease by the server's clock), the same
 //!   token. A recovered or ended run, another nonce or another node gets `Taken`.
+//! - **A scheduled claim made too early is refused.** Before any lock or write, the claim
+//!   function reads the server's clock: a [`Trigger::Schedule`](solocron_core::Trigger)
+//!   request for a tick more than [`CLAIM_EARLY_MAX`](solocron_core::CLAIM_EARLY_MAX) ahead
+//!   of it gets [`ClaimOutcome::TooEarly`] with that clock, and writes nothing (no record,
+//!   no fencing token reserved); the batch's other requests are decided as usual, in the
+//!   same call. A node whose clock runs fast thus cannot start a job early.
 //! - **Each step is atomic.** A whole claim batch is one call of a PL/pgSQL function (one
 //!   round trip, one transaction; a batch of one tick calls its one-tick twin, which takes
 //!   scalars instead of arrays); every other method is one statement or one transaction.

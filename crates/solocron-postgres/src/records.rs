@@ -196,11 +196,15 @@ pub(crate) fn outcomes(requests: &[ClaimRequest], rows: &[PgRow]) -> Result<Vec<
     Ok(outcomes)
 }
 
+/// The outcome of `request` from its row: `won` (token and instants), `skipped` (reason),
+/// `taken`, or `too-early` (the server's clock in `o_claimed_at`).
 fn outcome(request: &ClaimRequest, row: &PgRow) -> Result<ClaimOutcome, StoreError> {
     let kind: String = get(row, "o_outcome")?;
     match kind.as_str() {
         "taken" => Ok(ClaimOutcome::Taken),
         "skipped" => Ok(ClaimOutcome::Skipped { reason: get(row, "o_reason")? }),
+        // The functions answer the server's clock in `o_claimed_at`; nothing was claimed.
+        "too-early" => Ok(ClaimOutcome::TooEarly { store_now: instant(get(row, "o_claimed_at")?)? }),
         "won" => {
             // Normalized to the millisecond precision the store keeps, so that the lease
             // names the run exactly as history will.

@@ -5,14 +5,14 @@
 //! [`Prefix`](solocron_core::Prefix): letters, digits and `_` only, so safe to splice) and
 //! `{now}` for the server clock in milliseconds.
 
-use solocron_core::StoreError;
+use solocron_core::{StoreError, CLAIM_EARLY_MAX};
 use sqlx::PgConnection;
 
 use crate::error::{retrying, Res};
 use crate::PgStore;
 
 /// The schema version this crate writes and understands.
-pub(crate) const SCHEMA_VERSION: i32 = 10;
+pub(crate) const SCHEMA_VERSION: i32 = 11;
 
 /// The store's "now" in SQL: the server clock, in integer milliseconds since the epoch.
 /// `now()` is the start of the current transaction, so one statement (or one transaction)
@@ -22,7 +22,7 @@ pub(crate) const NOW_MS: &str = "floor(extract(epoch FROM now()) * 1000)::bigint
 /// The migrations, by the version each one brings the schema to. Later versions append
 /// here; a released step is never edited.
 pub(crate) const MIGRATIONS: &[(i32, &[&str])] =
-    &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6), (7, V7), (8, V8), (9, V9), (10, V10)];
+    &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6), (7, V7), (8, V8), (9, V9), (10, V10), (11, V11)];
 
 const V1: &[&str] = &[
     r#"CREATE TABLE IF NOT EXISTS {p}runs (
@@ -803,6 +803,326 @@ BEGIN
 END
 $claim$"#;
 
+/// Version 11: the claim functions refuse a scheduled claim made too early
+/// ([`CLAIM_FUNCTION_V11`], [`CLAIM_ONE_FUNCTION_V11`], [`CLAIM_TAKEN_FIRST_V11`]). Their
+/// arguments and columns are those of version 8, so each is replaced in place (no drop, no
+/// overload) and builds of version 10 keep claiming beside it, with one difference: a claim
+/// of theirs too early (their clock more than ~350 ms ahead of the server's) fails as
+/// invalid (they do not know the answer `too-early`) where it was won before. Upgrade every
+/// node.
+const V11: &[&str] = &[CLAIM_FUNCTION_V11, CLAIM_ONE_FUNCTION_V11, CLAIM_TAKEN_FIRST_V11];
+
+/// [`CLAIM_EARLY_MAX`] as the claim functions of version 11 spell it, `500` (ms), in their
+/// text. Another bound needs another version of the functions (a migration), not an edit.
+const _: () = assert!(
+    CLAIM_EARLY_MAX.as_millis() == 500,
+    "CLAIM_EARLY_MAX changed: the claim functions of schema version 11 spell 500 ms; add a migration"
+);
+
+/// [`CLAIM_FUNCTION_V8`] refusing scheduled claims made too early. Before any lock or
+/// write, it reads the server's clock once (`v_asked_at`): a `schedule` request (any mode)
+/// whose tick is more than 500 ms ([`CLAIM_EARLY_MAX`]) ahead of it answers `too-early`,
+/// with that clock in `o_claimed_at`, and neither locks its job's fence row nor reserves a
+/// token nor writes a record; the batch's other requests are decided as before (with
+/// tokens reserved for them alone). The check comes first, so a request too early is
+/// refused even if its tick has a record (a claim asked again with its nonce is of a tick
+/// near now, never too early in practice). The clock of the claims themselves is still
+/// read once the locks are held.
+const CLAIM_FUNCTION_V11: &str = r#"
+CREATE OR REPLACE FUNCTION {p}claim(
+    p_jobs TEXT[], p_ticks BIGINT[], p_triggers TEXT[], p_nodes TEXT[],
+    p_leases BIGINT[], p_modes TEXT[], p_reasons TEXT[], p_nonces BIGINT[])
+RETURNS TABLE (o_index INTEGER, o_outcome TEXT, o_reason TEXT, o_token BIGINT,
+               o_claimed_at BIGINT, o_lease_until BIGINT)
+LANGUAGE plpgsql VOLATILE AS $claim$
+DECLARE
+    v_asked_at BIGINT;
+    v_now BIGINT;
+    v_reason TEXT;
+    v_found RECORD;
+    v_tokens BIGINT[];
+    v_rechecks INTEGER;
+    v_mine BOOLEAN;
+BEGIN
+    IF coalesce(cardinality(p_jobs), 0) = 0 THEN
+        RETURN;
+    END IF;
+    -- Read before any lock: a scheduled request for a tick more than 500 ms
+    -- (CLAIM_EARLY_MAX) ahead of it is too early, and takes no lock nor token.
+    v_asked_at := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    IF cardinality(p_jobs) = 1 THEN
+        IF p_triggers[1] = 'schedule' AND p_ticks[1] > v_asked_at + 500 THEN
+            o_index := 1; o_outcome := 'too-early'; o_reason := NULL; o_token := NULL;
+            o_claimed_at := v_asked_at; o_lease_until := NULL;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        INSERT INTO {p}fences AS f (job, token) VALUES (p_jobs[1], 1)
+            ON CONFLICT (job) DO UPDATE SET token = f.token + 1
+            RETURNING ARRAY[f.token] INTO v_tokens;
+    ELSE
+        WITH requests AS (
+            SELECT r.j, r.i, r.early,
+                   row_number() OVER (PARTITION BY r.j, r.early ORDER BY r.i) AS k,
+                   count(*) OVER (PARTITION BY r.j, r.early) AS n
+            FROM (SELECT q.j, q.i, (q.t = 'schedule' AND q.s > v_asked_at + 500) AS early
+                  FROM unnest(p_jobs, p_triggers, p_ticks) WITH ORDINALITY AS q(j, t, s, i)) AS r),
+        reserved AS (
+            INSERT INTO {p}fences AS f (job, token)
+                SELECT j, count(*) FROM requests WHERE NOT early GROUP BY j ORDER BY j
+                ON CONFLICT (job) DO UPDATE SET token = f.token + excluded.token
+                RETURNING f.job, f.token)
+        SELECT array_agg(CASE WHEN requests.early THEN NULL
+                              ELSE reserved.token - requests.n + requests.k END ORDER BY requests.i)
+            INTO v_tokens
+            FROM requests LEFT JOIN reserved ON reserved.job = requests.j;
+    END IF;
+    -- The clock is read once the locks are held, so that a claim that waited for another
+    -- gets a later claimed_at, in step with its larger fencing token.
+    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    FOR i IN 1 .. cardinality(p_jobs) LOOP
+        o_index := i;
+        o_reason := NULL; o_token := NULL; o_claimed_at := NULL; o_lease_until := NULL;
+        IF p_triggers[i] = 'schedule' AND p_ticks[i] > v_asked_at + 500 THEN
+            o_outcome := 'too-early'; o_claimed_at := v_asked_at;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        v_rechecks := 0;
+        LOOP
+            v_reason := NULL;
+            IF p_modes[i] = 'skip' THEN
+                v_reason := p_reasons[i];
+            ELSE
+                INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, token, state, claimed_at,
+                                     lease_until, nonce)
+                    SELECT p_jobs[i], p_ticks[i], 1, p_triggers[i], p_nodes[i], v_tokens[i], 'running',
+                           v_now, v_now + p_leases[i], nullif(p_nonces[i], 0)
+                    WHERE (p_triggers[i] = 'manual'
+                           OR NOT EXISTS (SELECT 1 FROM {p}jobs WHERE job = p_jobs[i] AND paused))
+                      AND (p_modes[i] <> 'run-unless-running'
+                           OR NOT EXISTS (SELECT 1 FROM {p}runs WHERE job = p_jobs[i] AND state = 'running'))
+                    ON CONFLICT (job, scheduled_at, attempt) DO NOTHING;
+                IF FOUND THEN
+                    o_outcome := 'won'; o_token := v_tokens[i];
+                    o_claimed_at := v_now; o_lease_until := v_now + p_leases[i];
+                    EXIT;
+                END IF;
+                SELECT state = 'running' AND node = p_nodes[i] AND nonce = p_nonces[i] INTO v_mine
+                    FROM {p}runs WHERE job = p_jobs[i] AND scheduled_at = p_ticks[i] AND attempt = 1;
+                IF FOUND THEN
+                    o_outcome := 'taken';
+                    -- Asked again for a claim whose answer was lost: granted again while its
+                    -- run is untouched (the update re-checks it, after any recovery in flight).
+                    IF v_mine AND p_nonces[i] <> 0 THEN
+                        UPDATE {p}runs SET lease_until = v_now + p_leases[i]
+                            WHERE job = p_jobs[i] AND scheduled_at = p_ticks[i] AND attempt = 1
+                              AND state = 'running' AND node = p_nodes[i] AND nonce = p_nonces[i]
+                            RETURNING token, claimed_at, lease_until INTO o_token, o_claimed_at, o_lease_until;
+                        IF FOUND THEN
+                            o_outcome := 'won';
+                        END IF;
+                    END IF;
+                    EXIT;
+                END IF;
+                IF p_triggers[i] <> 'manual' THEN
+                    SELECT changed_by, reason INTO v_found FROM {p}jobs WHERE job = p_jobs[i] AND paused;
+                    IF FOUND THEN
+                        v_reason := 'paused by ' || v_found.changed_by || coalesce(': ' || v_found.reason, '');
+                    END IF;
+                END IF;
+                IF v_reason IS NULL AND p_modes[i] = 'run-unless-running' THEN
+                    -- Any running run counts, even one whose lease expired: it awaits recovery.
+                    SELECT job, scheduled_at, attempt INTO v_found FROM {p}runs
+                        WHERE job = p_jobs[i] AND state = 'running'
+                        ORDER BY scheduled_at DESC, attempt DESC LIMIT 1;
+                    IF FOUND THEN
+                        -- Spelled like RunId's Display: job@2026-01-01T00:00:00.000Z#1
+                        v_reason := 'overlap: previous run ' || v_found.job || '@'
+                            || to_char('epoch'::timestamp + v_found.scheduled_at * interval '1 millisecond',
+                                       'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                            || '#' || v_found.attempt || ' still running';
+                    END IF;
+                END IF;
+            END IF;
+            IF v_reason IS NOT NULL THEN
+                INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, state, reason, claimed_at, finished_at)
+                    VALUES (p_jobs[i], p_ticks[i], 1, p_triggers[i], p_nodes[i], 'skipped', v_reason, v_now, v_now)
+                    ON CONFLICT (job, scheduled_at, attempt) DO NOTHING;
+                IF FOUND THEN
+                    o_outcome := 'skipped'; o_reason := v_reason;
+                ELSE
+                    o_outcome := 'taken';
+                END IF;
+                EXIT;
+            END IF;
+            -- What kept the run from being inserted is gone (the running run ended, the
+            -- job was resumed): try again.
+            v_rechecks := v_rechecks + 1;
+            IF v_rechecks >= 10 THEN
+                RAISE EXCEPTION 'the claim of % kept changing under it', p_jobs[i] USING ERRCODE = '40001';
+            END IF;
+        END LOOP;
+        RETURN NEXT;
+    END LOOP;
+END
+$claim$"#;
+
+/// [`CLAIM_ONE_FUNCTION_V8`] refusing a scheduled claim made too early: the one-tick twin
+/// of [`CLAIM_FUNCTION_V11`], with the same answers. Its first step reads the server's
+/// clock (one more read of it, no more statements); a `schedule` request whose tick is more
+/// than 500 ms ahead of it answers `too-early` with that clock in `o_claimed_at`, before
+/// the fence row's upsert: no lock, no token, no record.
+const CLAIM_ONE_FUNCTION_V11: &str = r#"
+CREATE OR REPLACE FUNCTION {p}claim_one(
+    p_job TEXT, p_tick BIGINT, p_trigger TEXT, p_node TEXT, p_lease BIGINT, p_mode TEXT, p_reason TEXT,
+    p_nonce BIGINT,
+    OUT o_index INTEGER, OUT o_outcome TEXT, OUT o_reason TEXT, OUT o_token BIGINT,
+    OUT o_claimed_at BIGINT, OUT o_lease_until BIGINT)
+LANGUAGE plpgsql VOLATILE AS $claim$
+DECLARE
+    v_now BIGINT;
+    v_reason TEXT;
+    v_found RECORD;
+    v_token BIGINT;
+    v_rechecks INTEGER := 0;
+    v_mine BOOLEAN;
+BEGIN
+    o_index := 1;
+    -- Read before the lock: a scheduled request for a tick more than 500 ms
+    -- (CLAIM_EARLY_MAX) ahead of it is too early, and takes no lock nor token.
+    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    IF p_trigger = 'schedule' AND p_tick > v_now + 500 THEN
+        o_outcome := 'too-early'; o_claimed_at := v_now;
+        RETURN;
+    END IF;
+    INSERT INTO {p}fences AS f (job, token) VALUES (p_job, 1)
+        ON CONFLICT (job) DO UPDATE SET token = f.token + 1
+        RETURNING f.token INTO v_token;
+    -- The clock is read again once the lock is held, as in {p}claim.
+    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    LOOP
+        v_reason := NULL;
+        IF p_mode = 'skip' THEN
+            v_reason := p_reason;
+        ELSE
+            INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, token, state, claimed_at,
+                                 lease_until, nonce)
+                SELECT p_job, p_tick, 1, p_trigger, p_node, v_token, 'running', v_now, v_now + p_lease,
+                       nullif(p_nonce, 0)
+                WHERE (p_trigger = 'manual'
+                       OR NOT EXISTS (SELECT 1 FROM {p}jobs WHERE job = p_job AND paused))
+                  AND (p_mode <> 'run-unless-running'
+                       OR NOT EXISTS (SELECT 1 FROM {p}runs WHERE job = p_job AND state = 'running'))
+                ON CONFLICT (job, scheduled_at, attempt) DO NOTHING;
+            IF FOUND THEN
+                o_outcome := 'won'; o_token := v_token;
+                o_claimed_at := v_now; o_lease_until := v_now + p_lease;
+                RETURN;
+            END IF;
+            SELECT state = 'running' AND node = p_node AND nonce = p_nonce INTO v_mine
+                FROM {p}runs WHERE job = p_job AND scheduled_at = p_tick AND attempt = 1;
+            IF FOUND THEN
+                o_outcome := 'taken';
+                -- Asked again for a claim whose answer was lost: granted again while its run
+                -- is untouched (the update re-checks it, after any recovery in flight).
+                IF v_mine AND p_nonce <> 0 THEN
+                    UPDATE {p}runs SET lease_until = v_now + p_lease
+                        WHERE job = p_job AND scheduled_at = p_tick AND attempt = 1
+                          AND state = 'running' AND node = p_node AND nonce = p_nonce
+                        RETURNING token, claimed_at, lease_until INTO o_token, o_claimed_at, o_lease_until;
+                    IF FOUND THEN
+                        o_outcome := 'won';
+                    END IF;
+                END IF;
+                RETURN;
+            END IF;
+            IF p_trigger <> 'manual' THEN
+                SELECT changed_by, reason INTO v_found FROM {p}jobs WHERE job = p_job AND paused;
+                IF FOUND THEN
+                    v_reason := 'paused by ' || v_found.changed_by || coalesce(': ' || v_found.reason, '');
+                END IF;
+            END IF;
+            IF v_reason IS NULL AND p_mode = 'run-unless-running' THEN
+                -- Any running run counts, even one whose lease expired: it awaits recovery.
+                SELECT job, scheduled_at, attempt INTO v_found FROM {p}runs
+                    WHERE job = p_job AND state = 'running'
+                    ORDER BY scheduled_at DESC, attempt DESC LIMIT 1;
+                IF FOUND THEN
+                    -- Spelled like RunId's Display: job@2026-01-01T00:00:00.000Z#1
+                    v_reason := 'overlap: previous run ' || v_found.job || '@'
+                        || to_char('epoch'::timestamp + v_found.scheduled_at * interval '1 millisecond',
+                                   'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                        || '#' || v_found.attempt || ' still running';
+                END IF;
+            END IF;
+        END IF;
+        IF v_reason IS NOT NULL THEN
+            INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, state, reason, claimed_at, finished_at)
+                VALUES (p_job, p_tick, 1, p_trigger, p_node, 'skipped', v_reason, v_now, v_now)
+                ON CONFLICT (job, scheduled_at, attempt) DO NOTHING;
+            IF FOUND THEN
+                o_outcome := 'skipped'; o_reason := v_reason;
+            ELSE
+                o_outcome := 'taken';
+            END IF;
+            RETURN;
+        END IF;
+        -- What kept the run from being inserted is gone (the running run ended, the job
+        -- was resumed): try again.
+        v_rechecks := v_rechecks + 1;
+        IF v_rechecks >= 10 THEN
+            RAISE EXCEPTION 'the claim of % kept changing under it', p_job USING ERRCODE = '40001';
+        END IF;
+    END LOOP;
+END
+$claim$"#;
+
+/// [`CLAIM_TAKEN_FIRST_V8`] with the early check first, like [`CLAIM_FUNCTION_V11`]: its
+/// lock-free read answers `taken` only the requests that are not too early by the server's
+/// clock read at its start; a `schedule` request for a tick more than 500 ms ahead of it
+/// goes to `{p}claim`, which refuses it (or, a request at the very bound, decides it by its
+/// own later clock), even if its tick has a record.
+const CLAIM_TAKEN_FIRST_V11: &str = r#"
+CREATE OR REPLACE FUNCTION {p}claim_taken_first(
+    p_jobs TEXT[], p_ticks BIGINT[], p_triggers TEXT[], p_nodes TEXT[],
+    p_leases BIGINT[], p_modes TEXT[], p_reasons TEXT[], p_nonces BIGINT[])
+RETURNS TABLE (o_index INTEGER, o_outcome TEXT, o_reason TEXT, o_token BIGINT,
+               o_claimed_at BIGINT, o_lease_until BIGINT)
+LANGUAGE plpgsql VOLATILE AS $claim$
+DECLARE
+    v_asked_at BIGINT;
+    v_open INTEGER[];
+BEGIN
+    v_asked_at := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    v_open := ARRAY(
+        SELECT i FROM generate_subscripts(p_jobs, 1) AS i
+        WHERE (p_triggers[i] = 'schedule' AND p_ticks[i] > v_asked_at + 500)
+           OR NOT EXISTS (SELECT 1 FROM {p}runs r
+                          WHERE r.job = p_jobs[i] AND r.scheduled_at = p_ticks[i] AND r.attempt = 1
+                            AND NOT (p_nonces[i] <> 0 AND p_modes[i] <> 'skip' AND r.state = 'running'
+                                     AND r.node = p_nodes[i] AND coalesce(r.nonce, 0) = p_nonces[i]))
+        ORDER BY i);
+    IF cardinality(v_open) = coalesce(cardinality(p_jobs), 0) THEN
+        RETURN QUERY SELECT * FROM {p}claim(p_jobs, p_ticks, p_triggers, p_nodes, p_leases, p_modes, p_reasons,
+                                            p_nonces);
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH pending AS (SELECT u.i, u.k FROM unnest(v_open) WITH ORDINALITY AS u(i, k))
+    SELECT v_open[d.o_index], d.o_outcome, d.o_reason, d.o_token, d.o_claimed_at, d.o_lease_until
+    FROM {p}claim(
+        ARRAY(SELECT p_jobs[i] FROM pending ORDER BY k), ARRAY(SELECT p_ticks[i] FROM pending ORDER BY k),
+        ARRAY(SELECT p_triggers[i] FROM pending ORDER BY k), ARRAY(SELECT p_nodes[i] FROM pending ORDER BY k),
+        ARRAY(SELECT p_leases[i] FROM pending ORDER BY k), ARRAY(SELECT p_modes[i] FROM pending ORDER BY k),
+        ARRAY(SELECT p_reasons[i] FROM pending ORDER BY k), ARRAY(SELECT p_nonces[i] FROM pending ORDER BY k)) AS d
+    UNION ALL
+    SELECT t.i, 'taken', NULL, NULL, NULL, NULL
+    FROM (SELECT i FROM generate_subscripts(p_jobs, 1) AS i EXCEPT SELECT unnest(v_open)) AS t
+    ORDER BY 1;
+END
+$claim$"#;
+
 /// A statement template with the prefix and the clock filled in.
 pub(crate) fn fill(template: &str, prefix: &str) -> String {
     template.replace("{p}", prefix).replace("{now}", NOW_MS)
@@ -997,7 +1317,7 @@ mod tests {
             .expect("a claim of version 7");
         assert_eq!(old, ("won".to_owned(), 1));
 
-        migrate(&store).await.expect("migrate to version 8");
+        migrate(&store).await.expect("migrate to the current version");
         let functions: Vec<(String, i16)> = sqlx::query_as(
             "SELECT proname::text, pronargs FROM pg_proc WHERE pronamespace = current_schema()::regnamespace
                AND left(proname, length($1)) = $1 ORDER BY 1",
@@ -1018,5 +1338,52 @@ mod tests {
         assert_eq!(won(&store, backup(1, 5)).await, 3, "the taken claim left its reserved token unused");
         assert_eq!(won(&store, backup(1, 5)).await, 3, "asked again with its nonce");
         assert_eq!(store.claim(&[backup(1, 6)]).await.expect("claim"), [ClaimOutcome::Taken]);
+    }
+
+    /// The claim functions' names, argument counts and identities, in name order.
+    async fn functions(store: &PgStore) -> Vec<(String, i16, i64)> {
+        sqlx::query_as(
+            "SELECT proname::text, pronargs, oid::bigint FROM pg_proc
+              WHERE pronamespace = current_schema()::regnamespace AND left(proname, length($1)) = $1 ORDER BY 1",
+        )
+        .bind(&store.tables)
+        .fetch_all(&store.pool)
+        .await
+        .expect("functions")
+    }
+
+    /// A schema of version 10 is brought to version 11 in place: each claim function is
+    /// replaced under its one signature (the same function, no overload), so the call of a
+    /// build of version 10 still works, and now refuses a scheduled claim made too early,
+    /// which version 10 won, without touching the job's fencing counter.
+    #[tokio::test]
+    async fn a_version_10_schema_refuses_early_claims_once_migrated_in_place() {
+        let Some(ns) = Namespace::<Postgres>::new().await else { return };
+        let store = ns.store().await;
+        migrate_to(&store, 10).await.expect("migrate to version 10");
+        let before = functions(&store).await;
+        let far = |job: &str, now: DateTime<chrono::Utc>| ClaimRequest {
+            tick: Tick::new(job, now + chrono::Duration::seconds(60)),
+            ..backup(0, 0)
+        };
+        let now = store.now().await.expect("now");
+        assert!(matches!(store.claim(&[far("early", now)]).await.expect("claim")[..], [ClaimOutcome::Won(_)]));
+
+        migrate(&store).await.expect("migrate to version 11");
+        assert_eq!(functions(&store).await, before, "replaced in place");
+        let old_call =
+            "SELECT o_outcome, o_claimed_at FROM {p}claim_one('early', $1, 'schedule', 'a', 60000, 'run', '', 0)";
+        let tick = far("early", now).tick.scheduled_at.timestamp_millis() + 60_000;
+        let (outcome, store_now): (String, i64) =
+            sqlx::query_as(&store.sql(old_call)).bind(tick).fetch_one(&store.pool).await.expect("a call of version 10");
+        assert_eq!(outcome, "too-early");
+        assert!((now.timestamp_millis()..tick - 60_000).contains(&store_now), "the server's now: {store_now}");
+        let outcome = store.claim(&[far("early", store.now().await.expect("now"))]).await.expect("claim").remove(0);
+        assert!(matches!(outcome, ClaimOutcome::TooEarly { .. }), "{outcome:?}");
+        let token: i64 = sqlx::query_scalar(&store.sql("SELECT token FROM {p}fences WHERE job = 'early'"))
+            .fetch_one(&store.pool)
+            .await
+            .expect("the fence");
+        assert_eq!(token, 1, "the refused claims left the counter alone");
     }
 }

@@ -8,6 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use common::Namespace;
 use solocron_core::{
     ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobDefinition, Lease,
@@ -236,6 +237,83 @@ async fn a_claim_asked_again_with_its_nonce_is_won_again_by_every_claim_function
     assert!(matches!(outcomes[..], [ClaimOutcome::Taken, ClaimOutcome::Won(_), ClaimOutcome::Taken]), "{outcomes:?}");
 }
 
+/// `job`'s tick `ahead_ms` after `now`, in whole milliseconds as the store keeps them.
+fn tick_ahead(job: &str, now: DateTime<Utc>, ahead_ms: i64) -> Tick {
+    let at = DateTime::from_timestamp_millis(now.timestamp_millis() + ahead_ms).expect("in range");
+    Tick::new(job, at)
+}
+
+/// The fencing counter of `job` (`None`: never claimed).
+async fn fence(ns: &Namespace, job: &str) -> Option<i64> {
+    let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
+    let sql = format!("SELECT token FROM {}fences WHERE job = $1", ns.prefix.table_prefix());
+    let token = sqlx::query_scalar(&sql).bind(job).fetch_optional(&pool).await.unwrap();
+    pool.close().await;
+    token
+}
+
+/// A scheduled request a minute ahead of the server's clock is refused by every claim
+/// function (the one-tick one, a short batch, a large batch with and without ticks taken),
+/// before anything else: even when its tick has a record (a manual claim's), and without a
+/// fencing token reserved (its job's counter is untouched). The other requests of a batch
+/// are decided as usual; other triggers are never refused.
+#[tokio::test]
+async fn a_claim_too_early_is_refused_by_every_claim_function_and_reserves_no_token() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let now = store.now().await.unwrap();
+    let far = |job: &str| run(tick_ahead(job, now, 60_000), "a", LONG_LEASE, false);
+    let refused = |o: &ClaimOutcome| {
+        let ClaimOutcome::TooEarly { store_now } = o else { return false };
+        *store_now >= now && *store_now < now + chrono::Duration::seconds(30)
+    };
+
+    let outcomes = store.claim(&[far("early")]).await.unwrap();
+    assert!(refused(&outcomes[0]), "{outcomes:?}");
+    assert_eq!(fence(&ns, "early").await, None, "a refused claim locked or reserved nothing");
+    let manual = ClaimRequest { trigger: Trigger::Manual, ..far("early") };
+    assert_eq!(won(&store, manual).await.fencing_token, 1);
+    let outcomes = store.claim(&[far("early")]).await.unwrap();
+    assert!(refused(&outcomes[0]), "refused before its record is read: {outcomes:?}");
+
+    let catchup = ClaimRequest { trigger: Trigger::Catchup, ..far("late") };
+    let retry = ClaimRequest { trigger: Trigger::Retry, ..far("again") };
+    let short = [far("early"), catchup, run(tick("early", 0), "a", LONG_LEASE, false), far("fresh"), retry];
+    let outcomes = store.claim(&short).await.unwrap();
+    assert!(refused(&outcomes[0]) && refused(&outcomes[3]), "{outcomes:?}");
+    for k in [1, 2, 4] {
+        assert!(matches!(&outcomes[k], ClaimOutcome::Won(_)), "request {k}: {outcomes:?}");
+    }
+    let ClaimOutcome::Won(lease) = &outcomes[2] else { unreachable!() };
+    assert_eq!(lease.fencing_token, 2, "no token reserved for the refused request of its job");
+    assert_eq!(fence(&ns, "fresh").await, None);
+
+    let mut large: Vec<ClaimRequest> =
+        (0..300).map(|job| run(tick(&format!("job-{job:03}"), 0), "a", LONG_LEASE, false)).collect();
+    large[5] = far("early");
+    large[7] = far("fresh");
+    for round in ["every tick open", "every tick but the refused taken"] {
+        let outcomes = store.claim(&large).await.unwrap();
+        for (k, outcome) in outcomes.iter().enumerate() {
+            match k {
+                5 | 7 => assert!(refused(outcome), "{round}: {k}: {outcome:?}"),
+                _ if round == "every tick open" => assert!(matches!(outcome, ClaimOutcome::Won(_)), "{k}: {outcome:?}"),
+                _ => assert_eq!(*outcome, ClaimOutcome::Taken, "{round}: {k}"),
+            }
+        }
+    }
+    assert_eq!((fence(&ns, "early").await, fence(&ns, "fresh").await), (Some(2), None));
+    let ticks: Vec<Tick> = store
+        .history(&HistoryQuery { limit: 1000, ..HistoryQuery::default() })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id.tick)
+        .collect();
+    assert_eq!(ticks.len(), 1 + 3 + 298, "the manual claim, the short batch's three, the large one's");
+    assert!(!ticks.contains(&far("fresh").tick));
+}
+
 /// A schema of version 5 (before the nodes and actions tables) is brought to the current
 /// version by `migrate`, keeping its data; heartbeats and the audit log then work on it.
 #[tokio::test]
@@ -252,7 +330,7 @@ async fn a_version_5_schema_gets_the_nodes_and_actions_tables() {
     assert!(store.heartbeat(&beat).await.is_err(), "version 5 has no nodes table");
     store.migrate().await.expect("migrate from version 5");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 10);
+    assert_eq!(version, 11);
     assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
     store.heartbeat(&beat).await.unwrap();
     assert_eq!(store.nodes().await.unwrap().len(), 1);
@@ -282,7 +360,7 @@ async fn a_version_6_schema_gets_the_managed_jobs_tables() {
     assert!(store.put_job("sync", spec, "ann", None).await.is_err(), "version 6 has no managed jobs");
     store.migrate().await.expect("migrate from version 6");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 10);
+    assert_eq!(version, 11);
     assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
     assert_eq!(store.managed_version().await.unwrap(), 0);
     let mut watch = store.request_watch().expect("a watch");
@@ -324,7 +402,7 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
     assert!(store.claim(&one).await.is_err(), "the function of version 5 is missing");
     store.migrate().await.expect("migrate from version 1");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 10);
+    assert_eq!(version, 11);
     let claim: String = sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = $1")
         .bind(format!("{p}claim"))
         .fetch_one(&pool)
@@ -642,7 +720,7 @@ async fn a_version_8_schema_gets_the_registry_index_by_node() {
     }
     store.migrate().await.expect("migrate from version 8");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 10);
+    assert_eq!(version, 11);
     let indexes: Vec<String> =
         sqlx::query_scalar("SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY indexname")
             .bind(format!("{p}registry"))
@@ -667,7 +745,7 @@ async fn a_version_9_schema_gets_the_index_of_waiting_retries() {
     }
     store.migrate().await.expect("migrate from version 9");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 10);
+    assert_eq!(version, 11);
     let definition: String = sqlx::query_scalar("SELECT indexdef::text FROM pg_indexes WHERE indexname = $1")
         .bind(format!("{p}runs_waiting"))
         .fetch_one(&pool)

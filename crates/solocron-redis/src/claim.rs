@@ -7,8 +7,13 @@
 //! with the nonce of the claim that created the record, while that run is still running as
 //! this node's: it is won again (same token, original `claimed_at`, a fresh lease). See
 //! [`ClaimRequest::nonce`].
+//!
+//! Before anything else, a [`Trigger::Schedule`](solocron_core::Trigger::Schedule)
+//! request whose tick is more than [`CLAIM_EARLY_MAX`] ahead of Redis's clock (the call's
+//! `TIME`) is `TooEarly` with that clock, and writes nothing (no record, no fencing token
+//! taken); the batch's other requests are decided as usual.
 
-use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, StoreError, Tick};
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, StoreError, Tick, CLAIM_EARLY_MAX};
 
 use crate::call::millis;
 use crate::decode::{self, convert, invalid};
@@ -21,7 +26,7 @@ pub(crate) async fn claim(store: &RedisStore, requests: &[ClaimRequest]) -> Resu
         return Ok(Vec::new());
     }
     let mut call = store.invocation(&CODE.claim);
-    call.arg(requests.len());
+    call.arg(requests.len()).arg(millis(CLAIM_EARLY_MAX)?);
     for request in requests {
         let (mode, reason) = mode(&request.mode);
         call.arg(&request.tick.job)

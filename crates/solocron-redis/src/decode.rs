@@ -139,12 +139,17 @@ pub(crate) fn won(parts: &[String], run: RunId, owner: &str) -> Result<Lease, St
     })
 }
 
-/// One claim outcome: `{'won', ...}`, `{'skipped', reason}` or `{'taken'}`.
+/// One claim outcome: `{'won', ...}`, `{'skipped', reason}`, `{'taken'}` or
+/// `{'early', store_now ms}`.
 pub(crate) fn claim_outcome(parts: &[String], run: RunId, owner: &str) -> Result<ClaimOutcome, StoreError> {
     match parts.first().map(String::as_str) {
         Some("won") => Ok(ClaimOutcome::Won(won(parts, run, owner)?)),
         Some("skipped") if parts.len() == 2 => Ok(ClaimOutcome::Skipped { reason: parts[1].clone() }),
         Some("taken") => Ok(ClaimOutcome::Taken),
+        Some("early") if parts.len() == 2 => {
+            let ms: i64 = parts[1].parse().map_err(|e| invalid("claim outcome", format!("{parts:?}: {e}")))?;
+            Ok(ClaimOutcome::TooEarly { store_now: instant(ms)? })
+        }
         _ => Err(invalid("claim outcome", format!("{parts:?}"))),
     }
 }
@@ -277,6 +282,20 @@ mod tests {
         assert_eq!((r.fencing_token, r.lease_until, r.reason.as_deref()), (None, None, Some("missed")));
         let broken = bulk(&["job", "j", "at", "x"]);
         assert!(matches!(record(broken), Err(StoreError::Invalid(_))));
+    }
+
+    #[test]
+    fn claim_refusals_decode_with_the_stores_now_and_odd_ones_are_refused() {
+        let reply = |parts: &[&str]| {
+            let parts: Vec<String> = parts.iter().map(|s| s.to_string()).collect();
+            claim_outcome(&parts, run_id("1000:0000000001:j").unwrap(), "n")
+        };
+        let store_now = DateTime::from_timestamp_millis(1_790_000_000_123).unwrap();
+        assert_eq!(reply(&["early", "1790000000123"]).unwrap(), ClaimOutcome::TooEarly { store_now });
+        assert_eq!(reply(&["taken"]).unwrap(), ClaimOutcome::Taken);
+        for odd in [&["early"][..], &["early", "x"], &["early", "1", "2"], &["later"]] {
+            assert!(matches!(reply(odd), Err(StoreError::Invalid(_))), "{odd:?}");
+        }
     }
 
     #[test]

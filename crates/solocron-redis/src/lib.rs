@@ -56,7 +56,10 @@
 //! A batch claim is one script call for the whole batch (up to
 //! [`CLAIM_BATCH_MAX`](solocron_core::CLAIM_BATCH_MAX) requests): one round trip, and one
 //! outcome per request in request order, each request seeing the effect of the earlier
-//! ones.
+//! ones. A scheduled request for a tick more than
+//! [`CLAIM_EARLY_MAX`](solocron_core::CLAIM_EARLY_MAX) ahead of the call's `TIME` is
+//! decided first, in the same call: [`TooEarly`](solocron_core::ClaimOutcome::TooEarly)
+//! with that clock, nothing written for it (no record, no fencing token taken).
 //!
 //! ## Keys
 //!

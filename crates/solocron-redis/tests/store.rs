@@ -315,7 +315,10 @@ async fn overlap_reasons_name_the_running_run_as_run_ids_display_it_at_any_insta
     ];
     for (n, instant) in instants.into_iter().enumerate() {
         let job = format!("job:{n}:with colons");
-        let held = won(&store, run(Tick::new(job.clone(), at(instant)), "a", false)).await;
+        // A catch-up, as a scheduled claim of the far future would be refused as too early.
+        let request =
+            ClaimRequest { trigger: Trigger::Catchup, ..run(Tick::new(job.clone(), at(instant)), "a", false) };
+        let held = won(&store, request).await;
         let outcome = store.claim(&[run(tick(&job, 0), "b", true)]).await.expect("claim").remove(0);
         let expected = format!("overlap: previous run {} still running", held.run);
         assert_eq!(outcome, ClaimOutcome::Skipped { reason: expected });
@@ -755,4 +758,39 @@ async fn finish_for_retry_writes_nothing_when_the_next_attempt_exists() {
     let record = store.history(&HistoryQuery::default()).await.expect("history").remove(0);
     assert_eq!((record.id.attempt, record.state), (1, RunState::Running), "unchanged");
     assert!(store.finish(&first, &failed()).await.expect("finish"), "still held");
+}
+
+/// A scheduled claim whose tick is far ahead of the server's clock (by `TIME`, not the
+/// node's), in any mode and under a nonce, as part of a batch.
+fn ahead(job: &str, ms: i64, mode: ClaimMode, now: DateTime<Utc>) -> ClaimRequest {
+    let tick = Tick::new(job, now + chrono::Duration::milliseconds(ms));
+    ClaimRequest { mode, nonce: 42, ..run(tick, "fast", false) }
+}
+
+#[tokio::test]
+async fn a_scheduled_claim_too_early_leaves_every_key_as_it_was_and_other_triggers_are_never_refused() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let mut keys = keys_of(&ns).await;
+    keys.sort();
+    let now = store.now().await.expect("now");
+    let early_ms = i64::try_from(solocron_core::CLAIM_EARLY_MAX.as_millis()).expect("small");
+    let modes = [
+        ClaimMode::Run { skip_if_running: false },
+        ClaimMode::Run { skip_if_running: true },
+        ClaimMode::Skip { reason: "asked".into() },
+    ];
+    let batch: Vec<ClaimRequest> = modes.iter().map(|m| ahead("backup", early_ms + 2_000, m.clone(), now)).collect();
+    for outcome in store.claim(&batch).await.expect("claim") {
+        assert!(matches!(outcome, ClaimOutcome::TooEarly { store_now } if store_now >= now), "{outcome:?}");
+    }
+    let mut after = keys_of(&ns).await;
+    after.sort();
+    assert_eq!(after, keys, "no record, index or fencing counter written");
+    // Every other trigger is claimed whatever its instant.
+    for (n, trigger) in [Trigger::Catchup, Trigger::Retry, Trigger::Manual].into_iter().enumerate() {
+        let offset = i64::try_from(n).expect("small");
+        let request = ClaimRequest { trigger, ..ahead("other", 3_600_000 + offset, modes[0].clone(), now) };
+        won(&store, request).await;
+    }
 }

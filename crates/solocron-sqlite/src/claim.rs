@@ -5,6 +5,11 @@
 //! some request asked again for its own running claim, one update of those runs' leases.
 //! A batch of one tick is claimed in one statement instead ([`crate::claim_one`]).
 //!
+//! A [`Trigger::Schedule`] request for a tick more than [`CLAIM_EARLY_MAX`] ahead of the
+//! read's clock (SQLite's, under the lock) is answered [`ClaimOutcome::TooEarly`] and left
+//! out of the plan before anything is decided: it writes nothing, and its job's counter
+//! stays. The rest of the batch is decided as if it had not been asked.
+//!
 //! Deciding in memory is safe because the transaction holds the database's write lock
 //! from its first statement to its commit: nothing it read can change in between. The
 //! primary key stays the final arbiter: an insert that finds a record fails the whole
@@ -15,9 +20,12 @@
 //! won tick cost 4 of them (and a taken one 2); a batch of 1,000 held the lock for
 //! thousands of round trips.
 
+use std::borrow::Cow;
+
+use chrono::{DateTime, Utc};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
-use solocron_core::{ClaimOutcome, ClaimRequest, StoreError, CLAIM_BATCH_MAX};
+use solocron_core::{ClaimOutcome, ClaimRequest, StoreError, Trigger, CLAIM_BATCH_MAX, CLAIM_EARLY_MAX};
 use solocron_sql::plan::{self, Decision, Found, StateRow, Wanted};
 
 use crate::error::db_err;
@@ -35,6 +43,20 @@ const PREPARED_BATCH_MAX: usize = 8;
 /// parameters (32,766 in the bundled SQLite; the read binds at most ~5 per request, the
 /// leases' update 3 per re-grant).
 const ROWS_PER_INSERT: usize = 90;
+
+/// [`CLAIM_EARLY_MAX`] in milliseconds, as instants are stored: how far ahead of the
+/// store's clock a scheduled tick may be claimed.
+pub(crate) const EARLY_MAX_MS: i64 = CLAIM_EARLY_MAX.as_millis() as i64;
+const _: () = assert!(EARLY_MAX_MS > 0 && EARLY_MAX_MS as u128 == CLAIM_EARLY_MAX.as_millis());
+
+/// Whether `request` asks for its tick too early to be granted at `now` (the store's clock,
+/// ms): a [`Trigger::Schedule`] request for a tick more than [`CLAIM_EARLY_MAX`] ahead.
+/// Other triggers are never early (a manual tick's instant is the store's; catch-ups and
+/// retries are of past ticks).
+fn too_early(request: &ClaimRequest, now: i64) -> bool {
+    request.trigger == Trigger::Schedule
+        && request.tick.scheduled_at.timestamp_millis().saturating_sub(now) > EARLY_MAX_MS
+}
 
 /// The batch claim's statement parts for one table prefix, built when the store connects:
 /// a batch's texts vary with its size, but their parts need no formatting per claim.
@@ -119,29 +141,71 @@ pub(crate) async fn claim(store: &SqliteStore, requests: &[ClaimRequest]) -> Res
     let mut tx = store.write_tx().await?;
     let sql = &store.sql.claim;
     let (found, now) = read_state(sql, &mut tx, &Wanted::of(requests), keep).await?;
-    let (decisions, counters) = plan::plan(requests, found);
-    let rows: Vec<(&ClaimRequest, &Decision)> = requests
-        .iter()
-        .zip(&decisions)
-        .filter(|(_, d)| matches!(d, Decision::Won { .. } | Decision::Skipped(_)))
-        .collect();
+    let (early, kept) = leave_out_early(requests, now);
+    let (decisions, counters) = plan::plan(&kept, found);
+    let rows: Vec<(&ClaimRequest, &Decision)> =
+        kept.iter().zip(&decisions).filter(|(_, d)| matches!(d, Decision::Won { .. } | Decision::Skipped(_))).collect();
     // Each inserted run with a token advances its job's counter (the `{p}runs_fence`
     // trigger), so the counters `plan` computed need no statement of their own.
     for chunk in rows.chunks(ROWS_PER_INSERT) {
         insert(sql, &mut tx, chunk, now, keep).await?;
     }
-    regrant(sql, &mut tx, requests, &decisions, now, keep).await?;
+    regrant(sql, &mut tx, &kept, &decisions, now, keep).await?;
     debug_assert!(counters.values().all(|t| *t >= 1));
     // Checked before the commit: once committed, the won runs must be run.
     let now = instant(now)?;
     tx.commit().await.map_err(db_err)?;
-    let outcomes: Vec<ClaimOutcome> = requests.iter().zip(decisions).map(|(r, d)| plan::outcome(r, d, now)).collect();
-    for outcome in &outcomes {
-        if let ClaimOutcome::Won(lease) = outcome {
-            tracing::debug!(run = %lease.run, node = %lease.owner, token = lease.fencing_token, "run claimed");
+    let outcomes = outcomes(requests, &early, &kept, decisions, now);
+    for (request, outcome) in requests.iter().zip(&outcomes) {
+        match outcome {
+            ClaimOutcome::Won(lease) => {
+                tracing::debug!(run = %lease.run, node = %lease.owner, token = lease.fencing_token, "run claimed");
+            }
+            ClaimOutcome::TooEarly { store_now } => {
+                let (job, at) = (&request.tick.job, request.tick.scheduled_at);
+                tracing::debug!(%job, %at, node = %request.node, %store_now, "claim refused: too early");
+            }
+            _ => {}
         }
     }
     Ok(outcomes)
+}
+
+/// Which of `requests` are [`too_early`] at `now` (the store's clock, ms), and the others,
+/// in order: `requests` itself unless some are early (the usual batch has none, and is
+/// not copied).
+fn leave_out_early(requests: &[ClaimRequest], now: i64) -> (Vec<bool>, Cow<'_, [ClaimRequest]>) {
+    let early: Vec<bool> = requests.iter().map(|r| too_early(r, now)).collect();
+    if !early.contains(&true) {
+        return (early, Cow::Borrowed(requests));
+    }
+    let kept = requests.iter().zip(&early).filter(|(_, e)| !**e).map(|(r, _)| r.clone()).collect();
+    (early, Cow::Owned(kept))
+}
+
+/// Every request's outcome, in request order: [`ClaimOutcome::TooEarly`] at `now` where
+/// `early` says so, and otherwise the next of the `kept` requests' `decisions`.
+fn outcomes(
+    requests: &[ClaimRequest],
+    early: &[bool],
+    kept: &[ClaimRequest],
+    decisions: Vec<Decision>,
+    now: DateTime<Utc>,
+) -> Vec<ClaimOutcome> {
+    assert_eq!(early.len(), requests.len(), "one verdict per request");
+    assert_eq!(kept.len() + early.iter().filter(|e| **e).count(), requests.len(), "each request early or kept");
+    assert_eq!(decisions.len(), kept.len(), "one decision per kept request");
+    let mut decided = kept.iter().zip(decisions).map(|(r, d)| plan::outcome(r, d, now));
+    early
+        .iter()
+        .map(|e| {
+            if *e {
+                ClaimOutcome::TooEarly { store_now: now }
+            } else {
+                decided.next().expect("one decision per kept request")
+            }
+        })
+        .collect()
 }
 
 /// One read of what the batch depends on (`Wanted`), and SQLite's clock (ms): the

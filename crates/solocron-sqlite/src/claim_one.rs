@@ -1,14 +1,14 @@
-//! A one-tick claim in **one** statement: SQLite decides, in SQL, instead of Rust deciding
-//! in memory between the five worker round trips of [`crate::claim`] (`BEGIN IMMEDIATE`,
-//! read, insert, counter write, `COMMIT`).
+//! A one-tick claim in **one** writing statement, one call to the connection's worker:
+//! SQLite decides, in SQL, instead of Rust deciding in memory between the five worker round
+//! trips of [`crate::claim`] (`BEGIN IMMEDIATE`, read, insert, counter write, `COMMIT`).
 //!
 //! One `INSERT ... SELECT ... RETURNING` in autocommit. A writing statement takes the
 //! database's write lock when it begins, before it reads (waiting in the busy handler like
 //! every other writer), so its reads (whether the tick has a record, why it would be
 //! skipped, the job's counter) cannot change before its write. The job's fencing counter
 //! is advanced by the `{p}runs_fence` trigger that every insert of a run with a token
-//! fires (see [`crate::schema`]), inside the same statement. No row back: the tick was
-//! taken.
+//! fires (see [`crate::schema`]), inside the same statement. No row back (from it or from
+//! the refusal's `SELECT` below): the tick was taken.
 //!
 //! Where the tick has a record, a request to record a skip inserts nothing (`WHERE NOT
 //! EXISTS`); a request to run it meets the primary key instead (`ON CONFLICT DO UPDATE`),
@@ -20,6 +20,16 @@
 //! The decisions are those of [`solocron_sql::plan`], spelled in SQL: a pause comes before
 //! an overlap, a manual run ignores the pause, and the overlap names the job's newest
 //! running run the way `RunId` displays it.
+//!
+//! Too early first: the insert's `WHERE` selects no row for a [`Trigger::Schedule`] request
+//! whose tick is more than [`solocron_core::CLAIM_EARLY_MAX`] ahead of the statement's
+//! clock, so it writes nothing (no record, no counter). A `SELECT` follows it in the same
+//! call to the connection's worker (no round trip of its own), and answers only if the
+//! insert wrote nothing (`changes() = 0`; sqlx stops at the insert's row otherwise): it
+//! returns its clock as the refusal's `store_now` if the request is scheduled for a tick
+//! still ahead, and either that tick is still too early or it has no record (then only the
+//! clock can have refused it: the two clocks are microseconds apart, and this keeps a
+//! refusal at the bound from reading as taken). No row from either: taken.
 
 use sqlx::sqlite::SqliteRow;
 use sqlx::Sqlite;
@@ -27,11 +37,13 @@ use sqlx::Sqlite;
 use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, RunId, StoreError, Tick, Trigger};
 use solocron_sql::plan;
 
+use crate::claim::EARLY_MAX_MS;
 use crate::error::db_err;
 use crate::records::{get, instant, millis};
 use crate::{fill, SqliteStore};
 
-/// Claims the tick of `request` (see [`solocron_core::Store::claim`]) in one statement.
+/// Claims the tick of `request` (see [`solocron_core::Store::claim`]) in one writing
+/// statement, followed in the same call by the read of a too-early refusal's clock.
 pub(crate) async fn claim_one(store: &SqliteStore, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
     let (variant, skip_reason) = variant(request);
     let mut query = sqlx::query::<Sqlite>(store.sql.claim_one.text(variant))
@@ -99,17 +111,16 @@ impl Sql {
 }
 
 /// The claim's text for `variant`: job, tick (ms), trigger, node, lease (ms) and nonce
-/// (`NULL`: none) are `?1` to `?6`.
+/// (`NULL`: none) are `?1` to `?6`. Two statements: the claim, then the refusal's clock
+/// (see the module's docs); each returns `token, reason, claimed_at, lease_until,
+/// store_now`.
 fn build_sql(variant: Variant, tables: &str) -> String {
     let existing = match variant {
-        Variant::Skip => {
-            "WHERE NOT EXISTS (SELECT 1 FROM {p}runs WHERE job = ?1 AND scheduled_at = ?2 AND attempt = 1)"
-        }
-        // `WHERE true`: an upsert's `SELECT` needs a `WHERE`, or its `ON` would be read as
-        // a join's. `NULL = NULL` is not true: a request without a nonce is never re-granted.
+        Variant::Skip => "AND NOT EXISTS (SELECT 1 FROM {p}runs WHERE job = ?1 AND scheduled_at = ?2 AND attempt = 1)",
+        // An upsert's `SELECT` needs its `WHERE` (the one above), or its `ON` would be read
+        // as a join's. `NULL = NULL` is not true: a request without a nonce is never re-granted.
         Variant::Run { .. } => {
-            "WHERE true
-               ON CONFLICT (job, scheduled_at, attempt) DO UPDATE SET lease_until = excluded.claimed_at + ?5
+            "ON CONFLICT (job, scheduled_at, attempt) DO UPDATE SET lease_until = excluded.claimed_at + ?5
                WHERE state = 'running' AND node = excluded.node AND nonce = excluded.nonce"
         }
     };
@@ -124,12 +135,22 @@ fn build_sql(variant: Variant, tables: &str) -> String {
                FROM (SELECT {why} AS why, "#,
             now!(),
             r#" AS now)
+               WHERE (?3 <> '{schedule}' OR ?2 - now <= {early_max})
                {existing}
-               RETURNING token, reason, claimed_at, lease_until"#
+               RETURNING token, reason, claimed_at, lease_until, NULL AS store_now;
+             SELECT NULL AS token, NULL AS reason, NULL AS claimed_at, NULL AS lease_until, now AS store_now
+               FROM (SELECT "#,
+            now!(),
+            r#" AS now)
+               WHERE changes() = 0 AND ?3 = '{schedule}' AND ?2 > now
+                 AND (?2 - now > {early_max}
+                      OR NOT EXISTS (SELECT 1 FROM {p}runs WHERE job = ?1 AND scheduled_at = ?2 AND attempt = 1))"#
         ),
         p = tables,
         why = why_sql(variant, tables),
         existing = fill(existing, tables),
+        schedule = Trigger::Schedule.as_str(),
+        early_max = EARLY_MAX_MS,
     )
 }
 
@@ -165,11 +186,18 @@ fn why_sql(variant: Variant, tables: &str) -> String {
     }
 }
 
-/// The outcome the returned row (if any) says: a new record, or a run granted again (its
-/// first `claimed_at`, its fresh `lease_until`).
+/// The outcome the returned row (if any) says: a refusal (its `store_now`), a new record,
+/// or a run granted again (its first `claimed_at`, its fresh `lease_until`).
 fn outcome(request: &ClaimRequest, row: Option<&SqliteRow>) -> Result<ClaimOutcome, StoreError> {
     const WHAT: &str = "the one-tick claim";
     let Some(row) = row else { return Ok(ClaimOutcome::Taken) };
+    let store_now: Option<i64> = get(row, "store_now")?;
+    if let Some(store_now) = store_now {
+        let store_now = instant(store_now)?;
+        let (job, at) = (&request.tick.job, request.tick.scheduled_at);
+        tracing::debug!(%job, %at, node = %request.node, %store_now, "claim refused: too early");
+        return Ok(ClaimOutcome::TooEarly { store_now });
+    }
     let token: Option<i64> = get(row, "token")?;
     let Some(token) = token else {
         let reason: Option<String> = get(row, "reason")?;

@@ -11,9 +11,13 @@
 //! serialize on SQLite's write lock and wait up to the busy timeout instead of failing. A
 //! claim decides its whole batch from one read ([`solocron_sql::plan`]), so it holds the
 //! lock for a few statements however many ticks it claims; a claim of one tick is one
-//! statement that decides in SQL. Every comparison with "now" (lease expiry) uses SQLite's
-//! own clock, and all instants are stored as integer milliseconds since the Unix epoch
-//! (UTC).
+//! statement that decides in SQL. Both refuse a scheduled tick claimed more than
+//! [`solocron_core::CLAIM_EARLY_MAX`] ahead of SQLite's clock before deciding anything else
+//! ([`ClaimOutcome::TooEarly`], with that clock; nothing written, no counter advanced): the
+//! batch from its read's clock, the one-tick statement in its `WHERE` (a `SELECT` in the
+//! same call reads the clock back when it wrote nothing). Every comparison with "now"
+//! (lease expiry, a claim's earliness) uses SQLite's own clock, and all instants are stored
+//! as integer milliseconds since the Unix epoch (UTC).
 //!
 //! ## Layout
 //!

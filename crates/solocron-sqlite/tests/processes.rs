@@ -34,6 +34,7 @@ async fn child(url: &str) {
         ClaimOutcome::Won(_) => "won",
         ClaimOutcome::Taken => "taken",
         ClaimOutcome::Skipped { .. } => "skipped",
+        ClaimOutcome::TooEarly { .. } => "too early",
     };
     println!("OUTCOME {outcome}");
 }

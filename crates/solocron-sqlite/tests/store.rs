@@ -555,3 +555,51 @@ async fn migrate_adds_the_registry_index_by_node_to_a_database_without_it() {
     .unwrap();
     assert_eq!(found, 1);
 }
+
+/// A scheduled claim too far ahead of SQLite's clock writes nothing on either path (no
+/// record, the job's counter unchanged), whatever its mode and even where its tick has a
+/// record; other triggers are never refused; and claims of the same texts go on as before
+/// around refusals (won, taken, refused in turn).
+#[tokio::test]
+async fn a_claim_refused_as_too_early_writes_nothing_on_either_path_and_claims_go_on() {
+    let (dir, store) = fresh().await;
+    let pool = raw(&dir).await;
+    let now = store.now().await.unwrap();
+    let at = |ahead_s: i64| (now + chrono::Duration::seconds(ahead_s)).to_rfc3339();
+    let early = |outcomes: &[ClaimOutcome]| outcomes.iter().all(|o| matches!(o, ClaimOutcome::TooEarly { .. }));
+    let past = tick_request("backup", &at(-60));
+    let far = tick_request("backup", &at(60));
+    let skip = ClaimRequest { mode: ClaimMode::Skip { reason: "missed".into() }, ..tick_request("backup", &at(61)) };
+    for _ in 0..3 {
+        let outcomes = store.claim(std::slice::from_ref(&far)).await.unwrap();
+        assert!(early(&outcomes), "alone: {outcomes:?}");
+        let outcomes = store.claim(std::slice::from_ref(&skip)).await.unwrap();
+        assert!(early(&outcomes), "a skip alone: {outcomes:?}");
+        let outcomes = store.claim(&[far.clone(), skip.clone()]).await.unwrap();
+        assert!(early(&outcomes), "in a batch: {outcomes:?}");
+        let outcomes = store.claim(std::slice::from_ref(&past)).await.unwrap();
+        assert!(matches!(outcomes[..], [ClaimOutcome::Won(_)] | [ClaimOutcome::Taken]), "{outcomes:?}");
+    }
+    // A manual run of the far tick gives it a record; a scheduled claim of it is still early.
+    let manual = ClaimRequest { trigger: Trigger::Manual, nonce: 5, ..far.clone() };
+    assert!(matches!(store.claim(std::slice::from_ref(&manual)).await.unwrap()[..], [ClaimOutcome::Won(_)]));
+    let again = ClaimRequest { trigger: Trigger::Schedule, ..manual.clone() };
+    assert!(early(&store.claim(std::slice::from_ref(&again)).await.unwrap()), "alone, with a record");
+    assert!(early(&store.claim(&[again.clone(), again]).await.unwrap()), "in a batch, with a record");
+    for trigger in [Trigger::Catchup, Trigger::Retry] {
+        let request = ClaimRequest { trigger, ..tick_request(&format!("{trigger:?}"), &at(60)) };
+        let outcomes = store.claim(&[request]).await.unwrap();
+        assert!(matches!(outcomes[..], [ClaimOutcome::Won(_)]), "{trigger:?}: {outcomes:?}");
+    }
+    let runs: Vec<(String, String)> =
+        sqlx::query_as(r#"SELECT job, "trigger" FROM solocron_runs ORDER BY job, "trigger""#)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let expected = [("Catchup", "catchup"), ("Retry", "retry"), ("backup", "manual"), ("backup", "schedule")];
+    let expected: Vec<(String, String)> = expected.iter().map(|(j, t)| (j.to_string(), t.to_string())).collect();
+    assert_eq!(runs, expected, "only the past tick, the manual run and the other triggers' ticks");
+    let counter: i64 =
+        sqlx::query_scalar("SELECT token FROM solocron_fences WHERE job = 'backup'").fetch_one(&pool).await.unwrap();
+    assert_eq!(counter, 2, "refusals advance no counter");
+}

@@ -60,7 +60,7 @@ async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>, ticks: Sequence) {
             break;
         }
         let req = e.run_request(job, Tick::new(job.name(), t), trigger);
-        let Some((outcome, sent)) = claim_one(e, &req).await else { break };
+        let Some((outcome, sent)) = claim_in_time(e, &req).await else { break };
         match outcome {
             // The sequence may end with this round's on-time ticks, claimed ahead: the run
             // waits for its instant like any other.
@@ -93,6 +93,24 @@ async fn wait_until_idle(e: &Engine, job: &str) -> bool {
     }
     false
 }
+
+/// [`claim_one`], asked again at the tick's instant (by the clock the refusal corrected)
+/// when the store refuses it as too early: a late tick of the sequence is a scheduled one,
+/// and this node's clock may have run ahead of the store's. `None` on shutdown.
+async fn claim_in_time(e: &Engine, req: &ClaimRequest) -> Option<(ClaimOutcome, Instant)> {
+    for _ in 0..TOO_EARLY_TRIES {
+        let (outcome, sent) = claim_one(e, req).await?;
+        if !matches!(outcome, ClaimOutcome::TooEarly { .. }) {
+            return Some((outcome, sent));
+        }
+        let wait = (req.tick.scheduled_at - e.now()).to_std().unwrap_or_default();
+        tokio::time::sleep(wait.min(solocron_core::CLAIM_EARLY_MAX * 4)).await;
+    }
+    claim_one(e, req).await
+}
+
+/// How many times a tick refused as too early is waited for and asked again.
+const TOO_EARLY_TRIES: usize = 3;
 
 /// One claim, retried while the store is unavailable; `None` on shutdown.
 async fn claim_one(e: &Engine, req: &ClaimRequest) -> Option<(ClaimOutcome, Instant)> {

@@ -7,7 +7,7 @@
 //! ask for and what to do with the answer.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,6 +61,8 @@ pub(crate) struct Engine {
     pub(crate) spread: Spread,
     /// When the failure retries this node planned come due (its recovery scan wakes then).
     pub(crate) retry_wakes: RetryWakes,
+    /// Whether a claim refused as too early was warned of (once; then the metric counts).
+    pub(crate) too_early_warned: AtomicBool,
     pub(crate) tracker: TaskTracker,
     /// Fired when shutdown's grace is over: running jobs are stopped.
     pub(crate) interrupt: CancellationToken,
@@ -100,6 +102,7 @@ impl Engine {
             unanswered: UnansweredClaims::default(),
             spread,
             retry_wakes: RetryWakes::default(),
+            too_early_warned: AtomicBool::new(false),
             tracker: TaskTracker::new(),
             interrupt: CancellationToken::new(),
         }
@@ -147,6 +150,7 @@ impl Engine {
     /// answer is remembered, so that its tick is asked for again with the same nonce.
     pub(crate) async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
         let sent = Instant::now();
+        let sent_wall = self.clock.now();
         let asked_again = requests.iter().any(|r| self.unanswered.contains(&r.tick));
         let timeout = claim_timeout(requests, asked_again);
         let answer = match tokio::time::timeout(timeout, self.store.claim(requests)).await {
@@ -168,6 +172,18 @@ impl Engine {
             metrics::store_error(StoreOp::Claim);
             self.unanswered.failed(requests, sent);
         })?;
+        if let Some(store_now) = outcomes.iter().find_map(|o| match o {
+            ClaimOutcome::TooEarly { store_now } => Some(*store_now),
+            _ => None,
+        }) {
+            // The store's clock, read inside this claim: a sample like any other.
+            self.store_clock.observe_step(sent_wall, sent.elapsed(), store_now);
+            metrics::claims_too_early();
+            if !self.too_early_warned.swap(true, Ordering::Relaxed) {
+                tracing::warn!(%store_now, node_clock = %sent_wall,
+                    "the store refused a claim as too early: this node's clock runs ahead of the store's; corrected (warned once; see solocron_claims_too_early_total)");
+            }
+        }
         for (req, outcome) in requests.iter().zip(&outcomes) {
             match outcome {
                 ClaimOutcome::Skipped { reason } => {
@@ -213,6 +229,11 @@ impl Engine {
             }
         }
         for (i, req, outcome, sent) in answered {
+            if let ClaimOutcome::TooEarly { .. } = outcome {
+                // Its tick stays due: the job is put back like a failed one and planned again
+                // by the corrected clock.
+                failed.insert(i);
+            }
             self.on_claimed(&set.jobs[i], req, outcome, sent);
         }
         failed
@@ -237,20 +258,34 @@ impl Engine {
             ClaimOutcome::Taken => {
                 tracing::debug!(job = %req.tick.job, scheduled_at = %req.tick.scheduled_at, "tick taken by another node")
             }
+            // The caller keeps the tick due (see `claim_and_start`); `claim` corrected the clock.
+            ClaimOutcome::TooEarly { store_now } => {
+                tracing::debug!(job = %req.tick.job, scheduled_at = %req.tick.scheduled_at, %store_now, "claimed too early by the store's clock; claimed again in time")
+            }
         }
     }
 
-    /// The claimed run of a won lease of `job`, whose claim was sent at `sent`. It
-    /// starts at its instant by the store's clock as this node estimates it (a tick claimed ahead), or at once if that
-    /// has passed; never later than [`CLAIM_AHEAD_MAX`] after the claim was sent, so before
-    /// the lease's first renewal is due even if the wall clock was set back meanwhile.
+    /// The claimed run of a won lease of `job`, whose claim was sent at `sent`. It starts at
+    /// its instant by the store's clock (as this node estimates it, and no earlier than the
+    /// lease's `claimed_at` says), or at once if that has passed; never later than
+    /// `CLAIM_EARLY_MAX` after the claim was sent, even if the wall clock was set back
+    /// meanwhile (the runner confirms the lease first if its renewal came due).
     pub(crate) fn claimed(&self, job: Arc<Job>, lease: Lease, trigger: Trigger, sent: Instant) -> Claimed {
         assert_eq!(lease.run.tick.job, job.name(), "a lease runs its own job");
-        let behind = self.now() - lease.run.tick.scheduled_at;
+        let regranted_after = regranted_after(&lease, job.policy().lease);
+        // The store's own word: its clock read `claimed_at` (plus the re-grant's delay) when
+        // it granted the lease, before this answer came. A tick it granted ahead waits at
+        // least that long from now, whatever this node's estimate says (a clock that just
+        // stepped ahead has not been corrected yet).
+        let store_then = lease.claimed_at + chrono::Duration::from_std(regranted_after).unwrap_or_default();
+        let ahead_by_store = (lease.run.tick.scheduled_at - store_then).to_std().unwrap_or_default();
+        let behind = (self.now() - lease.run.tick.scheduled_at)
+            .min(-chrono::Duration::from_std(ahead_by_store).unwrap_or(chrono::Duration::MAX));
         let now = Instant::now();
         let until = (-behind).to_std().unwrap_or_default();
-        let start_at = (now + until).min(sent + CLAIM_AHEAD_MAX);
-        let regranted_after = regranted_after(&lease, job.policy().lease);
+        // A claim is made at most the lead ahead; one the store granted further ahead (the
+        // estimate was off; stores refuse more than CLAIM_EARLY_MAX) still waits its instant.
+        let start_at = (now + until).min(sent + CLAIM_AHEAD_MAX.max(solocron_core::CLAIM_EARLY_MAX));
         // The instant on the monotonic clock, which may not reach back to an old tick's.
         let due = behind.to_std().map_or(Some(now + until), |late| now.checked_sub(late));
         Claimed { job, lease, trigger, sent, regranted_after, start_at, due }

@@ -111,6 +111,11 @@ pub fn describe() {
     describe_counter!(LEASE_RENEWALS_TOTAL, Unit::Count, "Lease renewals by result (ok, refused, error).");
     describe_counter!(LEASES_LOST_TOTAL, Unit::Count, "Runs stopped because this node lost their lease.");
     describe_counter!(STORE_ERRORS_TOTAL, Unit::Count, "Failed or timed-out store calls of the engine, by operation.");
+    describe_counter!(
+        CLAIMS_TOO_EARLY_TOTAL,
+        Unit::Count,
+        "Claim calls the store refused (a request) as made too early by its clock: this node's clock runs ahead."
+    );
     describe_gauge!(RUNS_IN_PROGRESS, Unit::Count, "Runs in progress on this node.");
     describe_gauge!(CLAIM_LEAD_SECONDS, Unit::Seconds, "How long before their instants ticks are claimed now.");
     describe_gauge!(
@@ -269,6 +274,14 @@ pub(crate) enum StoreOp {
     Requests,
     /// Deleting old records (`prune`).
     Prune,
+}
+
+/// Claims refused by the store as made too early by its clock (this node's clock ran ahead).
+pub const CLAIMS_TOO_EARLY_TOTAL: &str = "solocron_claims_too_early_total";
+
+/// Counts one claim call with a request the store refused as too early.
+pub(crate) fn claims_too_early() {
+    counter!(CLAIMS_TOO_EARLY_TOTAL).increment(1);
 }
 
 /// Counts one failed (or timed-out) store call.

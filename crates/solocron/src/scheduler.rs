@@ -247,6 +247,12 @@ impl Scheduler {
             }
             Some(ClaimOutcome::Skipped { .. }) => {}
             Some(ClaimOutcome::Taken) | None => return Ok(None),
+            // Only scheduled ticks are ever refused as early; a manual one is not.
+            Some(ClaimOutcome::TooEarly { store_now }) => {
+                return Err(StoreError::Invalid(format!(
+                    "the store refused a manual tick as early (its clock: {store_now})"
+                )))
+            }
         }
         let q = solocron_core::HistoryQuery {
             job: Some(job.to_owned()),

@@ -41,6 +41,15 @@ struct Sample {
     error: Duration,
 }
 
+impl Sample {
+    /// The store said `store_now` to a question sent when the node's clock read `before`,
+    /// answered `round_trip` later: taken as the store's time at the middle of the trip.
+    fn of(before: DateTime<Utc>, round_trip: Duration, store_now: DateTime<Utc>) -> Sample {
+        let middle = before + chrono::Duration::from_std(round_trip / 2).unwrap_or(chrono::Duration::MAX);
+        Sample { offset: store_now - middle, error: round_trip / 2 + STORE_CLOCK_RESOLUTION }
+    }
+}
+
 /// This node's estimate of the store's clock.
 #[derive(Debug, Default)]
 pub(crate) struct StoreClock {
@@ -61,8 +70,20 @@ impl StoreClock {
     /// clock read `before`, answered `round_trip` later (by the monotonic clock, since the
     /// wall clock may be set meanwhile).
     pub(crate) fn observe(&self, before: DateTime<Utc>, round_trip: Duration, store_now: DateTime<Utc>) {
-        let middle = before + chrono::Duration::from_std(round_trip / 2).unwrap_or(chrono::Duration::MAX);
-        self.add(Sample { offset: store_now - middle, error: round_trip / 2 + STORE_CLOCK_RESOLUTION });
+        self.add(Sample::of(before, round_trip, store_now));
+    }
+
+    /// Takes a reading that contradicts the estimate (the store refused a claim as made too
+    /// early): the node's clock stepped since the older samples were taken, so those that
+    /// disagree with this one by more than both their errors are dropped first, or the best
+    /// of them would keep the stale offset.
+    pub(crate) fn observe_step(&self, before: DateTime<Utc>, round_trip: Duration, store_now: DateTime<Utc>) {
+        let sample = Sample::of(before, round_trip, store_now);
+        {
+            let mut samples = self.samples.lock().expect("not poisoned");
+            samples.retain(|s| (s.offset - sample.offset).abs().to_std().is_ok_and(|d| d <= s.error + sample.error));
+        }
+        self.add(sample);
     }
 
     /// Takes `sample` and keeps the best of the recent ones.

@@ -44,6 +44,49 @@ async fn store(dir: &tempfile::TempDir) -> Arc<dyn Store> {
     Arc::new(s)
 }
 
+/// A node whose wall clock jumps `by_ms` ahead once `after` has passed.
+struct Jumping {
+    start: std::time::Instant,
+    after: Duration,
+    by_ms: i64,
+}
+
+impl Clock for Jumping {
+    fn now(&self) -> DateTime<Utc> {
+        let jump = if self.start.elapsed() >= self.after { self.by_ms } else { 0 };
+        Utc::now() + chrono::Duration::milliseconds(jump)
+    }
+}
+
+/// A node's clock jumps 3 s ahead between two of its store-clock samples: its next claims
+/// come 3 s early by the store's clock, the store refuses them as too early (with its time,
+/// which corrects the node), and every tick still runs once, none before its instant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_clock_jumps_ahead_is_refused_by_the_store_and_runs_nothing_early() {
+    let dir = tempfile::tempdir().unwrap();
+    let seen: Seen = Arc::default();
+    let shutdown = CancellationToken::new();
+    let clock = Jumping { start: std::time::Instant::now(), after: Duration::from_millis(2500), by_ms: 3000 };
+    let s = Scheduler::builder(store(&dir).await)
+        .node_id("jumpy")
+        .clock(Arc::new(clock))
+        .job(recording_job("jumpy", "* * * * * *", seen.clone(), JobPolicy::default()))
+        .build()
+        .unwrap();
+    let node = tokio::spawn(s.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    shutdown.cancel();
+    node.await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    let early: Vec<_> = seen.iter().filter(|(t, _, _, started)| started < t).collect();
+    assert!(early.is_empty(), "started before their instants by the store's clock: {early:?}");
+    let mut ticks: Vec<DateTime<Utc>> = seen.iter().map(|(t, _, _, _)| *t).collect();
+    let n = ticks.len();
+    ticks.dedup();
+    assert_eq!(ticks.len(), n, "a tick ran twice: {seen:?}");
+    assert!(n >= 5, "ticks were missed after the jump: {seen:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_with_skewed_clocks_still_run_each_tick_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -270,7 +313,9 @@ impl Clock for Frozen {
 async fn a_catch_up_sequence_that_reaches_a_tick_claimed_ahead_waits_for_its_instant() {
     const AHEAD: i64 = 45; // ms before the next whole second: inside the 50 ms lead
     let dir = tempfile::tempdir().unwrap();
-    let next_second = Utc::now().timestamp() + 2;
+    // In the past by the real clock (the SQLite file's, which judges claims): a scheduled
+    // claim of a tick ahead of it would be refused as too early.
+    let next_second = Utc::now().timestamp() - 60;
     let instant = DateTime::from_timestamp(next_second, 0).unwrap();
     let frozen = instant - chrono::Duration::milliseconds(AHEAD);
     // (scheduled instant, handler start by the monotonic clock)

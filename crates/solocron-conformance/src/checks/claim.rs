@@ -282,3 +282,56 @@ pub async fn a_claim_asked_again_with_its_nonce_is_won_again_only_while_its_run_
         "abandoned"
     );
 }
+
+/// A scheduled claim for a tick more than `CLAIM_EARLY_MAX` ahead of the store's clock is
+/// refused with the store's now (a node whose clock runs fast), alone and inside a batch
+/// whose other requests are decided as usual, and writes nothing: the tick is won later by
+/// whoever claims it in time. A tick within the bound is won; so is a manual or catch-up
+/// request, whatever its instant (the store chose a manual tick's instant, and catch-ups
+/// are of past ticks). A store without a clock (etcd) refuses nothing.
+pub async fn a_scheduled_claim_too_far_ahead_of_the_store_clock_is_refused_and_writes_nothing(f: &impl StoreFactory) {
+    use solocron_core::CLAIM_EARLY_MAX;
+    let store = &stores(f, 1).await[0];
+    let before = now(store).await;
+    // Whole milliseconds, as every store keeps instants.
+    let at = |ahead_ms: i64| {
+        let t = before + chrono::Duration::milliseconds(ahead_ms);
+        chrono::DateTime::from_timestamp_millis(t.timestamp_millis()).expect("in range")
+    };
+    let far = Tick::new("early", at(5_000));
+    let outcome = claim(store, run(far.clone(), "fast", LONG_LEASE, false)).await;
+    let after = now(store).await;
+    if !f.has_clock() {
+        assert!(matches!(outcome, ClaimOutcome::Won(_)), "a store without a clock refuses nothing: {outcome:?}");
+        return;
+    }
+    let ClaimOutcome::TooEarly { store_now } = outcome else {
+        panic!("a tick 5 s ahead must be refused as too early, got {outcome:?}")
+    };
+    assert_between(store_now, before, after, "the refusal's store_now");
+    assert!(all(store).await.is_empty(), "a refused claim wrote a record");
+
+    let margin = CLAIM_EARLY_MAX.as_millis() as i64;
+    let near = Tick::new("early", at(margin / 4));
+    let manual =
+        ClaimRequest { trigger: Trigger::Manual, ..run(Tick::new("manual", at(5_000)), "fast", LONG_LEASE, false) };
+    let batch = [
+        run(far.clone(), "fast", LONG_LEASE, false),
+        run(near.clone(), "fast", LONG_LEASE, false),
+        manual,
+        run(tick("past", 0), "fast", LONG_LEASE, false),
+    ];
+    let outcomes = store.claim(&batch).await.expect("claim");
+    assert!(matches!(outcomes[0], ClaimOutcome::TooEarly { .. }), "{outcomes:?}");
+    for (k, o) in outcomes.iter().enumerate().skip(1) {
+        assert!(matches!(o, ClaimOutcome::Won(_)), "request {k} of the batch: {o:?}");
+    }
+    let ids: Vec<Tick> = all(store).await.into_iter().map(|r| r.id.tick).collect();
+    assert_eq!(ids.len(), 3, "three records, none of the refused tick: {ids:?}");
+    assert!(!ids.contains(&far));
+
+    // In time, the refused tick is claimed like any other.
+    let in_time = (far.scheduled_at - now(store).await - chrono::Duration::milliseconds(margin / 4)).to_std();
+    tokio::time::sleep(in_time.unwrap_or_default()).await;
+    assert!(matches!(claim(store, run(far, "fast", LONG_LEASE, false)).await, ClaimOutcome::Won(_)));
+}

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    output_tail, ClaimOutcome, Ending, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunState, Tick,
-    FINISH_BATCH_MAX, RENEW_BATCH_MAX,
+    output_tail, ClaimOutcome, ClaimRequest, Ending, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId,
+    RunState, Tick, Trigger, FINISH_BATCH_MAX, RENEW_BATCH_MAX,
 };
 
 use super::support::{
@@ -52,7 +52,9 @@ pub async fn leases_are_judged_by_the_store_clock_not_the_nodes(f: &impl StoreFa
     for (n, at) in ["2000-01-01T00:00:00Z", "2100-01-01T00:00:00Z"].into_iter().enumerate() {
         let tick = Tick::new(format!("job-{n}"), at.parse().expect("instant"));
         let before = now(&store).await;
-        let lease = won(&store, run(tick, "a", hour, false)).await;
+        // A catch-up: a scheduled claim of a future tick would be refused as too early.
+        let request = ClaimRequest { trigger: Trigger::Catchup, ..run(tick, "a", hour, false) };
+        let lease = won(&store, request).await;
         assert_between(lease.claimed_at, before, now(&store).await, "claimed_at is the store's now");
         assert_length(&lease, hour);
         live.push(lease);

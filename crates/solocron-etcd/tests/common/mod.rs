@@ -41,6 +41,8 @@ impl TestServer for Etcd {
     /// etcd's leases are whole seconds (at least 2 s on a default cluster) and its leader
     /// scans for expired ones every 500 ms: the suite uses etcd-sized short leases.
     const LEASE_RESOLUTION: Duration = Duration::from_secs(2);
+    // "Now" is the client's: nothing for the store to judge a claim's instant by.
+    const HAS_CLOCK: bool = false;
 
     async fn connect(url: &str, prefix: &Prefix) -> Result<EtcdStore, StoreError> {
         EtcdStore::connect(url, prefix).await

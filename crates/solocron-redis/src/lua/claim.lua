@@ -1,4 +1,5 @@
--- claim: ARGV[2] = number of requests, then 8 arguments per request: job, scheduled_at,
+-- claim: ARGV[2] = number of requests, ARGV[3] = how far ahead of NOW (ms) a scheduled
+-- tick may be claimed (CLAIM_EARLY_MAX), then 8 arguments per request: job, scheduled_at,
 -- trigger, node, lease ms, mode ('run', 'exclusive' = run unless another run of the job is
 -- running, 'skip'), skip reason, nonce (a u64 in decimal, '0' = none). One outcome per
 -- request, in order.
@@ -62,7 +63,11 @@ local function regrant(job, at, node, lease_ms, nonce)
   return {'won', r[4], r[5], lease_until}
 end
 
-local function claim_one(job, at, trigger, node, lease_ms, mode, reason, nonce)
+local function claim_one(job, at, trigger, node, lease_ms, mode, reason, nonce, early_ms)
+  -- A scheduled tick too far ahead of Redis's clock (the node's clock runs fast): refused
+  -- with NOW before anything is read or written (no record, no token taken). Decided
+  -- first, so a nonce's re-grant of such a tick is refused too; its tick is near in practice.
+  if trigger == 'schedule' and tonumber(at) > NOW + early_ms then return {'early', int(NOW)} end
   -- The tick's record is attempt 1; whatever it says, the tick is taken, unless this is
   -- the request that created it, asked again (checked only then: the common path, no
   -- record yet, costs one EXISTS as before).
@@ -94,10 +99,11 @@ handlers.claim = function(KEYS, ARGV)
   if mismatch then return redis.error_reply(mismatch) end
   remember()
   local outcomes = {}
+  local early_ms = tonumber(ARGV[3])
   for i = 0, tonumber(ARGV[2]) - 1 do
-    local b = 3 + i * 8
-    outcomes[i + 1] =
-      claim_one(ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7])
+    local b = 4 + i * 8
+    outcomes[i + 1] = claim_one(ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5],
+      ARGV[b + 6], ARGV[b + 7], early_ms)
   end
   return outcomes
 end
