@@ -122,14 +122,7 @@ async fn in_one_transaction(
     }
     sql.push_str("; COMMIT");
     retrying(context, || async {
-        let mut tx = OpenTransaction { conn: store.pool.acquire().await?, open: true };
-        let results: Result<Vec<MySqlQueryResult>, sqlx::Error> =
-            tx.conn.execute_many(sql.as_str()).try_collect().await;
-        let results = match results {
-            Ok(results) => results,
-            Err(e) => return Err(tx.roll_back(e.into()).await),
-        };
-        tx.open = false;
+        let results = run_transaction(store, &sql).await?;
         // START TRANSACTION, one count per statement, COMMIT.
         if results.len() != statements.len() + 2 {
             return Err(invalid(format!("{} results for {} statements", results.len(), statements.len())));
@@ -137,6 +130,21 @@ async fn in_one_transaction(
         Ok(results[1..=statements.len()].iter().map(|r| r.rows_affected() == 1).collect())
     })
     .await
+}
+
+/// Runs `sql`, a multi-statement text from `START TRANSACTION` to `COMMIT`, on one pooled
+/// connection; each statement's result. A failing statement stops the rest, and the
+/// transaction is rolled back.
+async fn run_transaction(store: &MySqlStore, sql: &str) -> Result<Vec<MySqlQueryResult>, Failure> {
+    let mut tx = OpenTransaction { conn: store.pool.acquire().await?, open: true };
+    let results: Result<Vec<MySqlQueryResult>, sqlx::Error> = tx.conn.execute_many(sql).try_collect().await;
+    match results {
+        Ok(results) => {
+            tx.open = false;
+            Ok(results)
+        }
+        Err(e) => Err(tx.roll_back(e.into()).await),
+    }
 }
 
 /// What follows [`FINISH_SQL`] in [`finish_for_retry`]: the finish's count of rows kept in
@@ -168,14 +176,7 @@ pub(crate) async fn finish_for_retry(
     let statements = retry_statements(store, lease, end, after).map_err(|f| f.into_store(context))?;
     let sql = format!("START TRANSACTION; {statements}; COMMIT");
     retrying(context, || async {
-        let mut tx = OpenTransaction { conn: store.pool.acquire().await?, open: true };
-        let results: Result<Vec<MySqlQueryResult>, sqlx::Error> =
-            tx.conn.execute_many(sql.as_str()).try_collect().await;
-        let results = match results {
-            Ok(results) => results,
-            Err(e) => return Err(tx.roll_back(e.into()).await),
-        };
-        tx.open = false;
+        let results = run_transaction(store, &sql).await?;
         // START TRANSACTION, the finish, the SET, the insert, COMMIT. The counts cannot
         // disagree (the insert is conditioned on the finish's); if they ever did, say so.
         let [_, finished, _, inserted, _] = results.as_slice() else {

@@ -12,7 +12,7 @@ use solocron_core::{
     FINISH_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 use sqlx::query::Query;
-use sqlx::sqlite::{SqliteArguments, SqliteConnection};
+use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::Sqlite;
 
 use crate::error::db_err;
@@ -316,25 +316,8 @@ async fn start_run(
         .await
         .map_err(db_err)?;
     let Some(row) = row else { return Ok(None) };
-    let token = next_token(sql, conn, job).await?;
-    let updated = sqlx::query(&sql.set_token)
-        .bind(solocron_sql::token_param(token)?)
-        .bind(job)
-        .bind(at)
-        .bind(i64::from(id.attempt))
-        .execute(conn)
-        .await
-        .map_err(db_err)?
-        .rows_affected();
-    assert_eq!(updated, 1, "the run just inserted must take its token");
-    let lease = Lease {
-        run: id.clone(),
-        owner: node.to_owned(),
-        fencing_token: token,
-        claimed_at: instant(get(&row, "claimed_at")?)?,
-        lease_until: instant(get(&row, "lease_until")?)?,
-    };
-    tracing::debug!(run = %lease.run, node, token, "run claimed");
+    let lease = take_token(sql, conn, id, node, &row).await?;
+    tracing::debug!(run = %lease.run, node, token = lease.fencing_token, "run claimed");
     Ok(Some(lease))
 }
 
@@ -358,6 +341,21 @@ async fn start_waiting(
         .await
         .map_err(db_err)?;
     let Some(row) = row else { return Ok(None) };
+    let lease = take_token(sql, conn, id, node, &row).await?;
+    tracing::debug!(run = %lease.run, node, token = lease.fencing_token, "waiting retry started");
+    Ok(Some(lease))
+}
+
+/// Hands `id`, just made `running` for `node` (its instants in `row`, as stored), the job's
+/// next fencing token; its lease.
+async fn take_token(
+    sql: &Sql,
+    conn: &mut SqliteConnection,
+    id: &RunId,
+    node: &str,
+    row: &SqliteRow,
+) -> Result<Lease, StoreError> {
+    let (job, at) = (&id.tick.job, id.tick.scheduled_at.timestamp_millis());
     let token = next_token(sql, conn, job).await?;
     let updated = sqlx::query(&sql.set_token)
         .bind(solocron_sql::token_param(token)?)
@@ -368,16 +366,14 @@ async fn start_waiting(
         .await
         .map_err(db_err)?
         .rows_affected();
-    assert_eq!(updated, 1, "the retry just started must take its token");
-    let lease = Lease {
+    assert_eq!(updated, 1, "the run just made running must take its token");
+    Ok(Lease {
         run: id.clone(),
         owner: node.to_owned(),
         fencing_token: token,
-        claimed_at: instant(get(&row, "claimed_at")?)?,
-        lease_until: instant(get(&row, "lease_until")?)?,
-    };
-    tracing::debug!(run = %lease.run, node, token, "waiting retry started");
-    Ok(Some(lease))
+        claimed_at: instant(get(row, "claimed_at")?)?,
+        lease_until: instant(get(row, "lease_until")?)?,
+    })
 }
 
 /// The job's next fencing token, from its counter (created at 1).

@@ -60,15 +60,15 @@ async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>, ticks: Sequence) {
             break;
         }
         let req = e.run_request(job, Tick::new(job.name(), t), trigger);
-        let Some((outcome, sent)) = claim_in_time(e, &req).await else { break };
+        let Some((outcome, sent, received)) = claim_in_time(e, &req).await else { break };
         match outcome {
             // The sequence may end with this round's on-time ticks, claimed ahead: the run
             // waits for its instant like any other.
             ClaimOutcome::Won(lease) => {
-                let run = e.claimed(job.clone(), lease, trigger, sent);
+                let run = e.claimed(job.clone(), lease, trigger, sent, received);
                 let _ = e.start(run, e.interrupt.clone()).await;
             }
-            other => e.on_claimed(job, &req, other, sent),
+            other => e.on_claimed(job, &req, other, sent, received),
         }
     }
 }
@@ -95,22 +95,30 @@ async fn wait_until_idle(e: &Engine, job: &str) -> bool {
 }
 
 /// [`claim_one`], asked again at the tick's instant (by the clock the refusal corrected)
-/// when the store refuses it as too early: a late tick of the sequence is a scheduled one,
-/// and this node's clock may have run ahead of the store's. `None` on shutdown.
-async fn claim_in_time(e: &Engine, req: &ClaimRequest) -> Option<(ClaimOutcome, Instant)> {
-    for _ in 0..TOO_EARLY_TRIES {
+/// for as long as the store refuses it as too early: a late tick of the sequence is a
+/// scheduled one, and this node's clock may have run ahead of the store's. `None` on
+/// shutdown.
+async fn claim_in_time(e: &Engine, req: &ClaimRequest) -> Option<(ClaimOutcome, Instant, Instant)> {
+    loop {
         let (outcome, sent) = claim_one(e, req).await?;
+        let received = Instant::now();
         if !matches!(outcome, ClaimOutcome::TooEarly { .. }) {
-            return Some((outcome, sent));
+            return Some((outcome, sent, received));
         }
-        let wait = (req.tick.scheduled_at - e.now()).to_std().unwrap_or_default();
-        tokio::time::sleep(wait.min(solocron_core::CLAIM_EARLY_MAX * 4)).await;
+        // At least a little: the corrected estimate may still say the instant has passed.
+        let wait = (req.tick.scheduled_at - e.now()).to_std().unwrap_or_default().max(TOO_EARLY_PAUSE);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = e.interrupt.cancelled() => return None,
+        }
+        if e.tracker.is_closed() {
+            return None;
+        }
     }
-    claim_one(e, req).await
 }
 
-/// How many times a tick refused as too early is waited for and asked again.
-const TOO_EARLY_TRIES: usize = 3;
+/// The least wait before a tick refused as too early is asked for again.
+const TOO_EARLY_PAUSE: Duration = Duration::from_millis(20);
 
 /// One claim, retried while the store is unavailable; `None` on shutdown.
 async fn claim_one(e: &Engine, req: &ClaimRequest) -> Option<(ClaimOutcome, Instant)> {

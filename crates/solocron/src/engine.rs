@@ -196,7 +196,15 @@ impl Engine {
                 _ => {}
             }
         }
-        self.unanswered.answered(requests);
+        // A refused request keeps its nonce: asked again in time, an earlier try that did
+        // commit is still granted again.
+        let settled: Vec<ClaimRequest> = requests
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, o)| !matches!(o, ClaimOutcome::TooEarly { .. }))
+            .map(|(r, _)| r.clone())
+            .collect();
+        self.unanswered.answered(if settled.len() == requests.len() { requests } else { &settled });
         Ok(outcomes)
     }
 
@@ -212,8 +220,8 @@ impl Engine {
         set: &JobSet,
         batch: &[(usize, ClaimRequest)],
         round: i64,
-    ) -> HashSet<usize> {
-        let mut failed = HashSet::new();
+    ) -> RoundResult {
+        let mut result = RoundResult::default();
         let mut answered = Vec::with_capacity(batch.len());
         let jobs: Vec<usize> = batch.iter().map(|(i, _)| *i).collect();
         for range in chunk_order(&jobs, CLAIM_BATCH_MAX, &self.node, round) {
@@ -221,22 +229,25 @@ impl Engine {
             let requests: Vec<ClaimRequest> = chunk.iter().map(|(_, r)| r.clone()).collect();
             let sent = Instant::now();
             match self.claim(&requests).await {
-                Ok(outcomes) => answered.extend(chunk.iter().zip(outcomes).map(|((i, req), o)| (*i, req, o, sent))),
+                Ok(outcomes) => {
+                    let received = Instant::now();
+                    answered.extend(chunk.iter().zip(outcomes).map(|((i, req), o)| (*i, req, o, sent, received)))
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, ticks = requests.len(), "claim failed; nothing runs until the store answers");
-                    failed.extend(chunk.iter().map(|(i, _)| *i));
+                    result.failed.extend(chunk.iter().map(|(i, _)| *i));
                 }
             }
         }
-        for (i, req, outcome, sent) in answered {
+        for (i, req, outcome, sent, received) in answered {
             if let ClaimOutcome::TooEarly { .. } = outcome {
-                // Its tick stays due: the job is put back like a failed one and planned again
-                // by the corrected clock.
-                failed.insert(i);
+                // Its tick stays due: the timer plans it again by the corrected clock.
+                let at = req.tick.scheduled_at;
+                result.too_early.entry(i).and_modify(|t| *t = (*t).min(at)).or_insert(at);
             }
-            self.on_claimed(&set.jobs[i], req, outcome, sent);
+            self.on_claimed(&set.jobs[i], req, outcome, sent, received);
         }
-        failed
+        result
     }
 
     /// Acts on one claim's answer: a won tick starts (through [`Engine::start`]), a skipped
@@ -247,10 +258,11 @@ impl Engine {
         req: &ClaimRequest,
         outcome: ClaimOutcome,
         sent: Instant,
+        received: Instant,
     ) {
         match outcome {
             ClaimOutcome::Won(lease) => {
-                self.start(self.claimed(job.clone(), lease, req.trigger, sent), self.interrupt.clone());
+                self.start(self.claimed(job.clone(), lease, req.trigger, sent, received), self.interrupt.clone());
             }
             ClaimOutcome::Skipped { reason } => {
                 tracing::info!(job = %req.tick.job, scheduled_at = %req.tick.scheduled_at, node = %self.node, state = "skipped", reason, "tick skipped")
@@ -265,29 +277,38 @@ impl Engine {
         }
     }
 
-    /// The claimed run of a won lease of `job`, whose claim was sent at `sent`. It starts at
-    /// its instant by the store's clock (as this node estimates it, and no earlier than the
-    /// lease's `claimed_at` says), or at once if that has passed; never later than
-    /// `CLAIM_EARLY_MAX` after the claim was sent, even if the wall clock was set back
-    /// meanwhile (the runner confirms the lease first if its renewal came due).
-    pub(crate) fn claimed(&self, job: Arc<Job>, lease: Lease, trigger: Trigger, sent: Instant) -> Claimed {
+    /// The claimed run of a won lease of `job`, whose claim was sent at `sent` and answered
+    /// at `received`. It starts at its instant by the store's clock: as this node estimates
+    /// it, and no earlier than the lease's `claimed_at` says (the store read its clock then,
+    /// before `received`); at once if that has passed. The wait is at most
+    /// `CLAIM_EARLY_MAX` from `received` (stores refuse ticks further ahead), even if the
+    /// wall clock was set back meanwhile; the runner confirms the lease first if its
+    /// renewal came due.
+    pub(crate) fn claimed(
+        &self,
+        job: Arc<Job>,
+        lease: Lease,
+        trigger: Trigger,
+        sent: Instant,
+        received: Instant,
+    ) -> Claimed {
         assert_eq!(lease.run.tick.job, job.name(), "a lease runs its own job");
+        debug_assert!(sent <= received);
         let regranted_after = regranted_after(&lease, job.policy().lease);
-        // The store's own word: its clock read `claimed_at` (plus the re-grant's delay) when
-        // it granted the lease, before this answer came. A tick it granted ahead waits at
-        // least that long from now, whatever this node's estimate says (a clock that just
-        // stepped ahead has not been corrected yet).
-        let store_then = lease.claimed_at + chrono::Duration::from_std(regranted_after).unwrap_or_default();
-        let ahead_by_store = (lease.run.tick.scheduled_at - store_then).to_std().unwrap_or_default();
-        let behind = (self.now() - lease.run.tick.scheduled_at)
-            .min(-chrono::Duration::from_std(ahead_by_store).unwrap_or(chrono::Duration::MAX));
+        let scheduled_at = lease.run.tick.scheduled_at;
+        let behind = self.now() - scheduled_at;
         let now = Instant::now();
-        let until = (-behind).to_std().unwrap_or_default();
-        // A claim is made at most the lead ahead; one the store granted further ahead (the
-        // estimate was off; stores refuse more than CLAIM_EARLY_MAX) still waits its instant.
-        let start_at = (now + until).min(sent + CLAIM_AHEAD_MAX.max(solocron_core::CLAIM_EARLY_MAX));
-        // The instant on the monotonic clock, which may not reach back to an old tick's.
-        let due = behind.to_std().map_or(Some(now + until), |late| now.checked_sub(late));
+        let wait_by_estimate = (-behind).to_std().unwrap_or_default();
+        // The store's own word: a node whose clock just stepped ahead has not corrected
+        // its estimate yet, but the store granted the tick ahead of its instant.
+        let store_then = lease.claimed_at + chrono::Duration::from_std(regranted_after).unwrap_or_default();
+        let ahead_by_store = (scheduled_at - store_then).to_std().unwrap_or_default();
+        let start_at = (now + wait_by_estimate)
+            .max(received + ahead_by_store)
+            .min(received + CLAIM_AHEAD_MAX.max(solocron_core::CLAIM_EARLY_MAX));
+        // The instant on the monotonic clock (by the estimate), which may not reach back to
+        // an old tick's: what start lateness is measured from.
+        let due = behind.to_std().map_or(Some(now + wait_by_estimate), |late| now.checked_sub(late));
         Claimed { job, lease, trigger, sent, regranted_after, start_at, due }
     }
 
@@ -302,6 +323,26 @@ impl Engine {
             let _guard = guard;
             execute(run, &engine, interrupt).await
         })
+    }
+}
+
+/// What a claim round ([`Engine::claim_and_start`]) left undone.
+#[derive(Debug, Default)]
+pub(crate) struct RoundResult {
+    /// Jobs whose chunk failed (store unavailable): their ticks stay due.
+    pub(crate) failed: HashSet<usize>,
+    /// Jobs with a tick the store refused as claimed too early, and the earliest such tick:
+    /// due again at its instant, by the clock the refusal corrected.
+    pub(crate) too_early: HashMap<usize, chrono::DateTime<chrono::Utc>>,
+}
+
+impl RoundResult {
+    /// Adds what another round (of the same jobs) left undone.
+    pub(crate) fn merge(&mut self, other: RoundResult) {
+        self.failed.extend(other.failed);
+        for (i, at) in other.too_early {
+            self.too_early.entry(i).and_modify(|t| *t = (*t).min(at)).or_insert(at);
+        }
     }
 }
 

@@ -178,8 +178,9 @@ async fn claim_requests(e: &Arc<Engine>) -> Result<(), StoreError> {
     let requests: Vec<_> = batch.iter().map(|(_, r)| r.clone()).collect();
     let sent = Instant::now();
     let outcomes = e.claim(&requests).await?;
+    let received = Instant::now();
     for ((i, req), outcome) in batch.iter().zip(outcomes) {
-        e.on_claimed(&set.jobs[*i], req, outcome, sent);
+        e.on_claimed(&set.jobs[*i], req, outcome, sent, received);
     }
     Ok(())
 }

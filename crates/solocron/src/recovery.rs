@@ -98,7 +98,7 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
             RecoverOutcome::Retried(lease) if waiting => {
                 tracing::info!(run = %run.id, failed_on = %run.node, token = lease.fencing_token, "starting a failure retry here");
                 let job = job.expect("only a job on this node's list is retried here");
-                e.start(e.claimed(job, lease, Trigger::Retry, sent), e.interrupt.clone());
+                e.start(e.claimed(job, lease, Trigger::Retry, sent, Instant::now()), e.interrupt.clone());
             }
             RecoverOutcome::Abandoned if waiting => {
                 metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Abandoned));
@@ -110,7 +110,7 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
                 tracing::warn!(run = %run.id, dead_node = %run.node, attempt = lease.run.attempt, token = lease.fencing_token,
                     "lease expired; retrying the tick here");
                 let job = job.expect("only a job on this node's list is retried here (see `recover_action`)");
-                e.start(e.claimed(job, lease, Trigger::Retry, sent), e.interrupt.clone());
+                e.start(e.claimed(job, lease, Trigger::Retry, sent, Instant::now()), e.interrupt.clone());
             }
             RecoverOutcome::Abandoned => {
                 metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Abandoned));

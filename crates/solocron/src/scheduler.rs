@@ -242,7 +242,10 @@ impl Scheduler {
         match outcome {
             Some(ClaimOutcome::Won(lease)) => {
                 // The operator waits for this run: it starts at once, not at its instant.
-                let run = Claimed { start_at: Instant::now(), ..e.claimed(the_job, lease, Trigger::Manual, sent) };
+                let run = Claimed {
+                    start_at: Instant::now(),
+                    ..e.claimed(the_job, lease, Trigger::Manual, sent, Instant::now())
+                };
                 let _ = e.start(run, interrupt).await;
             }
             Some(ClaimOutcome::Skipped { .. }) => {}

@@ -283,21 +283,30 @@ async fn claim_due(
     }
     let (first, backup) = spread(e, plan.claims);
     let sent = Instant::now();
-    let mut failed = e.claim_and_start(set, &first, round.horizon.timestamp_millis()).await;
+    let mut result = e.claim_and_start(set, &first, round.horizon.timestamp_millis()).await;
     let claim_took = sent.elapsed();
     if let Some(earliest) = backup.iter().map(|(_, r)| r.tick.scheduled_at).min() {
         let at = earliest + chrono::Duration::from_std(BACKUP_AFTER).expect("small");
         tokio::select! {
             _ = tokio::time::sleep((at - e.now()).to_std().unwrap_or_default()) => {
-                failed.extend(e.claim_and_start(set, &backup, round.horizon.timestamp_millis()).await);
+                result.merge(e.claim_and_start(set, &backup, round.horizon.timestamp_millis()).await);
             }
             // Shutting down: the ticks are the other nodes'.
             _ = shutdown.cancelled() => {}
         }
     }
+    let failed = result.failed;
     for &i in due {
         if !failed.contains(&i) {
             cursors[i].handled = round.horizon;
+        }
+    }
+    // A tick the store refused as claimed too early is due again at its instant, by the
+    // clock the refusal corrected: the cursor goes back to just before it (a later tick of
+    // the round already won is then found taken).
+    for (&i, &at) in &result.too_early {
+        if !failed.contains(&i) {
+            cursors[i].handled = cursors[i].handled.min(at - chrono::Duration::milliseconds(1));
         }
     }
     for (i, ticks) in plan.catch_ups {

@@ -63,10 +63,21 @@ impl Clock for Jumping {
 /// which corrects the node), and every tick still runs once, none before its instant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_clock_jumps_ahead_is_refused_by_the_store_and_runs_nothing_early() {
+    clock_jumps_ahead(3000).await;
+}
+
+/// The same with a jump past the late tolerance (10 s): the ticks the node then takes for
+/// long missed are still its on-time ones, claimed at their instants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_clock_jumps_far_ahead_loses_no_tick() {
+    clock_jumps_ahead(15_000).await;
+}
+
+async fn clock_jumps_ahead(by_ms: i64) {
     let dir = tempfile::tempdir().unwrap();
     let seen: Seen = Arc::default();
     let shutdown = CancellationToken::new();
-    let clock = Jumping { start: std::time::Instant::now(), after: Duration::from_millis(2500), by_ms: 3000 };
+    let clock = Jumping { start: std::time::Instant::now(), after: Duration::from_millis(2500), by_ms };
     let s = Scheduler::builder(store(&dir).await)
         .node_id("jumpy")
         .clock(Arc::new(clock))
@@ -84,7 +95,11 @@ async fn a_node_whose_clock_jumps_ahead_is_refused_by_the_store_and_runs_nothing
     let n = ticks.len();
     ticks.dedup();
     assert_eq!(ticks.len(), n, "a tick ran twice: {seen:?}");
-    assert!(n >= 5, "ticks were missed after the jump: {seen:?}");
+    assert!(n >= 6, "ticks were missed after the jump: {seen:?}");
+    assert!(ticks.windows(2).all(|w| (w[1] - w[0]).num_milliseconds() == 1000), "a tick is missing: {seen:?}");
+    // Refused ticks are claimed again at their instants, not after a backoff or a wait.
+    let late: Vec<i64> = seen.iter().map(|(t, _, _, started)| (*started - *t).num_milliseconds()).collect();
+    assert!(late.iter().all(|&ms| ms < 300), "ticks started late after the refusals (ms): {late:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
