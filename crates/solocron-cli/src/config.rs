@@ -74,6 +74,7 @@ struct RawNode {
     shutdown_grace: Option<String>,
     max_concurrent_runs: Option<usize>,
     history_retention: Option<String>,
+    pid_file: Option<String>,
 }
 
 /// One `[[jobs]]` entry, or `[defaults]` (where `name`, `schedule`, `command` and `http` are
@@ -146,6 +147,8 @@ pub struct Config {
     pub node_id: Option<String>,
     pub shutdown_grace: Duration,
     pub max_concurrent_runs: usize,
+    /// `[node] pid_file`: where `solocron run` writes its pid, for `solocron reload`.
+    pub pid_file: Option<std::path::PathBuf>,
     pub jobs: Vec<JobConfig>,
     pub http: HttpConfig,
 }
@@ -293,6 +296,7 @@ impl Config {
             node_id: node.id.clone(),
             shutdown_grace,
             max_concurrent_runs: node.max_concurrent_runs.unwrap_or(1024),
+            pid_file: node.pid_file.as_ref().map(std::path::PathBuf::from),
             jobs,
             http,
         })

@@ -38,6 +38,10 @@ pub struct RunArgs {
     /// listen; none: no HTTP). A non-loopback address needs [[http.tokens]].
     #[arg(long, value_name = "ADDR")]
     http: Option<std::net::SocketAddr>,
+    /// Write this process's pid here while it runs, for `solocron reload` (default: [node]
+    /// pid_file; none: no file).
+    #[arg(long, value_name = "PATH")]
+    pid_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -72,6 +76,8 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
     };
     let scheduler = scheduler(&cfg, store.clone(), a.node_id)?;
     ensure_node_id_free(store.as_ref(), scheduler.node_id()).await?;
+    let _pid_file =
+        a.pid_file.as_ref().or(cfg.pid_file.as_ref()).map(|p| crate::reload::PidFile::write(p)).transpose()?;
     let sources = Arc::new(Sources::new(scheduler.jobs(), jobs(&cfg)?, cfg.http.allow_command_jobs));
     sources.set_managed(&managed);
     tokio::spawn(crate::follow::follow(store.clone(), sources.clone(), version, shutdown.clone()));

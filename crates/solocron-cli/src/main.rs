@@ -20,6 +20,7 @@ mod follow;
 mod http;
 mod managed;
 mod output;
+mod reload;
 mod setup;
 mod stores;
 
@@ -68,6 +69,8 @@ enum Cmd {
     Run(daemon::RunArgs),
     /// Validate the configuration and print each job's next 5 fire times.
     Check(setup::CheckArgs),
+    /// Check the configuration, then ask the running daemon (by its pid file) to re-read it.
+    Reload(reload::ReloadArgs),
     /// Create or upgrade the store's schema; with --drop --yes, remove it.
     Migrate(setup::MigrateArgs),
     /// Show each job: schedule, next fire, pause, last run, run in progress, drift, staleness,
@@ -141,6 +144,7 @@ fn main() -> ExitCode {
         match cli.command {
             Cmd::Run(a) => daemon::run(a).await,
             Cmd::Check(a) => setup::check(a),
+            Cmd::Reload(a) => reload::reload(a),
             Cmd::Migrate(a) => setup::migrate(a).await,
             Cmd::Status(a) => admin::status(a).await,
             Cmd::Nodes(a) => admin::nodes(a).await,

@@ -138,3 +138,44 @@ fn sighup_reloads_jobs_on_postgres() {
     let Some(store) = server_store(solocron_conformance::server::POSTGRES) else { return };
     reload_keeps_every_tick_once(Some(&store));
 }
+
+/// `solocron reload` with the daemon's pid file: a configuration with an error is refused
+/// before anything is sent (exit 2, naming the field), and the daemon keeps its jobs; a good
+/// one is sent as SIGHUP, and the job it adds runs. Without a pid file it says how to name
+/// the daemon; a stale pid file is refused.
+#[test]
+fn the_reload_command_checks_the_file_then_signals_the_daemon_of_its_pid_file() {
+    let mut f = Fleet::new(&recording("kept", "* * * * * *"));
+    let pid_file = f.path("solocron.pid");
+    let text = std::fs::read_to_string(f.config()).unwrap();
+    let with_pid = text.replacen("[node]\n", &format!("[node]\npid_file = \"{}\"\n", pid_file.display()), 1);
+    std::fs::write(f.config(), with_pid).unwrap();
+    f.start("n1");
+    wait_for(Duration::from_secs(10), || exists(&pid_file).then_some(())).expect("the daemon wrote its pid file");
+    let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    assert_eq!(pid, f.nodes[0].child.id(), "the pid file holds the daemon's pid");
+
+    rewrite(&f, &format!("{}{}", recording("kept", "* * * * * *"), recording("added", "nonsense")));
+    let (code, _, err) = f.cli(&["reload"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not reloaded") && err.contains("(added).schedule"), "{err}");
+    assert!(!f.log("n1").contains("reloaded"), "nothing was sent: {}", f.log("n1"));
+
+    rewrite(&f, &format!("{}{}", recording("kept", "* * * * * *"), recording("added", "* * * * * *")));
+    let (code, out, err) = f.cli(&["reload"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!("pid {pid}")), "{out}");
+    wait_for(Duration::from_secs(5), || f.lines("added.txt").first().cloned())
+        .expect("the added job ran after the reload");
+
+    std::fs::write(&pid_file, "1\n").unwrap();
+    let (code, _, err) = f.cli(&["reload"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not a pid") || err.contains("not a running"), "{err}");
+    std::fs::write(&pid_file, format!("{pid}\n")).unwrap();
+    f.stop_all();
+    assert!(!exists(&pid_file), "the daemon removed its pid file at exit");
+    let (code, _, err) = f.cli(&["reload", "--pid-file", "/nonexistent/solocron.pid"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cannot read the pid file"), "{err}");
+}
