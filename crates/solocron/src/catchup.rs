@@ -2,6 +2,7 @@
 //! other, oldest first, each claimed just before it runs, at most one sequence per job on
 //! this node.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,20 +25,50 @@ const RUNNING_LOOKED_AT_MAX: usize = 16;
 /// Ticks of one job to claim and run in sequence, oldest first.
 pub(crate) type Sequence = Vec<(DateTime<Utc>, Trigger)>;
 
-/// Starts a catch-up sequence of `job` unless one is already under way on this node.
+/// The ticks a job's sequence under way has still to run, oldest first.
+pub(crate) type Queue = VecDeque<(DateTime<Utc>, Trigger)>;
+
+/// Most ticks one job's sequence holds; beyond it, newly missed ticks are recorded skipped.
+const QUEUED_MAX: usize = 10_000;
+
+/// Starts a catch-up sequence of `job`, or, if one is already under way on this node,
+/// queues `ticks` behind it (ticks that came due, and were missed, while it ran: after a
+/// long outage the timer hands them over here instead of dropping them).
 pub(crate) fn spawn(e: &Arc<Engine>, job: Arc<Job>, ticks: Sequence) {
-    if !e.catching_up.lock().expect("not poisoned").insert(job.name().to_owned()) {
-        return;
+    {
+        let mut sequences = e.catching_up.lock().expect("not poisoned");
+        if let Some(queue) = sequences.get_mut(job.name()) {
+            let room = QUEUED_MAX.saturating_sub(queue.len());
+            if ticks.len() > room {
+                tracing::warn!(job = %job.name(), ticks = ticks.len() - room, "catch-up queue full; the newest missed ticks are not run");
+            }
+            let newer: Vec<_> =
+                ticks.into_iter().filter(|(t, _)| queue.back().is_none_or(|(last, _)| t > last)).collect();
+            queue.extend(newer.into_iter().take(room));
+            return;
+        }
+        sequences.insert(job.name().to_owned(), ticks.into_iter().take(QUEUED_MAX).collect());
     }
     let engine = e.clone();
     e.tracker.spawn(async move {
         let _guard = CatchingUp(engine.clone(), job.name().to_owned());
-        run_sequence(&engine, &job, ticks).await
+        run_sequence(&engine, &job).await
     });
 }
 
-async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>, ticks: Sequence) {
-    for (t, trigger) in ticks {
+/// The next tick of `job`'s sequence; when none is left, the sequence is over (under the
+/// same lock, so a tick queued by [`spawn`] is never left behind).
+fn next_tick(e: &Engine, job: &str) -> Option<(DateTime<Utc>, Trigger)> {
+    let mut sequences = e.catching_up.lock().expect("not poisoned");
+    let next = sequences.get_mut(job)?.pop_front();
+    if next.is_none() {
+        sequences.remove(job);
+    }
+    next
+}
+
+async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>) {
+    while let Some((t, trigger)) = next_tick(e, job.name()) {
         if e.interrupt.is_cancelled() || e.tracker.is_closed() {
             break;
         }
@@ -139,8 +170,8 @@ struct CatchingUp(Arc<Engine>, String);
 
 impl Drop for CatchingUp {
     fn drop(&mut self) {
-        if let Ok(mut set) = self.0.catching_up.lock() {
-            set.remove(&self.1);
+        if let Ok(mut sequences) = self.0.catching_up.lock() {
+            sequences.remove(&self.1);
         }
     }
 }

@@ -336,7 +336,7 @@ fn plan_job(e: &Engine, job: &Job, i: usize, cursor: Cursor, round: Round, run_s
         Some(false) => tolerance_start,
         None => tolerance_start.min(round.started),
     };
-    let mut due = plan_due(job.schedule(), job.policy(), cursor.handled, round.horizon, late_from);
+    let due = plan_due(job.schedule(), job.policy(), cursor.handled, round.horizon, late_from);
     if due.not_examined > 0 {
         tracing::warn!(job = %job.name(), ticks = due.not_examined, "missed ticks beyond max_catchup were not examined");
     }
@@ -344,11 +344,9 @@ fn plan_job(e: &Engine, job: &Job, i: usize, cursor: Cursor, round: Round, run_s
         tracing::info!(job = %job.name(), catchup = ?job.policy().catchup,
             "ticks older than the catch-up window came due while this node was not claiming; not examined");
     }
-    let sequence_active = e.catching_up.lock().expect("not poisoned").contains(job.name());
-    if !due.catch_up.is_empty() && sequence_active {
-        let reason = "missed; a catch-up of this job was already under way on this node";
-        due.record_skipped.extend(due.catch_up.drain(..).map(|t| (t, reason.to_owned())));
-    }
+    // Missed ticks while a sequence of the job is under way are queued behind it (see
+    // `catchup::spawn`), never dropped.
+    let sequence_active = e.catching_up.lock().expect("not poisoned").contains_key(job.name());
     for (t, reason) in due.record_skipped {
         plan.claims.push((i, e.request(job, Tick::new(job.name(), t), Trigger::Catchup, ClaimMode::Skip { reason })));
     }
