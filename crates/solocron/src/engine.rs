@@ -299,12 +299,16 @@ impl Engine {
         let behind = self.now() - scheduled_at;
         let now = Instant::now();
         let wait_by_estimate = (-behind).to_std().unwrap_or_default();
-        // The store's own word: a node whose clock just stepped ahead has not corrected
-        // its estimate yet, but the store granted the tick ahead of its instant.
+        // The store's own word: it read its clock (`claimed_at`, plus a re-grant's delay)
+        // between `sent` and `received`. Within that round trip of the estimate, the
+        // estimate stands (waiting from `received` would make every start late by the
+        // store's work on the batch); further ahead, the estimate is off (this node's
+        // clock stepped and no sample has corrected it yet), and the wait counts from
+        // `received`, which is never early.
         let store_then = lease.claimed_at + chrono::Duration::from_std(regranted_after).unwrap_or_default();
         let ahead_by_store = (scheduled_at - store_then).to_std().unwrap_or_default();
-        let start_at = (now + wait_by_estimate)
-            .max(received + ahead_by_store)
+        let estimate_off = ahead_by_store > wait_by_estimate + received.saturating_duration_since(sent);
+        let start_at = if estimate_off { received + ahead_by_store } else { now + wait_by_estimate }
             .min(received + CLAIM_AHEAD_MAX.max(solocron_core::CLAIM_EARLY_MAX));
         // The instant on the monotonic clock (by the estimate), which may not reach back to
         // an old tick's: what start lateness is measured from.
