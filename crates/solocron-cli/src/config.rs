@@ -6,6 +6,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use crate::alert_config::{resolve_alerts, RawAlert};
+pub use crate::alert_config::{AlertConfig, AlertTargetConfig};
 use solocron_core::{parse_duration, JobPolicy, Misfire, OnCrash, Overlap, Prefix, RetryPolicy, Schedule};
 
 /// The store used when the configuration has no `[store]`.
@@ -33,6 +36,8 @@ struct RawConfig {
     jobs: Vec<RawJob>,
     #[serde(default)]
     http: RawHttp,
+    #[serde(default)]
+    alerts: Vec<RawAlert>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -119,21 +124,21 @@ const RETRY_MAX_BACKOFF_DEFAULT: Duration = Duration::from_secs(300);
 /// A job's `http = { ... }`: a request instead of a command.
 #[derive(Debug, Deserialize, Default, Clone)]
 #[serde(deny_unknown_fields)]
-struct RawHttpJob {
-    url: Option<String>,
-    method: Option<String>,
+pub(crate) struct RawHttpJob {
+    pub(crate) url: Option<String>,
+    pub(crate) method: Option<String>,
     #[serde(default)]
-    headers: BTreeMap<String, String>,
+    pub(crate) headers: BTreeMap<String, String>,
     /// Header name to the environment variable holding its (secret) value.
     #[serde(default)]
-    headers_env: BTreeMap<String, String>,
+    pub(crate) headers_env: BTreeMap<String, String>,
     /// Header name to the file holding its (secret) value.
     #[serde(default)]
-    headers_file: BTreeMap<String, String>,
-    body: Option<String>,
-    timeout: Option<String>,
-    expect_status: Option<String>,
-    ca_file: Option<String>,
+    pub(crate) headers_file: BTreeMap<String, String>,
+    pub(crate) body: Option<String>,
+    pub(crate) timeout: Option<String>,
+    pub(crate) expect_status: Option<String>,
+    pub(crate) ca_file: Option<String>,
 }
 
 /// A validated configuration.
@@ -151,6 +156,8 @@ pub struct Config {
     pub pid_file: Option<std::path::PathBuf>,
     pub jobs: Vec<JobConfig>,
     pub http: HttpConfig,
+    /// `[[alerts]]`.
+    pub alerts: Vec<AlertConfig>,
 }
 
 /// `[http]`: where the API, metrics and console are served, and the tokens they accept.
@@ -289,6 +296,7 @@ impl Config {
         let history_retention = history_retention(node, &jobs).map_err(|(key, message)| err(key, message))?;
         let store = resolve_store(&raw.store).map_err(|(key, message)| err(key, message))?;
         let http = resolve_http(&raw.http).map_err(|(key, message)| err(key, message))?;
+        let alerts = resolve_alerts(&raw.alerts).map_err(|(key, message)| err(key, message))?;
         Ok(Config {
             file: file.to_owned(),
             store,
@@ -299,6 +307,7 @@ impl Config {
             pid_file: node.pid_file.as_ref().map(std::path::PathBuf::from),
             jobs,
             http,
+            alerts,
         })
     }
 }
@@ -655,7 +664,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
-type KeyError = (String, String);
+pub(crate) type KeyError = (String, String);
 
 fn resolve_job(i: usize, j: &RawJob, d: &RawJob) -> Result<JobConfig, KeyError> {
     let name = j.name.clone().ok_or_else(|| (format!("jobs[{i}].name"), "is required".into()))?;
@@ -692,7 +701,7 @@ fn resolve_job(i: usize, j: &RawJob, d: &RawJob) -> Result<JobConfig, KeyError> 
 }
 
 /// A job's `http`, checked by the library's rules (`solocron::HttpJob`), each error at its key.
-fn resolve_http_job(h: &RawHttpJob, key: &dyn Fn(&str) -> String) -> Result<HttpWork, KeyError> {
+pub(crate) fn resolve_http_job(h: &RawHttpJob, key: &dyn Fn(&str) -> String) -> Result<HttpWork, KeyError> {
     let at = |e: solocron::HttpJobError| (key(&format!("http.{}", e.field)), e.why);
     let url = h.url.as_deref().ok_or_else(|| {
         (key("http.url"), "is required: the endpoint to call, e.g. \"https://billing.internal/jobs/invoices\"".into())

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use solocron::{Command, HttpJob, Job, JobChanges, Scheduler};
+use solocron::{AlertRule, AlertTarget, Command, HttpJob, Job, JobChanges, Scheduler};
 use solocron_http::DeclaredJobs;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, HttpWork, JobConfig, SecretSource, Work};
+use crate::config::{AlertConfig, AlertTargetConfig, Config, HttpWork, JobConfig, SecretSource, Work};
 use crate::follow::Sources;
 use crate::{bad_input, load, Failure};
 
@@ -183,7 +183,28 @@ pub fn scheduler(
     for job in jobs(cfg)? {
         builder = builder.job(job);
     }
+    for alert in &cfg.alerts {
+        builder = builder.alert(alert_rule(&cfg.file, alert)?);
+    }
     builder.build().map_err(|e| bad_input(format!("{}: {e}", cfg.file)))
+}
+
+/// An `[[alerts]]` entry as the scheduler takes it, its webhook's secrets read.
+fn alert_rule(file: &str, a: &AlertConfig) -> Result<AlertRule, Failure> {
+    let target = match &a.target {
+        AlertTargetConfig::Webhook(w) => AlertTarget::Webhook(Box::new(http_job(file, w)?)),
+        AlertTargetConfig::Command(argv) => {
+            AlertTarget::Command(Command::new(argv.clone()).expect("validated: non-empty"))
+        }
+    };
+    let mut rule = AlertRule::new(target).on(a.events.iter().copied()).max_per_hour(a.max_per_hour);
+    if let Some(jobs) = &a.jobs {
+        rule = rule.jobs(jobs.iter().cloned());
+    }
+    if let Some(after) = a.stale_after {
+        rule = rule.stale_after(after);
+    }
+    Ok(rule)
 }
 
 /// A configuration's jobs, with their secrets read.

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod alert_config;
 mod config;
 mod daemon;
 mod docs;

@@ -37,6 +37,8 @@ const PIPE_DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 #[derive(Debug, Clone)]
 pub struct Command {
     argv: Vec<String>,
+    /// Variables set beside the run's own ([`Command::env`]).
+    env: Vec<(String, String)>,
 }
 
 impl Command {
@@ -47,11 +49,23 @@ impl Command {
         S: Into<String>,
     {
         let argv: Vec<String> = argv.into_iter().map(Into::into).collect();
-        (!argv.is_empty()).then_some(Command { argv })
+        (!argv.is_empty()).then_some(Command { argv, env: Vec::new() })
+    }
+
+    /// Sets an environment variable of the process, beside the run's own `SOLOCRON_*`
+    /// (which it cannot replace).
+    ///
+    /// ```
+    /// let cmd = solocron::Command::new(["/usr/bin/env"]).unwrap().env("REPORT_FORMAT", "csv");
+    /// # let _ = cmd;
+    /// ```
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Command {
+        self.env.push((name.into(), value.into()));
+        self
     }
 
     fn spawn(&self, ctx: &RunContext) -> std::io::Result<Spawned> {
-        let env = [
+        let run = [
             ("SOLOCRON_JOB", ctx.job.clone()),
             ("SOLOCRON_SCHEDULED_AT", ctx.scheduled_at.to_rfc3339_opts(SecondsFormat::Millis, true)),
             ("SOLOCRON_FENCING_TOKEN", ctx.fencing_token.to_string()),
@@ -59,6 +73,13 @@ impl Command {
             ("SOLOCRON_RUN_ID", ctx.run_id.clone()),
             ("SOLOCRON_ATTEMPT", ctx.attempt.to_string()),
         ];
+        let mut env: Vec<(&str, String)> = self
+            .env
+            .iter()
+            .filter(|(name, _)| run.iter().all(|(r, _)| r != name))
+            .map(|(n, v)| (n.as_str(), v.clone()))
+            .collect();
+        env.extend(run);
         // Its own process group, SIGKILL if the node dies, and the group killed by the
         // guardian then: a job must not outlive a node that was SIGKILLed, since its lease
         // will lapse and another node may re-run the tick.

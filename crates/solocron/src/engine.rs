@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::alerts::{self, AlertEvent, Alerts};
 use crate::batches::Batches;
 use crate::job::Job;
 use crate::jobset::{JobSet, Jobs};
@@ -63,6 +64,8 @@ pub(crate) struct Engine {
     pub(crate) retry_wakes: RetryWakes,
     /// Whether a claim refused as too early was warned of (once; then the metric counts).
     pub(crate) too_early_warned: AtomicBool,
+    /// Who is told of failures, misses and silences (`alerts.rs`).
+    pub(crate) alerts: Alerts,
     pub(crate) tracker: TaskTracker,
     /// Fired when shutdown's grace is over: running jobs are stopped.
     pub(crate) interrupt: CancellationToken,
@@ -79,6 +82,7 @@ pub(crate) struct Parts {
     pub(crate) shutdown_grace: Duration,
     pub(crate) max_concurrent_runs: usize,
     pub(crate) recovery_interval: Duration,
+    pub(crate) alerts: Alerts,
 }
 
 impl Engine {
@@ -103,6 +107,7 @@ impl Engine {
             spread,
             retry_wakes: RetryWakes::default(),
             too_early_warned: AtomicBool::new(false),
+            alerts: p.alerts,
             tracker: TaskTracker::new(),
             interrupt: CancellationToken::new(),
         }
@@ -265,7 +270,10 @@ impl Engine {
                 self.start(self.claimed(job.clone(), lease, req.trigger, sent, received), self.interrupt.clone());
             }
             ClaimOutcome::Skipped { reason } => {
-                tracing::info!(job = %req.tick.job, scheduled_at = %req.tick.scheduled_at, node = %self.node, state = "skipped", reason, "tick skipped")
+                tracing::info!(job = %req.tick.job, scheduled_at = %req.tick.scheduled_at, node = %self.node, state = "skipped", reason, "tick skipped");
+                if metrics::skip_outcome(&req.mode, &reason) == metrics::Outcome::Missed {
+                    alerts::raise(self, &req.tick.job, req.tick.scheduled_at, AlertEvent::Missed);
+                }
             }
             ClaimOutcome::Taken => {
                 tracing::debug!(job = %req.tick.job, scheduled_at = %req.tick.scheduled_at, "tick taken by another node")

@@ -257,6 +257,19 @@ impl HttpJob {
         self
     }
 
+    /// This request with `body` as its JSON body (`Content-Type: application/json`, in place
+    /// of any configured): an alert's delivery (`alerts.rs`).
+    pub(crate) fn with_json(mut self, body: Vec<u8>) -> HttpJob {
+        self.headers.insert(reqwest::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        self.body = Some(body);
+        self
+    }
+
+    /// Whether a timeout is set ([`HttpJob::timeout`]).
+    pub(crate) fn has_timeout(&self) -> bool {
+        self.timeout.is_some()
+    }
+
     /// The longest a request may take, from connecting to the body's end; past it the run
     /// fails. The job's own timeout (its policy) instead ends it `timed_out`.
     pub fn timeout(mut self, timeout: Duration) -> HttpJob {

@@ -169,6 +169,9 @@ pub struct Job {
     policy: JobPolicy,
     handler: Arc<dyn Handler>,
     fingerprint: String,
+    /// False for an alert's delivery (`alerts.rs`): it has no ticks of its own, so its
+    /// schedule bounds nothing, and its retries may come at any time.
+    scheduled: bool,
 }
 
 impl std::fmt::Debug for Job {
@@ -186,7 +189,21 @@ impl Job {
             policy: JobPolicy::default(),
             handler: Arc::new(handler),
             fingerprint: String::new(),
+            scheduled: true,
         }
+    }
+
+    /// An alert's delivery: a job no timer fires, claimed once per event (`alerts.rs`).
+    pub(crate) fn delivery(name: String, policy: JobPolicy, handler: impl Handler) -> Job {
+        static NEVER_USED: std::sync::OnceLock<Schedule> = std::sync::OnceLock::new();
+        let schedule = NEVER_USED.get_or_init(|| Schedule::parse("0 0 1 1 *", "UTC").expect("a valid expression"));
+        Job { scheduled: false, policy, ..Job::new(name, schedule.clone(), handler) }
+    }
+
+    /// The job's next tick after `at`, which a retry of the tick at `at` may not pass;
+    /// `None` for an alert's delivery, whose retries nothing bounds but their own policy.
+    pub(crate) fn next_tick_after(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.scheduled.then(|| self.schedule.next_after(at)).flatten()
     }
 
     /// Replaces the policy.

@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod alerts;
 mod backoff;
 mod batches;
 mod catchup;
@@ -36,6 +37,7 @@ mod store_clock;
 mod timer;
 mod unanswered;
 
+pub use alerts::{AlertEvent, AlertRule, AlertTarget, ALERTS_PER_HOUR_DEFAULT, ALERT_RULES_MAX, DELIVERY_RETRY};
 pub use command::Command;
 pub use housekeeping::{prune_pass, REGISTRATION_STALE_AFTER};
 pub use http_job::{ExpectStatus, HttpJob, HttpJobError, RESPONSE_READ_BYTES_MAX};

@@ -10,6 +10,7 @@ use solocron_core::{OnCrash, RecoverAction, RecoverOutcome, RunRecord, RunState,
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::alerts;
 use crate::backoff::Backoff;
 use crate::engine::{counted, Engine};
 use crate::job::Job;
@@ -65,7 +66,7 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
             continue;
         }
         // The job as this node's list has it now (taken per run: the list may change).
-        let job = e.jobs.get().get(&run.id.tick.job).cloned();
+        let job = e.jobs.get().get(&run.id.tick.job).cloned().or_else(|| e.alerts.delivery(e, &run.id.tick.job));
         let waiting = run.state == RunState::Waiting;
         let action = if waiting {
             // A retry of a job this node does not run is left to a node that runs it.
@@ -102,6 +103,7 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
             }
             RecoverOutcome::Abandoned if waiting => {
                 metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Abandoned));
+                alerts::run_ended(e, &run.id, RunState::Abandoned);
                 tracing::warn!(run = %run.id, reason = action_reason(&action), "failure retry dropped");
             }
             RecoverOutcome::Retried(lease) => {
@@ -114,6 +116,7 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
             }
             RecoverOutcome::Abandoned => {
                 metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Abandoned));
+                alerts::run_ended(e, &run.id, RunState::Abandoned);
                 tracing::warn!(run = %run.id, dead_node = %run.node, state = "abandoned", "lease expired; run abandoned")
             }
             RecoverOutcome::NotNeeded => tracing::debug!(run = %run.id, "already recovered elsewhere"),
@@ -142,10 +145,11 @@ fn orphan_retry_action(e: &Engine, run: &RunRecord) -> Option<RecoverAction> {
 }
 
 /// Applies `action` to an orphaned waiting retry (see [`orphan_retry_action`]).
-async fn recover_orphan(e: &Engine, run: &RunRecord, action: &RecoverAction) -> Result<(), StoreError> {
+async fn recover_orphan(e: &Arc<Engine>, run: &RunRecord, action: &RecoverAction) -> Result<(), StoreError> {
     match counted(StoreOp::Recover, e.store.recover(&run.id, action)).await {
         Ok(RecoverOutcome::Abandoned) => {
             metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Abandoned));
+            alerts::run_ended(e, &run.id, RunState::Abandoned);
             tracing::warn!(run = %run.id, reason = action_reason(action), "failure retry dropped");
             Ok(())
         }
@@ -173,7 +177,7 @@ fn retry_action(e: &Engine, job: &Job, run: &RunRecord, paused: bool) -> Recover
         };
     }
     let now = e.now();
-    match job.schedule().next_after(run.id.tick.scheduled_at) {
+    match job.next_tick_after(run.id.tick.scheduled_at) {
         Some(next) if next <= now => RecoverAction::Abandon {
             reason: format!(
                 "retry dropped: the next tick at {} came before attempt {} could start",

@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{JobPolicy, RunEnd, RunId, RunState, Schedule};
+use solocron_core::{JobPolicy, RunEnd, RunId, RunState};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -40,11 +40,12 @@ pub(crate) enum RetryPlan {
     Dropped(String),
 }
 
-/// Whether `run`, which ended as `end`, is retried, by `policy` and `schedule`, at `now`
+/// Whether `run`, which ended as `end`, is retried, by `policy` and before `next_tick` (the
+/// job's tick after the run's; see `Job::next_tick_after`), at `now`
 /// (the store's clock as this node estimates it); `unit` in `[0, 1)` draws the jitter.
 pub(crate) fn plan(
     policy: &JobPolicy,
-    schedule: &Schedule,
+    next_tick: Option<DateTime<Utc>>,
     run: &RunId,
     end: &RunEnd,
     now: DateTime<Utc>,
@@ -56,7 +57,7 @@ pub(crate) fn plan(
     }
     let wait = retry.jittered_wait_after(run.attempt, unit);
     let due = now + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX);
-    match schedule.next_after(run.tick.scheduled_at) {
+    match next_tick {
         Some(next) if due >= next => RetryPlan::Dropped(format!(
             "retry dropped: attempt {} would wait {} and come after the next tick at {}",
             run.attempt + 1,
@@ -113,7 +114,7 @@ impl RetryWakes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use solocron_core::{RetryPolicy, Tick};
+    use solocron_core::{RetryPolicy, Schedule, Tick};
 
     fn policy(attempts: u32, backoff_s: u64) -> JobPolicy {
         let retry = RetryPolicy {
@@ -141,38 +142,38 @@ mod tests {
 
     #[test]
     fn a_failed_or_timed_out_run_is_retried_with_doubling_waits_until_its_attempts_are_spent() {
-        let hourly = Schedule::parse("0 * * * *", "UTC").unwrap();
         let p = policy(3, 10);
         let tick = Tick::new("j", at("2026-01-01T10:00:00Z"));
+        let hourly = Schedule::parse("0 * * * *", "UTC").unwrap().next_after(tick.scheduled_at);
         let run = |attempt| RunId { tick: tick.clone(), attempt };
         let now = at("2026-01-01T10:00:05Z");
         assert_eq!(
-            plan(&p, &hourly, &run(1), &end(RunState::Failed), now, 0.5),
+            plan(&p, hourly, &run(1), &end(RunState::Failed), now, 0.5),
             RetryPlan::After(Duration::from_secs(10))
         );
         assert_eq!(
-            plan(&p, &hourly, &run(2), &end(RunState::TimedOut), now, 0.5),
+            plan(&p, hourly, &run(2), &end(RunState::TimedOut), now, 0.5),
             RetryPlan::After(Duration::from_secs(20))
         );
-        assert_eq!(plan(&p, &hourly, &run(3), &end(RunState::Failed), now, 0.5), RetryPlan::None, "3 attempts spent");
+        assert_eq!(plan(&p, hourly, &run(3), &end(RunState::Failed), now, 0.5), RetryPlan::None, "3 attempts spent");
         for state in [RunState::Succeeded, RunState::Lost, RunState::Abandoned, RunState::Interrupted] {
-            assert_eq!(plan(&p, &hourly, &run(1), &end(state), now, 0.5), RetryPlan::None, "{state}");
+            assert_eq!(plan(&p, hourly, &run(1), &end(state), now, 0.5), RetryPlan::None, "{state}");
         }
-        assert_eq!(plan(&JobPolicy::default(), &hourly, &run(1), &end(RunState::Failed), now, 0.5), RetryPlan::None);
+        assert_eq!(plan(&JobPolicy::default(), hourly, &run(1), &end(RunState::Failed), now, 0.5), RetryPlan::None);
     }
 
     #[test]
     fn a_retry_that_would_come_after_the_next_tick_is_dropped_with_the_reason() {
-        let every_minute = Schedule::parse("* * * * *", "UTC").unwrap();
         let p = policy(3, 30);
         let run = RunId { tick: Tick::new("j", at("2026-01-01T10:00:00Z")), attempt: 1 };
+        let every_minute = Schedule::parse("* * * * *", "UTC").unwrap().next_after(run.tick.scheduled_at);
         let early = at("2026-01-01T10:00:20Z");
         assert_eq!(
-            plan(&p, &every_minute, &run, &end(RunState::Failed), early, 0.0),
+            plan(&p, every_minute, &run, &end(RunState::Failed), early, 0.0),
             RetryPlan::After(Duration::from_secs(30))
         );
         let late = at("2026-01-01T10:00:31Z");
-        let RetryPlan::Dropped(why) = plan(&p, &every_minute, &run, &end(RunState::Failed), late, 0.0) else {
+        let RetryPlan::Dropped(why) = plan(&p, every_minute, &run, &end(RunState::Failed), late, 0.0) else {
             panic!("a retry at 10:01:01 must be dropped before the 10:01 tick")
         };
         assert!(why.contains("2026-01-01T10:01:00.000Z") && why.contains("attempt 2"), "{why}");

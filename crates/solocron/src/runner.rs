@@ -12,6 +12,7 @@ use solocron_core::{output_tail, Ending, JobPolicy, Lease, Renewal, RunEnd, RunS
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
+use crate::alerts;
 use crate::backoff::Backoff;
 use crate::batches::{Batcher, Renewals};
 use crate::engine::{counted, Engine};
@@ -142,7 +143,7 @@ type PendingRenewal = Pin<Box<dyn Future<Output = (Instant, Option<Result<bool, 
 /// recorded through the engine's batches (or, when it failed and is retried, with its next
 /// attempt in one store step), and `interrupt` fires when it must stop early (shutdown's
 /// grace is over).
-pub(crate) async fn execute(run: Claimed, e: &Engine, interrupt: CancellationToken) {
+pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: CancellationToken) {
     let batches = &e.batches;
     let Claimed { job, lease, trigger, sent: claim_sent, regranted_after, start_at, due } = run;
     let policy = job.policy().clone();
@@ -187,6 +188,7 @@ pub(crate) async fn execute(run: Claimed, e: &Engine, interrupt: CancellationTok
         metrics::lease_lost(job.name());
         if record_end(&hb, &end, true, |ending, give_up| ends.send(ending, give_up)).await {
             metrics::tick_ended(job.name(), end.state);
+            alerts::run_ended(e, &hb.lease.run, end.state);
         }
         tracing::warn!(run = %hb.lease.run, "lease not confirmed before start; run recorded lost without starting");
         return;
@@ -198,7 +200,8 @@ pub(crate) async fn execute(run: Claimed, e: &Engine, interrupt: CancellationTok
     let task = tokio::spawn(async move { handler.run(ctx).await });
     let (outcome, stop) = supervise(task, &mut hb, renewals, &policy, started, &cancel, &interrupt).await;
     let end = end_of(outcome, stop, regranted_after + (started - claim_sent));
-    let plan = retry::plan(&policy, job.schedule(), &hb.lease.run, &end, e.now(), fastrand::f64());
+    let next_tick = job.next_tick_after(hb.lease.run.tick.scheduled_at);
+    let plan = retry::plan(&policy, next_tick, &hb.lease.run, &end, e.now(), fastrand::f64());
     let (end, wait) = match plan {
         RetryPlan::None => (end, None),
         RetryPlan::After(wait) => (end, Some(wait)),
@@ -223,6 +226,9 @@ pub(crate) async fn execute(run: Claimed, e: &Engine, interrupt: CancellationTok
     };
     if recorded {
         metrics::tick_ended(job.name(), end.state);
+        if wait.is_none() {
+            alerts::run_ended(e, &hb.lease.run, end.state);
+        }
     }
     // An absent exit code or reason is left out of the line, not shown as `None` or "".
     tracing::info!(

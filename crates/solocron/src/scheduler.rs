@@ -11,6 +11,7 @@ use solocron_core::{ClaimOutcome, Clock, RunRecord, Store, StoreError, Trigger};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::alerts::{self, AlertRule, Alerts, ALERT_RULES_MAX};
 use crate::backoff::Backoff;
 use crate::engine::{bounded, Engine, Parts};
 use crate::job::Job;
@@ -59,6 +60,14 @@ pub enum BuildError {
         /// What is wrong.
         error: solocron_core::PolicyError,
     },
+    /// An alert rule is incomplete.
+    #[error("alert rule {index}: {error}")]
+    Alert {
+        /// Where the rule is in the order [`SchedulerBuilder::alert`] added it, from 0.
+        index: usize,
+        /// What is wrong.
+        error: String,
+    },
     /// The node id is empty.
     #[error("the node id must not be empty")]
     EmptyNodeId,
@@ -85,9 +94,18 @@ pub struct SchedulerBuilder {
     recovery_interval: Option<Duration>,
     history_retention: Option<Duration>,
     migrate: bool,
+    alerts: Vec<AlertRule>,
 }
 
 impl SchedulerBuilder {
+    /// Adds an alert rule: who is told of which events of which jobs (see [`AlertRule`]).
+    /// Every node of a fleet should have the same rules, in the same order: a rule's
+    /// deliveries are named by its place in the list.
+    pub fn alert(mut self, rule: AlertRule) -> Self {
+        self.alerts.push(rule);
+        self
+    }
+
     /// Whether [`Scheduler::run`] creates or upgrades the store's schema before it starts
     /// (default: yes). Off where the schema is someone else's job (a migration step of a
     /// deployment, a database user without DDL rights): the node then only uses it.
@@ -147,6 +165,15 @@ impl SchedulerBuilder {
         if self.node_id.trim().is_empty() {
             return Err(BuildError::EmptyNodeId);
         }
+        if self.alerts.len() > ALERT_RULES_MAX {
+            return Err(BuildError::Alert {
+                index: ALERT_RULES_MAX,
+                error: format!("more than {ALERT_RULES_MAX} rules"),
+            });
+        }
+        for (index, rule) in self.alerts.iter().enumerate() {
+            rule.check().map_err(|error| BuildError::Alert { index, error })?;
+        }
         let set = JobSet::new(self.jobs, self.history_retention)?;
         let shortest = set.jobs.iter().map(|j| j.policy().lease).min().unwrap_or(RECOVERY_INTERVAL_MAX * 3);
         // A run is seen expired at most a scan interval after the store sees it expired, and
@@ -166,6 +193,7 @@ impl SchedulerBuilder {
                 shutdown_grace: self.shutdown_grace,
                 max_concurrent_runs: self.max_concurrent_runs,
                 recovery_interval,
+                alerts: Alerts::new(self.alerts),
             })),
         })
     }
@@ -208,6 +236,7 @@ impl Scheduler {
             recovery_interval: None,
             history_retention: Some(Duration::from_secs(30 * 86_400)),
             migrate: true,
+            alerts: Vec::new(),
         }
     }
 
@@ -283,6 +312,7 @@ impl Scheduler {
             tokio::spawn(recovery::recovery_loop(e.clone(), shutdown.clone())),
             tokio::spawn(housekeeping::registry_loop(e.clone(), shutdown.clone())),
             tokio::spawn(housekeeping::requests_loop(e.clone(), shutdown.clone())),
+            tokio::spawn(alerts::stale_loop(e.clone(), shutdown.clone())),
         ];
         if let Some(retention) = e.history_retention {
             side.push(tokio::spawn(housekeeping::prune_loop(e.store.clone(), retention, shutdown.clone())));

@@ -1,0 +1,697 @@
+//! Alerts: someone is told when a tick failed for good, timed out, was lost, abandoned or
+//! missed, when a job had no success for too long, and when it is back to success.
+//!
+//! **One alert per event across the fleet.** An alert's delivery is a run of its own: the
+//! tick (`#alert{rule}:{job}`, the instant of the event's tick), claimed in the store like
+//! any tick, so exactly one node wins it however many saw the event. `#` is in no job's
+//! name ([`solocron_core::validate_job_name`]), so a delivery never meets a job. The
+//! delivery then has what every run has: a lease, a fencing token, its end recorded in the
+//! history, failure retries with backoff ([`DELIVERY_RETRY`]) when the receiver fails, and
+//! recovery by another node when the delivering one dies. A webhook gets the run's facts as
+//! headers, and `Idempotency-Key` is the same on every attempt, so a receiver can drop the
+//! one duplicate a delivering node's death can cause.
+//!
+//! **Who raises it.** The node that recorded the event: the end of a run it ran, the drop
+//! of a retry or an abandon in its recovery scan, a missed tick it recorded skipped. The
+//! delivery reads the event back from the store (the tick's newest record), so any node can
+//! deliver or retry it. Stale jobs (no success for `stale_after`) are checked by every node
+//! for the jobs it runs; the alert's instant is the last success's tick plus `stale_after`
+//! (its millisecond set to 999, an instant no scheduled tick has), one per silence.
+//!
+//! **Bounded.** At most [`AlertRule::max_per_hour`] deliveries per rule and job for events
+//! of the last hour; past it the event's alert is recorded `skipped` ("rate limited"), not
+//! sent. At most [`RAISING_MAX`] events are being claimed at once on a node.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, SecondsFormat, Utc};
+use solocron_core::{
+    ClaimMode, ClaimOutcome, HistoryQuery, JobPolicy, OnCrash, RetryPolicy, RunId, RunRecord, RunState, Store,
+    StoreError, Tick, Trigger, JOB_NAME_CHARS_MAX,
+};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::engine::Engine;
+use crate::job::{Handler, Job, Outcome, RunContext};
+use crate::{Command, HttpJob};
+
+/// What an alert is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AlertEvent {
+    /// A run failed and no attempt follows (none asked for, its attempts spent, or the next
+    /// one dropped).
+    Failed,
+    /// A run ran past its timeout and no attempt follows.
+    TimedOut,
+    /// A run's node lost its lease (the store unreachable or the lease taken away).
+    Lost,
+    /// A run was ended without running to its end: its node vanished and `on_crash` gave
+    /// up, a failure retry was dropped, or an operator unlocked it.
+    Abandoned,
+    /// A tick was missed (nobody could run it in time) and recorded skipped by its misfire
+    /// policy.
+    Missed,
+    /// A job had no success for longer than the rule's `stale_after`.
+    Stale,
+    /// A run succeeded after the job's previous tick ended in failure (failed, timed out,
+    /// lost or abandoned).
+    Recovered,
+}
+
+impl AlertEvent {
+    /// Every event, in the order documented.
+    pub const ALL: [AlertEvent; 7] = [
+        AlertEvent::Failed,
+        AlertEvent::TimedOut,
+        AlertEvent::Lost,
+        AlertEvent::Abandoned,
+        AlertEvent::Missed,
+        AlertEvent::Stale,
+        AlertEvent::Recovered,
+    ];
+
+    /// The name used in configurations and alert bodies.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertEvent::Failed => "failed",
+            AlertEvent::TimedOut => "timed_out",
+            AlertEvent::Lost => "lost",
+            AlertEvent::Abandoned => "abandoned",
+            AlertEvent::Missed => "missed",
+            AlertEvent::Stale => "stale",
+            AlertEvent::Recovered => "recovered",
+        }
+    }
+
+    /// The event a run's end is, if any: the last attempt's state.
+    fn of_end(state: RunState) -> Option<AlertEvent> {
+        match state {
+            RunState::Failed => Some(AlertEvent::Failed),
+            RunState::TimedOut => Some(AlertEvent::TimedOut),
+            RunState::Lost => Some(AlertEvent::Lost),
+            RunState::Abandoned => Some(AlertEvent::Abandoned),
+            RunState::Skipped => Some(AlertEvent::Missed),
+            RunState::Succeeded => Some(AlertEvent::Recovered),
+            RunState::Running | RunState::Waiting | RunState::Interrupted => None,
+        }
+    }
+}
+
+impl fmt::Display for AlertEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for AlertEvent {
+    type Err = String;
+
+    /// ```
+    /// use solocron::AlertEvent;
+    /// assert_eq!("timed_out".parse::<AlertEvent>(), Ok(AlertEvent::TimedOut));
+    /// assert!("faild".parse::<AlertEvent>().unwrap_err().contains("failed"));
+    /// ```
+    fn from_str(s: &str) -> Result<AlertEvent, String> {
+        AlertEvent::ALL.into_iter().find(|e| e.as_str() == s).ok_or_else(|| {
+            let valid: Vec<&str> = AlertEvent::ALL.iter().map(|e| e.as_str()).collect();
+            format!("unknown alert event `{s}`; expected one of: {}", valid.join(", "))
+        })
+    }
+}
+
+/// Where an alert goes.
+#[derive(Debug, Clone)]
+pub enum AlertTarget {
+    /// A request (usually a `POST`) whose body is the alert as JSON, with a Slack-compatible
+    /// `text` field; its method, headers, timeout and expected statuses are the request's.
+    Webhook(Box<HttpJob>),
+    /// A process, with the alert in its environment: `SOLOCRON_ALERT` (the JSON body),
+    /// `SOLOCRON_ALERT_EVENT`, `SOLOCRON_ALERT_JOB` and `SOLOCRON_ALERT_TEXT`.
+    Command(Command),
+}
+
+/// Deliveries per rule and job, for events of the last hour, unless a rule says.
+pub const ALERTS_PER_HOUR_DEFAULT: u32 = 10;
+/// Most rules a scheduler takes (a rule's number is part of its deliveries' names).
+pub const ALERT_RULES_MAX: usize = 100;
+/// Most events being claimed at once on one node; past it an event is logged, not alerted.
+pub const RAISING_MAX: usize = 1_000;
+
+/// Attempts of a delivery (the first included), and their waits: 2 s doubling up to 5
+/// minutes, so a receiver down for about a quarter of an hour still gets the alert.
+pub const DELIVERY_RETRY: RetryPolicy =
+    RetryPolicy { attempts: 10, backoff: Duration::from_secs(2), max_backoff: Duration::from_secs(300), jitter: true };
+/// A delivery's lease.
+const DELIVERY_LEASE: Duration = Duration::from_secs(30);
+/// The longest one delivery attempt may take (a webhook's own `timeout` is usually shorter).
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often each node checks its jobs for staleness.
+const STALE_CHECK_EVERY: Duration = Duration::from_secs(10);
+/// Most jobs one stale check reads (one history read each).
+const STALE_JOBS_PER_CHECK_MAX: usize = 1_000;
+/// Most tries to claim one event's alert while the store does not answer.
+const CLAIM_TRIES_MAX: u32 = 5;
+/// Most bytes of a run's output an alert carries.
+const ALERT_OUTPUT_BYTES_MAX: usize = 1024;
+
+/// Who hears about which events of which jobs.
+///
+/// ```
+/// use solocron::{AlertEvent, AlertRule, AlertTarget, HttpJob};
+/// let hook = HttpJob::new("https://hooks.example.com/solocron")?;
+/// let rule = AlertRule::new(AlertTarget::Webhook(Box::new(hook)))
+///     .on([AlertEvent::Failed, AlertEvent::Stale])
+///     .jobs(["backup"])
+///     .stale_after(std::time::Duration::from_secs(3600));
+/// # let _ = rule;
+/// # Ok::<(), solocron::HttpJobError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct AlertRule {
+    target: AlertTarget,
+    events: Vec<AlertEvent>,
+    jobs: Option<Vec<String>>,
+    stale_after: Option<Duration>,
+    max_per_hour: u32,
+}
+
+impl AlertRule {
+    /// A rule sending to `target`, for no event yet (see [`AlertRule::on`]), about every job
+    /// of the scheduler.
+    pub fn new(target: AlertTarget) -> AlertRule {
+        AlertRule { target, events: Vec::new(), jobs: None, stale_after: None, max_per_hour: ALERTS_PER_HOUR_DEFAULT }
+    }
+
+    /// The events alerted.
+    pub fn on(mut self, events: impl IntoIterator<Item = AlertEvent>) -> AlertRule {
+        self.events = events.into_iter().collect();
+        self.events.dedup();
+        self
+    }
+
+    /// Only these jobs (by default, every job).
+    pub fn jobs<S: Into<String>>(mut self, jobs: impl IntoIterator<Item = S>) -> AlertRule {
+        self.jobs = Some(jobs.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// How long without a success makes a job stale ([`AlertEvent::Stale`] needs it).
+    pub fn stale_after(mut self, after: Duration) -> AlertRule {
+        self.stale_after = Some(after);
+        self
+    }
+
+    /// Most deliveries per job for events of the last hour (default
+    /// [`ALERTS_PER_HOUR_DEFAULT`]); past it an event's alert is recorded skipped.
+    pub fn max_per_hour(mut self, n: u32) -> AlertRule {
+        self.max_per_hour = n;
+        self
+    }
+
+    /// What is wrong with this rule, if anything.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if self.events.is_empty() {
+            return Err("alerts on no event: name at least one".into());
+        }
+        if self.events.contains(&AlertEvent::Stale) && self.stale_after.is_none_or(|d| d < Duration::from_secs(1)) {
+            return Err("alerts on `stale` but has no `stale_after` of at least 1s".into());
+        }
+        if self.max_per_hour == 0 {
+            return Err("max_per_hour is 0: it would send nothing".into());
+        }
+        Ok(())
+    }
+
+    fn wants(&self, event: AlertEvent, job: &str) -> bool {
+        self.events.contains(&event) && self.covers(job)
+    }
+
+    fn covers(&self, job: &str) -> bool {
+        self.jobs.as_ref().is_none_or(|jobs| jobs.iter().any(|j| j == job))
+    }
+}
+
+/// The node's rules and what it keeps to apply them.
+#[derive(Default)]
+pub(crate) struct Alerts {
+    rules: Vec<Arc<AlertRule>>,
+    /// Deliveries built, by name (a delivery's job is the same for every event).
+    deliveries: Mutex<HashMap<String, Arc<Job>>>,
+    /// Events being claimed now ([`RAISING_MAX`]).
+    raising: AtomicUsize,
+    /// The last success each (rule, job) was alerted stale after, so a check does not ask
+    /// the store again for the same silence.
+    stale_alerted: Mutex<HashMap<(usize, String), DateTime<Utc>>>,
+}
+
+/// Most deliveries kept built; past it the map starts again (they are cheap to rebuild).
+const DELIVERIES_KEPT_MAX: usize = 10_000;
+
+impl Alerts {
+    pub(crate) fn new(rules: Vec<AlertRule>) -> Alerts {
+        assert!(rules.len() <= ALERT_RULES_MAX);
+        Alerts { rules: rules.into_iter().map(Arc::new).collect(), ..Alerts::default() }
+    }
+
+    pub(crate) fn wants_stale(&self) -> bool {
+        self.rules.iter().any(|r| r.events.contains(&AlertEvent::Stale))
+    }
+
+    /// The delivery job named `name`, if it is one of this node's rules' (a recovery scan
+    /// meets deliveries like any run).
+    pub(crate) fn delivery(&self, e: &Engine, name: &str) -> Option<Arc<Job>> {
+        let (index, rest) = parse_delivery_name(name)?;
+        let rule = self.rules.get(index)?;
+        if let Some(job) = self.deliveries.lock().expect("deliveries lock").get(name) {
+            return Some(job.clone());
+        }
+        let job = if is_shortened(index, rest) {
+            let jobs = e.jobs.get();
+            jobs.jobs.iter().map(|j| j.name().to_owned()).find(|j| delivery_name(index, j) == name)?
+        } else {
+            rest.to_owned()
+        };
+        if !rule.covers(&job) {
+            return None;
+        }
+        let handler = Delivery { rule: rule.clone(), job, store: e.store.clone() };
+        let built = Arc::new(Job::delivery(name.to_owned(), delivery_policy(), handler));
+        let mut deliveries = self.deliveries.lock().expect("deliveries lock");
+        if deliveries.len() >= DELIVERIES_KEPT_MAX {
+            deliveries.clear();
+        }
+        deliveries.insert(name.to_owned(), built.clone());
+        Some(built)
+    }
+}
+
+/// A delivery's policy: retried by [`DELIVERY_RETRY`] when the receiver fails, and again
+/// when the delivering node dies.
+fn delivery_policy() -> JobPolicy {
+    JobPolicy {
+        lease: DELIVERY_LEASE,
+        timeout: Some(DELIVERY_TIMEOUT),
+        on_crash: OnCrash::Retry,
+        max_attempts: DELIVERY_RETRY.attempts,
+        retry: Some(DELIVERY_RETRY),
+        ..JobPolicy::default()
+    }
+}
+
+/// The name of the deliveries of `rule` (its index) about `job`: `#alert{rule}:{job}`,
+/// within [`JOB_NAME_CHARS_MAX`] (a long job name is cut and a digest of it added).
+pub(crate) fn delivery_name(rule: usize, job: &str) -> String {
+    let prefix = format!("#alert{rule}:");
+    let room = JOB_NAME_CHARS_MAX - prefix.len();
+    if job.chars().count() <= room {
+        return format!("{prefix}{job}");
+    }
+    use sha2::Digest as _;
+    let digest: String = sha2::Sha256::digest(job.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let kept: String = job.chars().take(room - 17).collect();
+    format!("{prefix}{kept}~{digest}")
+}
+
+/// The rule's index and the rest of a delivery's name; `None` for any other name.
+fn parse_delivery_name(name: &str) -> Option<(usize, &str)> {
+    let (index, rest) = name.strip_prefix("#alert")?.split_once(':')?;
+    Some((index.parse().ok()?, rest))
+}
+
+/// Whether `rest` (of rule `index`'s delivery name) is a cut name with a digest.
+fn is_shortened(index: usize, rest: &str) -> bool {
+    let room = JOB_NAME_CHARS_MAX - format!("#alert{index}:").len();
+    rest.chars().count() == room && rest.chars().rev().nth(16) == Some('~')
+}
+
+/// A run of `job` ended here in `state` and no attempt of its tick follows: its event, if
+/// any rule wants it. A success is an event only after a failure, which is read first.
+pub(crate) fn run_ended(e: &Arc<Engine>, run: &RunId, state: RunState) {
+    let job = &run.tick.job;
+    let Some(event) = AlertEvent::of_end(state).filter(|_| !job.starts_with('#')) else { return };
+    if event == AlertEvent::Recovered {
+        if e.alerts.rules.iter().any(|r| r.wants(event, job)) {
+            let (e2, tick) = (e.clone(), run.tick.clone());
+            spawn_bounded(e, async move {
+                if previous_tick_failed(&e2, &tick).await {
+                    raise(&e2, &tick.job, tick.scheduled_at, event);
+                }
+            });
+        }
+        return;
+    }
+    raise(e, job, run.tick.scheduled_at, event);
+}
+
+/// Whether the newest tick of `tick`'s job before it ended in a failure.
+async fn previous_tick_failed(e: &Engine, tick: &Tick) -> bool {
+    let query =
+        HistoryQuery { job: Some(tick.job.clone()), until: Some(tick.scheduled_at), limit: 10, ..Default::default() };
+    let Ok(records) = e.store.history(&query).await else { return false };
+    let Some(newest) = records.iter().map(|r| r.id.tick.scheduled_at).max() else { return false };
+    let last = records.iter().filter(|r| r.id.tick.scheduled_at == newest).max_by_key(|r| r.id.attempt);
+    last.is_some_and(|r| {
+        matches!(r.state, RunState::Failed | RunState::TimedOut | RunState::Lost | RunState::Abandoned)
+    })
+}
+
+/// Alerts `event` of `job`'s tick at `at` for every rule that wants it: each claims its
+/// delivery, and the node that wins it delivers.
+pub(crate) fn raise(e: &Arc<Engine>, job: &str, at: DateTime<Utc>, event: AlertEvent) {
+    for (index, rule) in e.alerts.rules.iter().enumerate() {
+        if rule.wants(event, job) {
+            let (e2, job) = (e.clone(), job.to_owned());
+            spawn_bounded(e, async move { claim(&e2, index, &job, at, event).await });
+        }
+    }
+}
+
+/// Spawns `work` unless [`RAISING_MAX`] are under way.
+fn spawn_bounded(e: &Arc<Engine>, work: impl std::future::Future<Output = ()> + Send + 'static) {
+    let raising = &e.alerts.raising;
+    if raising.fetch_add(1, Ordering::Relaxed) >= RAISING_MAX {
+        raising.fetch_sub(1, Ordering::Relaxed);
+        tracing::error!("too many alerts being raised at once; this one is not sent");
+        return;
+    }
+    let e = e.clone();
+    e.tracker.clone().spawn(async move {
+        work.await;
+        e.alerts.raising.fetch_sub(1, Ordering::Relaxed);
+    });
+}
+
+/// Claims the delivery of rule `index` for `job`'s event at `at` (recorded skipped when the
+/// rule's rate is spent), and starts it if this node won it.
+async fn claim(e: &Arc<Engine>, index: usize, job: &str, at: DateTime<Utc>, event: AlertEvent) {
+    let name = delivery_name(index, job);
+    let Some(delivery) = e.alerts.delivery(e, &name) else { return };
+    let rule = &e.alerts.rules[index];
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    for _ in 0..CLAIM_TRIES_MAX {
+        let mode = match sent_last_hour(e, &name, rule.max_per_hour).await {
+            Ok(sent) if sent >= rule.max_per_hour as usize => ClaimMode::Skip {
+                reason: format!(
+                    "rate limited: {sent} alerts about job {job} in the last hour (max_per_hour = {})",
+                    rule.max_per_hour
+                ),
+            },
+            Ok(_) => ClaimMode::Run { skip_if_running: false },
+            Err(err) => {
+                tracing::warn!(job, %event, error = %err, "cannot read recent alerts; retrying");
+                backoff.wait().await;
+                continue;
+            }
+        };
+        let request = e.request(&delivery, Tick::new(name.clone(), at), Trigger::Manual, mode);
+        let sent = Instant::now();
+        match e.claim(std::slice::from_ref(&request)).await.map(|mut o| o.pop()) {
+            Ok(Some(ClaimOutcome::Won(lease))) => {
+                tracing::info!(job, %event, scheduled_at = %at, run = %lease.run, "alert claimed here; delivering");
+                e.start(e.claimed(delivery, lease, Trigger::Manual, sent, Instant::now()), e.interrupt.clone());
+                return;
+            }
+            Ok(Some(ClaimOutcome::Skipped { reason })) => {
+                tracing::warn!(job, %event, scheduled_at = %at, reason, "alert not sent");
+                return;
+            }
+            Ok(_) => return,
+            Err(err) => tracing::warn!(job, %event, error = %err, "cannot claim an alert; retrying"),
+        }
+        backoff.wait().await;
+    }
+    tracing::error!(job, %event, scheduled_at = %at, "alert not claimed: the store did not answer");
+}
+
+/// How many deliveries named `name` were made (not skipped) for events of the last hour,
+/// counting up to `max`.
+async fn sent_last_hour(e: &Engine, name: &str, max: u32) -> Result<usize, StoreError> {
+    let since = e.now() - chrono::Duration::hours(1);
+    // Every attempt is a record; a delivery retried 10 times is still one alert.
+    let query = HistoryQuery {
+        job: Some(name.to_owned()),
+        since: Some(since),
+        limit: (max as usize + 1) * DELIVERY_RETRY.attempts as usize,
+        ..Default::default()
+    };
+    let records = e.store.history(&query).await?;
+    let mut ticks: Vec<DateTime<Utc>> =
+        records.iter().filter(|r| r.state != RunState::Skipped).map(|r| r.id.tick.scheduled_at).collect();
+    ticks.dedup();
+    Ok(ticks.len())
+}
+
+/// Checks, every [`STALE_CHECK_EVERY`] until `shutdown`, each job of this node that a rule
+/// watches for staleness, and raises the alert of a silence once.
+pub(crate) async fn stale_loop(e: Arc<Engine>, shutdown: CancellationToken) {
+    if !e.alerts.wants_stale() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(STALE_CHECK_EVERY) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        let now = e.now();
+        let jobs: Vec<String> = e.jobs.get().jobs.iter().map(|j| j.name().to_owned()).collect();
+        let mut read = 0;
+        for (index, rule) in e.alerts.rules.iter().enumerate() {
+            let Some(after) = rule.stale_after.filter(|_| rule.events.contains(&AlertEvent::Stale)) else { continue };
+            for job in jobs.iter().filter(|j| rule.covers(j)) {
+                if read >= STALE_JOBS_PER_CHECK_MAX || shutdown.is_cancelled() {
+                    break;
+                }
+                read += 1;
+                if let Some(at) = stale_instant(&e, index, job, after, now).await {
+                    raise_one(&e, index, job, at);
+                }
+            }
+        }
+    }
+}
+
+/// The stale alert's instant for `job` under rule `index`, if it has been silent for
+/// `after` and that silence was not alerted from here yet. A job that never succeeded has
+/// no silence to measure (its failures alert on their own).
+async fn stale_instant(
+    e: &Engine,
+    index: usize,
+    job: &str,
+    after: Duration,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let query =
+        HistoryQuery { job: Some(job.to_owned()), state: Some(RunState::Succeeded), limit: 1, ..Default::default() };
+    let last = e.store.history(&query).await.ok()?.into_iter().next()?.id.tick.scheduled_at;
+    let after = chrono::Duration::from_std(after).ok()?;
+    if now - last <= after {
+        return None;
+    }
+    let mut alerted = e.alerts.stale_alerted.lock().expect("stale lock");
+    if alerted.get(&(index, job.to_owned())) == Some(&last) {
+        return None;
+    }
+    alerted.insert((index, job.to_owned()), last);
+    let at = last + after;
+    Some(at - chrono::Duration::milliseconds(at.timestamp_subsec_millis().into()) + chrono::Duration::milliseconds(999))
+}
+
+/// Raises the stale alert of rule `index` only.
+fn raise_one(e: &Arc<Engine>, index: usize, job: &str, at: DateTime<Utc>) {
+    let (e2, job) = (e.clone(), job.to_owned());
+    spawn_bounded(e, async move { claim(&e2, index, &job, at, AlertEvent::Stale).await });
+}
+
+/// One delivery: reads the event back from the store, then sends it to the rule's target.
+struct Delivery {
+    rule: Arc<AlertRule>,
+    /// The job the alert is about.
+    job: String,
+    store: Arc<dyn Store>,
+}
+
+#[async_trait]
+impl Handler for Delivery {
+    async fn run(&self, ctx: RunContext) -> Outcome {
+        let alert = match self.read_event(ctx.scheduled_at).await {
+            Ok(alert) => alert,
+            Err(err) => {
+                return Outcome { output: format!("cannot read the event from the store: {err}"), ..Outcome::default() }
+            }
+        };
+        let body = alert.body(&ctx);
+        let outcome = match &self.rule.target {
+            AlertTarget::Webhook(request) => {
+                let mut request = HttpJob::clone(request);
+                if !request.has_timeout() {
+                    request = request.timeout(DELIVERY_TIMEOUT / 2);
+                }
+                request.with_json(body.to_string().into_bytes()).run(ctx).await
+            }
+            AlertTarget::Command(command) => {
+                let command = command
+                    .clone()
+                    .env("SOLOCRON_ALERT", body.to_string())
+                    .env("SOLOCRON_ALERT_EVENT", alert.event.as_str())
+                    .env("SOLOCRON_ALERT_JOB", &self.job)
+                    .env("SOLOCRON_ALERT_TEXT", &alert.text);
+                command.run(ctx).await
+            }
+        };
+        let reason = Some(format!("{} alert about {}", alert.event, alert.about));
+        Outcome { reason: outcome.reason.or(reason), ..outcome }
+    }
+}
+
+/// An event as read back from the store.
+struct Alert {
+    event: AlertEvent,
+    /// The run (or the job, for a stale one) it is about.
+    about: String,
+    text: String,
+    run: Option<RunRecord>,
+}
+
+impl Delivery {
+    /// The event at `at`: the tick's newest record; none for a stale alert.
+    async fn read_event(&self, at: DateTime<Utc>) -> Result<Alert, StoreError> {
+        let query = HistoryQuery {
+            job: Some(self.job.clone()),
+            since: Some(at),
+            until: Some(at + chrono::Duration::milliseconds(1)),
+            limit: 100,
+            ..Default::default()
+        };
+        let newest = self.store.history(&query).await?.into_iter().max_by_key(|r| r.id.attempt);
+        let Some(run) = newest else {
+            let silent = self.rule.stale_after.map_or("a while".into(), solocron_core::format_duration);
+            return Ok(Alert {
+                event: AlertEvent::Stale,
+                about: format!("job {}", self.job),
+                text: format!("solocron: job {} has had no success for {silent}", self.job),
+                run: None,
+            });
+        };
+        let event = AlertEvent::of_end(run.state)
+            .ok_or_else(|| StoreError::Invalid(format!("run {} is {}, which no alert is about", run.id, run.state)))?;
+        let why = run.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+        let text = match event {
+            AlertEvent::Recovered => {
+                format!("solocron: job {} succeeded again (run {} on {})", self.job, run.id, run.node)
+            }
+            _ => format!("solocron: job {} {} (run {} on {}){why}", self.job, words(event), run.id, run.node),
+        };
+        Ok(Alert { event, about: format!("run {}", run.id), text, run: Some(run) })
+    }
+}
+
+/// How an event reads in an alert's text.
+fn words(event: AlertEvent) -> &'static str {
+    match event {
+        AlertEvent::Failed => "failed",
+        AlertEvent::TimedOut => "timed out",
+        AlertEvent::Lost => "was lost",
+        AlertEvent::Abandoned => "was abandoned",
+        AlertEvent::Missed => "missed a tick",
+        AlertEvent::Stale => "is stale",
+        AlertEvent::Recovered => "recovered",
+    }
+}
+
+impl Alert {
+    /// The JSON body: the event, a Slack-compatible `text`, the run, and the delivery.
+    fn body(&self, ctx: &RunContext) -> serde_json::Value {
+        let time = |t: Option<DateTime<Utc>>| t.map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true));
+        let run = self.run.as_ref().map(|r| {
+            let output = solocron_core::output_tail(&r.output);
+            let cut = output.len().saturating_sub(ALERT_OUTPUT_BYTES_MAX);
+            let cut = (cut..=output.len()).find(|&i| output.is_char_boundary(i)).unwrap_or(output.len());
+            serde_json::json!({
+                "id": r.id.to_string(),
+                "job": r.id.tick.job,
+                "scheduled_at": time(Some(r.id.tick.scheduled_at)),
+                "attempt": r.id.attempt,
+                "trigger": r.trigger.as_str(),
+                "state": r.state.as_str(),
+                "reason": r.reason,
+                "node": r.node,
+                "fencing_token": r.fencing_token,
+                "started_at": time(r.started_at),
+                "finished_at": time(r.finished_at),
+                "exit_code": r.exit_code,
+                "output_tail": &output[cut..],
+            })
+        });
+        serde_json::json!({
+            "event": self.event.as_str(),
+            "job": run_job(self, ctx),
+            "text": self.text,
+            "run": run,
+            "alert": { "id": ctx.run_id, "attempt": ctx.attempt, "node": ctx.node_id },
+        })
+    }
+}
+
+/// The job an alert is about.
+fn run_job(alert: &Alert, ctx: &RunContext) -> String {
+    match &alert.run {
+        Some(r) => r.id.tick.job.clone(),
+        None => alert.about.strip_prefix("job ").unwrap_or(&ctx.job).to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delivery_names_fit_every_store_and_read_back() {
+        assert_eq!(delivery_name(3, "backup"), "#alert3:backup");
+        assert_eq!(parse_delivery_name("#alert3:backup"), Some((3, "backup")));
+        assert_eq!(parse_delivery_name("backup"), None);
+        let long = "x".repeat(JOB_NAME_CHARS_MAX);
+        let name = delivery_name(42, &long);
+        assert_eq!(name.chars().count(), JOB_NAME_CHARS_MAX, "{name}");
+        let (index, rest) = parse_delivery_name(&name).unwrap();
+        assert!(index == 42 && is_shortened(index, rest));
+        assert_ne!(
+            name,
+            delivery_name(42, &format!("{}y", "x".repeat(JOB_NAME_CHARS_MAX - 1))),
+            "the digest tells them apart"
+        );
+        assert!(!is_shortened(3, "backup"));
+    }
+
+    #[test]
+    fn a_rule_is_checked_and_covers_its_jobs_only() {
+        let target = AlertTarget::Command(Command::new(["/bin/true"]).unwrap());
+        let rule = AlertRule::new(target.clone()).on([AlertEvent::Failed]).jobs(["a"]);
+        assert!(rule.check().is_ok());
+        assert!(rule.wants(AlertEvent::Failed, "a") && !rule.wants(AlertEvent::Failed, "b"));
+        assert!(!rule.wants(AlertEvent::Lost, "a"));
+        assert!(AlertRule::new(target.clone()).check().unwrap_err().contains("no event"));
+        let stale = AlertRule::new(target.clone()).on([AlertEvent::Stale]);
+        assert!(stale.check().unwrap_err().contains("stale_after"));
+        assert!(stale.stale_after(Duration::from_secs(60)).check().is_ok());
+        let none = AlertRule::new(target).on([AlertEvent::Failed]).max_per_hour(0);
+        assert!(none.check().unwrap_err().contains("max_per_hour"));
+    }
+
+    #[test]
+    fn a_runs_last_state_is_its_event() {
+        assert_eq!(AlertEvent::of_end(RunState::TimedOut), Some(AlertEvent::TimedOut));
+        assert_eq!(AlertEvent::of_end(RunState::Skipped), Some(AlertEvent::Missed));
+        assert_eq!(AlertEvent::of_end(RunState::Interrupted), None);
+        for e in AlertEvent::ALL {
+            assert_eq!(e.as_str().parse::<AlertEvent>(), Ok(e));
+        }
+    }
+}
