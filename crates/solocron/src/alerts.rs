@@ -247,6 +247,10 @@ pub(crate) struct Alerts {
     deliveries: Mutex<HashMap<String, Arc<Job>>>,
     /// Events being claimed now ([`RAISING_MAX`]).
     raising: AtomicUsize,
+    /// Held from counting a rule's recent deliveries to claiming the next: events raised
+    /// together (a herd of missed ticks) are counted one after another, so the rate holds
+    /// on a node (across nodes it may be passed by a claim or two racing).
+    claiming: tokio::sync::Mutex<()>,
     /// The last success each (rule, job) was alerted stale after, so a check does not ask
     /// the store again for the same silence.
     stale_alerted: Mutex<HashMap<(usize, String), DateTime<Utc>>>,
@@ -397,6 +401,7 @@ async fn claim(e: &Arc<Engine>, index: usize, job: &str, at: DateTime<Utc>, even
     let rule = &e.alerts.rules[index];
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     for _ in 0..CLAIM_TRIES_MAX {
+        let one_at_a_time = e.alerts.claiming.lock().await;
         let mode = match sent_last_hour(e, &name, rule.max_per_hour).await {
             Ok(sent) if sent >= rule.max_per_hour as usize => ClaimMode::Skip {
                 reason: format!(
@@ -407,13 +412,16 @@ async fn claim(e: &Arc<Engine>, index: usize, job: &str, at: DateTime<Utc>, even
             Ok(_) => ClaimMode::Run { skip_if_running: false },
             Err(err) => {
                 tracing::warn!(job, %event, error = %err, "cannot read recent alerts; retrying");
+                drop(one_at_a_time);
                 backoff.wait().await;
                 continue;
             }
         };
         let request = e.request(&delivery, Tick::new(name.clone(), at), Trigger::Manual, mode);
         let sent = Instant::now();
-        match e.claim(std::slice::from_ref(&request)).await.map(|mut o| o.pop()) {
+        let answer = e.claim(std::slice::from_ref(&request)).await.map(|mut o| o.pop());
+        drop(one_at_a_time);
+        match answer {
             Ok(Some(ClaimOutcome::Won(lease))) => {
                 tracing::info!(job, %event, scheduled_at = %at, run = %lease.run, "alert claimed here; delivering");
                 e.start(e.claimed(delivery, lease, Trigger::Manual, sent, Instant::now()), e.interrupt.clone());
