@@ -250,7 +250,7 @@ impl Reloads {
                 Ok(changes) => tracing::info!(
                     file = %self.path.display(), added = changes.added.len(), changed = changes.changed.len(),
                     removed = changes.removed.len(), "configuration reloaded: its [[jobs]] apply from their next tick \
-                    (changes to [store], [node] and [http] apply at the next start)"
+                    (changes to [store], [node], [http] and [[alerts]] apply at the next start)"
                 ),
                 Err(Failure(_, why)) => tracing::error!(
                     file = %self.path.display(), error = %why,

@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::engine::Engine;
+use crate::engine::{bounded, Engine};
 use crate::job::{Handler, Job, Outcome, RunContext};
 use crate::{Command, HttpJob};
 
@@ -54,7 +54,8 @@ pub enum AlertEvent {
     /// A run's node lost its lease (the store unreachable or the lease taken away).
     Lost,
     /// A run was ended without running to its end: its node vanished and `on_crash` gave
-    /// up, a failure retry was dropped, or an operator unlocked it.
+    /// up, or a failure retry was dropped. (An operator's `unlock` is in the history and
+    /// the audit of actions; it is not alerted.)
     Abandoned,
     /// A tick was missed (nobody could run it in time) and recorded skipped by its misfire
     /// policy.
@@ -149,6 +150,8 @@ pub const RAISING_MAX: usize = 1_000;
 /// minutes, so a receiver down for about a quarter of an hour still gets the alert.
 pub const DELIVERY_RETRY: RetryPolicy =
     RetryPolicy { attempts: 10, backoff: Duration::from_secs(2), max_backoff: Duration::from_secs(300), jitter: true };
+/// How long after its node's shutdown an interrupted delivery may be taken by another node.
+pub(crate) const INTERRUPTED_DELIVERY_WAIT: Duration = Duration::from_secs(1);
 /// A delivery's lease.
 const DELIVERY_LEASE: Duration = Duration::from_secs(30);
 /// The longest one delivery attempt may take (a webhook's own `timeout` is usually shorter).
@@ -273,26 +276,29 @@ impl Alerts {
     /// meets deliveries like any run).
     pub(crate) fn delivery(&self, e: &Engine, name: &str) -> Option<Arc<Job>> {
         let (index, rest) = parse_delivery_name(name)?;
-        let rule = self.rules.get(index)?;
-        if let Some(job) = self.deliveries.lock().expect("deliveries lock").get(name) {
-            return Some(job.clone());
-        }
         let job = if is_shortened(index, rest) {
             let jobs = e.jobs.get();
             jobs.jobs.iter().map(|j| j.name().to_owned()).find(|j| delivery_name(index, j) == name)?
         } else {
             rest.to_owned()
         };
-        if !rule.covers(&job) {
-            return None;
+        self.delivery_for(e, index, &job)
+    }
+
+    /// The delivery of rule `index`'s alerts about `job`, if that rule covers it.
+    fn delivery_for(&self, e: &Engine, index: usize, job: &str) -> Option<Arc<Job>> {
+        let name = delivery_name(index, job);
+        if let Some(built) = self.deliveries.lock().expect("deliveries lock").get(&name) {
+            return Some(built.clone());
         }
-        let handler = Delivery { rule: rule.clone(), job, store: e.store.clone() };
-        let built = Arc::new(Job::delivery(name.to_owned(), delivery_policy(), handler));
+        let rule = self.rules.get(index).filter(|r| r.covers(job))?;
+        let handler = Delivery { rule: rule.clone(), job: job.to_owned(), store: e.store.clone() };
+        let built = Arc::new(Job::delivery(name.clone(), delivery_policy(), handler));
         let mut deliveries = self.deliveries.lock().expect("deliveries lock");
         if deliveries.len() >= DELIVERIES_KEPT_MAX {
             deliveries.clear();
         }
-        deliveries.insert(name.to_owned(), built.clone());
+        deliveries.insert(name, built.clone());
         Some(built)
     }
 }
@@ -322,6 +328,11 @@ pub(crate) fn delivery_name(rule: usize, job: &str) -> String {
     let digest: String = sha2::Sha256::digest(job.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect();
     let kept: String = job.chars().take(room - 17).collect();
     format!("{prefix}{kept}~{digest}")
+}
+
+/// Whether `name` is an alert delivery's (no job's name starts with `#`).
+pub(crate) fn is_delivery_name(name: &str) -> bool {
+    parse_delivery_name(name).is_some()
 }
 
 /// The rule's index and the rest of a delivery's name; `None` for any other name.
@@ -355,15 +366,25 @@ pub(crate) fn run_ended(e: &Arc<Engine>, run: &RunId, state: RunState) {
     raise(e, job, run.tick.scheduled_at, event);
 }
 
-/// Whether the newest tick of `tick`'s job before it ended in a failure.
+/// Whether the newest tick of `tick`'s job before it ended in a failure (or waits for a
+/// failure retry, which is dropped now that this tick came).
 async fn previous_tick_failed(e: &Engine, tick: &Tick) -> bool {
     let query =
         HistoryQuery { job: Some(tick.job.clone()), until: Some(tick.scheduled_at), limit: 10, ..Default::default() };
-    let Ok(records) = e.store.history(&query).await else { return false };
+    let records = match bounded(e.store.history(&query)).await {
+        Ok(records) => records,
+        Err(err) => {
+            tracing::warn!(job = %tick.job, error = %err, "cannot read the previous tick; no `recovered` alert");
+            return false;
+        }
+    };
     let Some(newest) = records.iter().map(|r| r.id.tick.scheduled_at).max() else { return false };
     let last = records.iter().filter(|r| r.id.tick.scheduled_at == newest).max_by_key(|r| r.id.attempt);
     last.is_some_and(|r| {
-        matches!(r.state, RunState::Failed | RunState::TimedOut | RunState::Lost | RunState::Abandoned)
+        matches!(
+            r.state,
+            RunState::Failed | RunState::TimedOut | RunState::Lost | RunState::Abandoned | RunState::Waiting
+        )
     })
 }
 
@@ -373,7 +394,9 @@ pub(crate) fn raise(e: &Arc<Engine>, job: &str, at: DateTime<Utc>, event: AlertE
     for (index, rule) in e.alerts.rules.iter().enumerate() {
         if rule.wants(event, job) {
             let (e2, job) = (e.clone(), job.to_owned());
-            spawn_bounded(e, async move { claim(&e2, index, &job, at, event).await });
+            spawn_bounded(e, async move {
+                claim(&e2, index, &job, at, event).await;
+            });
         }
     }
 }
@@ -394,28 +417,32 @@ fn spawn_bounded(e: &Arc<Engine>, work: impl std::future::Future<Output = ()> + 
 }
 
 /// Claims the delivery of rule `index` for `job`'s event at `at` (recorded skipped when the
-/// rule's rate is spent), and starts it if this node won it.
-async fn claim(e: &Arc<Engine>, index: usize, job: &str, at: DateTime<Utc>, event: AlertEvent) {
-    let name = delivery_name(index, job);
-    let Some(delivery) = e.alerts.delivery(e, &name) else { return };
-    let rule = &e.alerts.rules[index];
+/// rule's rate is spent), and starts it if this node won it; true once the store answered.
+async fn claim(e: &Arc<Engine>, index: usize, job: &str, at: DateTime<Utc>, event: AlertEvent) -> bool {
+    let Some(delivery) = e.alerts.delivery_for(e, index, job) else { return false };
+    let name = delivery.name().to_owned();
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    // Decided once: a claim whose answer was lost is asked again as it was, so that the
+    // store grants it again (see `unanswered.rs`).
+    let mut mode = None;
     for _ in 0..CLAIM_TRIES_MAX {
+        if e.interrupt.is_cancelled() {
+            tracing::error!(job, %event, scheduled_at = %at, "alert not sent: the node stopped before claiming it");
+            return false;
+        }
         let one_at_a_time = e.alerts.claiming.lock().await;
-        let mode = match sent_last_hour(e, &name, rule.max_per_hour).await {
-            Ok(sent) if sent >= rule.max_per_hour as usize => ClaimMode::Skip {
-                reason: format!(
-                    "rate limited: {sent} alerts about job {job} in the last hour (max_per_hour = {})",
-                    rule.max_per_hour
-                ),
-            },
-            Ok(_) => ClaimMode::Run { skip_if_running: false },
-            Err(err) => {
-                tracing::warn!(job, %event, error = %err, "cannot read recent alerts; retrying");
-                drop(one_at_a_time);
-                backoff.wait().await;
-                continue;
-            }
+        if mode.is_none() {
+            mode = rate_mode(e, index, job, &name)
+                .await
+                .inspect_err(|err| {
+                    tracing::warn!(job, %event, error = %err, "cannot read recent alerts; retrying");
+                })
+                .ok();
+        }
+        let Some(mode) = mode.clone() else {
+            drop(one_at_a_time);
+            wait_or_stop(e, &mut backoff).await;
+            continue;
         };
         let request = e.request(&delivery, Tick::new(name.clone(), at), Trigger::Manual, mode);
         let sent = Instant::now();
@@ -425,37 +452,56 @@ async fn claim(e: &Arc<Engine>, index: usize, job: &str, at: DateTime<Utc>, even
             Ok(Some(ClaimOutcome::Won(lease))) => {
                 tracing::info!(job, %event, scheduled_at = %at, run = %lease.run, "alert claimed here; delivering");
                 e.start(e.claimed(delivery, lease, Trigger::Manual, sent, Instant::now()), e.interrupt.clone());
-                return;
+                return true;
             }
             Ok(Some(ClaimOutcome::Skipped { reason })) => {
                 tracing::warn!(job, %event, scheduled_at = %at, reason, "alert not sent");
-                return;
+                return true;
             }
-            Ok(_) => return,
+            Ok(_) => return true,
             Err(err) => tracing::warn!(job, %event, error = %err, "cannot claim an alert; retrying"),
         }
-        backoff.wait().await;
+        wait_or_stop(e, &mut backoff).await;
     }
     tracing::error!(job, %event, scheduled_at = %at, "alert not claimed: the store did not answer");
+    false
 }
 
-/// How many deliveries named `name` were made (not skipped) for events of the last hour,
-/// counting up to `max`.
+/// Run the delivery, or record it skipped when rule `index` sent its `max_per_hour` about
+/// `job` already.
+async fn rate_mode(e: &Engine, index: usize, job: &str, name: &str) -> Result<ClaimMode, StoreError> {
+    let max = e.alerts.rules[index].max_per_hour;
+    let sent = sent_last_hour(e, name, max).await?;
+    if sent < max as usize {
+        return Ok(ClaimMode::Run { skip_if_running: false });
+    }
+    let reason = format!("rate limited: {sent} alerts about job {job} in the last hour (max_per_hour = {max})");
+    Ok(ClaimMode::Skip { reason })
+}
+
+/// Waits out `backoff`, or less when the node's grace ends.
+async fn wait_or_stop(e: &Engine, backoff: &mut Backoff) {
+    tokio::select! {
+        _ = backoff.wait() => {}
+        _ = e.interrupt.cancelled() => {}
+    }
+}
+
+/// How many deliveries named `name` were claimed (not skipped) in the last hour by the
+/// store's clock, among the newest [`RATE_RECORDS_READ_MAX`] records (newest by their
+/// events' instants: an old event's delivery may be left out of the count).
 async fn sent_last_hour(e: &Engine, name: &str, max: u32) -> Result<usize, StoreError> {
     let since = e.now() - chrono::Duration::hours(1);
+    let limit = RATE_RECORDS_READ_MAX.max((max as usize + 1) * DELIVERY_RETRY.attempts as usize);
+    let query = HistoryQuery { job: Some(name.to_owned()), limit, ..Default::default() };
+    let records = bounded(e.store.history(&query)).await?;
     // Every attempt is a record; a delivery retried 10 times is still one alert.
-    let query = HistoryQuery {
-        job: Some(name.to_owned()),
-        since: Some(since),
-        limit: (max as usize + 1) * DELIVERY_RETRY.attempts as usize,
-        ..Default::default()
-    };
-    let records = e.store.history(&query).await?;
-    let mut ticks: Vec<DateTime<Utc>> =
-        records.iter().filter(|r| r.state != RunState::Skipped).map(|r| r.id.tick.scheduled_at).collect();
-    ticks.dedup();
-    Ok(ticks.len())
+    let sent = records.iter().filter(|r| r.state != RunState::Skipped && r.id.attempt == 1 && r.claimed_at >= since);
+    Ok(sent.count())
 }
+
+/// Most records of one rule's deliveries about one job read to count its rate.
+const RATE_RECORDS_READ_MAX: usize = 1_000;
 
 /// Checks, every [`STALE_CHECK_EVERY`] until `shutdown`, each job of this node that a rule
 /// watches for staleness, and raises the alert of a silence once.
@@ -463,59 +509,86 @@ pub(crate) async fn stale_loop(e: Arc<Engine>, shutdown: CancellationToken) {
     if !e.alerts.wants_stale() {
         return;
     }
+    let mut first = 0;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(STALE_CHECK_EVERY) => {}
             _ = shutdown.cancelled() => return,
         }
         let now = e.now();
-        let jobs: Vec<String> = e.jobs.get().jobs.iter().map(|j| j.name().to_owned()).collect();
-        let mut read = 0;
-        for (index, rule) in e.alerts.rules.iter().enumerate() {
-            let Some(after) = rule.stale_after.filter(|_| rule.events.contains(&AlertEvent::Stale)) else { continue };
-            for job in jobs.iter().filter(|j| rule.covers(j)) {
-                if read >= STALE_JOBS_PER_CHECK_MAX || shutdown.is_cancelled() {
-                    break;
-                }
-                read += 1;
-                if let Some(at) = stale_instant(&e, index, job, after, now).await {
-                    raise_one(&e, index, job, at);
-                }
+        let watched = stale_watched(&e);
+        // A check reads at most STALE_JOBS_PER_CHECK_MAX jobs, each check starting where the
+        // last one stopped.
+        let count = watched.len().min(STALE_JOBS_PER_CHECK_MAX);
+        for k in 0..count {
+            if shutdown.is_cancelled() {
+                return;
+            }
+            let (index, job, after) = &watched[(first + k) % watched.len()];
+            if let Some((at, last)) = stale_instant(&e, *index, job, *after, now).await {
+                raise_stale(&e, *index, job, at, last);
             }
         }
+        first = if watched.is_empty() { 0 } else { (first + count) % watched.len() };
     }
 }
 
-/// The stale alert's instant for `job` under rule `index`, if it has been silent for
-/// `after` and that silence was not alerted from here yet. A job that never succeeded has
-/// no silence to measure (its failures alert on their own).
+/// Every (rule, job of this node, `stale_after`) a stale check looks at.
+fn stale_watched(e: &Engine) -> Vec<(usize, String, Duration)> {
+    let jobs = e.jobs.get();
+    let mut watched = Vec::new();
+    for (index, rule) in e.alerts.rules.iter().enumerate() {
+        let Some(after) = rule.stale_after.filter(|_| rule.events.contains(&AlertEvent::Stale)) else { continue };
+        for job in jobs.jobs.iter().filter(|j| rule.covers(j.name())) {
+            watched.push((index, job.name().to_owned(), after));
+        }
+    }
+    watched
+}
+
+/// The stale alert's instant for `job` under rule `index`, and the last success it counts
+/// from, if the job has been silent for `after` and that silence was not alerted from here
+/// yet. A job that never succeeded has no silence to measure (its failures alert).
 async fn stale_instant(
     e: &Engine,
     index: usize,
     job: &str,
     after: Duration,
     now: DateTime<Utc>,
-) -> Option<DateTime<Utc>> {
+) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
     let query =
         HistoryQuery { job: Some(job.to_owned()), state: Some(RunState::Succeeded), limit: 1, ..Default::default() };
-    let last = e.store.history(&query).await.ok()?.into_iter().next()?.id.tick.scheduled_at;
+    let last = bounded(e.store.history(&query)).await.ok()?.into_iter().next()?.id.tick.scheduled_at;
     let after = chrono::Duration::from_std(after).ok()?;
     if now - last <= after {
         return None;
     }
-    let mut alerted = e.alerts.stale_alerted.lock().expect("stale lock");
-    if alerted.get(&(index, job.to_owned())) == Some(&last) {
+    if e.alerts.stale_alerted.lock().expect("stale lock").get(&(index, job.to_owned())) == Some(&last) {
         return None;
     }
-    alerted.insert((index, job.to_owned()), last);
     let at = last + after;
-    Some(at - chrono::Duration::milliseconds(at.timestamp_subsec_millis().into()) + chrono::Duration::milliseconds(999))
+    Some((at - chrono::Duration::milliseconds(at.timestamp_subsec_millis().into()) + STALE_MILLIS, last))
 }
 
-/// Raises the stale alert of rule `index` only.
-fn raise_one(e: &Arc<Engine>, index: usize, job: &str, at: DateTime<Utc>) {
+/// A stale alert's instant is on this millisecond of its second, which no scheduled tick has.
+const STALE_MILLIS: chrono::Duration = chrono::Duration::milliseconds(999);
+
+/// Most silences remembered as alerted; past it they are forgotten (a check then asks the
+/// store again, which answers that the alert exists).
+const STALE_REMEMBERED_MAX: usize = 10_000;
+
+/// Raises rule `index`'s stale alert only, and remembers the silence once the store took it.
+fn raise_stale(e: &Arc<Engine>, index: usize, job: &str, at: DateTime<Utc>, last: DateTime<Utc>) {
     let (e2, job) = (e.clone(), job.to_owned());
-    spawn_bounded(e, async move { claim(&e2, index, &job, at, AlertEvent::Stale).await });
+    spawn_bounded(e, async move {
+        if claim(&e2, index, &job, at, AlertEvent::Stale).await {
+            let mut alerted = e2.alerts.stale_alerted.lock().expect("stale lock");
+            if alerted.len() >= STALE_REMEMBERED_MAX {
+                alerted.clear();
+            }
+            alerted.insert((index, job), last);
+        }
+    });
 }
 
 /// One delivery: reads the event back from the store, then sends it to the rule's target.
@@ -538,7 +611,7 @@ impl Handler for Delivery {
         let body = alert.body(&ctx);
         let outcome = match &self.rule.target {
             AlertTarget::Webhook(request) => {
-                let mut request = HttpJob::clone(request);
+                let mut request = HttpJob::clone(request).with_secret_path();
                 if !request.has_timeout() {
                     request = request.timeout(DELIVERY_TIMEOUT / 2);
                 }
@@ -578,8 +651,13 @@ impl Delivery {
             limit: 100,
             ..Default::default()
         };
-        let newest = self.store.history(&query).await?.into_iter().max_by_key(|r| r.id.attempt);
-        let Some(run) = newest else {
+        let newest = bounded(self.store.history(&query)).await?.into_iter().max_by_key(|r| r.id.attempt);
+        let stale = at.timestamp_subsec_millis() == 999 && self.rule.events.contains(&AlertEvent::Stale);
+        let Some(run) = newest.filter(|_| !stale) else {
+            if !stale {
+                // Pruned, or a lagging read: failing lets a retry read it again.
+                return Err(StoreError::Invalid(format!("no record of job {} at {at}: the event is gone", self.job)));
+            }
             let silent = self.rule.stale_after.map_or("a while".into(), solocron_core::format_duration);
             return Ok(Alert {
                 event: AlertEvent::Stale,

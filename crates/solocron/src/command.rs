@@ -34,7 +34,7 @@ const PIPE_DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// let cmd = solocron::Command::new(["/bin/echo", "hello"]).unwrap();
 /// # let _ = cmd;
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Command {
     argv: Vec<String>,
     /// Variables set beside the run's own ([`Command::env`]).
@@ -60,7 +60,10 @@ impl Command {
     /// # let _ = cmd;
     /// ```
     pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Command {
-        self.env.push((name.into(), value.into()));
+        let name = name.into();
+        // The last value set wins (a process would see the first of two).
+        self.env.retain(|(n, _)| *n != name);
+        self.env.push((name, value.into()));
         self
     }
 
@@ -84,6 +87,14 @@ impl Command {
         // guardian then: a job must not outlive a node that was SIGKILLed, since its lease
         // will lapse and another node may re-run the tick.
         solocron_os::spawn::spawn(&self.argv, &env)
+    }
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Variable names only: a value may be a secret.
+        let names: Vec<&str> = self.env.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("Command").field("argv", &self.argv).field("env", &names).finish()
     }
 }
 

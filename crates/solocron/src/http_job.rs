@@ -169,6 +169,8 @@ pub struct HttpJob {
     timeout: Option<Duration>,
     expect: ExpectStatus,
     ca: Option<CaFile>,
+    /// The URL's path and query are a secret (a Slack webhook's are): shown as `…`.
+    secret_path: bool,
 }
 
 /// A CA file's path and the certificates read from it.
@@ -185,7 +187,7 @@ impl std::fmt::Debug for HttpJob {
         let names: Vec<&str> = self.headers.keys().map(HeaderName::as_str).collect();
         f.debug_struct("HttpJob")
             .field("method", &self.method.as_str())
-            .field("url", &redact_url(self.url.as_str()))
+            .field("url", &self.shown_url())
             .field("headers", &names)
             .field("timeout", &self.timeout)
             .field("expect_status", &self.expect.to_string())
@@ -214,6 +216,7 @@ impl HttpJob {
             timeout: None,
             expect: ExpectStatus::default(),
             ca: None,
+            secret_path: false,
         })
     }
 
@@ -263,6 +266,23 @@ impl HttpJob {
         self.headers.insert(reqwest::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         self.body = Some(body);
         self
+    }
+
+    /// This request with its URL's path and query kept out of every record, log and error
+    /// (an alert's webhook: a Slack one carries its secret there).
+    pub(crate) fn with_secret_path(mut self) -> HttpJob {
+        self.secret_path = true;
+        self
+    }
+
+    /// The URL as records and logs show it: without its password, and without its path and
+    /// query when they are a secret.
+    fn shown_url(&self) -> String {
+        if !self.secret_path {
+            return redact_url(self.url.as_str());
+        }
+        let port = self.url.port().map(|p| format!(":{p}")).unwrap_or_default();
+        format!("{}://{}{port}/…", self.url.scheme(), self.url.host_str().unwrap_or_default())
     }
 
     /// Whether a timeout is set ([`HttpJob::timeout`]).
@@ -348,7 +368,7 @@ impl HttpJob {
     /// A request that got no response, said without the URL's password.
     fn unreachable(&self, e: reqwest::Error) -> String {
         let e = e.without_url();
-        let mut why = format!("{} {} failed: {e}", self.method, redact_url(self.url.as_str()));
+        let mut why = format!("{} {} failed: {e}", self.method, self.shown_url());
         let mut source = std::error::Error::source(&e);
         while let Some(s) = source {
             why.push_str(": ");

@@ -200,6 +200,11 @@ impl Job {
         Job { scheduled: false, policy, ..Job::new(name, schedule.clone(), handler) }
     }
 
+    /// Whether this is an alert's delivery (`alerts.rs`), not a job of the list.
+    pub(crate) fn is_delivery(&self) -> bool {
+        !self.scheduled
+    }
+
     /// The job's next tick after `at`, which a retry of the tick at `at` may not pass;
     /// `None` for an alert's delivery, whose retries nothing bounds but their own policy.
     pub(crate) fn next_tick_after(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {

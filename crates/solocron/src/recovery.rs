@@ -68,6 +68,14 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
         // The job as this node's list has it now (taken per run: the list may change).
         let job = e.jobs.get().get(&run.id.tick.job).cloned().or_else(|| e.alerts.delivery(e, &run.id.tick.job));
         let waiting = run.state == RunState::Waiting;
+        if job.is_none() && !waiting && alerts::is_delivery_name(&run.id.tick.job) {
+            // An alert of a rule this node lacks (its configuration differs, for a while):
+            // left to a node that has it, and abandoned once none took it in time.
+            if let Some(action) = orphan_retry_action(e, &run) {
+                recover_orphan(e, &run, &action).await?;
+            }
+            continue;
+        }
         let action = if waiting {
             // A retry of a job this node does not run is left to a node that runs it.
             let Some(job) = job.as_deref() else {
@@ -130,18 +138,19 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
 /// its job was removed or renamed, and the retry would otherwise wait forever.
 const ORPHAN_RETRY_GRACE: chrono::Duration = chrono::Duration::seconds(60);
 
-/// The drop of a waiting retry of a job this node does not run, once nobody started it
-/// within [`ORPHAN_RETRY_GRACE`] of its not-before.
+/// The drop of a waiting retry (or an expired alert delivery) of a job this node does not
+/// run, once nobody took it within [`ORPHAN_RETRY_GRACE`] of its not-before (lease end).
 fn orphan_retry_action(e: &Engine, run: &RunRecord) -> Option<RecoverAction> {
     let due = run.lease_until?;
-    (e.now() > due + ORPHAN_RETRY_GRACE).then(|| RecoverAction::Abandon {
-        reason: format!(
-            "retry dropped: no node that runs job {} started attempt {} within {} s of its due time",
-            run.id.tick.job,
-            run.id.attempt,
-            ORPHAN_RETRY_GRACE.num_seconds()
+    let (job, grace) = (&run.id.tick.job, ORPHAN_RETRY_GRACE.num_seconds());
+    let reason = match run.state {
+        RunState::Waiting => format!(
+            "retry dropped: no node that runs job {job} started attempt {} within {grace} s of its due time",
+            run.id.attempt
         ),
-    })
+        _ => format!("lease expired; no node that runs job {job} recovered it within {grace} s"),
+    };
+    (e.now() > due + ORPHAN_RETRY_GRACE).then_some(RecoverAction::Abandon { reason })
 }
 
 /// Applies `action` to an orphaned waiting retry (see [`orphan_retry_action`]).

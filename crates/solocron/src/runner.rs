@@ -203,6 +203,15 @@ pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: Cancellati
     let next_tick = job.next_tick_after(hb.lease.run.tick.scheduled_at);
     let plan = retry::plan(&policy, next_tick, &hb.lease.run, &end, e.now(), fastrand::f64());
     let (end, wait) = match plan {
+        // An alert's delivery cut short by shutdown is the event's only alert: another
+        // node (or this one, restarted) delivers it instead.
+        RetryPlan::None
+            if end.state == RunState::Interrupted
+                && job.is_delivery()
+                && hb.lease.run.attempt < policy.max_attempts =>
+        {
+            (end, Some(alerts::INTERRUPTED_DELIVERY_WAIT))
+        }
         RetryPlan::None => (end, None),
         RetryPlan::After(wait) => (end, Some(wait)),
         RetryPlan::Dropped(why) => (retry::with_note(end, &why), None),
