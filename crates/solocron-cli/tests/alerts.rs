@@ -7,12 +7,12 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{server_store, state, wait_for, Fleet};
+use common::{read_http_request, server_store, state, wait_for, Fleet};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use solocron_conformance::server::{ServerUrl, MYSQL, POSTGRES, REDIS};
@@ -56,22 +56,7 @@ impl Receiver {
     }
 
     fn answer(&self, stream: TcpStream) {
-        let mut reader = BufReader::new(stream.try_clone().unwrap());
-        let mut line = String::new();
-        reader.read_line(&mut line).unwrap();
-        let mut headers = HashMap::new();
-        loop {
-            let mut h = String::new();
-            if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
-            }
-        }
-        let len: usize = headers.get("content-length").and_then(|l| l.parse().ok()).unwrap_or(0);
-        let mut body = vec![0u8; len];
-        reader.read_exact(&mut body).unwrap();
+        let (_, headers, body) = read_http_request(&stream);
         let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let status = {
             let mut got = self.got.lock().unwrap();

@@ -7,13 +7,13 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{wait_for, Fleet, Node, BIN};
+use common::{read_http_request, wait_for, Fleet, Node, BIN};
 use serde_json::Value;
 
 /// What the server was asked: path, headers (names in lower case), body.
@@ -49,23 +49,8 @@ impl Server {
     }
 
     fn answer(&self, stream: TcpStream) {
+        let (path, headers, body) = read_http_request(&stream);
         let mut reader = BufReader::new(stream.try_clone().unwrap());
-        let mut line = String::new();
-        reader.read_line(&mut line).unwrap();
-        let path = line.split_whitespace().nth(1).unwrap_or_default().to_owned();
-        let mut headers = HashMap::new();
-        loop {
-            let mut h = String::new();
-            if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
-            }
-        }
-        let len: usize = headers.get("content-length").and_then(|l| l.parse().ok()).unwrap_or(0);
-        let mut body = vec![0u8; len];
-        reader.read_exact(&mut body).unwrap();
         let first = {
             let mut requests = self.requests.lock().unwrap();
             let first = !requests.iter().any(|r| r.path == path);

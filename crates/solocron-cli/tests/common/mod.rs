@@ -290,3 +290,27 @@ pub fn state(r: &Value) -> &str {
 pub fn exists(p: &Path) -> bool {
     p.exists()
 }
+
+/// One HTTP/1.1 request read from `stream` by the tests' small servers: its path, its
+/// headers (names in lower case) and its body (by `Content-Length`).
+pub fn read_http_request(stream: &std::net::TcpStream) -> (String, std::collections::HashMap<String, String>, Vec<u8>) {
+    use std::io::{BufRead, Read};
+    let mut reader = std::io::BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    let path = line.split_whitespace().nth(1).unwrap_or_default().to_owned();
+    let mut headers = std::collections::HashMap::new();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
+        }
+    }
+    let len: usize = headers.get("content-length").and_then(|l| l.parse().ok()).unwrap_or(0);
+    let mut body = vec![0u8; len];
+    reader.read_exact(&mut body).unwrap();
+    (path, headers, body)
+}
