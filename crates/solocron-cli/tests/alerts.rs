@@ -310,7 +310,7 @@ command = ["/bin/true"]
 [[alerts]]
 on = ["missed"]
 command = ["/bin/sh", "-c", "printf '%s\n' \"$SOLOCRON_ALERT\" >> $DIR/alerts.jsonl"]
-max_per_hour = 3
+max_per_hour = 2
 "#;
     let mut f = Fleet::new(jobs);
     f.start("n1");
@@ -319,7 +319,8 @@ max_per_hour = 3
     })
     .expect("tick never ran");
     f.signal(0, Signal::SIGKILL);
-    std::thread::sleep(Duration::from_secs(6));
+    // Past LATE_TOLERANCE (10 s): the oldest ticks of the gap are missed, not late.
+    std::thread::sleep(Duration::from_secs(14));
     f.start("n2");
     f.start("n3");
     let missed = wait_for(Duration::from_secs(15), || {
@@ -329,22 +330,22 @@ max_per_hour = 3
             .filter(|r| state(r) == "skipped" && r["reason"].as_str().unwrap_or("").starts_with("missed"))
             .collect();
         let alerts = f.lines("alerts.jsonl");
-        (skipped.len() >= 4 && alerts.len() >= 3).then_some(skipped)
+        (skipped.len() >= 3 && alerts.len() >= 2).then_some(skipped)
     });
     let missed = missed.unwrap_or_else(|| panic!("{:?}\n{}", f.history("tick"), f.log("n2")));
     std::thread::sleep(Duration::from_secs(3));
     f.stop_all();
 
     let alerts: Vec<Value> = f.lines("alerts.jsonl").iter().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(alerts.len(), 3, "3 alerts an hour, whichever node saw the misses: {alerts:?}");
+    assert_eq!(alerts.len(), 2, "2 alerts an hour, whichever node saw the misses: {alerts:?}");
     let ticks: HashSet<&str> = alerts.iter().map(|a| a["run"]["scheduled_at"].as_str().unwrap()).collect();
-    assert_eq!(ticks.len(), 3, "each missed tick alerted once: {alerts:?}");
+    assert_eq!(ticks.len(), 2, "each missed tick alerted once: {alerts:?}");
     for a in &alerts {
         assert_eq!((a["event"].as_str(), a["run"]["state"].as_str()), (Some("missed"), Some("skipped")), "{a}");
         assert!(missed.iter().any(|r| r["scheduled_at"] == a["run"]["scheduled_at"]), "{a}");
     }
     let records = f.history("#alert0:tick");
     let limited = records.iter().filter(|r| state(r) == "skipped").count();
-    assert_eq!(limited + 3, records.iter().filter(|r| r["attempt"] == 1).count(), "{records:?}");
+    assert_eq!(limited + 2, records.iter().filter(|r| r["attempt"] == 1).count(), "{records:?}");
     assert!(limited >= 1, "the misses past the rate are recorded, not dropped: {records:?}");
 }

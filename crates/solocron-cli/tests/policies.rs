@@ -9,9 +9,9 @@ use common::*;
 use serde_json::Value;
 
 fn misfire_fleet(misfire: &str) -> Vec<Value> {
-    // A fresh store and a 16 s catch-up window: every tick of the window older than the
-    // late tolerance (10 s) was claimed by no node, so it is "missed" and goes to the
-    // misfire policy; the younger ones run late, as on-time ticks.
+    // A 16 s catch-up window: every tick of the window older than the late tolerance
+    // (10 s) that no node claimed is "missed" and goes to the misfire policy; the younger
+    // ones run late, as on-time ticks.
     let mut f = Fleet::new(&format!(
         r#"
 [[jobs]]
@@ -23,7 +23,13 @@ max_catchup = 3
 command = ["/bin/sh", "-c", "echo $SOLOCRON_SCHEDULED_AT >> $DIR/ran.txt"]
 "#
     ));
+    // The job runs a moment, then no node runs it for 15 s: the ticks of the gap older
+    // than the late tolerance were missed (a job the store never saw missed nothing).
     f.start("n1");
+    std::thread::sleep(Duration::from_millis(1500));
+    f.stop_all();
+    std::thread::sleep(Duration::from_secs(15));
+    f.start("n2");
     std::thread::sleep(Duration::from_millis(2500));
     f.stop_all();
     let mut hist = f.history("m");

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{plan_due, ClaimMode, ClaimRequest, Overlap, Tick, Trigger, LATE_TOLERANCE};
+use solocron_core::{plan_due, ClaimMode, ClaimRequest, HistoryQuery, Overlap, Tick, Trigger, LATE_TOLERANCE};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -117,6 +117,65 @@ struct Timer {
     steps: Option<ClockSteps>,
 }
 
+/// When each job of `set` came to be, as far as the store knows, for a job with a
+/// catch-up window: its first registration by any node before this start, or else its newest run record
+/// (history outlives a registry cleared by hand); `started` for a job the store has never
+/// seen, so that a job added to the fleet is not caught up to before it existed. A job
+/// without a catch-up window, or a store that does not answer, gives the epoch: nothing is
+/// held back.
+async fn births(e: &Engine, set: &JobSet, started: DateTime<Utc>) -> Vec<DateTime<Utc>> {
+    let epoch = DateTime::<Utc>::UNIX_EPOCH;
+    let looking_back: Vec<String> =
+        set.jobs.iter().filter(|j| !j.policy().catchup.is_zero()).map(|j| j.name().to_owned()).collect();
+    if looking_back.is_empty() {
+        return vec![epoch; set.len()];
+    }
+    let registered = match counted(StoreOp::Register, e.store.registrations_of(&looking_back)).await {
+        Ok(r) => r,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot read the job registry; catching up without regard to when jobs were added");
+            return vec![epoch; set.len()];
+        }
+    };
+    // A registration made as this node (or the fleet with it) started says nothing of the
+    // past: its own, most likely, written a moment ago.
+    let before_start = started - chrono::Duration::seconds(2);
+    let mut born: HashMap<&str, DateTime<Utc>> = HashMap::new();
+    for r in registered.iter().filter(|r| r.first_seen < before_start) {
+        let first = born.entry(r.definition.job.as_str()).or_insert(r.first_seen);
+        *first = (*first).min(r.first_seen);
+    }
+    let mut births = Vec::with_capacity(set.len());
+    let mut reads = 0;
+    for j in &set.jobs {
+        let birth = match born.get(j.name()) {
+            _ if j.policy().catchup.is_zero() => epoch,
+            Some(first) => *first,
+            None if reads < BIRTH_HISTORY_READS_MAX => {
+                reads += 1;
+                newest_record(e, j.name()).await.unwrap_or(started)
+            }
+            // Past the bound, a job nobody registered is taken as new: better a missed tick
+            // not recorded than a hundred recorded that never were due.
+            None => started,
+        };
+        births.push(birth);
+    }
+    births
+}
+
+/// Most history reads a node makes at start to find whether an unregistered job existed.
+const BIRTH_HISTORY_READS_MAX: usize = 100;
+
+/// The instant of `job`'s newest run record, if the store has one (and answers).
+async fn newest_record(e: &Engine, job: &str) -> Option<DateTime<Utc>> {
+    let q = HistoryQuery { job: Some(job.to_owned()), limit: 1, ..HistoryQuery::default() };
+    match counted(StoreOp::History, e.store.history(&q)).await {
+        Ok(records) => records.first().map(|r| r.id.tick.scheduled_at),
+        Err(_) => Some(DateTime::<Utc>::UNIX_EPOCH),
+    }
+}
+
 impl Timer {
     async fn new(e: &Engine) -> Timer {
         calibrate(e).await;
@@ -132,13 +191,16 @@ impl Timer {
             }
         };
         // A job with a catch-up window starts that far back, so missed ticks go through its
-        // misfire policy.
+        // misfire policy; but never before the job existed: a job new to the fleet missed
+        // nothing.
+        let births = births(e, &set, started).await;
         let cursors: Vec<Cursor> = set
             .jobs
             .iter()
             .map(|j| started - chrono::Duration::from_std(j.policy().catchup).unwrap_or(chrono::Duration::zero()))
             .map(|c| memory_since.map_or(c, |m| c.max(m.min(started))))
-            .map(|handled| Cursor { handled, healthy: None })
+            .zip(&births)
+            .map(|(c, born)| Cursor { handled: c.max((*born).min(started)), healthy: None })
             .collect();
         let steps = if e.system_clock {
             ClockSteps::new()

@@ -122,3 +122,36 @@ async fn a_replaced_job_list_changes_schedules_without_a_gap_adds_from_now_and_l
     assert!(last.finished_at.is_some_and(|t| t > removed_at), "it ended after the removal: {last:#?}");
     assert!(gone.iter().all(|r| r.id.tick.scheduled_at <= removed_at + lead), "nothing claimed after: {gone:#?}");
 }
+
+/// Runs `job` on `store` as node `n1` for `secs` seconds.
+async fn run_for(store: &Arc<dyn Store>, job: Job, secs: f64) {
+    let scheduler = Scheduler::builder(store.clone()).node_id("n1").job(job).build().unwrap();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(scheduler.run(stop.clone()));
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.cancel();
+    running.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_new_to_the_store_is_not_caught_up_to_before_it_existed_but_a_known_one_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(&dir).await;
+    let policy = solocron::JobPolicy { catchup: Duration::from_secs(3600), ..solocron::JobPolicy::default() };
+    let job = || quick("fresh", "* * * * * *").with_policy(policy.clone());
+    run_for(&store, job(), 2.5).await;
+    let first = records(store.as_ref(), "fresh").await;
+    assert!(!first.is_empty(), "it ran");
+    let missed =
+        |r: &&RunRecord| r.state == RunState::Skipped && r.reason.as_deref().unwrap_or("").starts_with("missed");
+    assert_eq!(first.iter().filter(missed).count(), 0, "an hour of catch-up before the job existed: {first:?}");
+    // Down for 3 s: the job is known now, so the ticks of the gap are not dropped (they
+    // are late, within LATE_TOLERANCE, and run).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    run_for(&store, job(), 1.5).await;
+    let second = records(store.as_ref(), "fresh").await;
+    let ticks: Vec<DateTime<Utc>> = second.iter().map(|r| r.id.tick.scheduled_at).collect();
+    assert!(ticks.len() >= first.len() + 4, "{second:?}");
+    let every_second = Schedule::parse("* * * * * *", "UTC").unwrap();
+    assert!(gapless(&ticks, &[&every_second]), "a tick of the gap was dropped: {ticks:?}");
+}

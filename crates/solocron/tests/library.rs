@@ -320,6 +320,20 @@ impl Clock for Frozen {
     }
 }
 
+/// Makes `job` known to the store since `at` (a record of its tick then), so that a node
+/// starting with it catches up its missed ticks (a job the store never saw missed none).
+async fn known_since(store: &dyn Store, job: &str, at: DateTime<Utc>) {
+    let request = solocron_core::ClaimRequest {
+        tick: solocron_core::Tick::new(job, at),
+        trigger: solocron_core::Trigger::Catchup,
+        node: "earlier".into(),
+        lease: Duration::from_secs(10),
+        mode: solocron_core::ClaimMode::Skip { reason: "before this test".into() },
+        nonce: 0,
+    };
+    store.claim(&[request]).await.unwrap();
+}
+
 /// A catch-up sequence (here: a node starting with missed ticks in its catch-up window)
 /// ends with the round's on-time ticks, claimed up to the lead before their instants: those
 /// wait for their instants like any other run claimed ahead, instead of starting as soon as
@@ -353,6 +367,7 @@ async fn a_catch_up_sequence_that_reaches_a_tick_claimed_ahead_waits_for_its_ins
     let clock: Arc<dyn Clock> = Arc::new(Frozen(frozen));
     let store =
         Arc::new(Distant { clock: Some(clock.clone()), call: Duration::ZERO, ..Distant::new(store(&dir).await) });
+    known_since(store.as_ref(), "sequence", instant - chrono::Duration::seconds(30)).await;
     let node = Scheduler::builder(store).node_id("n").clock(clock).job(job).build().unwrap();
     let task = tokio::spawn(node.run(shutdown.clone()));
     tokio::time::sleep(Duration::from_millis(1500)).await;
