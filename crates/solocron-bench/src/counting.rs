@@ -36,6 +36,10 @@ impl Store for Counting {
         self.hit();
         self.inner.migrate().await
     }
+    async fn schema(&self) -> Result<solocron_core::SchemaState, StoreError> {
+        self.hit();
+        self.inner.schema().await
+    }
     async fn claim(&self, r: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
         self.hit();
         self.claims.fetch_add(1, Ordering::Relaxed);

@@ -118,7 +118,7 @@ struct Seen {
 /// `solocron status`: every job (and the nodes), or with JOB one job in detail.
 pub async fn status(a: StatusArgs) -> Result<(), Failure> {
     let cfg = a.target.config()?;
-    let store = a.target.connect_existing(cfg.as_ref()).await?;
+    let store = a.target.connect(cfg.as_ref()).await?;
     let fleet = read_fleet(cfg.as_ref(), store.as_ref()).await?;
     let seen = Seen { nodes: fleet.nodes(), fleet, silence: a.silence };
     if let Some(job) = &a.job {
@@ -361,7 +361,7 @@ pub struct NodesArgs {
 /// `solocron nodes`: every node heard from (and not yet forgotten), by id.
 pub async fn nodes(a: NodesArgs) -> Result<(), Failure> {
     let cfg = a.target.config()?;
-    let store = a.target.connect_existing(cfg.as_ref()).await?;
+    let store = a.target.connect(cfg.as_ref()).await?;
     let fleet = read_fleet(cfg.as_ref(), store.as_ref()).await?;
     let nodes = fleet.nodes();
     match a.format {
@@ -460,7 +460,7 @@ fn zone_arg(s: &str) -> Result<Tz, Failure> {
 pub async fn history(a: HistoryArgs) -> Result<(), Failure> {
     let zone = a.zone.as_deref().map(zone_arg).transpose()?;
     let cfg = a.target.config()?;
-    let store = a.target.connect_existing(cfg.as_ref()).await?;
+    let store = a.target.connect(cfg.as_ref()).await?;
     if let Some(id) = &a.output {
         return show_run(store.as_ref(), id, a.format).await;
     }

@@ -61,9 +61,11 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
     let target = crate::Target { config: a.config.clone(), store: a.store.clone(), prefix: a.prefix.clone() };
     // `open`, not `connect`: with `store.migrate = false` the schema is someone else's job.
     let Some(store) = open_when_reachable(&target, &cfg, a.fail_fast, &shutdown).await? else { return Ok(()) };
+    let (_, key) = target.store_config(Some(&cfg));
     if cfg.store.migrate {
-        let (_, key) = target.store_config(Some(&cfg));
         store.migrate().await.map_err(|e| bad_input(format!("{key}: {e}")))?;
+    } else {
+        crate::require_current_schema(store.as_ref(), &key).await?;
     }
     // The managed jobs at start are on the first list, so they catch up like declared ones;
     // unreadable now (a store without the tables yet), they are read again as they change.

@@ -93,14 +93,7 @@ pub async fn serve(a: ServeArgs) -> Result<(), Failure> {
     let cfg = a.target.config()?;
     // Serving reads and acts; it never creates a store (a typo in a path must not serve an
     // empty fleet) nor changes a schema.
-    let (store_cfg, key) = a.target.store_config(cfg.as_ref());
-    if let Some(file) = solocron_stores::local_file(&store_cfg.url).filter(|f| !f.exists()) {
-        return Err(bad_input(format!(
-            "{key}: no store at {}: `solocron run` or `solocron migrate` creates it",
-            file.display()
-        )));
-    }
-    let store = a.target.open(cfg.as_ref()).await?;
+    let store = a.target.connect(cfg.as_ref()).await?;
     let addr = listen(a.http, cfg.as_ref()).unwrap_or(SocketAddr::from(([127, 0, 0, 1], 9090)));
     let stop = CancellationToken::new();
     let shown = DeclaredJobs::new(declared(cfg.as_ref()));

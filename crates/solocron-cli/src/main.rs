@@ -229,10 +229,12 @@ impl Target {
         Ok(store)
     }
 
-    /// [`Target::connect`] for read commands (`status`, `history`): a store kept in a file
-    /// that does not exist is not created, since a typo in a path must not look like an
-    /// empty history.
-    pub async fn connect_existing(&self, cfg: Option<&Config>) -> Result<Arc<dyn Store>, Failure> {
+    /// Opens the store and checks that its schema is this build's, changing nothing: read
+    /// and admin commands never migrate (a newer CLI's `status` must not upgrade the schema
+    /// under a fleet of older nodes, nor need DDL rights).
+    /// A store kept in a file that does not exist is not created: a typo in a path must not
+    /// look like an empty history.
+    pub async fn connect(&self, cfg: Option<&Config>) -> Result<Arc<dyn Store>, Failure> {
         let (store_cfg, key) = self.store_config(cfg);
         if let Some(file) = solocron_stores::local_file(&store_cfg.url).filter(|f| !f.exists()) {
             return Err(bad_input(format!(
@@ -240,15 +242,38 @@ impl Target {
                 file.display()
             )));
         }
-        self.connect(cfg).await
+        let store = self.open(cfg).await?;
+        require_current_schema(store.as_ref(), &key).await?;
+        Ok(store)
     }
 
-    /// Opens the store and brings its schema up to date: admin commands work on a store no
-    /// node has prepared yet (migrations are idempotent).
-    pub async fn connect(&self, cfg: Option<&Config>) -> Result<Arc<dyn Store>, Failure> {
+    /// Opens the store and brings its schema up to date (`solocron migrate`).
+    pub async fn migrated(&self, cfg: Option<&Config>) -> Result<Arc<dyn Store>, Failure> {
         let store = self.open(cfg).await?;
         let (_, key) = self.store_config(cfg);
         store.migrate().await.map_err(|e| bad_input(format!("{key}: {e}")))?;
         Ok(store)
     }
+}
+
+/// Fails (exit 2), naming `key` and what to do, unless the store's schema is this build's.
+pub async fn require_current_schema(store: &dyn Store, key: &str) -> Result<(), Failure> {
+    use solocron_core::SchemaState;
+    let state = store.schema().await.map_err(|e| bad_input(format!("{key}: {e}")))?;
+    let store = store.describe();
+    let why = match state {
+        SchemaState::Current => return Ok(()),
+        SchemaState::Missing => format!(
+            "{store} has no solocron schema (under this prefix): `solocron migrate` creates it \
+             (so does `solocron run`, unless [store] migrate = false)"
+        ),
+        SchemaState::Older { found, current } => format!(
+            "{store} has schema version {found}; this solocron needs version {current}: run `solocron migrate` \
+             (nodes of the older version keep working with it)"
+        ),
+        SchemaState::Newer { found, current } => format!(
+            "{store} has schema version {found}, newer than this solocron understands ({current}): upgrade solocron"
+        ),
+    };
+    Err(bad_input(format!("{key}: {why}")))
 }

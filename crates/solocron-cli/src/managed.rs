@@ -173,15 +173,15 @@ pub async fn jobs(a: JobsArgs) -> Result<(), Failure> {
             apply(store.as_ref(), cfg.as_ref(), &specs, dry_run).await
         }
         JobsCmd::Rm { name } => {
-            let store = a.target.connect_existing(cfg.as_ref()).await?;
+            let store = a.target.connect(cfg.as_ref()).await?;
             remove(store.as_ref(), &name).await
         }
         JobsCmd::Export { name } => {
-            let store = a.target.connect_existing(cfg.as_ref()).await?;
+            let store = a.target.connect(cfg.as_ref()).await?;
             export(store.as_ref(), name.as_deref()).await
         }
         JobsCmd::Log { name, limit, format } => {
-            let store = a.target.connect_existing(cfg.as_ref()).await?;
+            let store = a.target.connect(cfg.as_ref()).await?;
             log(store.as_ref(), name.as_deref(), limit, format).await
         }
     }

@@ -59,8 +59,7 @@ pub async fn migrate(a: MigrateArgs) -> Result<(), Failure> {
     if a.drop {
         return uninstall(&a.target, cfg.as_ref(), a.yes).await;
     }
-    // `connect` brings the schema up to date (once).
-    let store = a.target.connect(cfg.as_ref()).await?;
+    let store = a.target.migrated(cfg.as_ref()).await?;
     output::line(format_args!("{}: schema is current", store.describe()))
 }
 

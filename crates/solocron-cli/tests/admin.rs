@@ -130,6 +130,7 @@ fn trigger_runs_exactly_once_with_three_nodes_up() {
 #[test]
 fn trigger_here_runs_in_this_process_and_reports_the_end() {
     let f = Fleet::new(&job("adhoc", YEARLY, "", "echo hello from $SOLOCRON_NODE_ID; exit 3"));
+    f.migrate();
     let (code, out, err) = f.cli(&["trigger", "adhoc", "--here"]);
     assert_eq!(code, 1, "a failed run exits 1: {out} {err}");
     assert!(out.contains("hello from") && out.contains("failed"), "{out}");
@@ -187,6 +188,7 @@ fn prune_deletes_only_old_ended_records_never_a_running_one() {
 #[test]
 fn bad_admin_input_is_refused_with_exit_2_and_changes_nothing() {
     let f = Fleet::new(&job("real", YEARLY, "", "true"));
+    f.migrate();
     let cases: [(&[&str], &str); 7] = [
         (&["trigger", "nope"], "unknown job `nope`"),
         (&["pause", "nope"], "unknown job `nope`"),

@@ -349,3 +349,53 @@ max_per_hour = 2
     assert_eq!(limited + 2, records.iter().filter(|r| r["attempt"] == 1).count(), "{records:?}");
     assert!(limited >= 1, "the misses past the rate are recorded, not dropped: {records:?}");
 }
+
+/// A node without the rule (its configuration differs, or it died before it claimed the
+/// alert) records failures; the other node's sweep of the recent history alerts each of
+/// them, once.
+#[test]
+fn a_failure_recorded_by_a_node_without_the_rule_is_alerted_by_another_nodes_sweep() {
+    let job = r#"
+[[jobs]]
+name = "fails"
+schedule = "* * * * * *"
+command = ["/bin/sh", "-c", "exit 1"]
+"#;
+    let alert = r#"
+[[alerts]]
+on = ["failed"]
+command = ["/bin/sh", "-c", "printf '%s\n' \"$SOLOCRON_ALERT\" >> $DIR/alerts.jsonl"]
+max_per_hour = 1000
+"#;
+    let mut f = Fleet::new(&format!("{job}{alert}"));
+    let without = f.path("without-alerts.toml");
+    let text = std::fs::read_to_string(f.config()).unwrap();
+    std::fs::write(&without, &text[..text.find("[[alerts]]").unwrap()]).unwrap();
+    // Alone first, so that it records failures whatever the spread gives it later.
+    f.start_with("without", &without);
+    std::thread::sleep(Duration::from_secs(8));
+    f.start("with");
+    std::thread::sleep(Duration::from_secs(22));
+    f.stop_all();
+
+    let alerts: Vec<Value> = f.lines("alerts.jsonl").iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let runs = f.history("fails");
+    let newest = runs.iter().map(|r| r["scheduled_at"].as_str().unwrap().to_owned()).max().unwrap();
+    let newest: chrono::DateTime<chrono::Utc> = newest.parse().unwrap();
+    // Failures old enough for a sweep (every 10 s, 5 s after the event) to have seen them.
+    let settled: Vec<&Value> = runs
+        .iter()
+        .filter(|r| state(r) == "failed")
+        .filter(|r| {
+            r["scheduled_at"].as_str().unwrap().parse::<chrono::DateTime<chrono::Utc>>().unwrap()
+                < newest - chrono::Duration::seconds(16)
+        })
+        .collect();
+    let by_without = settled.iter().filter(|r| r["node"] == "without").count();
+    assert!(by_without >= 2, "the node without the rule ran some of them: {runs:?}");
+    for r in &settled {
+        let n = alerts.iter().filter(|a| a["run"]["id"] == r["run_id"]).count();
+        assert_eq!(n, 1, "failure {} (on {}) alerted {n} times", r["run_id"], r["node"]);
+    }
+    assert!(alerts.iter().all(|a| a["alert"]["node"] == "with"), "only the node with the rule delivers");
+}

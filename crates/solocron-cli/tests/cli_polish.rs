@@ -85,6 +85,7 @@ fn history_shows_run_ids_one_zone_for_the_table_and_each_runs_lateness() {
         job("berlin", YEARLY, "timezone = \"Europe/Berlin\"", "echo from berlin"),
         job("utc", YEARLY, "", "true")
     ));
+    f.migrate();
     for j in ["berlin", "berlin", "utc"] {
         ok(&f, &["trigger", j, "--here"]);
     }
@@ -165,6 +166,7 @@ fn staleness_comes_from_heartbeats_and_nodes_show_alive_then_gone() {
 #[test]
 fn pausing_again_keeps_the_reason_and_status_shows_who_did_what_and_why() {
     let f = Fleet::new(&job("backup", YEARLY, "", "true"));
+    f.migrate();
     ok(&f, &["pause", "backup", "--reason", "disk full"]);
     let again = ok(&f, &["pause", "backup"]);
     assert!(again.starts_with("backup was already paused by "), "{again}");
@@ -211,6 +213,7 @@ fn an_unconfirmed_unlock_exits_1_says_how_to_confirm_and_changes_nothing() {
 #[test]
 fn prune_older_than_never_prunes_nothing_and_says_so() {
     let f = Fleet::new(&job("kept", YEARLY, "", "true"));
+    f.migrate();
     ok(&f, &["trigger", "kept", "--here"]);
     let (code, out, err) = f.cli(&["prune", "--older-than", "never"]);
     assert_eq!(code, 0, "`never`, as history_retention accepts it: {err}");
@@ -221,6 +224,7 @@ fn prune_older_than_never_prunes_nothing_and_says_so() {
 #[test]
 fn a_failed_run_under_trigger_here_is_reported_once() {
     let f = Fleet::new(&job("adhoc", YEARLY, "", "echo working; exit 3"));
+    f.migrate();
     let (code, out, err) = f.cli(&["trigger", "adhoc", "--here"]);
     assert_eq!(code, 1, "{out} {err}");
     assert!(out.contains("working") && out.contains("failed"), "{out}");

@@ -123,7 +123,8 @@ fn fail_fast_exits_at_once_when_the_store_is_unreachable() {
 }
 
 /// With `store.migrate = false` the schema is someone else's job: the daemon neither
-/// creates nor upgrades it (nor does the library's scheduler behind it).
+/// creates nor upgrades it (nor does the library's scheduler behind it), and on a store
+/// without it stops at once, saying what to run.
 #[test]
 fn a_node_told_not_to_migrate_leaves_the_schema_alone() {
     let dir = tempfile::tempdir().unwrap();
@@ -132,10 +133,11 @@ fn a_node_told_not_to_migrate_leaves_the_schema_alone() {
     let text = std::fs::read_to_string(&cfg).unwrap().replace("[store]\n", "[store]\nmigrate = false\n");
     std::fs::write(&cfg, text).unwrap();
     let (mut node, log) = start(&cfg, &[]);
-    std::thread::sleep(Duration::from_secs(3));
-    signal(&node, Signal::SIGTERM);
     let status = exit_within(&mut node, Duration::from_secs(15));
-    assert!(status.is_some_and(|s| s.success()), "exit {status:?}: {:?}", log.lock().unwrap());
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{:?}", log.lock().unwrap());
+    std::thread::sleep(Duration::from_millis(100));
+    let said = log.lock().unwrap().join("\n");
+    assert!(said.contains("has no solocron schema") && said.contains("`solocron migrate`"), "{said}");
     let tables = Command::new("sqlite3").arg(&db).arg(".tables").output();
     let listed = match tables {
         Ok(out) => String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -293,6 +293,7 @@ fn drop_empties_one_prefix_and_keeps_its_neighbour(server: ServerUrl) {
     let job = "[[jobs]]\nname = \"j\"\nschedule = \"0 0 0 1 1 *\"\ncommand = [\"/bin/true\"]\n";
     let (fa, fb) = (Fleet::on(Some(&a), job), Fleet::on(Some(&b), job));
     for f in [&fa, &fb] {
+        f.migrate();
         let (code, _, err) = f.cli(&["pause", "j", "--reason", "kept"]);
         assert_eq!(code, 0, "{kind}: {err}");
     }
@@ -300,6 +301,9 @@ fn drop_empties_one_prefix_and_keeps_its_neighbour(server: ServerUrl) {
     assert_eq!(code, 0, "{kind}: {err}");
     assert!(out.starts_with("removed "), "{kind}: {out}");
     let paused = |f: &Fleet| f.cli_json(&["status", "j", "--format", "json"])[0]["paused"].as_bool().unwrap();
+    let (code, _, err) = fa.cli(&["status"]);
+    assert!(code == 2 && err.contains("has no solocron schema"), "{kind}: the dropped prefix is empty: {err}");
+    fa.migrate();
     assert!(!paused(&fa), "{kind}: the dropped prefix starts again empty");
     assert!(paused(&fb), "{kind}: the neighbour prefix keeps its pause");
 }

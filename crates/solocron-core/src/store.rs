@@ -82,6 +82,49 @@ pub enum StoreError {
     Invalid(String),
 }
 
+/// Where a store's schema stands against the build reading it ([`Store::schema`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaState {
+    /// No solocron schema under this prefix: `migrate` creates it.
+    Missing,
+    /// Older than this build's: `migrate` upgrades it (nodes of this build need it).
+    Older {
+        /// The version found.
+        found: u32,
+        /// This build's version.
+        current: u32,
+    },
+    /// The version this build writes.
+    Current,
+    /// Newer than this build understands: this build must be upgraded.
+    Newer {
+        /// The version found.
+        found: u32,
+        /// This build's version.
+        current: u32,
+    },
+}
+
+impl SchemaState {
+    /// The state of a schema at version `found` (`None`: no schema) for a build at `current`.
+    ///
+    /// ```
+    /// use solocron_core::SchemaState;
+    /// assert_eq!(SchemaState::of(None, 7), SchemaState::Missing);
+    /// assert_eq!(SchemaState::of(Some(6), 7), SchemaState::Older { found: 6, current: 7 });
+    /// assert_eq!(SchemaState::of(Some(7), 7), SchemaState::Current);
+    /// assert_eq!(SchemaState::of(Some(8), 7), SchemaState::Newer { found: 8, current: 7 });
+    /// ```
+    pub fn of(found: Option<u32>, current: u32) -> SchemaState {
+        match found {
+            None => SchemaState::Missing,
+            Some(v) if v < current => SchemaState::Older { found: v, current },
+            Some(v) if v == current => SchemaState::Current,
+            Some(v) => SchemaState::Newer { found: v, current },
+        }
+    }
+}
+
 /// What a claim asks the store to do with one tick.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClaimMode {
@@ -362,6 +405,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Creates or upgrades the schema; idempotent and safe when many nodes call it at once.
     async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// Where the schema under this store's prefix stands against this build, read without
+    /// changing anything: what commands that must not migrate check first.
+    async fn schema(&self) -> Result<SchemaState, StoreError>;
 
     /// Removes everything this store keeps under its prefix (tables, stored routines,
     /// keys), for uninstalls and tests; other prefixes are untouched. Idempotent: a prefix

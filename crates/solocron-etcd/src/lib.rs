@@ -213,7 +213,7 @@
 //! - `lib.rs`: the store type, [`EtcdStore::connect`], and the [`Store`] impl, which only
 //!   delegates to the files below.
 //! - `url.rs`: the `etcd://` URL into endpoints and credentials; what is shown of it.
-//! - `schema.rs`: `migrate` (the layout version) and `uninstall`.
+//! - `schema.rs`: `migrate` (the layout version), `schema` (reads it) and `uninstall`.
 //! - `claim.rs`: the claim, in chunks of one `Txn` each. Nothing else claims.
 //! - `leases.rs`: the node's shared etcd leases that claims attach runs to.
 //! - `runs.rs`: a held run's life: renew, finish, expired, recover, unlock.
@@ -256,7 +256,7 @@ use etcd_client::{Client, ConnectOptions};
 use solocron_core::{
     ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
     JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store, StoreError, Tick,
 };
 
 pub use admin::HISTORY_SCAN_MAX;
@@ -367,6 +367,10 @@ impl Store for EtcdStore {
 
     async fn migrate(&self) -> Result<(), StoreError> {
         schema::migrate(self).await
+    }
+
+    async fn schema(&self) -> Result<SchemaState, StoreError> {
+        schema::schema(self).await
     }
 
     async fn uninstall(&self) -> Result<(), StoreError> {

@@ -1,22 +1,23 @@
 //! The layout's life: `migrate` writes (or checks) the layout version, the one key the
-//! other steps do not read; `uninstall` deletes every key under the prefix.
+//! other steps do not read; `schema` reads it; `uninstall` deletes every key under the
+//! prefix.
 
-use etcd_client::{Compare, CompareOp, DeleteOptions, Txn, TxnOp};
-use solocron_core::StoreError;
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
+use solocron_core::{SchemaState, StoreError};
 
-use crate::etcd::{bounded, get, single, txn};
+use crate::etcd::{bounded, get, range, single, txn};
 use crate::EtcdStore;
 
 /// The key layout this crate writes and understands (see [`crate::keys`]).
-const LAYOUT_VERSION: &str = "1";
+const LAYOUT_VERSION: u32 = 1;
 
 /// Writes the layout version once; checks it afterwards. One `Txn`, so any number of nodes
 /// may migrate at once.
 pub(crate) async fn migrate(store: &EtcdStore) -> Result<(), StoreError> {
-    let key = store.keys.schema();
+    let (key, version) = (store.keys.schema(), LAYOUT_VERSION.to_string());
     let request = Txn::new()
         .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-        .and_then(vec![TxnOp::put(key.clone(), LAYOUT_VERSION, None)])
+        .and_then(vec![TxnOp::put(key.clone(), version.as_str(), None)])
         .or_else(vec![get(key)]);
     let resp = txn(&store.client, "a migration", request).await?;
     if resp.succeeded() {
@@ -24,13 +25,28 @@ pub(crate) async fn migrate(store: &EtcdStore) -> Result<(), StoreError> {
     }
     let found = crate::etcd::gets(&resp).into_iter().next().and_then(single);
     match found.as_ref().map(|kv| kv.value()) {
-        Some(v) if v == LAYOUT_VERSION.as_bytes() => Ok(()),
+        Some(v) if v == version.as_bytes() => Ok(()),
         other => Err(StoreError::Invalid(format!(
             "{} has key layout version {:?}; this solocron understands version {LAYOUT_VERSION}",
             store.description,
             other.map(String::from_utf8_lossy)
         ))),
     }
+}
+
+/// Where the layout under the prefix stands against this build, from one linearizable read
+/// of the version key (see [`solocron_core::Store::schema`]): no key is
+/// [`SchemaState::Missing`].
+pub(crate) async fn schema(store: &EtcdStore) -> Result<SchemaState, StoreError> {
+    let resp = range(&store.client, "a schema read", &store.keys.schema(), GetOptions::new()).await?;
+    let found = resp.kvs().first().map(|kv| {
+        let value = String::from_utf8_lossy(kv.value());
+        value
+            .parse::<u32>()
+            .map_err(|_| StoreError::Invalid(format!("{} has key layout version {value:?}", store.description)))
+    });
+    let found = found.transpose()?;
+    Ok(SchemaState::of(found, LAYOUT_VERSION))
 }
 
 /// Deletes every key under the prefix (see [`solocron_core::Store::uninstall`]): one range

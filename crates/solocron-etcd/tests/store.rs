@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use solocron_conformance::checks::definition;
 use solocron_core::{
-    ClaimMode, ClaimOutcome, ClaimRequest, Lease, Prefix, RecoverAction, RecoverOutcome, RunEnd, RunState, Store,
-    StoreError, Tick, Trigger,
+    ClaimMode, ClaimOutcome, ClaimRequest, Lease, Prefix, RecoverAction, RecoverOutcome, RunEnd, RunState, SchemaState,
+    Store, StoreError, Tick, Trigger,
 };
 use solocron_etcd::EtcdStore;
 use tokio::sync::Barrier;
@@ -427,6 +427,43 @@ async fn racing_claims_asked_again_are_each_granted_on_the_record_as_last_writte
     let records = stores[0].history(&Default::default()).await.unwrap();
     assert_eq!(records.len(), 1, "{records:?}");
     assert!(until.contains(&records[0].lease_until.expect("running")), "{records:?} {until:?}");
+}
+
+/// The layout version key of the namespace, read or written behind the store's back.
+fn schema_key(ns: &common::Namespace) -> String {
+    format!("{}schema", ns.prefix.etcd_key_prefix())
+}
+
+#[tokio::test]
+async fn schema_on_a_fresh_prefix_is_missing_and_writes_nothing() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.store().await;
+    assert_eq!(store.schema().await.expect("schema"), SchemaState::Missing);
+    assert_eq!(store.schema().await.expect("schema again"), SchemaState::Missing, "still missing");
+    assert_eq!(keys_under(&ns.url, &ns.prefix.etcd_key_prefix()).await, Vec::<String>::new(), "no key written");
+}
+
+#[tokio::test]
+async fn schema_after_migrate_is_current() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    assert_eq!(store.schema().await.expect("schema"), SchemaState::Current);
+}
+
+#[tokio::test]
+async fn schema_of_a_layout_version_above_or_below_this_builds_is_newer_or_older() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let mut client = common::client(&ns.url).await.expect("client");
+    let marked = client.get(schema_key(&ns), None).await.expect("get");
+    let current: u32 = marked.kvs()[0].value_str().expect("utf-8").parse().expect("a numeric layout version");
+    for (found, expected) in [
+        (current + 1, SchemaState::Newer { found: current + 1, current }),
+        (current - 1, SchemaState::Older { found: current - 1, current }),
+    ] {
+        client.put(schema_key(&ns), found.to_string(), None).await.expect("put");
+        assert_eq!(store.schema().await.expect("schema"), expected, "layout version {found}");
+    }
 }
 
 /// Every key under `prefix` (keys only), read behind the store's back.

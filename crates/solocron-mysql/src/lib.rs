@@ -189,8 +189,8 @@
 //! - `lib.rs`: the store type, [`MySqlStore::connect`] (with each session's settings) and
 //!   the [`Store`] impl, which only delegates to the files below.
 //! - `url.rs`: the URL into connection options.
-//! - `schema.rs`: the tables, the stored procedure, their versions, `migrate` and
-//!   `uninstall`.
+//! - `schema.rs`: the tables, the stored procedure, their versions, `migrate`, `schema`
+//!   and `uninstall`.
 //! - `claim.rs`: the claim of a batch, in 2 round trips (3 when it grants a run again).
 //! - `claim_one.rs`: the claim of one tick, one `CALL {p}claim_one_v7`.
 //! - `runs.rs`: a held run after its claim: renew, finish (one, a batch, or with a waiting
@@ -256,7 +256,7 @@ use chrono::{DateTime, Utc};
 use solocron_core::{
     ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
     JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, Renewal, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    Registration, Renewal, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store, StoreError, Tick,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection, Executor};
@@ -411,6 +411,10 @@ impl Store for MySqlStore {
 
     async fn migrate(&self) -> Result<(), StoreError> {
         schema::migrate(self).await
+    }
+
+    async fn schema(&self) -> Result<SchemaState, StoreError> {
+        schema::schema(self).await
     }
 
     async fn uninstall(&self) -> Result<(), StoreError> {

@@ -1,7 +1,7 @@
 //! The schema: tables, indexes and the stored procedure, their serialized, versioned
-//! creation, and their removal.
+//! creation, where they stand (read only), and their removal.
 
-use solocron_core::StoreError;
+use solocron_core::{SchemaState, StoreError};
 use sqlx::pool::PoolConnection;
 use sqlx::{Executor, MySql};
 
@@ -43,6 +43,10 @@ const ADD_NONCE: &str = "ALTER TABLE {p}runs ADD COLUMN nonce BIGINT NULL";
 /// Whether the registry has version 6's `mark` column: bound to the table's name.
 const HAS_MARK: &str = "SELECT COUNT(*) FROM information_schema.columns
      WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'mark'";
+
+/// Whether the version table exists: bound to its name.
+const HAS_SCHEMA: &str = "SELECT COUNT(*) FROM information_schema.tables
+     WHERE table_schema = DATABASE() AND table_name = ?";
 
 /// Version 6: the mark of the `register` call that last listed a registration (0: written
 /// by an earlier version). The last column, so both servers add it in place.
@@ -314,6 +318,29 @@ async fn migrate_once(store: &MySqlStore) -> Result<(), Failure> {
     let outcome = create(store, &mut conn).await;
     release_lock(&lock, conn).await;
     outcome
+}
+
+/// Where the schema stands against this build, read only (no lock, no DDL): no version
+/// table in the database, or an empty one, is Missing.
+pub(crate) async fn schema(store: &MySqlStore) -> Result<SchemaState, StoreError> {
+    let found = retrying("cannot read the schema version", || async {
+        let mut conn = store.pool.acquire().await?;
+        let tables: i64 = sqlx::query_scalar(HAS_SCHEMA).bind(store.sql("{p}schema")).fetch_one(&mut *conn).await?;
+        if tables == 0 {
+            return Ok(None);
+        }
+        let version: Option<i64> = sqlx::query_scalar(&store.sql("SELECT CAST(MAX(version) AS SIGNED) FROM {p}schema"))
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(version)
+    })
+    .await?;
+    let found = found
+        .map(|v| {
+            u32::try_from(v).map_err(|_| StoreError::Invalid(format!("{} has schema version {v}", store.description)))
+        })
+        .transpose()?;
+    Ok(SchemaState::of(found, SCHEMA_VERSION as u32))
 }
 
 /// Takes the server-wide named lock `{p}migrate` on `conn`, which migrations and

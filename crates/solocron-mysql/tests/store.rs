@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use solocron_conformance::checks::definition;
 use solocron_core::{
     ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, Lease, NodeBeat, Prefix,
-    RecoverAction, RecoverOutcome, RunEnd, RunState, Store, StoreError, Tick, Trigger, CLAIM_BATCH_MAX,
+    RecoverAction, RecoverOutcome, RunEnd, RunState, SchemaState, Store, StoreError, Tick, Trigger, CLAIM_BATCH_MAX,
 };
 use solocron_mysql::MySqlStore;
 use support::Namespace;
@@ -923,4 +923,56 @@ async fn a_finish_for_retry_that_cannot_write_its_retry_records_nothing() {
     let first = records.iter().find(|r| r.id == lease.run).expect("attempt 1");
     assert_eq!((first.state, first.finished_at), (RunState::Running, None));
     assert!(store.finish(&lease, &succeeded()).await.expect("finish"), "the lease still holds");
+}
+
+/// The schema version this build writes (the crate's `SCHEMA_VERSION`).
+const CURRENT: u32 = 7;
+
+/// `schema` on a fresh prefix says Missing and creates nothing (a second look still finds
+/// nothing: no version table, no other table or routine of the prefix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn schema_of_a_fresh_prefix_is_missing_and_creates_nothing() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.store().await;
+    assert_eq!(store.schema().await.expect("schema"), SchemaState::Missing);
+    assert_eq!(store.schema().await.expect("schema"), SchemaState::Missing);
+    let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
+    assert_eq!(objects_named(&pool, &ns.prefix.table_prefix()).await, Vec::<String>::new(), "schema() wrote nothing");
+    pool.close().await;
+}
+
+/// After `migrate` the schema is Current; a prefix whose names begin like it is still Missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn schema_after_migrate_is_current_and_other_prefixes_stay_missing() {
+    let Some(ns) = Namespace::new().await else { return };
+    assert_eq!(ns.migrated().await.schema().await.expect("schema"), SchemaState::Current);
+    assert_eq!(ns.nested("other").store().await.schema().await.expect("schema"), SchemaState::Missing);
+}
+
+/// A stored version above this build's is Newer, one below Older; an emptied version table
+/// is Missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn schema_reports_a_stored_version_above_as_newer_below_as_older_and_none_as_missing() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
+    let p = &ns.prefix.table_prefix();
+    let set = format!("UPDATE {p}schema SET version = ?");
+    sqlx::query(&set).bind(CURRENT + 1).execute(&pool).await.expect("a newer version");
+    assert_eq!(store.schema().await.expect("schema"), SchemaState::Newer { found: CURRENT + 1, current: CURRENT });
+    sqlx::query(&set).bind(CURRENT - 1).execute(&pool).await.expect("an older version");
+    assert_eq!(store.schema().await.expect("schema"), SchemaState::Older { found: CURRENT - 1, current: CURRENT });
+    sqlx::query(&format!("DELETE FROM {p}schema")).execute(&pool).await.expect("no version row");
+    assert_eq!(store.schema().await.expect("schema"), SchemaState::Missing);
+    pool.close().await;
+}
+
+/// A store that cannot reach its server (here: its pool closed) answers Unavailable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn schema_of_an_unreachable_store_is_unavailable() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    store.close().await;
+    let err = store.schema().await.expect_err("closed");
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
 }

@@ -71,8 +71,8 @@
 //! - `lib.rs`: the store type, [`PgStore::connect`] and the [`Store`] impl, which only
 //!   delegates to the files below.
 //! - `url.rs`: the URL into connection options.
-//! - `schema.rs`: the versioned migrations (tables, indexes, claim functions), `migrate`
-//!   and `uninstall`.
+//! - `schema.rs`: the versioned migrations (tables, indexes, claim functions), `migrate`,
+//!   `schema` and `uninstall`.
 //! - `claim.rs`: the claim of a batch, one call of `{p}claim` (or `{p}claim_taken_first`).
 //! - `claim_one.rs`: the claim of one tick, one call of `{p}claim_one`.
 //! - `runs.rs`: a held run after its claim: renew, finish (one or a batch, or for a retry),
@@ -137,7 +137,7 @@ use chrono::{DateTime, Utc};
 use solocron_core::{
     ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
     JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store, StoreError, Tick,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor};
@@ -283,6 +283,10 @@ impl Store for PgStore {
 
     async fn migrate(&self) -> Result<(), StoreError> {
         schema::migrate(self).await
+    }
+
+    async fn schema(&self) -> Result<SchemaState, StoreError> {
+        schema::schema(self).await
     }
 
     async fn uninstall(&self) -> Result<(), StoreError> {

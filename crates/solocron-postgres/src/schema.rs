@@ -1,11 +1,12 @@
 //! The schema, as versioned migrations, and the server-side claim functions; `migrate`,
-//! which applies what is missing, and `uninstall`, which drops it all.
+//! which applies what is missing, `schema`, which reads where it stands, and `uninstall`,
+//! which drops it all.
 //!
 //! Every statement is a template: `{p}` stands for the table prefix (from a
 //! [`Prefix`](solocron_core::Prefix): letters, digits and `_` only, so safe to splice) and
 //! `{now}` for the server clock in milliseconds.
 
-use solocron_core::{StoreError, CLAIM_EARLY_MAX};
+use solocron_core::{SchemaState, StoreError, CLAIM_EARLY_MAX};
 use sqlx::PgConnection;
 
 use crate::error::{retrying, Res};
@@ -1206,6 +1207,33 @@ async fn migrate_locked(store: &PgStore, conn: &mut PgConnection, target: i32) -
         tracing::info!(store = %store.description, version = step, "schema migrated");
     }
     Ok(())
+}
+
+/// Where the schema stands against this build, read only: no `{p}schema` table in the
+/// current schema (where `migrate` creates it), or an empty one, is Missing.
+pub(crate) async fn schema(store: &PgStore) -> Result<SchemaState, StoreError> {
+    let found = retrying("schema", || async {
+        let mut conn = store.pool.acquire().await?;
+        let exists: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT FROM pg_tables WHERE schemaname = current_schema() AND tablename = $1)",
+        )
+        .bind(store.sql("{p}schema"))
+        .fetch_one(&mut *conn)
+        .await?;
+        if !exists {
+            return Ok(None);
+        }
+        let version: Option<i32> =
+            sqlx::query_scalar(&store.sql("SELECT max(version) FROM {p}schema")).fetch_one(&mut *conn).await?;
+        Ok(version)
+    })
+    .await?;
+    let found = found
+        .map(|v| {
+            u32::try_from(v).map_err(|_| StoreError::Invalid(format!("{} has schema version {v}", store.description)))
+        })
+        .transpose()?;
+    Ok(SchemaState::of(found, SCHEMA_VERSION as u32))
 }
 
 /// Drops every table (with its indexes) and function of the prefix, in one transaction

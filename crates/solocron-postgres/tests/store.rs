@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 use common::Namespace;
 use solocron_core::{
     ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobDefinition, Lease,
-    NodeBeat, Prefix, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, RunState, Store, StoreError, Tick,
-    Trigger, FINISH_BATCH_MAX, OUTPUT_TAIL_BYTES_MAX,
+    NodeBeat, Prefix, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, RunState, SchemaState, Store,
+    StoreError, Tick, Trigger, FINISH_BATCH_MAX, OUTPUT_TAIL_BYTES_MAX,
 };
 use solocron_postgres::PgStore;
 use tokio::sync::Barrier;
@@ -906,4 +906,56 @@ async fn an_unmigrated_prefix_is_an_invalid_store_not_an_outage() {
     let Some(ns) = Namespace::new().await else { return };
     let err = ns.store().await.claim(&[run(tick("backup", 0), "a", LONG_LEASE, false)]).await.unwrap_err();
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+}
+
+/// The schema version this build writes (the crate's `SCHEMA_VERSION`).
+const CURRENT: u32 = 11;
+
+/// `schema` on a fresh prefix says Missing and creates nothing (a second look still finds
+/// nothing: no schema table, no other object of the prefix).
+#[tokio::test]
+async fn schema_of_a_fresh_prefix_is_missing_and_creates_nothing() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.store().await;
+    assert_eq!(store.schema().await.unwrap(), SchemaState::Missing);
+    assert_eq!(store.schema().await.unwrap(), SchemaState::Missing);
+    let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
+    assert_eq!(objects_named(&pool, &ns.prefix.table_prefix()).await, Vec::<String>::new(), "schema() wrote nothing");
+    pool.close().await;
+}
+
+/// After `migrate` the schema is Current; a prefix whose names begin like it is still Missing.
+#[tokio::test]
+async fn schema_after_migrate_is_current_and_other_prefixes_stay_missing() {
+    let Some(ns) = Namespace::new().await else { return };
+    assert_eq!(ns.migrated().await.schema().await.unwrap(), SchemaState::Current);
+    assert_eq!(ns.nested("other").store().await.schema().await.unwrap(), SchemaState::Missing);
+}
+
+/// A stored version above this build's is Newer, one below Older; an emptied version table
+/// is Missing.
+#[tokio::test]
+async fn schema_reports_a_stored_version_above_as_newer_below_as_older_and_none_as_missing() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
+    let p = &ns.prefix.table_prefix();
+    let set = format!("UPDATE {p}schema SET version = $1");
+    sqlx::query(&set).bind((CURRENT + 1) as i32).execute(&pool).await.unwrap();
+    assert_eq!(store.schema().await.unwrap(), SchemaState::Newer { found: CURRENT + 1, current: CURRENT });
+    sqlx::query(&set).bind((CURRENT - 1) as i32).execute(&pool).await.unwrap();
+    assert_eq!(store.schema().await.unwrap(), SchemaState::Older { found: CURRENT - 1, current: CURRENT });
+    sqlx::query(&format!("DELETE FROM {p}schema")).execute(&pool).await.unwrap();
+    assert_eq!(store.schema().await.unwrap(), SchemaState::Missing);
+    pool.close().await;
+}
+
+/// A store that cannot reach its server (here: its pool closed) answers Unavailable.
+#[tokio::test]
+async fn schema_of_an_unreachable_store_is_unavailable() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    store.close().await;
+    let err = store.schema().await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
 }

@@ -235,7 +235,8 @@
 //! - `lib.rs`: the store type, [`RedisStore::connect`], and the [`Store`] impl, which
 //!   only delegates to the files below.
 //! - `url.rs`: the URL into a client; what is shown of it (redacted).
-//! - `schema.rs`: `migrate` (layout version, epoch) and `uninstall`.
+//! - `schema.rs`: `migrate` (layout version, epoch), `schema` (reads the version) and
+//!   `uninstall`.
 //! - `claim.rs`: the claim, a whole batch in one call. Nothing else claims.
 //! - `runs.rs`: a held run's life: renew, finish, finish for a retry, expired, recover,
 //!   unlock.
@@ -276,7 +277,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use solocron_core::{
     ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
     JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store, StoreError, Tick,
 };
 
 pub use fleet::ACTIONS_KEPT_MAX;
@@ -379,6 +380,10 @@ impl Store for RedisStore {
 
     async fn migrate(&self) -> Result<(), StoreError> {
         schema::migrate(self).await
+    }
+
+    async fn schema(&self) -> Result<SchemaState, StoreError> {
+        schema::schema(self).await
     }
 
     async fn uninstall(&self) -> Result<(), StoreError> {

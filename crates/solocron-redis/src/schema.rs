@@ -15,11 +15,15 @@
 //! by the same build shares it, and it holds no data. `FUNCTION DELETE solocron_<hash>`
 //! removes it once no fleet of that build is left.
 
-use solocron_core::StoreError;
+use solocron_core::{SchemaState, StoreError};
 
 use crate::error::redis_error;
 use crate::scripts::CODE;
 use crate::RedisStore;
+
+/// The layout version this build writes and understands: `SCHEMA_VERSION` in
+/// `lua/prelude.lua`, which the scripts check and mark.
+const SCHEMA_VERSION: u32 = 1;
 
 /// Keys `SCAN` is asked to look at per step of [`uninstall`] (the keys found in a step are
 /// deleted with one `UNLINK`).
@@ -34,6 +38,22 @@ pub(crate) async fn migrate(store: &RedisStore) -> Result<(), StoreError> {
     // One script: concurrent migrations take turns, and each later one finds the version
     // and the epoch marked. There are no structures to create.
     store.run(&store.invocation(&CODE.migrate), "migrate").await.map(drop)
+}
+
+/// Where the layout under the prefix stands against this build, from one `GET` of the
+/// version key (see [`solocron_core::Store::schema`]): no key is [`SchemaState::Missing`].
+/// A plain read, not a script: it writes nothing and loads no code.
+pub(crate) async fn schema(store: &RedisStore) -> Result<SchemaState, StoreError> {
+    let context = || format!("reading the layout version on {}", store.description);
+    let found: Option<String> = redis::cmd("GET")
+        .arg(format!("{}schema", store.prefix))
+        .query_async(&mut store.conn.clone())
+        .await
+        .map_err(|e| redis_error(e, &context()))?;
+    let found = found
+        .map(|v| v.parse::<u32>().map_err(|_| StoreError::Invalid(format!("{}: layout version {v:?}", context()))))
+        .transpose()?;
+    Ok(SchemaState::of(found, SCHEMA_VERSION))
 }
 
 /// Deletes every key under the prefix (see [`solocron_core::Store::uninstall`]): `SCAN`
@@ -73,4 +93,14 @@ pub(crate) async fn uninstall(store: &RedisStore) -> Result<(), StoreError> {
         "{}: the key scan did not end within {UNINSTALL_SCAN_STEPS_MAX} steps; run it again",
         context()
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_rust_layout_version_is_the_one_the_scripts_mark() {
+        let prelude = include_str!("lua/prelude.lua");
+        let line = format!("local SCHEMA_VERSION = '{}'\n", super::SCHEMA_VERSION);
+        assert!(prelude.contains(&line), "lua/prelude.lua lacks {line:?}");
+    }
 }

@@ -13,7 +13,7 @@ use redis::Value;
 use solocron_conformance::checks::definition;
 use solocron_core::{
     ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, Lease, Prefix, RecoverAction,
-    RecoverOutcome, RunEnd, RunState, Store, StoreError, Tick, Trigger,
+    RecoverOutcome, RunEnd, RunState, SchemaState, Store, StoreError, Tick, Trigger,
 };
 use solocron_redis::RedisStore;
 use tokio::sync::Barrier;
@@ -372,6 +372,43 @@ async fn a_layout_version_this_code_does_not_know_is_refused() {
     assert!(matches!(&err, StoreError::Invalid(m) if m.contains("version 2")), "{err}");
     let err = store.claim(&[run(tick("backup", 0), "a", false)]).await.unwrap_err();
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+}
+
+/// The layout version key of the namespace, read or written behind the store's back.
+fn schema_key(ns: &common::Namespace) -> String {
+    format!("{}schema", ns.prefix.redis_key_prefix())
+}
+
+#[tokio::test]
+async fn schema_on_a_fresh_prefix_is_missing_and_writes_nothing() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.store().await;
+    assert_eq!(store.schema().await.expect("schema"), SchemaState::Missing);
+    assert_eq!(store.schema().await.expect("schema again"), SchemaState::Missing, "still missing");
+    assert_eq!(keys_of(&ns).await, Vec::<String>::new(), "no key written under the prefix");
+}
+
+#[tokio::test]
+async fn schema_after_migrate_is_current() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    assert_eq!(store.schema().await.expect("schema"), SchemaState::Current);
+}
+
+#[tokio::test]
+async fn schema_of_a_layout_version_above_or_below_this_builds_is_newer_or_older() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let mut conn = common::raw(&ns.url).await.expect("connect");
+    let marked: String = redis::cmd("GET").arg(schema_key(&ns)).query_async(&mut conn).await.expect("get");
+    let current: u32 = marked.parse().expect("a numeric layout version");
+    for (found, expected) in [
+        (current + 1, SchemaState::Newer { found: current + 1, current }),
+        (current - 1, SchemaState::Older { found: current - 1, current }),
+    ] {
+        let () = redis::cmd("SET").arg(schema_key(&ns)).arg(found).query_async(&mut conn).await.expect("set");
+        assert_eq!(store.schema().await.expect("schema"), expected, "layout version {found}");
+    }
 }
 
 #[tokio::test]

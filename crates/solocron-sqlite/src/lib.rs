@@ -38,7 +38,7 @@
 //! - `lib.rs`: the store type, [`SqliteStore::connect`], and a [`Store`] impl that only
 //!   delegates to the files below.
 //! - `url.rs`: a `sqlite:` URL into the driver's options and the file's path.
-//! - `schema.rs`: the tables, `migrate` and `uninstall`.
+//! - `schema.rs`: the tables, `migrate`, `schema` and `uninstall`.
 //! - `claim.rs`: the batch claim (one transaction, decided in memory); `claim_one.rs`: the
 //!   one-tick claim (one statement, decided in SQL). Nothing else claims.
 //! - `runs.rs`: a held run's life: renew, finish, expired, recover.
@@ -119,7 +119,7 @@ use chrono::{DateTime, Utc};
 use solocron_core::{
     redact_url, ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
     JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, Store, StoreError, Tick,
+    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store, StoreError, Tick,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, Transaction};
@@ -295,6 +295,10 @@ impl Store for SqliteStore {
 
     async fn migrate(&self) -> Result<(), StoreError> {
         schema::migrate(self).await
+    }
+
+    async fn schema(&self) -> Result<SchemaState, StoreError> {
+        schema::schema(self).await
     }
 
     async fn uninstall(&self) -> Result<(), StoreError> {

@@ -1,9 +1,10 @@
-//! The schema: its statements, [`migrate`] (create or upgrade, idempotent) and
-//! [`uninstall`] (drop everything under the store's prefix). Every name starts with the
-//! store's table prefix (`{p}` in the templates below), so several prefixes share one
-//! file; the default prefix gives the names of every earlier release (`solocron_runs`, ...).
+//! The schema: its statements, [`migrate`] (create or upgrade, idempotent), [`schema`]
+//! (where it stands, read only) and [`uninstall`] (drop everything under the store's
+//! prefix). Every name starts with the store's table prefix (`{p}` in the templates below),
+//! so several prefixes share one file; the default prefix gives the names of every earlier
+//! release (`solocron_runs`, ...).
 
-use solocron_core::{Store as _, StoreError};
+use solocron_core::{SchemaState, Store as _, StoreError};
 
 use crate::error::db_err;
 use crate::{fill, SqliteStore};
@@ -174,9 +175,13 @@ const DROP: &[&str] = &[
     "DROP TABLE IF EXISTS {p}schema",
 ];
 
+/// Whether a table of this name exists (bound to the name).
+const HAS_TABLE: &str = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?";
+
 /// The schema's statements for one table prefix, built when the store connects.
 pub(crate) struct Sql {
     create: Vec<String>,
+    schema_table: String,
     runs: String,
     add_nonce: String,
     version: String,
@@ -191,6 +196,7 @@ impl Sql {
         let all = |templates: &[&str]| templates.iter().map(|t| fill(t, tables)).collect();
         Sql {
             create: all(SCHEMA),
+            schema_table: fill("{p}schema", tables),
             runs: fill("{p}runs", tables),
             add_nonce: fill(ADD_NONCE, tables),
             version: fill("SELECT max(version) FROM {p}schema", tables),
@@ -234,6 +240,27 @@ pub(crate) async fn migrate(store: &SqliteStore) -> Result<(), StoreError> {
         }
     }
     tx.commit().await.map_err(db_err)
+}
+
+/// Where the schema stands against this build, read in one read transaction that writes
+/// nothing (see [`Store::schema`](solocron_core::Store::schema)): no schema table, or an
+/// empty one, is [`SchemaState::Missing`].
+pub(crate) async fn schema(store: &SqliteStore) -> Result<SchemaState, StoreError> {
+    let sql = &store.sql.schema;
+    let mut tx = store.pool.begin().await.map_err(db_err)?;
+    let tables: i64 =
+        sqlx::query_scalar(HAS_TABLE).bind(&sql.schema_table).fetch_one(&mut *tx).await.map_err(db_err)?;
+    let found: Option<i64> = match tables {
+        0 => None,
+        _ => sqlx::query_scalar(&sql.version).fetch_one(&mut *tx).await.map_err(db_err)?,
+    };
+    tx.rollback().await.map_err(db_err)?;
+    let found = found
+        .map(|v| {
+            u32::try_from(v).map_err(|_| StoreError::Invalid(format!("{} has schema version {v}", store.describe())))
+        })
+        .transpose()?;
+    Ok(SchemaState::of(found, SCHEMA_VERSION as u32))
 }
 
 /// Drops every table, index and trigger of the store's prefix, in one transaction; the

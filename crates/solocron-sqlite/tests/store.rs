@@ -5,8 +5,8 @@
 
 use solocron_conformance::checks::definition;
 use solocron_core::{
-    ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, NodeBeat, Prefix, RunState, Store,
-    StoreError, Tick, Trigger,
+    ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, NodeBeat, Prefix, RunState,
+    SchemaState, Store, StoreError, Tick, Trigger,
 };
 use solocron_sqlite::SqliteStore;
 use tempfile::TempDir;
@@ -602,4 +602,47 @@ async fn a_claim_refused_as_too_early_writes_nothing_on_either_path_and_claims_g
     let counter: i64 =
         sqlx::query_scalar("SELECT token FROM solocron_fences WHERE job = 'backup'").fetch_one(&pool).await.unwrap();
     assert_eq!(counter, 2, "refusals advance no counter");
+}
+
+/// The schema version this build writes (the crate's `SCHEMA_VERSION`).
+const CURRENT: u32 = 6;
+
+/// `schema` on a prefix with no tables says Missing and creates nothing: not the schema
+/// table, not any other object of the prefix (a second look still finds nothing).
+#[tokio::test]
+async fn schema_of_a_fresh_prefix_is_missing_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_path(&dir.path().join("solocron.db"), &Prefix::default()).await.unwrap();
+    assert_eq!(store.schema().await.unwrap(), SchemaState::Missing);
+    assert_eq!(store.schema().await.unwrap(), SchemaState::Missing);
+    assert_eq!(objects(&raw(&dir).await, &Prefix::default()).await, [], "schema() wrote nothing");
+}
+
+/// After `migrate` the schema is Current; another prefix in the same file is still Missing.
+#[tokio::test]
+async fn schema_after_migrate_is_current_and_other_prefixes_stay_missing() {
+    let (dir, store) = fresh().await;
+    assert_eq!(store.schema().await.unwrap(), SchemaState::Current);
+    let billing =
+        SqliteStore::open_path(&dir.path().join("solocron.db"), &Prefix::parse("billing").unwrap()).await.unwrap();
+    assert_eq!(billing.schema().await.unwrap(), SchemaState::Missing);
+}
+
+/// A stored version above this build's is Newer, one below Older, each naming both.
+#[tokio::test]
+async fn schema_reports_a_stored_version_above_as_newer_and_below_as_older() {
+    let (dir, store) = fresh().await;
+    let pool = raw(&dir).await;
+    sqlx::query("UPDATE solocron_schema SET version = ?").bind(CURRENT + 1).execute(&pool).await.unwrap();
+    assert_eq!(store.schema().await.unwrap(), SchemaState::Newer { found: CURRENT + 1, current: CURRENT });
+    sqlx::query("UPDATE solocron_schema SET version = ?").bind(CURRENT - 1).execute(&pool).await.unwrap();
+    assert_eq!(store.schema().await.unwrap(), SchemaState::Older { found: CURRENT - 1, current: CURRENT });
+}
+
+/// A schema table without its version row (a migration that never committed one) is Missing.
+#[tokio::test]
+async fn schema_with_an_empty_version_table_is_missing() {
+    let (dir, store) = fresh().await;
+    sqlx::query("DELETE FROM solocron_schema").execute(&raw(&dir).await).await.unwrap();
+    assert_eq!(store.schema().await.unwrap(), SchemaState::Missing);
 }

@@ -12,9 +12,10 @@
 //! one duplicate a delivering node's death can cause.
 //!
 //! **Who raises it.** The node that recorded the event: the end of a run it ran, the drop
-//! of a retry or an abandon in its recovery scan, a missed tick it recorded skipped. The
-//! delivery reads the event back from the store (the tick's newest record), so any node can
-//! deliver or retry it. Stale jobs (no success for `stale_after`) are checked by every node
+//! of a retry or an abandon in its recovery scan, a missed tick it recorded skipped; and,
+//! in case that node died before it claimed the alert (or lacks the rule), every node's
+//! sweep of the last minutes of its jobs' history. The delivery reads the event back from
+//! the store (the tick's newest record), so any node can deliver or retry it. Stale jobs (no success for `stale_after`) are checked by every node
 //! for the jobs it runs; the alert's instant is the last success's tick plus `stale_after`
 //! (its millisecond set to 999, an instant no scheduled tick has), one per silence.
 //!
@@ -257,6 +258,8 @@ pub(crate) struct Alerts {
     /// The last success each (rule, job) was alerted stale after, so a check does not ask
     /// the store again for the same silence.
     stale_alerted: Mutex<HashMap<(usize, String), DateTime<Utc>>>,
+    /// The events a sweep raised already ([`SWEPT_MAX`]).
+    swept: Mutex<std::collections::HashSet<RunId>>,
 }
 
 /// Most deliveries kept built; past it the map starts again (they are cheap to rebuild).
@@ -268,8 +271,13 @@ impl Alerts {
         Alerts { rules: rules.into_iter().map(Arc::new).collect(), ..Alerts::default() }
     }
 
-    pub(crate) fn wants_stale(&self) -> bool {
-        self.rules.iter().any(|r| r.events.contains(&AlertEvent::Stale))
+    /// True the first time a sweep meets `run` (until [`SWEPT_MAX`] are remembered).
+    fn newly_swept(&self, run: &RunId) -> bool {
+        let mut swept = self.swept.lock().expect("swept lock");
+        if swept.len() >= SWEPT_MAX {
+            swept.clear();
+        }
+        swept.insert(run.clone())
     }
 
     /// The delivery job named `name`, if it is one of this node's rules' (a recovery scan
@@ -352,6 +360,8 @@ fn is_shortened(index: usize, rest: &str) -> bool {
 pub(crate) fn run_ended(e: &Arc<Engine>, run: &RunId, state: RunState) {
     let job = &run.tick.job;
     let Some(event) = AlertEvent::of_end(state).filter(|_| !job.starts_with('#')) else { return };
+    // Raised here: this node's sweeps need not look at it again.
+    e.alerts.newly_swept(run);
     if event == AlertEvent::Recovered {
         if e.alerts.rules.iter().any(|r| r.wants(event, job)) {
             let (e2, tick) = (e.clone(), run.tick.clone());
@@ -503,10 +513,11 @@ async fn sent_last_hour(e: &Engine, name: &str, max: u32) -> Result<usize, Store
 /// Most records of one rule's deliveries about one job read to count its rate.
 const RATE_RECORDS_READ_MAX: usize = 1_000;
 
-/// Checks, every [`STALE_CHECK_EVERY`] until `shutdown`, each job of this node that a rule
-/// watches for staleness, and raises the alert of a silence once.
-pub(crate) async fn stale_loop(e: Arc<Engine>, shutdown: CancellationToken) {
-    if !e.alerts.wants_stale() {
+/// Every [`STALE_CHECK_EVERY`] until `shutdown`: sweeps the recent history for events of
+/// this node's jobs that were recorded but never alerted (see [`sweep`]), and checks each
+/// job a rule watches for staleness, raising the alert of a silence once.
+pub(crate) async fn alerts_loop(e: Arc<Engine>, shutdown: CancellationToken) {
+    if e.alerts.rules.is_empty() {
         return;
     }
     let mut first = 0;
@@ -516,6 +527,7 @@ pub(crate) async fn stale_loop(e: Arc<Engine>, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
         }
         let now = e.now();
+        sweep(&e, now).await;
         let watched = stale_watched(&e);
         // A check reads at most STALE_JOBS_PER_CHECK_MAX jobs, each check starting where the
         // last one stopped.
@@ -531,6 +543,72 @@ pub(crate) async fn stale_loop(e: Arc<Engine>, shutdown: CancellationToken) {
         }
         first = if watched.is_empty() { 0 } else { (first + count) % watched.len() };
     }
+}
+
+/// How far back a sweep looks, by the events' tick instants.
+const SWEEP_WINDOW: chrono::Duration = chrono::Duration::minutes(5);
+/// How long an event is left to the node that recorded it before a sweep raises it too.
+const SWEEP_SETTLE: chrono::Duration = chrono::Duration::seconds(5);
+/// Most records of one state a sweep reads.
+const SWEEP_RECORDS_MAX: usize = 500;
+/// Most events remembered as swept; past it they are forgotten (a sweep then claims them
+/// again, and the store answers that their alerts exist).
+const SWEPT_MAX: usize = 10_000;
+
+/// Raises the events of the last [`SWEEP_WINDOW`] of this node's jobs that a rule wants,
+/// once each per node: the node that recorded an event raises it at once, but if it died
+/// before its claim (or has no such rule: its configuration differs), a sweep still does;
+/// the store's claim keeps it to one alert. An event of a tick older than the window (a
+/// run that lasted longer) is raised by its own node only.
+async fn sweep(e: &Arc<Engine>, now: DateTime<Utc>) {
+    let states: Vec<RunState> = [
+        (AlertEvent::Failed, RunState::Failed),
+        (AlertEvent::TimedOut, RunState::TimedOut),
+        (AlertEvent::Lost, RunState::Lost),
+        (AlertEvent::Abandoned, RunState::Abandoned),
+        (AlertEvent::Missed, RunState::Skipped),
+    ]
+    .into_iter()
+    .filter(|(event, _)| e.alerts.rules.iter().any(|r| r.events.contains(event)))
+    .map(|(_, state)| state)
+    .collect();
+    let jobs = e.jobs.get();
+    for state in states {
+        let query = HistoryQuery {
+            state: Some(state),
+            since: Some(now - SWEEP_WINDOW),
+            until: Some(now - SWEEP_SETTLE),
+            limit: SWEEP_RECORDS_MAX,
+            ..Default::default()
+        };
+        let Ok(records) = bounded(e.store.history(&query)).await else { continue };
+        for r in records.iter().filter(|r| jobs.get(&r.id.tick.job).is_some()) {
+            let missed = r.reason.as_deref().is_some_and(|why| why.starts_with("missed"));
+            if (state == RunState::Skipped && !missed) || !e.alerts.newly_swept(&r.id) {
+                continue;
+            }
+            // A failure with a retry, or a lost attempt recovery retried, is no event yet.
+            if matches!(state, RunState::Failed | RunState::TimedOut | RunState::Lost) && has_next_attempt(e, r).await {
+                continue;
+            }
+            let event = AlertEvent::of_end(state).expect("every swept state is an event");
+            raise(e, &r.id.tick.job, r.id.tick.scheduled_at, event);
+        }
+    }
+}
+
+/// Whether `run`'s tick has an attempt after it (a store that does not answer: yes, so
+/// nothing is raised on a guess).
+async fn has_next_attempt(e: &Engine, run: &RunRecord) -> bool {
+    let at = run.id.tick.scheduled_at;
+    let query = HistoryQuery {
+        job: Some(run.id.tick.job.clone()),
+        since: Some(at),
+        until: Some(at + chrono::Duration::milliseconds(1)),
+        limit: 100,
+        ..Default::default()
+    };
+    bounded(e.store.history(&query)).await.map_or(true, |all| all.iter().any(|r| r.id.attempt > run.id.attempt))
 }
 
 /// Every (rule, job of this node, `stale_after`) a stale check looks at.

@@ -12,14 +12,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use solocron_core::{
-    ClaimMode, ClaimOutcome, ClaimRequest, Clock, Lease, Overlap, Store, StoreError, Tick, Trigger, CLAIM_BATCH_MAX,
+    ClaimMode, ClaimOutcome, ClaimRequest, Clock, Lease, Overlap, RunId, RunState, Store, StoreError, Tick, Trigger,
+    CLAIM_BATCH_MAX,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::alerts::{self, AlertEvent, Alerts};
+use crate::alerts::{self, Alerts};
 use crate::batches::Batches;
 use crate::job::Job;
 use crate::jobset::{JobSet, Jobs};
@@ -272,7 +273,7 @@ impl Engine {
             ClaimOutcome::Skipped { reason } => {
                 tracing::info!(job = %req.tick.job, scheduled_at = %req.tick.scheduled_at, node = %self.node, state = "skipped", reason, "tick skipped");
                 if metrics::skip_outcome(&req.mode, &reason) == metrics::Outcome::Missed {
-                    alerts::raise(self, &req.tick.job, req.tick.scheduled_at, AlertEvent::Missed);
+                    alerts::run_ended(self, &RunId { tick: req.tick.clone(), attempt: 1 }, RunState::Skipped);
                 }
             }
             ClaimOutcome::Taken => {

@@ -312,7 +312,7 @@ impl Scheduler {
             tokio::spawn(recovery::recovery_loop(e.clone(), shutdown.clone())),
             tokio::spawn(housekeeping::registry_loop(e.clone(), shutdown.clone())),
             tokio::spawn(housekeeping::requests_loop(e.clone(), shutdown.clone())),
-            tokio::spawn(alerts::stale_loop(e.clone(), shutdown.clone())),
+            tokio::spawn(alerts::alerts_loop(e.clone(), shutdown.clone())),
         ];
         if let Some(retention) = e.history_retention {
             side.push(tokio::spawn(housekeeping::prune_loop(e.store.clone(), retention, shutdown.clone())));

@@ -503,6 +503,7 @@ use solocron_core::{
 
 distant! {
     migrate() -> ();
+    schema() -> solocron_core::SchemaState;
     finish_for_retry(lease: &Lease, end: &RunEnd, after: Duration) -> bool;
     expired(limit: usize) -> Vec<RunRecord>;
     recover(run: &RunId, action: &RecoverAction) -> RecoverOutcome;

@@ -119,6 +119,13 @@ impl Fleet {
         )
     }
 
+    /// Creates the store's schema (`solocron migrate`), as a first `run` would: read and
+    /// admin commands need it.
+    pub fn migrate(&self) {
+        let (code, _, err) = self.cli(&["migrate"]);
+        assert_eq!(code, 0, "solocron migrate failed: {err}");
+    }
+
     /// Like [`Fleet::cli`], parsing stdout as JSON (the command must succeed).
     pub fn cli_json(&self, args: &[&str]) -> Value {
         let (code, out, err) = self.cli(args);
