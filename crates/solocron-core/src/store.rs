@@ -275,6 +275,29 @@ pub enum RecoverOutcome {
     NotNeeded,
 }
 
+/// Most pages of history [`Store::count_runs`]'s default reads.
+pub const COUNT_PAGES_MAX: usize = 100;
+
+/// Run records by state ([`Store::count_runs`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunCounts {
+    /// Each state met and how many records are in it, in no order; a state never met is
+    /// absent.
+    pub by_state: Vec<(RunState, u64)>,
+    /// True when the count stopped at a bound: there are more.
+    pub truncated: bool,
+}
+
+impl RunCounts {
+    /// Adds `n` records in `state`.
+    pub fn add(&mut self, state: RunState, n: u64) {
+        match self.by_state.iter_mut().find(|(s, _)| *s == state) {
+            Some((_, count)) => *count += n,
+            None => self.by_state.push((state, n)),
+        }
+    }
+}
+
 /// Which run records to read, newest first.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HistoryQuery {
@@ -488,6 +511,37 @@ pub trait Store: Send + Sync + 'static {
 
     /// Run records, newest first.
     async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError>;
+
+    /// How many run records of `job` (every attempt counts) there are for ticks scheduled
+    /// at or after `since`, by state. The default reads the history in pages, at most
+    /// [`COUNT_PAGES_MAX`] of them (`truncated` past that); SQL stores count in the store.
+    async fn count_runs(&self, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
+        let mut counts = RunCounts::default();
+        let mut until: Option<DateTime<Utc>> = None;
+        for _ in 0..COUNT_PAGES_MAX {
+            let q = HistoryQuery {
+                job: Some(job.to_owned()),
+                since: Some(since),
+                until,
+                limit: RECORDS_PAGE_MAX,
+                ..Default::default()
+            };
+            let page = self.history(&q).await?;
+            let full = page.len() >= RECORDS_PAGE_MAX;
+            // A full page may end inside a tick's attempts: its oldest tick is counted with
+            // the next page, which starts just after it.
+            let oldest = page.iter().map(|r| r.id.tick.scheduled_at).min();
+            for r in page.iter().filter(|r| !full || Some(r.id.tick.scheduled_at) != oldest) {
+                counts.add(r.state, 1);
+            }
+            match oldest {
+                Some(oldest) if full => until = Some(oldest + chrono::Duration::milliseconds(1)),
+                _ => return Ok(counts),
+            }
+        }
+        counts.truncated = true;
+        Ok(counts)
+    }
 
     /// The store's clock.
     async fn now(&self) -> Result<DateTime<Utc>, StoreError>;

@@ -364,31 +364,18 @@ impl Fleet {
     pub async fn job(&self, store: &dyn Store, job: &str) -> Result<JobDetail, FleetError> {
         self.require(job)?;
         let day_ago = self.now - chrono::Duration::hours(24);
-        let q = HistoryQuery {
-            job: Some(job.to_owned()),
-            since: Some(day_ago),
-            limit: RECORDS_PAGE_MAX,
-            ..HistoryQuery::default()
-        };
-        let day = store.history(&q).await?;
-        let recent = if day.len() >= RECENT_RUNS_MAX {
-            day[..RECENT_RUNS_MAX].to_vec()
-        } else {
-            let q = HistoryQuery { job: Some(job.to_owned()), limit: RECENT_RUNS_MAX, ..HistoryQuery::default() };
-            store.history(&q).await?
-        };
+        let counted = store.count_runs(job, day_ago).await?;
+        let q = HistoryQuery { job: Some(job.to_owned()), limit: RECENT_RUNS_MAX, ..HistoryQuery::default() };
+        let recent = store.history(&q).await?;
         let actions = store.actions(&ActionQuery { job: Some(job.to_owned()), limit: ACTIONS_SHOWN }).await?;
         let registrations = self.registrations_for(store, &[job.to_owned()]).await?;
         let registrations = registrations.of(job);
-        let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-        for r in &day {
-            *counts.entry(r.state.to_string()).or_default() += 1;
-        }
+        let counts: BTreeMap<String, u64> = counted.by_state.iter().map(|(s, n)| (s.to_string(), *n)).collect();
         Ok(JobDetail {
             summary: self.summary_from(registrations, job, &recent),
             registrations: registrations.iter().map(RegistrationView::from).collect(),
             next_fires: self.next_fires(self.schedule_in(registrations, job)),
-            counts_truncated: day.len() >= RECORDS_PAGE_MAX,
+            counts_truncated: counted.truncated,
             counts_24h: counts,
             recent_runs: recent.iter().map(RunView::from).collect(),
             actions: actions.iter().map(ActionView::from).collect(),

@@ -242,8 +242,8 @@ pub struct JobDetail {
     pub next_fires: Vec<FireTime>,
     /// Runs by state over the last 24 hours.
     pub counts_24h: BTreeMap<String, u64>,
-    /// True when the job had more runs in 24 hours than one read returns: the counts then
-    /// cover the newest ones only.
+    /// True when the store stopped counting at a bound (a store that counts by reading its
+    /// history, past a million records): the counts then cover the newest ones only.
     pub counts_truncated: bool,
     /// The newest runs, whole.
     pub recent_runs: Vec<RunView>,

@@ -101,7 +101,7 @@ pub struct JobsQuery {
 
 /// The fleet's jobs, by name, one page at a time.
 #[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", params(JobsQuery),
-    responses((status = 200, body = JobPage), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = JobPage)),
     security(("bearer" = []), ()))]
 pub async fn jobs(
     _: Caller,
@@ -118,7 +118,7 @@ pub async fn jobs(
 
 /// One job: policies, next fire times, recent runs, counts by state over 24 hours, actions.
 #[utoipa::path(get, path = "/api/v1/jobs/{job}", tag = "jobs", params(("job" = String, Path, description = "The job's name")),
-    responses((status = 200, body = JobDetail), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = JobDetail), (status = 404, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = []), ()))]
 pub async fn job(_: Caller, State(state): State<AppState>, Segment(job): Segment) -> Result<Json<JobDetail>, Problem> {
     let fleet = fleet(&state).await?;
@@ -167,7 +167,7 @@ pub struct WriteHeaders {
 #[utoipa::path(put, path = "/api/v1/jobs/{job}", tag = "jobs",
     params(("job" = String, Path, description = "The job's name"), WriteHeaders),
     request_body(content = Object, content_type = "application/json", description = "The definition: schedule, timezone, http = {...}, lease, timeout, overlap, ..."),
-    responses((status = 200, body = JobWritten), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 409, body = Problem, content_type = "application/problem+json"), (status = 501, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = JobWritten), (status = 409, body = Problem, content_type = "application/problem+json"), (status = 501, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn put_job(
     caller: Caller,
@@ -191,7 +191,7 @@ pub async fn put_job(
 /// Deletes a managed job; a run of it in progress finishes.
 #[utoipa::path(delete, path = "/api/v1/jobs/{job}", tag = "jobs",
     params(("job" = String, Path, description = "The job's name"), WriteHeaders),
-    responses((status = 200, body = JobWritten), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = JobWritten), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn delete_job(
     caller: Caller,
@@ -216,7 +216,7 @@ pub struct RevisionsQuery {
 /// A managed job's revisions, newest first: who changed what, and when.
 #[utoipa::path(get, path = "/api/v1/jobs/{job}/revisions", tag = "jobs",
     params(("job" = String, Path, description = "The job's name"), RevisionsQuery),
-    responses((status = 200, body = Vec<RevisionView>), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = Vec<RevisionView>)),
     security(("bearer" = []), ()))]
 pub async fn revisions(
     _: Caller,
@@ -243,7 +243,7 @@ pub struct ReasonBody {
 /// Pauses the job for the whole fleet: its ticks are recorded as skipped, naming who paused it.
 #[utoipa::path(post, path = "/api/v1/jobs/{job}/pause", tag = "actions", params(("job" = String, Path, description = "The job's name")),
     request_body(content = Option<ReasonBody>, content_type = "application/json"),
-    responses((status = 200, description = "The audit record", body = ActionView), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, description = "The audit record", body = ActionView), (status = 404, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn pause(
     caller: Caller,
@@ -259,7 +259,7 @@ pub async fn pause(
 /// Resumes a paused job.
 #[utoipa::path(post, path = "/api/v1/jobs/{job}/resume", tag = "actions", params(("job" = String, Path, description = "The job's name")),
     request_body(content = Option<ReasonBody>, content_type = "application/json"),
-    responses((status = 200, description = "The audit record", body = ActionView), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, description = "The audit record", body = ActionView), (status = 404, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn resume(
     caller: Caller,
@@ -291,7 +291,7 @@ pub struct Unlocked {
 /// Ends the job's running runs as abandoned; their holders, if alive, stop at their next renewal.
 #[utoipa::path(post, path = "/api/v1/jobs/{job}/unlock", tag = "actions", params(("job" = String, Path, description = "The job's name")),
     request_body(content = UnlockBody, content_type = "application/json"),
-    responses((status = 200, body = Unlocked), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = Unlocked), (status = 404, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn unlock(
     caller: Caller,
@@ -336,7 +336,7 @@ pub struct TriggerAnswer {
 /// Asks for one run of the job now; a running node serving the job claims it within a second.
 #[utoipa::path(post, path = "/api/v1/jobs/{job}/trigger", tag = "actions", params(("job" = String, Path, description = "The job's name")),
     request_body(content = Option<TriggerBody>, content_type = "application/json"),
-    responses((status = 200, description = "The run ended (with wait_seconds)", body = TriggerAnswer), (status = 202, description = "Requested, or still running when the wait ran out", body = TriggerAnswer), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, description = "The run ended (with wait_seconds)", body = TriggerAnswer), (status = 202, description = "Requested, or still running when the wait ran out", body = TriggerAnswer), (status = 404, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn trigger(
     caller: Caller,
@@ -394,7 +394,7 @@ pub struct RunsQuery {
 
 /// The run history, newest first, one page at a time.
 #[utoipa::path(get, path = "/api/v1/runs", tag = "runs", params(RunsQuery),
-    responses((status = 200, body = RunPage), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = RunPage)),
     security(("bearer" = []), ()))]
 pub async fn runs(
     _: Caller,
@@ -420,7 +420,7 @@ pub async fn runs(
 /// One run: the whole record, its output tail, and every attempt at its tick.
 #[utoipa::path(get, path = "/api/v1/runs/{id}", tag = "runs",
     params(("id" = String, Path, description = "The run id, `job@instant#attempt` (percent-encode `#` as %23)")),
-    responses((status = 200, body = RunDetail), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = RunDetail), (status = 404, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = []), ()))]
 pub async fn run(_: Caller, State(state): State<AppState>, Segment(id): Segment) -> Result<Json<RunDetail>, Problem> {
     Ok(Json(solocron_fleet::run_detail(state.store(), &id).await?))
@@ -428,7 +428,7 @@ pub async fn run(_: Caller, State(state): State<AppState>, Segment(id): Segment)
 
 /// The nodes: alive (heartbeat within 15 s), stale (silent, no goodbye) or gone (said goodbye).
 #[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes",
-    responses((status = 200, body = Vec<NodeView>), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = Vec<NodeView>)),
     security(("bearer" = []), ()))]
 pub async fn nodes(_: Caller, State(state): State<AppState>) -> Result<Json<Vec<NodeView>>, Problem> {
     Ok(Json(fleet(&state).await?.nodes()))
@@ -448,7 +448,7 @@ pub struct ActionsQuery {
 
 /// The audit log: operators' actions, newest first.
 #[utoipa::path(get, path = "/api/v1/actions", tag = "actions", params(ActionsQuery),
-    responses((status = 200, body = Vec<ActionView>), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = Vec<ActionView>)),
     security(("bearer" = []), ()))]
 pub async fn actions(
     _: Caller,
@@ -478,7 +478,7 @@ pub struct Whoami {
 
 /// The caller, as their token says; the console shows action buttons only when `can_act`.
 #[utoipa::path(get, path = "/api/v1/whoami", tag = "auth",
-    responses((status = 200, body = Whoami), (status = 401, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = Whoami)),
     security(("bearer" = []), ()))]
 pub async fn whoami(caller: Caller) -> Json<Whoami> {
     let can_act = caller.role == Some(Role::Operate);

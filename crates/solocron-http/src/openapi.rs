@@ -15,7 +15,7 @@ use crate::api;
         api::runs, api::run, api::nodes, api::actions, api::whoami
     ),
     components(schemas(solocron_fleet::JobStateFilter, api::RunStateParam)),
-    modifiers(&Bearer, &UriTooLong),
+    modifiers(&Bearer, &Problems),
     tags(
         (name = "jobs", description = "The fleet's jobs"),
         (name = "runs", description = "The run history"),
@@ -38,24 +38,39 @@ impl Modify for Bearer {
     }
 }
 
-/// Every operation may answer 414: the router refuses a path and query longer than
-/// [`crate::health::URI_BYTES_MAX`] before any handler runs.
-struct UriTooLong;
+/// The problems every operation may answer, documented once here rather than on each
+/// handler: 400 (a bad parameter), 401 (no or an unknown token), 414 (the router refuses a
+/// path and query longer than [`crate::health::URI_BYTES_MAX`] before any handler runs),
+/// 503 (the store did not answer), and 403 for actions (a read-only token).
+struct Problems;
 
-impl Modify for UriTooLong {
+impl Modify for Problems {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
-        let response = ResponseBuilder::new()
-            .description("The path and query are too long")
-            .content(
-                "application/problem+json",
-                ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build(),
-            )
-            .build();
+        let problem = |description: &str| {
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/problem+json",
+                    ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build(),
+                )
+                .build()
+        };
+        let every = [
+            ("400", problem("A parameter or the body is not valid; the problem names it")),
+            ("401", problem("No token, or one the server does not know")),
+            ("414", problem("The path and query are too long")),
+            ("503", problem("The store did not answer in time")),
+        ];
+        let actions = [("403", problem("This token's role may not do this"))];
         for item in doc.paths.paths.values_mut() {
-            let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete];
-            for op in operations.into_iter().flatten() {
-                op.responses.responses.insert("414".into(), response.clone().into());
+            let reads = [&mut item.get].into_iter().flatten().map(|op| (op, false));
+            let acts = [&mut item.put, &mut item.post, &mut item.delete].into_iter().flatten().map(|op| (op, true));
+            for (op, is_action) in reads.chain(acts) {
+                let extra = if is_action { &actions[..] } else { &[] };
+                for (status, response) in every.iter().chain(extra) {
+                    op.responses.responses.entry((*status).into()).or_insert_with(|| response.clone().into());
+                }
             }
         }
     }

@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest,
-    StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunCounts, RunId, RunRecord,
+    RunRequest, RunState, StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, QueryBuilder};
 
 use crate::error::{invalid, retrying, Failure};
 use crate::fleet::{append, check, Action};
-use crate::records::{check_name, get, instant, millis, opt_text, record, text, COLUMNS};
+use crate::records::{check_name, get, instant, millis, opt_text, parse_name, record, text, COLUMNS};
 use crate::MySqlStore;
 
 /// Definitions per `INSERT` of [`register`]: 6 placeholders each (and 2 for the mark), far
@@ -322,6 +322,32 @@ pub(crate) async fn history(store: &MySqlStore, query: &HistoryQuery) -> Result<
     let context = "cannot read history";
     let rows = sql.build().fetch_all(&store.pool).await.map_err(|e| Failure::from(e).into_store(context))?;
     rows.iter().map(|row| record(row).map_err(|f| f.into_store(context))).collect()
+}
+
+/// How many run records of `job` there are from `since` on, by state, in one statement (a
+/// range of the primary key: job, then the instant); never truncated. A state this version
+/// cannot read fails the count as it fails `history`.
+pub(crate) async fn count_runs(store: &MySqlStore, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
+    let context = "cannot count runs";
+    let rows = sqlx::query(
+        &store.sql("SELECT state, COUNT(*) AS n FROM {p}runs WHERE job = ? AND scheduled_at >= ? GROUP BY state"),
+    )
+    .bind(job)
+    .bind(since.timestamp_millis())
+    .fetch_all(&store.pool)
+    .await
+    .map_err(|e| Failure::from(e).into_store(context))?;
+    let count = |row: &MySqlRow| -> Result<(RunState, u64), Failure> {
+        let n: i64 = get(row, "n")?;
+        let n = u64::try_from(n).map_err(|_| invalid(format!("count of runs {n} is negative")))?;
+        Ok((parse_name(row, "state")?, n))
+    };
+    let mut counts = RunCounts::default();
+    for row in &rows {
+        let (state, n) = count(row).map_err(|f| f.into_store(context))?;
+        counts.add(state, n);
+    }
+    Ok(counts)
 }
 
 /// The server's clock.

@@ -94,7 +94,7 @@ pub(crate) fn opt_text(
 }
 
 /// A stored state or trigger name parsed back.
-fn parse_name<T: FromStr<Err = String>>(row: &MySqlRow, column: &str) -> Result<T, Failure> {
+pub(crate) fn parse_name<T: FromStr<Err = String>>(row: &MySqlRow, column: &str) -> Result<T, Failure> {
     text(row, column)?.parse().map_err(|e| invalid(format!("column {column}: {e}")))
 }
 

@@ -15,7 +15,8 @@ use chrono::{DateTime, Utc};
 use solocron_conformance::checks::definition;
 use solocron_core::{
     ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, Lease, NodeBeat, Prefix,
-    RecoverAction, RecoverOutcome, RunEnd, RunState, SchemaState, Store, StoreError, Tick, Trigger, CLAIM_BATCH_MAX,
+    RecoverAction, RecoverOutcome, RunCounts, RunEnd, RunState, SchemaState, Store, StoreError, Tick, Trigger,
+    CLAIM_BATCH_MAX,
 };
 use solocron_mysql::MySqlStore;
 use support::Namespace;
@@ -975,4 +976,138 @@ async fn schema_of_an_unreachable_store_is_unavailable() {
     store.close().await;
     let err = store.schema().await.expect_err("closed");
     assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+}
+
+/// An end in `state`.
+fn ended(state: RunState) -> RunEnd {
+    RunEnd { state, reason: None, exit_code: None, output: String::new(), started_after: None }
+}
+
+/// Counts by state, sorted by name: `RunCounts` lists them in no order.
+fn by_name(counts: impl IntoIterator<Item = (RunState, u64)>) -> Vec<(&'static str, u64)> {
+    let mut counts: Vec<(&'static str, u64)> = counts.into_iter().map(|(s, n)| (s.as_str(), n)).collect();
+    counts.sort_unstable();
+    counts
+}
+
+/// What the trait's default `count_runs` counts: every record of `job` in the history
+/// scheduled at or after `since`, by state (read whole here, filtered in the test).
+async fn counted_from_history(store: &MySqlStore, job: &str, since: DateTime<Utc>) -> Vec<(&'static str, u64)> {
+    let all = store.history(&HistoryQuery::default()).await.expect("history");
+    let mut counts = RunCounts::default();
+    for r in all.iter().filter(|r| r.id.tick.job == job && r.id.tick.scheduled_at >= since) {
+        counts.add(r.state, 1);
+    }
+    by_name(counts.by_state)
+}
+
+/// Records of two jobs in every state the store's own steps make (won and held, finished
+/// two ways, failed with a waiting retry, expired and retried, expired and abandoned,
+/// skipped), around `since`: one of each job exactly at `since`, one a millisecond before.
+async fn records_around(store: &MySqlStore, since: DateTime<Utc>) {
+    let at = |job: &str, ms: i64| Tick::new(job, since + chrono::Duration::milliseconds(ms));
+    for job in ["backup", "sync"] {
+        for (ms, state) in [(-1, RunState::Succeeded), (0, RunState::Succeeded), (60_000, RunState::TimedOut)] {
+            let lease = won(store, run(at(job, ms), "a", LONG, false)).await;
+            assert!(store.finish(&lease, &ended(state)).await.expect("finish"));
+        }
+        let lease = won(store, run(at(job, 120_000), "a", LONG, false)).await;
+        assert!(store.finish_for_retry(&lease, &ended(RunState::Failed), LONG).await.expect("finish for retry"));
+        let skip = ClaimRequest {
+            mode: ClaimMode::Skip { reason: "missed".into() },
+            ..run(at(job, 180_000), "a", LONG, false)
+        };
+        assert!(matches!(store.claim(&[skip]).await.expect("skip")[..], [ClaimOutcome::Skipped { .. }]));
+        won(store, run(at(job, 240_000), "a", LONG, false)).await;
+    }
+    let short = Duration::from_millis(200);
+    let retried = won(store, run(at("backup", 300_000), "a", short, false)).await;
+    let abandoned = won(store, run(at("backup", 360_000), "a", short, false)).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let retry = RecoverAction::Retry { node: "b".into(), lease: LONG };
+    assert!(matches!(store.recover(&retried.run, &retry).await.expect("retry"), RecoverOutcome::Retried(_)));
+    let abandon = RecoverAction::Abandon { reason: "gone".into() };
+    assert_eq!(store.recover(&abandoned.run, &abandon).await.expect("abandon"), RecoverOutcome::Abandoned);
+}
+
+/// `count_runs` counts, in one query, the records of the job asked (every attempt) whose
+/// tick is at or after `since`, by state: one exactly at `since` is counted, one a
+/// millisecond before is not, another job's never; the counts are those its history gives
+/// (the trait's default), and never truncated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn count_runs_counts_every_attempt_of_the_job_from_since_by_state_as_history_does() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let since = tick("backup", 10).scheduled_at;
+    records_around(&store, since).await;
+    let counts = store.count_runs("backup", since).await.expect("count");
+    assert!(!counts.truncated);
+    let expected = [
+        ("abandoned", 1),
+        ("failed", 1),
+        ("lost", 1),
+        ("running", 2),
+        ("skipped", 1),
+        ("succeeded", 1),
+        ("timed_out", 1),
+        ("waiting", 1),
+    ];
+    assert_eq!(by_name(counts.by_state), expected);
+    for (job, from) in [("backup", since), ("sync", since), ("backup", since - chrono::Duration::milliseconds(1))] {
+        let counts = store.count_runs(job, from).await.expect("count");
+        assert_eq!(by_name(counts.by_state), counted_from_history(&store, job, from).await, "{job} from {from}");
+    }
+    let before = store.count_runs("backup", since - chrono::Duration::milliseconds(1)).await.expect("count");
+    assert!(by_name(before.by_state).contains(&("succeeded", 2)), "the record a millisecond before");
+    let later = since + chrono::Duration::milliseconds(360_001);
+    assert_eq!(store.count_runs("backup", later).await.expect("count"), RunCounts::default(), "nothing after the last");
+    assert_eq!(store.count_runs("nothing", since).await.expect("count"), RunCounts::default(), "a job never run");
+}
+
+/// A record in a state this version cannot read fails `count_runs` as it fails `history`
+/// (`Invalid`, naming the column), rather than being counted as something else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn count_runs_fails_on_a_state_it_cannot_read_as_history_does() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let since = tick("backup", 10).scheduled_at;
+    won(&store, run(Tick::new("backup", since), "a", LONG, false)).await;
+    let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
+    let p = &ns.prefix.table_prefix();
+    sqlx::query(&format!("UPDATE {p}runs SET state = 'paused_forever'")).execute(&pool).await.expect("update");
+    pool.close().await;
+    let query = HistoryQuery { job: Some("backup".into()), since: Some(since), ..HistoryQuery::default() };
+    let history = store.history(&query).await.expect_err("history");
+    let count = store.count_runs("backup", since).await.expect_err("count");
+    for err in [history, count] {
+        assert!(matches!(&err, StoreError::Invalid(m) if m.contains("column state")), "{err}");
+    }
+    assert_eq!(store.count_runs("sync", since).await.expect("count"), RunCounts::default(), "other jobs still count");
+}
+
+/// `count_runs`'s query reads a range of the primary key over both the job and the instant
+/// (its key length covers both columns), not the whole table nor `{p}runs_job_state`'s
+/// every record of the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn count_runs_reads_a_range_of_the_primary_key() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let batch: Vec<ClaimRequest> =
+        (0..1000).map(|i| run(tick(&format!("job-{:02}", i % 50), i / 50), "a", LONG, false)).collect();
+    assert!(store.claim(&batch).await.expect("claim").iter().all(|o| matches!(o, ClaimOutcome::Won(_))));
+    let pool = sqlx::MySqlPool::connect(&ns.url).await.expect("connect");
+    let p = &ns.prefix.table_prefix();
+    sqlx::query(&format!("ANALYZE TABLE {p}runs")).execute(&pool).await.expect("analyze");
+    let since = tick("job-07", 15).scheduled_at.timestamp_millis();
+    let plan: Vec<sqlx::mysql::MySqlRow> = sqlx::query(&format!(
+        "EXPLAIN SELECT state, COUNT(*) AS n FROM {p}runs WHERE job = 'job-07' AND scheduled_at >= {since} GROUP BY state"
+    ))
+    .fetch_all(&pool)
+    .await
+    .expect("explain");
+    let column = |name: &str| -> Option<String> { sqlx::Row::try_get(&plan[0], name).expect("the plan's column") };
+    assert_eq!((column("type"), column("key")), (Some("range".into()), Some("PRIMARY".into())));
+    // utf8mb4 `job` (191 characters, 4 bytes each, and a 2-byte length) and the BIGINT instant.
+    assert_eq!(column("key_len"), Some((191 * 4 + 2 + 8).to_string()));
+    pool.close().await;
 }

@@ -8,14 +8,16 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest,
-    StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunCounts, RunId, RunRecord,
+    RunRequest, StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX,
 };
 use sqlx::{PgConnection, Postgres, QueryBuilder};
 
 use crate::error::{retrying, step, Res};
 use crate::fleet::{append, Action};
-use crate::records::{control, instant, millis, page, record, registration, run_id, run_request, RUN_COLUMNS};
+use crate::records::{
+    control, get, instant, millis, page, parse_name, record, registration, run_id, run_request, RUN_COLUMNS,
+};
 use crate::PgStore;
 
 /// How many instants after the first `request_run` tries for one request; far more than two
@@ -47,6 +49,30 @@ async fn history_once(store: &PgStore, query: &HistoryQuery) -> Res<Vec<RunRecor
     solocron_sql::push_history_filters(&mut sql, query);
     let rows = sql.build().fetch_all(&store.pool).await?;
     Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
+}
+
+/// How many run records of `job` there are from `since` on, by state, in one statement (a
+/// range of the primary key: job, then the instant); never truncated. A state this version
+/// cannot read fails the count as it fails `history`.
+pub(crate) async fn count_runs(store: &PgStore, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
+    count_runs_once(store, job, since).await.map_err(|e| e.into_store("count_runs"))
+}
+
+async fn count_runs_once(store: &PgStore, job: &str, since: DateTime<Utc>) -> Res<RunCounts> {
+    let rows = sqlx::query(
+        &store.sql("SELECT state, count(*) AS n FROM {p}runs WHERE job = $1 AND scheduled_at >= $2 GROUP BY state"),
+    )
+    .bind(job)
+    .bind(since.timestamp_millis())
+    .fetch_all(&store.pool)
+    .await?;
+    let mut counts = RunCounts::default();
+    for row in &rows {
+        let n: i64 = get(row, "n")?;
+        let n = u64::try_from(n).map_err(|_| StoreError::Invalid(format!("count of runs {n} is negative")))?;
+        counts.add(parse_name(row, "state")?, n);
+    }
+    Ok(counts)
 }
 
 /// The server's clock.

@@ -77,8 +77,8 @@
 //! - `claim_one.rs`: the claim of one tick, one call of `{p}claim_one`.
 //! - `runs.rs`: a held run after its claim: renew, finish (one or a batch, or for a retry),
 //!   expiry, recovery (of expired runs and due retries).
-//! - `admin.rs`: what operators and housekeeping read and change: history, the clock,
-//!   registrations, pauses, manual requests, unlock, prune.
+//! - `admin.rs`: what operators and housekeeping read and change: history and its counts
+//!   by state, the clock, registrations, pauses, manual requests, unlock, prune.
 //! - `fleet.rs`: node heartbeats (one upsert each), and the audit log, appended inside the
 //!   transaction of the action it records.
 //! - `managed.rs`: managed jobs and their revisions (one transaction per write, under the
@@ -137,7 +137,8 @@ use chrono::{DateTime, Utc};
 use solocron_core::{
     ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
     JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store, StoreError, Tick,
+    Registration, Renewal, RequestWatch, RunCounts, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store,
+    StoreError, Tick,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor};
@@ -327,6 +328,10 @@ impl Store for PgStore {
 
     async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
         admin::history(self, query).await
+    }
+
+    async fn count_runs(&self, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
+        admin::count_runs(self, job, since).await
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {

@@ -69,7 +69,7 @@ where
 }
 
 /// A stored state or trigger name parsed back.
-fn parse_name<T: FromStr<Err = String>>(row: &PgRow, column: &str) -> Result<T, StoreError> {
+pub(crate) fn parse_name<T: FromStr<Err = String>>(row: &PgRow, column: &str) -> Result<T, StoreError> {
     get::<String>(row, column)?.parse().map_err(|e| StoreError::Invalid(format!("column {column}: {e}")))
 }
 

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use common::Namespace;
 use solocron_core::{
     ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobDefinition, Lease,
-    NodeBeat, Prefix, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, RunState, SchemaState, Store,
+    NodeBeat, Prefix, RecoverAction, RecoverOutcome, RunCounts, RunEnd, RunId, RunRecord, RunState, SchemaState, Store,
     StoreError, Tick, Trigger, FINISH_BATCH_MAX, OUTPUT_TAIL_BYTES_MAX,
 };
 use solocron_postgres::PgStore;
@@ -958,4 +958,147 @@ async fn schema_of_an_unreachable_store_is_unavailable() {
     store.close().await;
     let err = store.schema().await.unwrap_err();
     assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+}
+
+/// An end in `state`.
+fn ended(state: RunState) -> RunEnd {
+    RunEnd { state, reason: None, exit_code: None, output: String::new(), started_after: None }
+}
+
+/// Counts by state, sorted by name: `RunCounts` lists them in no order.
+fn by_name(counts: impl IntoIterator<Item = (RunState, u64)>) -> Vec<(&'static str, u64)> {
+    let mut counts: Vec<(&'static str, u64)> = counts.into_iter().map(|(s, n)| (s.as_str(), n)).collect();
+    counts.sort_unstable();
+    counts
+}
+
+/// What the trait's default `count_runs` counts: every record of `job` in the history
+/// scheduled at or after `since`, by state (read whole here, filtered in the test).
+async fn counted_from_history(store: &PgStore, job: &str, since: DateTime<Utc>) -> Vec<(&'static str, u64)> {
+    let all = store.history(&HistoryQuery::default()).await.unwrap();
+    let mut counts = RunCounts::default();
+    for r in all.iter().filter(|r| r.id.tick.job == job && r.id.tick.scheduled_at >= since) {
+        counts.add(r.state, 1);
+    }
+    by_name(counts.by_state)
+}
+
+/// Records of two jobs in every state the store's own steps make (won and held, finished
+/// two ways, failed with a waiting retry, expired and retried, expired and abandoned,
+/// skipped), around `since`: one of each job exactly at `since`, one a millisecond before.
+async fn records_around(store: &PgStore, since: DateTime<Utc>) {
+    let at = |job: &str, ms: i64| Tick::new(job, since + chrono::Duration::milliseconds(ms));
+    for job in ["backup", "sync"] {
+        for (ms, state) in [(-1, RunState::Succeeded), (0, RunState::Succeeded), (60_000, RunState::TimedOut)] {
+            let lease = won(store, run(at(job, ms), "a", LONG_LEASE, false)).await;
+            assert!(store.finish(&lease, &ended(state)).await.unwrap());
+        }
+        let lease = won(store, run(at(job, 120_000), "a", LONG_LEASE, false)).await;
+        assert!(store.finish_for_retry(&lease, &ended(RunState::Failed), LONG_LEASE).await.unwrap());
+        let skip = ClaimRequest {
+            mode: ClaimMode::Skip { reason: "missed".into() },
+            ..run(at(job, 180_000), "a", LONG_LEASE, false)
+        };
+        assert!(matches!(store.claim(&[skip]).await.unwrap()[..], [ClaimOutcome::Skipped { .. }]));
+        won(store, run(at(job, 240_000), "a", LONG_LEASE, false)).await;
+    }
+    let retried = won(store, run(at("backup", 300_000), "a", SHORT_LEASE, false)).await;
+    let abandoned = won(store, run(at("backup", 360_000), "a", SHORT_LEASE, false)).await;
+    tokio::time::sleep(PAST_SHORT_LEASE).await;
+    let retry = RecoverAction::Retry { node: "b".into(), lease: LONG_LEASE };
+    assert!(matches!(store.recover(&retried.run, &retry).await.unwrap(), RecoverOutcome::Retried(_)));
+    let abandon = RecoverAction::Abandon { reason: "gone".into() };
+    assert_eq!(store.recover(&abandoned.run, &abandon).await.unwrap(), RecoverOutcome::Abandoned);
+}
+
+/// `count_runs` counts, in one query, the records of the job asked (every attempt) whose
+/// tick is at or after `since`, by state: one exactly at `since` is counted, one a
+/// millisecond before is not, another job's never; the counts are those its history gives
+/// (the trait's default), and never truncated.
+#[tokio::test]
+async fn count_runs_counts_every_attempt_of_the_job_from_since_by_state_as_history_does() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let since = tick("backup", 10).scheduled_at;
+    records_around(&store, since).await;
+    let counts = store.count_runs("backup", since).await.unwrap();
+    assert!(!counts.truncated);
+    let expected = [
+        ("abandoned", 1),
+        ("failed", 1),
+        ("lost", 1),
+        ("running", 2),
+        ("skipped", 1),
+        ("succeeded", 1),
+        ("timed_out", 1),
+        ("waiting", 1),
+    ];
+    assert_eq!(by_name(counts.by_state), expected);
+    for (job, from) in [("backup", since), ("sync", since), ("backup", since - chrono::Duration::milliseconds(1))] {
+        let counts = store.count_runs(job, from).await.unwrap();
+        assert_eq!(by_name(counts.by_state), counted_from_history(&store, job, from).await, "{job} from {from}");
+    }
+    let before = store.count_runs("backup", since - chrono::Duration::milliseconds(1)).await.unwrap();
+    assert!(by_name(before.by_state).contains(&("succeeded", 2)), "the record a millisecond before");
+    let later = since + chrono::Duration::milliseconds(360_001);
+    assert_eq!(store.count_runs("backup", later).await.unwrap(), RunCounts::default(), "nothing after the last");
+    assert_eq!(store.count_runs("nothing", since).await.unwrap(), RunCounts::default(), "a job never run");
+}
+
+/// A record in a state this version cannot read fails `count_runs` as it fails `history`
+/// (`Invalid`, naming the column), rather than being counted as something else.
+#[tokio::test]
+async fn count_runs_fails_on_a_state_it_cannot_read_as_history_does() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let since = tick("backup", 10).scheduled_at;
+    won(&store, run(Tick::new("backup", since), "a", LONG_LEASE, false)).await;
+    let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
+    let p = &ns.prefix.table_prefix();
+    sqlx::query(&format!("UPDATE {p}runs SET state = 'paused_forever'")).execute(&pool).await.unwrap();
+    pool.close().await;
+    let query = HistoryQuery { job: Some("backup".into()), since: Some(since), ..HistoryQuery::default() };
+    let history = store.history(&query).await.unwrap_err();
+    let count = store.count_runs("backup", since).await.unwrap_err();
+    for err in [history, count] {
+        assert!(matches!(&err, StoreError::Invalid(m) if m.contains("column state")), "{err}");
+    }
+    assert_eq!(store.count_runs("sync", since).await.unwrap(), RunCounts::default(), "other jobs still count");
+}
+
+/// `count_runs`'s query reads a range of the primary key (the job, then the instant), not
+/// the whole table, whether planned for its values or generically (as a statement prepared
+/// and run many times may be).
+#[tokio::test]
+async fn count_runs_reads_a_range_of_the_primary_key() {
+    let Some(ns) = Namespace::new().await else { return };
+    ns.migrated().await;
+    let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
+    let p = &ns.prefix.table_prefix();
+    // 200 jobs with 100 ticks each, a minute apart.
+    sqlx::query(&format!(
+        r#"INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, state, claimed_at)
+           SELECT 'job-' || j, t * 60000, 1, 'schedule', 'a', 'succeeded', 0
+           FROM generate_series(1, 200) AS j, generate_series(1, 100) AS t"#
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!("ANALYZE {p}runs")).execute(&pool).await.unwrap();
+    let count =
+        format!("SELECT state, count(*) AS n FROM {p}runs WHERE job = $1 AND scheduled_at >= $2 GROUP BY state");
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query(&format!("PREPARE count_runs(text, bigint) AS {count}")).execute(&mut *conn).await.unwrap();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        sqlx::query(&format!("SET plan_cache_mode = {mode}")).execute(&mut *conn).await.unwrap();
+        let plan: Vec<String> =
+            sqlx::query_scalar("EXPLAIN EXECUTE count_runs('job-7', 5400000)").fetch_all(&mut *conn).await.unwrap();
+        let plan = plan.join("\n");
+        assert!(!plan.contains("Seq Scan"), "{mode}: the table is scanned:\n{plan}");
+        let condition = plan.lines().find(|l| l.contains("Index Cond")).unwrap_or_else(|| panic!("{mode}:\n{plan}"));
+        assert!(plan.contains(&format!("{p}runs_pkey")), "{mode}: not the primary key:\n{plan}");
+        assert!(condition.contains("job =") && condition.contains("scheduled_at >="), "{mode}:\n{plan}");
+    }
+    drop(conn);
+    pool.close().await;
 }

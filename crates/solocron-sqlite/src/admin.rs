@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest,
-    StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunCounts, RunId, RunRecord,
+    RunRequest, StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 use sqlx::{QueryBuilder, Sqlite};
 
 use crate::error::db_err;
 use crate::fleet::{append, Action};
-use crate::records::{control, instant, millis, record, registration, request, run_id};
+use crate::records::{control, get, instant, millis, parse_name, record, registration, request, run_id};
 use crate::{fill, SqliteStore};
 
 /// How many successive milliseconds [`request_run`] tries before giving up: only that many
@@ -25,6 +25,9 @@ const REQUEST_SLOTS_MAX: usize = 100;
 
 /// Run records, newest first: the head that [`solocron_sql::push_history_filters`] ends.
 const HISTORY: &str = concat!("SELECT ", columns!(), " FROM {p}runs WHERE 1 = 1");
+/// A job's run records from an instant on, counted by state: a range of the primary key
+/// (job, scheduled_at, attempt), each record's state read from its row.
+const COUNT_RUNS: &str = "SELECT state, count(*) AS n FROM {p}runs WHERE job = ? AND scheduled_at >= ? GROUP BY state";
 /// Records or refreshes one job a node runs.
 const REGISTER: &str = concat!(
     "INSERT INTO {p}registry
@@ -91,6 +94,7 @@ const PRUNE_REQUESTS: &str = "DELETE FROM {p}requests WHERE requested_at < ?";
 /// store connects.
 pub(crate) struct Sql {
     history: String,
+    count_runs: String,
     register: String,
     unregister_unlisted: String,
     registrations: String,
@@ -111,6 +115,7 @@ impl Sql {
     pub(crate) fn new(tables: &str) -> Sql {
         Sql {
             history: fill(HISTORY, tables),
+            count_runs: fill(COUNT_RUNS, tables),
             register: fill(REGISTER, tables),
             unregister_unlisted: fill(UNREGISTER_UNLISTED, tables),
             registrations: fill(REGISTRATIONS, tables),
@@ -134,6 +139,25 @@ pub(crate) async fn history(store: &SqliteStore, query: &HistoryQuery) -> Result
     solocron_sql::push_history_filters(&mut sql, query);
     let rows = sql.build().fetch_all(&store.pool).await.map_err(db_err)?;
     rows.iter().map(record).collect()
+}
+
+/// How many run records of `job` there are from `since` on, by state, in one query (see
+/// [`solocron_core::Store::count_runs`]); never truncated. A state this version cannot
+/// read fails the count as it fails `history`.
+pub(crate) async fn count_runs(store: &SqliteStore, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
+    let rows = sqlx::query(&store.sql.admin.count_runs)
+        .bind(job)
+        .bind(since.timestamp_millis())
+        .fetch_all(&store.pool)
+        .await
+        .map_err(db_err)?;
+    let mut counts = RunCounts::default();
+    for row in &rows {
+        let n: i64 = get(row, "n")?;
+        let n = u64::try_from(n).map_err(|_| StoreError::Invalid(format!("count of runs {n} is negative")))?;
+        counts.add(parse_name(row, "state")?, n);
+    }
+    Ok(counts)
 }
 
 /// SQLite's clock (see [`solocron_core::Store::now`]).

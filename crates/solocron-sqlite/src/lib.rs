@@ -42,7 +42,8 @@
 //! - `claim.rs`: the batch claim (one transaction, decided in memory); `claim_one.rs`: the
 //!   one-tick claim (one statement, decided in SQL). Nothing else claims.
 //! - `runs.rs`: a held run's life: renew, finish, expired, recover.
-//! - `admin.rs`: history, registry, pause and unlock, manual requests, prune, the clock.
+//! - `admin.rs`: history and its counts by state, registry, pause and unlock, manual
+//!   requests, prune, the clock.
 //! - `managed.rs`: managed jobs and their revisions (one write transaction each).
 //! - `fleet.rs`: node heartbeats (one upsert each), and the audit log, appended inside the
 //!   transaction of the action it records.
@@ -119,7 +120,8 @@ use chrono::{DateTime, Utc};
 use solocron_core::{
     redact_url, ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
     JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store, StoreError, Tick,
+    Registration, Renewal, RequestWatch, RunCounts, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store,
+    StoreError, Tick,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, Transaction};
@@ -339,6 +341,10 @@ impl Store for SqliteStore {
 
     async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
         admin::history(self, query).await
+    }
+
+    async fn count_runs(&self, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
+        admin::count_runs(self, job, since).await
     }
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {

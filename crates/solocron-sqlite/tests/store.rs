@@ -3,10 +3,11 @@
 //! (`tests/conformance.rs`).
 #![forbid(unsafe_code)]
 
+use chrono::{DateTime, Utc};
 use solocron_conformance::checks::definition;
 use solocron_core::{
-    ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, NodeBeat, Prefix, RunState,
-    SchemaState, Store, StoreError, Tick, Trigger,
+    ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, NodeBeat, Prefix, RecoverAction,
+    RecoverOutcome, RunCounts, RunState, SchemaState, Store, StoreError, Tick, Trigger,
 };
 use solocron_sqlite::SqliteStore;
 use tempfile::TempDir;
@@ -645,4 +646,132 @@ async fn schema_with_an_empty_version_table_is_missing() {
     let (dir, store) = fresh().await;
     sqlx::query("DELETE FROM solocron_schema").execute(&raw(&dir).await).await.unwrap();
     assert_eq!(store.schema().await.unwrap(), SchemaState::Missing);
+}
+
+/// A claim of `tick` for node `n` with a lease of `lease`, running it, that must be won.
+async fn won_for(store: &SqliteStore, tick: Tick, lease: std::time::Duration) -> solocron_core::Lease {
+    let request = ClaimRequest { lease, ..tick_request(&tick.job, &tick.scheduled_at.to_rfc3339()) };
+    match store.claim(&[request]).await.unwrap().remove(0) {
+        ClaimOutcome::Won(lease) => lease,
+        other => panic!("expected Won, got {other:?}"),
+    }
+}
+
+/// An end in `state`.
+fn ended(state: RunState) -> solocron_core::RunEnd {
+    solocron_core::RunEnd { state, reason: None, exit_code: None, output: String::new(), started_after: None }
+}
+
+/// Counts by state, sorted by name: `RunCounts` lists them in no order.
+fn by_name(counts: impl IntoIterator<Item = (RunState, u64)>) -> Vec<(&'static str, u64)> {
+    let mut counts: Vec<(&'static str, u64)> = counts.into_iter().map(|(s, n)| (s.as_str(), n)).collect();
+    counts.sort_unstable();
+    counts
+}
+
+/// What the trait's default `count_runs` counts: every record of `job` in the history
+/// scheduled at or after `since`, by state (read whole here, filtered in the test).
+async fn counted_from_history(store: &SqliteStore, job: &str, since: DateTime<Utc>) -> Vec<(&'static str, u64)> {
+    let all = store.history(&HistoryQuery::default()).await.unwrap();
+    let mut counts = RunCounts::default();
+    for r in all.iter().filter(|r| r.id.tick.job == job && r.id.tick.scheduled_at >= since) {
+        counts.add(r.state, 1);
+    }
+    by_name(counts.by_state)
+}
+
+/// Records of two jobs in every state the store's own steps make (won and held, finished
+/// three ways, failed with a waiting retry, expired and retried, expired and abandoned,
+/// skipped), around `since`: one of each job exactly at `since`, one a millisecond before.
+async fn records_around(store: &SqliteStore, since: DateTime<Utc>) {
+    let at = |job: &str, ms: i64| Tick::new(job, since + chrono::Duration::milliseconds(ms));
+    let long = std::time::Duration::from_secs(60);
+    let short = std::time::Duration::from_millis(1);
+    for job in ["backup", "sync"] {
+        for (ms, state) in [(-1, RunState::Succeeded), (0, RunState::Succeeded), (60_000, RunState::TimedOut)] {
+            let lease = won_for(store, at(job, ms), long).await;
+            assert!(store.finish(&lease, &ended(state)).await.unwrap());
+        }
+        let lease = won_for(store, at(job, 120_000), long).await;
+        assert!(store.finish_for_retry(&lease, &ended(RunState::Failed), long).await.unwrap());
+        let skip = ClaimRequest {
+            mode: ClaimMode::Skip { reason: "missed".into() },
+            ..tick_request(job, &at(job, 180_000).scheduled_at.to_rfc3339())
+        };
+        assert!(matches!(store.claim(&[skip]).await.unwrap()[..], [ClaimOutcome::Skipped { .. }]));
+        won_for(store, at(job, 240_000), long).await;
+    }
+    let retried = won_for(store, at("backup", 300_000), short).await;
+    let abandoned = won_for(store, at("backup", 360_000), short).await;
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let retry = RecoverAction::Retry { node: "m".into(), lease: long };
+    assert!(matches!(store.recover(&retried.run, &retry).await.unwrap(), RecoverOutcome::Retried(_)));
+    let abandon = RecoverAction::Abandon { reason: "gone".into() };
+    assert_eq!(store.recover(&abandoned.run, &abandon).await.unwrap(), RecoverOutcome::Abandoned);
+}
+
+/// `count_runs` counts, in one query, the records of the job asked (every attempt) whose
+/// tick is at or after `since`, by state: one exactly at `since` is counted, one a
+/// millisecond before is not, another job's never; the counts are those its history gives
+/// (the trait's default), and never truncated.
+#[tokio::test]
+async fn count_runs_counts_every_attempt_of_the_job_from_since_by_state_as_history_does() {
+    let (_dir, store) = fresh().await;
+    let since: DateTime<Utc> = "2026-01-01T00:10:00Z".parse().unwrap();
+    records_around(&store, since).await;
+    let counts = store.count_runs("backup", since).await.unwrap();
+    assert!(!counts.truncated);
+    let expected = [
+        ("abandoned", 1),
+        ("failed", 1),
+        ("lost", 1),
+        ("running", 2),
+        ("skipped", 1),
+        ("succeeded", 1),
+        ("timed_out", 1),
+        ("waiting", 1),
+    ];
+    assert_eq!(by_name(counts.by_state), expected);
+    for (job, from) in [("backup", since), ("sync", since), ("backup", since - chrono::Duration::milliseconds(1))] {
+        let counts = store.count_runs(job, from).await.unwrap();
+        assert_eq!(by_name(counts.by_state), counted_from_history(&store, job, from).await, "{job} from {from}");
+    }
+    let before = store.count_runs("backup", since - chrono::Duration::milliseconds(1)).await.unwrap();
+    assert!(by_name(before.by_state).contains(&("succeeded", 2)), "the record a millisecond before");
+    let later = since + chrono::Duration::milliseconds(360_001);
+    assert_eq!(store.count_runs("backup", later).await.unwrap(), RunCounts::default(), "nothing after the last");
+    assert_eq!(store.count_runs("nothing", since).await.unwrap(), RunCounts::default(), "a job never run");
+}
+
+/// A record in a state this version cannot read fails `count_runs` as it fails `history`
+/// (`Invalid`, naming the column), rather than being counted as something else.
+#[tokio::test]
+async fn count_runs_fails_on_a_state_it_cannot_read_as_history_does() {
+    let (dir, store) = fresh().await;
+    let since: DateTime<Utc> = "2026-01-01T00:10:00Z".parse().unwrap();
+    won_for(&store, Tick::new("backup", since), std::time::Duration::from_secs(60)).await;
+    sqlx::query("UPDATE solocron_runs SET state = 'paused_forever'").execute(&raw(&dir).await).await.unwrap();
+    let query = HistoryQuery { job: Some("backup".into()), since: Some(since), ..HistoryQuery::default() };
+    let history = store.history(&query).await.unwrap_err();
+    let count = store.count_runs("backup", since).await.unwrap_err();
+    for err in [history, count] {
+        assert!(matches!(&err, StoreError::Invalid(m) if m.contains("solocron_runs.state")), "{err}");
+    }
+    assert_eq!(store.count_runs("sync", since).await.unwrap(), RunCounts::default(), "other jobs still count");
+}
+
+/// `count_runs`'s query reads a range of the primary key (job, then the instant), not the
+/// whole table nor the job's whole history.
+#[tokio::test]
+async fn count_runs_reads_a_range_of_the_primary_key() {
+    let (dir, _store) = fresh().await;
+    let rows: Vec<(i64, i64, i64, String)> = sqlx::query_as(
+        "EXPLAIN QUERY PLAN SELECT state, count(*) AS n FROM solocron_runs WHERE job = 'x' AND scheduled_at >= 5 GROUP BY state",
+    )
+    .fetch_all(&raw(&dir).await)
+    .await
+    .unwrap();
+    let plan: Vec<&str> = rows.iter().map(|r| r.3.as_str()).collect();
+    let range = "SEARCH solocron_runs USING INDEX sqlite_autoindex_solocron_runs_1 (job=? AND scheduled_at>?)";
+    assert!(plan.contains(&range), "{plan:?}");
 }
