@@ -7,7 +7,7 @@
 //! schedule yields a next tick after now.
 #![no_main]
 
-#[allow(dead_code)]
+#[allow(dead_code, unused_imports)]
 #[path = "../../crates/solocron-cli/src/config.rs"]
 mod config;
 

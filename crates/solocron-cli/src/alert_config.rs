@@ -8,7 +8,7 @@ use serde::Deserialize;
 use solocron::AlertEvent;
 use solocron_core::parse_duration;
 
-use crate::config::{resolve_http_job, HttpWork, KeyError, RawHttpJob};
+use super::{resolve_http_job, HttpWork, KeyError, RawHttpJob};
 
 /// One `[[alerts]]` entry as written.
 #[derive(Debug, Deserialize, Default, Clone)]
@@ -172,7 +172,8 @@ fn webhook(i: usize, a: &RawAlert, url: &str) -> Result<HttpWork, KeyError> {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::{AlertTargetConfig, Config};
+    use super::super::Config;
+    use super::AlertTargetConfig;
 
     const HOOK: &str =
         "[[alerts]]\non = [\"failed\", \"stale\"]\nwebhook = \"https://hooks.example.com/x\"\nstale_after = \"1h\"\n";

@@ -7,9 +7,13 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::alert_config::{resolve_alerts, RawAlert};
-pub use crate::alert_config::{AlertConfig, AlertTargetConfig};
 use solocron_core::{parse_duration, JobPolicy, Misfire, OnCrash, Overlap, Prefix, RetryPolicy, Schedule};
+
+// A child by path, so that the fuzz target compiling this file in finds it too.
+#[path = "alert_config.rs"]
+mod alert_config;
+use alert_config::{resolve_alerts, RawAlert};
+pub use alert_config::{AlertConfig, AlertTargetConfig};
 
 /// The store used when the configuration has no `[store]`.
 pub const DEFAULT_STORE_URL: &str = "sqlite://solocron.db";

@@ -13,7 +13,6 @@
 #![forbid(unsafe_code)]
 
 mod admin;
-mod alert_config;
 mod config;
 mod daemon;
 mod docs;
