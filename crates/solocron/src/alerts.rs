@@ -360,17 +360,19 @@ fn is_shortened(index: usize, rest: &str) -> bool {
 pub(crate) fn run_ended(e: &Arc<Engine>, run: &RunId, state: RunState) {
     let job = &run.tick.job;
     let Some(event) = AlertEvent::of_end(state).filter(|_| !job.starts_with('#')) else { return };
+    // Every run's end comes here: a node whose rules want nothing of it does nothing more.
+    if !e.alerts.rules.iter().any(|r| r.wants(event, job)) {
+        return;
+    }
     // Raised here: this node's sweeps need not look at it again.
     e.alerts.newly_swept(run);
     if event == AlertEvent::Recovered {
-        if e.alerts.rules.iter().any(|r| r.wants(event, job)) {
-            let (e2, tick) = (e.clone(), run.tick.clone());
-            spawn_bounded(e, async move {
-                if previous_tick_failed(&e2, &tick).await {
-                    raise(&e2, &tick.job, tick.scheduled_at, event);
-                }
-            });
-        }
+        let (e2, tick) = (e.clone(), run.tick.clone());
+        spawn_bounded(e, async move {
+            if previous_tick_failed(&e2, &tick).await {
+                raise(&e2, &tick.job, tick.scheduled_at, event);
+            }
+        });
         return;
     }
     raise(e, job, run.tick.scheduled_at, event);
