@@ -230,8 +230,7 @@ impl Target {
 
     /// Opens the store and checks that its schema is this build's, changing nothing: read
     /// and admin commands never migrate (a newer CLI's `status` must not upgrade the schema
-    /// under a fleet of older nodes, nor need DDL rights).
-    /// A store kept in a file that does not exist is not created: a typo in a path must not
+    /// under a fleet of older nodes, nor need DDL rights). A store kept in a file that does not exist is not created: a typo in a path must not
     /// look like an empty history.
     pub async fn connect(&self, cfg: Option<&Config>) -> Result<Arc<dyn Store>, Failure> {
         let (store_cfg, key) = self.store_config(cfg);
@@ -268,7 +267,7 @@ pub async fn require_current_schema(store: &dyn Store, key: &str) -> Result<(), 
         ),
         SchemaState::Older { found, current } => format!(
             "{store} has schema version {found}; this solocron needs version {current}: run `solocron migrate` \
-             (nodes of the older version keep working with it)"
+             (upgrade every node: a store's notes say what older nodes do on a newer schema)"
         ),
         SchemaState::Newer { found, current } => format!(
             "{store} has schema version {found}, newer than this solocron understands ({current}): upgrade solocron"
