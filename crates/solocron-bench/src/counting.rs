@@ -66,9 +66,9 @@ impl Store for Counting {
         self.hit();
         self.inner.finish_all(e).await
     }
-    async fn expired(&self, n: usize) -> Result<Vec<RunRecord>, StoreError> {
+    async fn expired(&self, n: usize, ns: &solocron_core::Namespaces) -> Result<Vec<RunRecord>, StoreError> {
         self.hit();
-        self.inner.expired(n).await
+        self.inner.expired(n, ns).await
     }
     async fn recover(&self, r: &RunId, a: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
         self.hit();
@@ -124,9 +124,9 @@ impl Store for Counting {
         self.hit();
         self.inner.request_run(j, b, r).await
     }
-    async fn pending_requests(&self, n: usize) -> Result<Vec<RunRequest>, StoreError> {
+    async fn pending_requests(&self, n: usize, ns: &solocron_core::Namespaces) -> Result<Vec<RunRequest>, StoreError> {
         self.hit();
-        self.inner.pending_requests(n).await
+        self.inner.pending_requests(n, ns).await
     }
     async fn unlock(&self, j: &str, b: &str, r: &str) -> Result<Vec<RunId>, StoreError> {
         self.hit();
@@ -136,9 +136,9 @@ impl Store for Counting {
         self.hit();
         self.inner.memory_since().await
     }
-    async fn prune(&self, o: Duration, b: usize) -> Result<u64, StoreError> {
+    async fn prune(&self, o: Duration, b: usize, ns: &solocron_core::Namespaces) -> Result<u64, StoreError> {
         self.hit();
-        self.inner.prune(o, b).await
+        self.inner.prune(o, b, ns).await
     }
     async fn heartbeat(&self, b: &NodeBeat) -> Result<(), StoreError> {
         self.hit();

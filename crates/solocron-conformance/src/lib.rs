@@ -184,6 +184,10 @@ macro_rules! conformance_tests {
             managed_jobs_are_written_only_at_the_expected_revision_and_every_change_is_a_revision,
             racing_writers_get_one_winner_per_revision_and_distinct_revisions,
             a_managed_job_change_wakes_the_watch_and_stays_in_its_prefix,
+            // Namespaces.
+            expired_lists_only_the_runs_of_the_namespaces_asked,
+            pending_requests_lists_only_the_requests_of_the_namespaces_asked,
+            prune_deletes_only_the_records_and_requests_of_the_namespaces_asked,
             // Schema.
             migrate_is_safe_when_many_nodes_start_at_once,
         );

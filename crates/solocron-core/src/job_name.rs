@@ -15,12 +15,15 @@ const JOB_NAME_SHOWN_CHARS_MAX: usize = 64;
 
 /// What a job name may be, said in every [`JobNameError`].
 const JOB_NAME_RULE: &str = "a job name is 1 to 191 characters with no whitespace, no control characters, \
-     no `@` and no `#` (like `backup` or `billing.invoices-daily`)";
+     no `@` and no `#`, and a `/` only after a namespace (like `backup`, `billing.invoices-daily` or `billing/sync`)";
 
 /// Checks a job name against the one rule every part of solocron shares: 1 to
 /// [`JOB_NAME_CHARS_MAX`] characters, none of them whitespace, a control character, `@`
 /// or `#`. Anything else is allowed, including non-ASCII letters and `/ : % . - _`: every
 /// store holds them (etcd escapes `%` and `/` in its keys; Redis run ids keep `:`).
+/// `name` is a full name (see [`crate::namespace_of`]): the part before its first `/`, if
+/// any, is its namespace, which must be a valid one other than `default`, and something
+/// must follow the `/`.
 ///
 /// Why each part:
 /// - **`@` and `#`** delimit a run id, `job@2026-01-01T00:00:00.000Z#1` (what
@@ -29,6 +32,8 @@ const JOB_NAME_RULE: &str = "a job name is 1 to 191 characters with no whitespac
 /// - **Whitespace**: MySQL compares `'a'` and `'a '` as equal, so two jobs would share one
 ///   fence; a leading or inner space is invisible in a log line (`job=a b`), in the
 ///   space-separated `status` table and on a command line.
+/// - **The namespace part** keeps a full name's namespace readable by every store, and a
+///   job of `default` from being spelled two ways.
 /// - **Control characters** (newlines, escapes, NUL) forge lines in logs and tables, and
 ///   NUL ends a string in C clients.
 /// - **Empty**: there is nothing to name the job by in logs or on a command line.
@@ -48,8 +53,21 @@ pub fn validate_job_name(name: &str) -> Result<(), JobNameError> {
     if chars > JOB_NAME_CHARS_MAX {
         return Err(JobNameError::TooLong { name: shown(name), chars });
     }
-    match name.chars().find(|&c| c.is_whitespace() || c.is_control() || c == '@' || c == '#') {
-        Some(found) => Err(JobNameError::Forbidden { name: shown(name), found }),
+    if let Some(found) = name.chars().find(|&c| c.is_whitespace() || c.is_control() || c == '@' || c == '#') {
+        return Err(JobNameError::Forbidden { name: shown(name), found });
+    }
+    match name.split_once('/') {
+        Some((namespace, rest)) => {
+            let bad = |why: String| JobNameError::Namespace { name: shown(name), why };
+            if namespace == crate::DEFAULT_NAMESPACE {
+                return Err(bad("the namespace `default` is written without a prefix".into()));
+            }
+            crate::validate_namespace(namespace).map_err(|e| bad(e.to_string()))?;
+            if rest.is_empty() {
+                return Err(bad("nothing follows the `/`".into()));
+            }
+            Ok(())
+        }
         None => Ok(()),
     }
 }
@@ -76,6 +94,14 @@ pub enum JobNameError {
         name: String,
         /// The first forbidden character.
         found: char,
+    },
+    /// The part before the first `/` is not a namespace (see [`crate::namespace_of`]).
+    #[error("job name `{name}`: the part before its first `/` is its namespace, and {why}")]
+    Namespace {
+        /// The name as given, escaped and shortened for display.
+        name: String,
+        /// What is wrong with the namespace part.
+        why: String,
     },
 }
 
@@ -150,6 +176,24 @@ mod tests {
             assert!(err.contains(want), "{name:?}: expected `{want}` in: {err}");
             assert!(err.contains("1 to 191 characters with no whitespace"), "{name:?}: the rule is said: {err}");
             assert!(!err.contains('\n'), "{name:?}: one line: {err}");
+        }
+    }
+
+    #[test]
+    fn the_part_before_a_slash_must_be_a_namespace() {
+        for name in ["billing/sync", "team-7/a/b", "x/日次"] {
+            assert_eq!(validate_job_name(name), Ok(()), "{name}");
+        }
+        let cases = [
+            ("Billing/x", "`Billing` is not a namespace name"),
+            ("/x", "`` is not a namespace name"),
+            ("a.b/x", "`a.b` is not a namespace name"),
+            ("x/", "nothing follows the `/`"),
+            ("default/x", "the namespace `default` is written without a prefix"),
+        ];
+        for (name, want) in cases {
+            let err = validate_job_name(name).unwrap_err().to_string();
+            assert!(err.contains(want) && err.contains("is its namespace"), "{name:?}: expected `{want}` in: {err}");
         }
     }
 

@@ -27,6 +27,7 @@ mod duration;
 mod fleet;
 mod job_name;
 mod managed;
+mod namespace;
 mod policy;
 mod prefix;
 mod redact;
@@ -43,6 +44,10 @@ pub use job_name::{validate_job_name, JobNameError, JOB_NAME_CHARS_MAX};
 pub use managed::{
     check_spec_text, judge_write, JobRevision, JobWrite, ManagedJob, JOB_SPEC_BYTES_MAX, MANAGED_JOBS_MAX,
     REVISIONS_PAGE_MAX,
+};
+pub use namespace::{
+    full_job_name, namespace_of, validate_namespace, NamespaceError, Namespaces, NamespacesError, DEFAULT_NAMESPACE,
+    NAMESPACES_MAX, NAMESPACE_LEN_MAX,
 };
 pub use policy::{
     plan_due, retention_floor, DuePlan, JobPolicy, Misfire, OnCrash, Overlap, PolicyError, RetryPolicy,

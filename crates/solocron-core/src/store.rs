@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 
 use crate::fleet::{ActionQuery, ActionRecord, NodeBeat, NodeRecord};
 use crate::run::{RunId, RunRecord, RunState, Tick, Trigger};
-use crate::{JobRevision, JobWrite, ManagedJob};
+use crate::{JobRevision, JobWrite, ManagedJob, Namespaces};
 
 /// Most requests one [`Store::claim`] call carries; the engine splits larger batches.
 pub const CLAIM_BATCH_MAX: usize = 1000;
@@ -498,8 +498,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// At most `limit` runs someone must act on, by the store's clock, oldest first: `running`
     /// runs whose lease has expired, and `waiting` retries whose not-before has passed
-    /// (both by `lease_until`).
-    async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError>;
+    /// (both by `lease_until`), of jobs in `namespaces` only (those of other namespaces
+    /// never take a place in the `limit`).
+    async fn expired(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRecord>, StoreError>;
 
     /// Acts on one run [`Store::expired`] lists; only one caller can succeed per run. A
     /// `running` run whose lease expired: [`RecoverAction::Retry`] ends it `lost` and starts
@@ -617,8 +618,10 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// Manual run requests whose tick has no run record yet, oldest first, at most `limit`.
-    async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError>;
+    /// Manual run requests whose tick has no run record yet, oldest first, at most `limit`,
+    /// of jobs in `namespaces` only (those of other namespaces never take a place in the
+    /// `limit`).
+    async fn pending_requests(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRequest>, StoreError>;
 
     /// Ends every `running` run of `job` as `abandoned` (an operator's unlock), recorded
     /// with the reason [`ActionRecord::unlock_reason`]`(by, reason)`, and appends the action
@@ -636,13 +639,14 @@ pub trait Store: Send + Sync + 'static {
         Ok(None)
     }
 
-    /// Deletes at most `batch` ended run records (never a `running` one) of ticks scheduled
-    /// before the store's now minus `older_than`, the run requests as old, at most
+    /// Deletes at most `batch` ended run records (never a `running` or `waiting` one) of
+    /// ticks scheduled before the store's now minus `older_than` and the run requests as
+    /// old, both of jobs in `namespaces` only; and, whatever the namespaces, at most
     /// [`PRUNE_BATCH_MAX`] audit log actions as old, and the nodes not heard from for
     /// longer than the smaller of `older_than` and [`crate::NODE_FORGET_AFTER`] (a node that
     /// said goodbye, or died, is forgotten a day later). Returns how many run records it
     /// deleted. Callers loop (boundedly) until it returns less than `batch`.
-    async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError>;
+    async fn prune(&self, older_than: Duration, batch: usize, namespaces: &Namespaces) -> Result<u64, StoreError>;
 
     /// Records `beat` as the node's latest heartbeat, `last_seen` being the store's now. The
     /// first beat after a goodbye (or ever) also sets `started_at`; every beat clears

@@ -324,7 +324,7 @@ async fn finish_ends(store: &EtcdStore, chunk: &[Ending], attempts: u32) -> Resu
 /// Running runs whose etcd lease is gone and due `waiting` retries (see
 /// [`solocron_core::Store::expired`]): one read of every job guard and every alive key at
 /// one revision, then the candidates' records; and the due retries (`retry.rs`).
-pub(crate) async fn expired(store: &EtcdStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+pub(crate) async fn expired(store: &EtcdStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRecord>, StoreError> {
     let (guards, alive) = (store.keys.family("job"), store.keys.family("alive"));
     let what = "an expiry read";
     let (guards, at) = range_all(&store.client, what, (&guards, &prefix_end(&guards)), false, 0).await?;

@@ -294,7 +294,7 @@ fn off_second(ms: i64) -> i64 {
 }
 
 /// Requests whose tick has no record yet, oldest first.
-pub(crate) async fn pending_requests(store: &MySqlStore, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
+pub(crate) async fn pending_requests(store: &MySqlStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRequest>, StoreError> {
     let context = "cannot list run requests";
     let rows = sqlx::query(&store.sql(
         "SELECT q.job, q.requested_at, q.requested_by FROM {p}requests q
@@ -414,7 +414,7 @@ async fn unlock_once(store: &MySqlStore, job: &str, by: &str, reason: &str) -> R
 /// older than the cutoff, oldest first, the run requests as old, at most
 /// [`PRUNE_BATCH_MAX`] actions as old, and the nodes silent for longer than the smaller of
 /// `older_than` and [`NODE_FORGET_AFTER`]; one transaction.
-pub(crate) async fn prune(store: &MySqlStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
+pub(crate) async fn prune(store: &MySqlStore, older_than: Duration, batch: usize, _namespaces: &solocron_core::Namespaces) -> Result<u64, StoreError> {
     let forget_after = millis(older_than.min(NODE_FORGET_AFTER)).map_err(|f| f.into_store("cannot prune"))?;
     let older_than = millis(older_than).map_err(|f| f.into_store("cannot prune"))?;
     let batch = batch.min(PRUNE_BATCH_MAX) as i64;

@@ -254,7 +254,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
+    Namespaces, ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
     JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
     Registration, Renewal, RunCounts, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store, StoreError, Tick,
 };
@@ -445,8 +445,8 @@ impl Store for MySqlStore {
         runs::finish_for_retry(self, lease, end, after).await
     }
 
-    async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
-        runs::expired(self, limit).await
+    async fn expired(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRecord>, StoreError> {
+        runs::expired(self, limit, namespaces).await
     }
 
     async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
@@ -493,16 +493,16 @@ impl Store for MySqlStore {
         admin::request_run(self, job, by, reason).await
     }
 
-    async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
-        admin::pending_requests(self, limit).await
+    async fn pending_requests(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRequest>, StoreError> {
+        admin::pending_requests(self, limit, namespaces).await
     }
 
     async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
         admin::unlock(self, job, by, reason).await
     }
 
-    async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
-        admin::prune(self, older_than, batch).await
+    async fn prune(&self, older_than: Duration, batch: usize, namespaces: &Namespaces) -> Result<u64, StoreError> {
+        admin::prune(self, older_than, batch, namespaces).await
     }
 
     async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {

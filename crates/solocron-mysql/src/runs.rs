@@ -230,7 +230,7 @@ fn finish_literal(template: &str, lease: &Lease, end: &RunEnd) -> Result<String,
 /// range of the key `{p}runs_expiry (state, lease_until)` read in order, merged by a sort
 /// of at most twice `limit` rows. (One `state IN (...)` range would come out ordered by
 /// state first, and be sorted whole.) `NOW_MS` is the statement's one instant.
-pub(crate) async fn expired(store: &MySqlStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+pub(crate) async fn expired(store: &MySqlStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRecord>, StoreError> {
     let due = |state: &str| {
         format!(
             "(SELECT {COLUMNS} FROM {{p}}runs WHERE state = '{state}' AND lease_until < NOW_MS ORDER BY lease_until LIMIT ?)"

@@ -206,7 +206,7 @@ async fn an_expired_run_is_recovered_once_with_a_larger_token() {
     let retry = RecoverAction::Retry { node: "b".into(), lease: LONG };
     assert_eq!(stores[1].recover(&lease.run, &retry).await.expect("recover"), RecoverOutcome::NotNeeded);
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let expired = stores[1].expired(10).await.expect("expired");
+    let expired = stores[1].expired(10, &solocron_core::Namespaces::ALL).await.expect("expired");
     assert_eq!(expired.iter().map(|r| &r.id).collect::<Vec<_>>(), [&lease.run]);
     let outcomes = race(&stores, |_, store| {
         let (run, retry) = (lease.run.clone(), retry.clone());
@@ -240,11 +240,11 @@ async fn unlock_pause_and_manual_requests() {
     assert_eq!(store.claim(&[run(tick("backup", 2), "a", LONG, true)]).await.expect("claim"), [paused]);
     let requested = store.request_run("backup", "alice", None).await.expect("request_run");
     assert_ne!(requested.scheduled_at.timestamp_subsec_millis(), 0, "off the whole second");
-    let pending = store.pending_requests(10).await.expect("pending");
+    let pending = store.pending_requests(10, &solocron_core::Namespaces::ALL).await.expect("pending");
     assert_eq!((&pending[0].tick, pending[0].requested_by.as_str()), (&requested, "alice"));
     let manual = ClaimRequest { trigger: Trigger::Manual, ..run(requested, "a", LONG, true) };
     assert!(matches!(store.claim(&[manual]).await.expect("claim")[0], ClaimOutcome::Won(_)), "manual runs go");
-    assert!(store.pending_requests(10).await.expect("pending").is_empty());
+    assert!(store.pending_requests(10, &solocron_core::Namespaces::ALL).await.expect("pending").is_empty());
     let controls = store.controls().await.expect("controls");
     assert_eq!((controls.len(), controls[0].paused, controls[0].reason.as_deref()), (1, true, Some("maintenance")));
 }
@@ -259,15 +259,15 @@ async fn prune_deletes_old_ended_records_oldest_first_never_running_ones() {
     }
     won(store, run(tick("stuck", 0), "a", LONG, false)).await;
     let hour = Duration::from_secs(3600);
-    assert_eq!(store.prune(hour, 3).await.expect("prune"), 3);
+    assert_eq!(store.prune(hour, 3, &solocron_core::Namespaces::ALL).await.expect("prune"), 3);
     let left: Vec<String> =
         store.history(&HistoryQuery::default()).await.expect("history").iter().map(|r| r.id.to_string()).collect();
     assert_eq!(
         left,
         ["report@2020-01-01T00:04:00.000Z#1", "report@2020-01-01T00:03:00.000Z#1", "stuck@2020-01-01T00:00:00.000Z#1"]
     );
-    assert_eq!(store.prune(hour, 100).await.expect("prune"), 2);
-    assert_eq!(store.prune(hour, 100).await.expect("prune"), 0);
+    assert_eq!(store.prune(hour, 100, &solocron_core::Namespaces::ALL).await.expect("prune"), 2);
+    assert_eq!(store.prune(hour, 100, &solocron_core::Namespaces::ALL).await.expect("prune"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -882,9 +882,9 @@ async fn waiting_retries_are_listed_with_expired_runs_and_never_pruned() {
     let b2 = solocron_core::RunId { tick: b.run.tick.clone(), attempt: 2 };
     tokio::time::sleep(Duration::from_millis(500)).await;
     let ids = |records: Vec<solocron_core::RunRecord>| records.into_iter().map(|r| r.id).collect::<Vec<_>>();
-    assert_eq!(ids(store.expired(10).await.expect("expired")), [a.run.clone(), b2.clone(), c.run.clone()]);
-    assert_eq!(ids(store.expired(2).await.expect("expired")), [a.run.clone(), b2.clone()]);
-    assert_eq!(store.prune(Duration::from_secs(3600), 100).await.expect("prune"), 1, "only b's failed attempt 1");
+    assert_eq!(ids(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired")), [a.run.clone(), b2.clone(), c.run.clone()]);
+    assert_eq!(ids(store.expired(2, &solocron_core::Namespaces::ALL).await.expect("expired")), [a.run.clone(), b2.clone()]);
+    assert_eq!(store.prune(Duration::from_secs(3600), 100, &solocron_core::Namespaces::ALL).await.expect("prune"), 1, "only b's failed attempt 1");
     let left = store.history(&HistoryQuery::default()).await.expect("history");
     assert!(left.iter().any(|r| r.id == b2 && r.state == RunState::Waiting), "{left:?}");
 

@@ -267,7 +267,7 @@ async fn request_instant(store: &PgStore, conn: &mut PgConnection, job: &str, by
 }
 
 /// Requests whose tick has no record yet, oldest first.
-pub(crate) async fn pending_requests(store: &PgStore, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
+pub(crate) async fn pending_requests(store: &PgStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRequest>, StoreError> {
     let rows = sqlx::query(&store.sql(
         "SELECT q.job, q.requested_at, q.requested_by FROM {p}requests q
          WHERE NOT EXISTS (SELECT 1 FROM {p}runs r
@@ -309,7 +309,7 @@ pub(crate) async fn unlock(store: &PgStore, job: &str, by: &str, reason: &str) -
 /// older than the cutoff, oldest first, the run requests as old, at most
 /// [`PRUNE_BATCH_MAX`] actions as old, and the nodes silent for longer than the smaller of
 /// `older_than` and [`NODE_FORGET_AFTER`].
-pub(crate) async fn prune(store: &PgStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
+pub(crate) async fn prune(store: &PgStore, older_than: Duration, batch: usize, _namespaces: &solocron_core::Namespaces) -> Result<u64, StoreError> {
     // One statement: PostgreSQL runs every data-modifying CTE exactly once, read or not.
     let deleted: i64 = sqlx::query_scalar(&store.sql(
         "WITH cutoff AS (SELECT {now} - $1 AS at),

@@ -168,7 +168,7 @@ pub(crate) async fn renew_all(store: &PgStore, renewals: &[Renewal]) -> Result<V
 
 /// Running runs whose lease expired and waiting retries whose not-before passed, oldest
 /// `lease_until` first.
-pub(crate) async fn expired(store: &PgStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+pub(crate) async fn expired(store: &PgStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRecord>, StoreError> {
     // One page of each, each read from its own partial index (`{p}runs_expiry`,
     // `{p}runs_waiting`) in order, then merged: never a scan of the history.
     let due = |state: &str| {

@@ -516,12 +516,12 @@ async fn an_expired_run_is_recovered_once_and_only_after_expiry() {
     let doomed = won(&store, run(tick("sync", 0), "a", SHORT_LEASE, false)).await;
     let retry = RecoverAction::Retry { node: "b".into(), lease: LONG_LEASE };
     assert_eq!(store.recover(&lease.run, &retry).await.unwrap(), RecoverOutcome::NotNeeded, "lease still live");
-    assert!(store.expired(10).await.unwrap().is_empty());
+    assert!(store.expired(10, &solocron_core::Namespaces::ALL).await.unwrap().is_empty());
     tokio::time::sleep(PAST_SHORT_LEASE).await;
 
-    let expired: Vec<RunId> = store.expired(10).await.unwrap().into_iter().map(|r| r.id).collect();
+    let expired: Vec<RunId> = store.expired(10, &solocron_core::Namespaces::ALL).await.unwrap().into_iter().map(|r| r.id).collect();
     assert_eq!(expired.len(), 2);
-    assert_eq!(store.expired(1).await.unwrap().len(), 1);
+    assert_eq!(store.expired(1, &solocron_core::Namespaces::ALL).await.unwrap().len(), 1);
     assert!(!store.renew(&lease, LONG_LEASE).await.unwrap(), "an expired lease is not renewed");
     let outcomes = at_once(&ns, 4, |_, store| {
         let (run, retry) = (lease.run.clone(), retry.clone());
@@ -596,12 +596,12 @@ async fn manual_requests_are_unique_off_second_ticks_pending_until_claimed() {
     assert_eq!(ticks.len(), 6, "every request gets its own tick");
     assert!(ticks.iter().all(|t| t.scheduled_at.timestamp_subsec_millis() != 0), "{ticks:?}");
     let store = ns.store().await;
-    let pending: Vec<Tick> = store.pending_requests(100).await.unwrap().into_iter().map(|r| r.tick).collect();
+    let pending: Vec<Tick> = store.pending_requests(100, &solocron_core::Namespaces::ALL).await.unwrap().into_iter().map(|r| r.tick).collect();
     assert_eq!(pending, ticks, "oldest first");
     let manual = ClaimRequest { trigger: Trigger::Manual, ..run(ticks[0].clone(), "a", LONG_LEASE, false) };
     won(&store, manual).await;
-    assert_eq!(store.pending_requests(100).await.unwrap().len(), 5);
-    assert_eq!(store.pending_requests(2).await.unwrap()[0].tick, ticks[1]);
+    assert_eq!(store.pending_requests(100, &solocron_core::Namespaces::ALL).await.unwrap().len(), 5);
+    assert_eq!(store.pending_requests(2, &solocron_core::Namespaces::ALL).await.unwrap()[0].tick, ticks[1]);
 }
 
 #[tokio::test]
@@ -615,15 +615,15 @@ async fn prune_deletes_old_ended_records_in_batches_never_running_ones() {
     let running = won(&store, run(tick("backup", 9), "a", LONG_LEASE, false)).await;
     store.request_run("backup", "op", None).await.unwrap();
     let day = Duration::from_secs(86_400);
-    assert_eq!(store.prune(day, 2).await.unwrap(), 2);
-    assert_eq!(store.pending_requests(10).await.unwrap().len(), 1, "a fresh request is kept");
-    assert_eq!(store.prune(day, 2).await.unwrap(), 1);
-    assert_eq!(store.prune(day, 2).await.unwrap(), 0);
+    assert_eq!(store.prune(day, 2, &solocron_core::Namespaces::ALL).await.unwrap(), 2);
+    assert_eq!(store.pending_requests(10, &solocron_core::Namespaces::ALL).await.unwrap().len(), 1, "a fresh request is kept");
+    assert_eq!(store.prune(day, 2, &solocron_core::Namespaces::ALL).await.unwrap(), 1);
+    assert_eq!(store.prune(day, 2, &solocron_core::Namespaces::ALL).await.unwrap(), 0);
     let left = store.history(&HistoryQuery::default()).await.unwrap();
     assert_eq!(left.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), vec![running.run]);
     tokio::time::sleep(Duration::from_millis(5)).await;
-    store.prune(Duration::ZERO, 10).await.unwrap();
-    assert!(store.pending_requests(10).await.unwrap().is_empty(), "requests older than the cutoff go");
+    store.prune(Duration::ZERO, 10, &solocron_core::Namespaces::ALL).await.unwrap();
+    assert!(store.pending_requests(10, &solocron_core::Namespaces::ALL).await.unwrap().is_empty(), "requests older than the cutoff go");
 }
 
 #[tokio::test]
@@ -794,7 +794,7 @@ async fn prune_keeps_waiting_retries() {
     let failed = RunEnd { state: RunState::Failed, exit_code: Some(1), ..succeeded("boom") };
     assert!(store.finish_for_retry(&first, &failed, Duration::ZERO).await.unwrap());
     let day = Duration::from_secs(86_400);
-    assert_eq!(store.prune(day, 10).await.unwrap(), 1, "only the failed attempt goes");
+    assert_eq!(store.prune(day, 10, &solocron_core::Namespaces::ALL).await.unwrap(), 1, "only the failed attempt goes");
     let left = store.history(&HistoryQuery::default()).await.unwrap();
     let next = RunId { tick: first.run.tick.clone(), attempt: 2 };
     assert_eq!(left.iter().map(|r| (r.id.clone(), r.state)).collect::<Vec<_>>(), [(next.clone(), RunState::Waiting)]);
@@ -804,7 +804,7 @@ async fn prune_keeps_waiting_retries() {
     let RecoverOutcome::Retried(second) = store.recover(&next, &start).await.unwrap() else { panic!("not started") };
     assert_eq!(second.fencing_token, first.fencing_token + 1);
     assert!(store.finish(&second, &succeeded("")).await.unwrap());
-    assert_eq!(store.prune(day, 10).await.unwrap(), 1);
+    assert_eq!(store.prune(day, 10, &solocron_core::Namespaces::ALL).await.unwrap(), 1);
     assert!(store.history(&HistoryQuery::default()).await.unwrap().is_empty());
 }
 

@@ -118,7 +118,7 @@ pub(crate) async fn request_run(
 }
 
 /// Requests whose tick has no record yet, oldest first.
-pub(crate) async fn pending_requests(store: &RedisStore, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
+pub(crate) async fn pending_requests(store: &RedisStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRequest>, StoreError> {
     let limit = limit.min(RECORDS_PAGE_MAX);
     if limit == 0 {
         return Ok(Vec::new());
@@ -148,7 +148,7 @@ pub(crate) async fn memory_since(store: &RedisStore) -> Result<Option<DateTime<U
 
 /// Deletes old ended records, requests, registrations and actions, and forgets silent nodes
 /// (see [`solocron_core::Store::prune`]).
-pub(crate) async fn prune(store: &RedisStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
+pub(crate) async fn prune(store: &RedisStore, older_than: Duration, batch: usize, _namespaces: &solocron_core::Namespaces) -> Result<u64, StoreError> {
     let mut call = store.invocation(&CODE.prune);
     call.arg(millis(older_than)?)
         .arg(batch.min(PRUNE_BATCH_MAX))

@@ -275,7 +275,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use solocron_core::{
-    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
+    Namespaces, ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
     JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
     Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store, StoreError, Tick,
 };
@@ -414,8 +414,8 @@ impl Store for RedisStore {
         runs::finish_for_retry(self, lease, end, after).await
     }
 
-    async fn expired(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
-        runs::expired(self, limit).await
+    async fn expired(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRecord>, StoreError> {
+        runs::expired(self, limit, namespaces).await
     }
 
     async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
@@ -454,8 +454,8 @@ impl Store for RedisStore {
         Some(watch::watch(self))
     }
 
-    async fn pending_requests(&self, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
-        admin::pending_requests(self, limit).await
+    async fn pending_requests(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRequest>, StoreError> {
+        admin::pending_requests(self, limit, namespaces).await
     }
 
     async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
@@ -466,8 +466,8 @@ impl Store for RedisStore {
         admin::memory_since(self).await
     }
 
-    async fn prune(&self, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
-        admin::prune(self, older_than, batch).await
+    async fn prune(&self, older_than: Duration, batch: usize, namespaces: &Namespaces) -> Result<u64, StoreError> {
+        admin::prune(self, older_than, batch, namespaces).await
     }
 
     async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {

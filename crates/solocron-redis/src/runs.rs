@@ -66,7 +66,7 @@ pub(crate) async fn finish_for_retry(
 
 /// Running runs whose lease passed, and waiting retries whose not-before passed, by Redis's
 /// clock (see [`solocron_core::Store::expired`]).
-pub(crate) async fn expired(store: &RedisStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+pub(crate) async fn expired(store: &RedisStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRecord>, StoreError> {
     let limit = limit.min(RECORDS_PAGE_MAX);
     if limit == 0 {
         return Ok(Vec::new());

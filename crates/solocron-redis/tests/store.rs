@@ -447,7 +447,7 @@ async fn a_user_without_channel_rights_requests_runs_without_an_error() {
     let url = ns.url.replacen("redis://", &format!("redis://{user}:pw@"), 1);
     let limited = RedisStore::connect(&url, &ns.prefix).await.expect("connect as the limited user");
     let requested = limited.request_run("backup", "op", None).await;
-    let pending = store.pending_requests(10).await.expect("pending");
+    let pending = store.pending_requests(10, &solocron_core::Namespaces::ALL).await.expect("pending");
     let _: () = redis::cmd("ACL").arg(&["DELUSER", &user][..]).query_async(&mut conn).await.expect("delete the user");
     let tick = requested.expect("the request succeeds although the wake-up cannot be published");
     assert_eq!(pending.iter().map(|r| &r.tick).collect::<Vec<_>>(), [&tick], "written once");
@@ -589,10 +589,10 @@ async fn a_run_granted_again_leaves_the_expiry_index_until_its_fresh_lease_lapse
     };
     let first = won(&store, short(0)).await;
     tokio::time::sleep(Duration::from_millis(120)).await;
-    assert_eq!(store.expired(10).await.expect("expired").len(), 1, "lapsed");
+    assert_eq!(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").len(), 1, "lapsed");
     let again = won(&store, with_nonce(run(tick("backup", 0), "a", false), 7)).await;
     assert_eq!((again.fencing_token, again.claimed_at), (first.fencing_token, first.claimed_at));
-    assert!(store.expired(10).await.expect("expired").is_empty(), "a fresh lease");
+    assert!(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty(), "a fresh lease");
     assert!(store.renew(&again, LONG).await.expect("renew"), "the lease granted again is renewable");
     assert!(store.finish(&again, &done()).await.expect("finish"));
 
@@ -704,7 +704,7 @@ async fn prune_keeps_the_nodes_sets_of_registrations_in_step() {
     let mut conn = common::raw(&ns.url).await.expect("connect");
     let regs = format!("{}regs", ns.prefix.redis_key_prefix());
     let () = redis::cmd("ZADD").arg(&regs).arg(1).arg("6:backup:a").query_async(&mut conn).await.expect("zadd");
-    store.prune(Duration::from_secs(3600), 100).await.expect("prune");
+    store.prune(Duration::from_secs(3600), 100, &solocron_core::Namespaces::ALL).await.expect("prune");
     assert_eq!(registered(&store).await, [("sync".to_owned(), "b".to_owned())]);
     assert_eq!(node_set(&ns, "a").await, Vec::<String>::new(), "a's set went with its last registration");
     assert_eq!(node_set(&ns, "b").await, ["", "4:sync:b"]);
@@ -743,7 +743,7 @@ async fn a_waiting_retry_is_not_running_is_found_by_its_state_and_is_never_prune
     assert_eq!(running_set(&ns, "flaky").await.len(), 1, "only the running run");
     assert_eq!(store.unlock("flaky", "op", "test").await.expect("unlock"), [next.run]);
     // Ticks of 2020, long before the cutoff: the failed and the unlocked run go, not the retry.
-    assert_eq!(store.prune(Duration::from_secs(3600), 100).await.expect("prune"), 2);
+    assert_eq!(store.prune(Duration::from_secs(3600), 100, &solocron_core::Namespaces::ALL).await.expect("prune"), 2);
     let left = store.history(&HistoryQuery::default()).await.expect("history");
     assert_eq!(left.iter().map(|r| (r.id.attempt, r.state)).collect::<Vec<_>>(), [(2, RunState::Waiting)]);
 }
@@ -763,9 +763,9 @@ async fn expired_merges_due_retries_with_lapsed_runs_oldest_first() {
 
     let retry_id = solocron_core::RunId { tick: failing.run.tick.clone(), attempt: 2 };
     let ids = |records: Vec<solocron_core::RunRecord>| records.into_iter().map(|r| r.id).collect::<Vec<_>>();
-    let all = ids(store.expired(10).await.expect("expired"));
+    let all = ids(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired"));
     assert_eq!(all, [oldest.run.clone(), retry_id.clone(), newest.run.clone()]);
-    assert_eq!(ids(store.expired(2).await.expect("expired")), [oldest.run, retry_id.clone()]);
+    assert_eq!(ids(store.expired(2, &solocron_core::Namespaces::ALL).await.expect("expired")), [oldest.run, retry_id.clone()]);
 
     let start = RecoverAction::Retry { node: "b".into(), lease: LONG };
     let RecoverOutcome::Retried(started) = store.recover(&retry_id, &start).await.expect("recover") else {

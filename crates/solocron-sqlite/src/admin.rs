@@ -332,7 +332,7 @@ fn next_manual_ms(t: i64) -> i64 {
 
 /// Requests no run has claimed yet, oldest first (see
 /// [`solocron_core::Store::pending_requests`]).
-pub(crate) async fn pending_requests(store: &SqliteStore, limit: usize) -> Result<Vec<RunRequest>, StoreError> {
+pub(crate) async fn pending_requests(store: &SqliteStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRequest>, StoreError> {
     let rows = sqlx::query(&store.sql.admin.pending_requests)
         .bind(limit.min(RECORDS_PAGE_MAX) as i64)
         .fetch_all(&store.pool)
@@ -359,7 +359,7 @@ pub(crate) async fn unlock(store: &SqliteStore, job: &str, by: &str, reason: &st
 
 /// Deletes up to `batch` ended runs, and the requests and actions, older than
 /// `older_than`, and forgets long silent nodes (see [`solocron_core::Store::prune`]).
-pub(crate) async fn prune(store: &SqliteStore, older_than: Duration, batch: usize) -> Result<u64, StoreError> {
+pub(crate) async fn prune(store: &SqliteStore, older_than: Duration, batch: usize, _namespaces: &solocron_core::Namespaces) -> Result<u64, StoreError> {
     let batch = batch.min(PRUNE_BATCH_MAX) as i64;
     let mut tx = store.write_tx().await?;
     // One instant for every table: SQLite's clock may move between statements.

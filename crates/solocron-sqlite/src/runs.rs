@@ -246,7 +246,7 @@ fn finish_query<'q>(
 
 /// Running runs whose lease expired by SQLite's clock, oldest expiry first (see
 /// [`solocron_core::Store::expired`]).
-pub(crate) async fn expired(store: &SqliteStore, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+pub(crate) async fn expired(store: &SqliteStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRecord>, StoreError> {
     let limit = limit.min(RECORDS_PAGE_MAX) as i64;
     let query = sqlx::query(&store.sql.runs.expired).bind(limit).bind(limit).bind(limit);
     let rows = query.fetch_all(&store.pool).await.map_err(db_err)?;

@@ -165,7 +165,7 @@ async fn a_version_1_database_is_upgraded_in_place_keeping_its_runs_and_tokens()
     assert_eq!((history.len(), history[0].state, history[0].output.as_str()), (1, RunState::Succeeded, "ok"));
     store.set_paused("sync", true, "alice", None).await.unwrap();
     store.request_run("sync", "alice", None).await.unwrap();
-    assert_eq!(store.pending_requests(10).await.unwrap().len(), 1);
+    assert_eq!(store.pending_requests(10, &solocron_core::Namespaces::ALL).await.unwrap().len(), 1);
     let request = ClaimRequest {
         tick: Tick::new("backup", "2026-01-01T00:00:00Z".parse().unwrap()),
         trigger: Trigger::Schedule,
@@ -282,7 +282,7 @@ async fn a_version_5_database_gets_the_waiting_retries_index_and_expired_uses_it
     .unwrap();
     let detail: Vec<&str> = rows.iter().map(|r| r.3.as_str()).collect();
     assert!(detail.iter().any(|d| d.contains("solocron_runs_waiting")), "the plan does not use the index: {detail:?}");
-    assert!(store.expired(10).await.unwrap().is_empty());
+    assert!(store.expired(10, &solocron_core::Namespaces::ALL).await.unwrap().is_empty());
 }
 
 /// A version 4 database (before the runs' nonce column) gets the column at `migrate`,
@@ -465,7 +465,7 @@ async fn uninstall_drops_everything_of_its_prefix_only_and_may_be_repeated() {
     other.uninstall().await.expect("uninstalling an empty prefix is fine");
     assert_eq!(objects(&pool, &Prefix::default()).await, before, "the other prefix is untouched");
     assert_eq!(default.history(&HistoryQuery::default()).await.unwrap().len(), 1);
-    assert_eq!(default.pending_requests(10).await.unwrap().len(), 1);
+    assert_eq!(default.pending_requests(10, &solocron_core::Namespaces::ALL).await.unwrap().len(), 1);
     let again = default.claim(&[tick_request("backup", "2026-01-01T00:01:00Z")]).await.unwrap();
     assert!(matches!(&again[..], [ClaimOutcome::Won(lease)] if lease.fencing_token == 2), "{again:?}");
 

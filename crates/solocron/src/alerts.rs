@@ -283,12 +283,12 @@ impl Alerts {
     /// The delivery job named `name`, if it is one of this node's rules' (a recovery scan
     /// meets deliveries like any run).
     pub(crate) fn delivery(&self, e: &Engine, name: &str) -> Option<Arc<Job>> {
-        let (index, rest) = parse_delivery_name(name)?;
-        let job = if is_shortened(index, rest) {
+        let (index, namespace, rest) = parse_delivery_name(name)?;
+        let job = if is_shortened(index, namespace, rest) {
             let jobs = e.jobs.get();
             jobs.jobs.iter().map(|j| j.name().to_owned()).find(|j| delivery_name(index, j) == name)?
         } else {
-            rest.to_owned()
+            format!("{namespace}{rest}")
         };
         self.delivery_for(e, index, &job)
     }
@@ -324,34 +324,44 @@ fn delivery_policy() -> JobPolicy {
     }
 }
 
-/// The name of the deliveries of `rule` (its index) about `job`: `#alert{rule}:{job}`,
-/// within [`JOB_NAME_CHARS_MAX`] (a long job name is cut and a digest of it added).
+/// The name of the deliveries of `rule` (its index) about `job`: `#alert{rule}:{job}`, or
+/// `{namespace}/#alert{rule}:{name}` for a job of another namespace than `default` (so a
+/// delivery lives in its job's namespace), within [`JOB_NAME_CHARS_MAX`] (a long job name
+/// is cut and a digest of it added).
 pub(crate) fn delivery_name(rule: usize, job: &str) -> String {
-    let prefix = format!("#alert{rule}:");
-    let room = JOB_NAME_CHARS_MAX - prefix.len();
-    if job.chars().count() <= room {
-        return format!("{prefix}{job}");
+    let (namespace, plain) = job.split_once('/').map_or(("", job), |(ns, rest)| (&job[..=ns.len()], rest));
+    let prefix = format!("{namespace}#alert{rule}:");
+    let room = JOB_NAME_CHARS_MAX - prefix.chars().count();
+    if plain.chars().count() <= room {
+        return format!("{prefix}{plain}");
     }
     use sha2::Digest as _;
     let digest: String = sha2::Sha256::digest(job.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect();
-    let kept: String = job.chars().take(room - 17).collect();
+    let kept: String = plain.chars().take(room - 17).collect();
     format!("{prefix}{kept}~{digest}")
 }
 
-/// Whether `name` is an alert delivery's (no job's name starts with `#`).
+/// Whether `name` is an alert delivery's (no job's name has a `#`).
 pub(crate) fn is_delivery_name(name: &str) -> bool {
     parse_delivery_name(name).is_some()
 }
 
-/// The rule's index and the rest of a delivery's name; `None` for any other name.
-fn parse_delivery_name(name: &str) -> Option<(usize, &str)> {
-    let (index, rest) = name.strip_prefix("#alert")?.split_once(':')?;
-    Some((index.parse().ok()?, rest))
+/// A delivery's name read back: the rule's index, the job's namespace prefix (`""` or
+/// `billing/`) and the rest; `None` for any other name.
+fn parse_delivery_name(name: &str) -> Option<(usize, &str, &str)> {
+    let at = name.find("#alert")?;
+    let (namespace, rest) = name.split_at(at);
+    if !(namespace.is_empty() || namespace.ends_with('/') && !namespace[..namespace.len() - 1].contains('/')) {
+        return None;
+    }
+    let (index, rest) = rest.strip_prefix("#alert")?.split_once(':')?;
+    Some((index.parse().ok()?, namespace, rest))
 }
 
-/// Whether `rest` (of rule `index`'s delivery name) is a cut name with a digest.
-fn is_shortened(index: usize, rest: &str) -> bool {
-    let room = JOB_NAME_CHARS_MAX - format!("#alert{index}:").len();
+/// Whether `rest` (of rule `index`'s delivery name in `namespace`) is a cut name with a
+/// digest.
+fn is_shortened(index: usize, namespace: &str, rest: &str) -> bool {
+    let room = JOB_NAME_CHARS_MAX - format!("{namespace}#alert{index}:").chars().count();
     rest.chars().count() == room && rest.chars().rev().nth(16) == Some('~')
 }
 
@@ -821,19 +831,29 @@ mod tests {
     #[test]
     fn delivery_names_fit_every_store_and_read_back() {
         assert_eq!(delivery_name(3, "backup"), "#alert3:backup");
-        assert_eq!(parse_delivery_name("#alert3:backup"), Some((3, "backup")));
+        assert_eq!(parse_delivery_name("#alert3:backup"), Some((3, "", "backup")));
         assert_eq!(parse_delivery_name("backup"), None);
+        // A namespaced job's delivery is in the job's namespace.
+        assert_eq!(delivery_name(3, "billing/a/b"), "billing/#alert3:a/b");
+        assert_eq!(parse_delivery_name("billing/#alert3:a/b"), Some((3, "billing/", "a/b")));
+        assert_eq!(solocron_core::namespace_of(&delivery_name(3, "billing/a/b")), "billing");
+        assert!(solocron_core::validate_job_name(&delivery_name(3, "billing/a")).is_err(), "never a job's name");
         let long = "x".repeat(JOB_NAME_CHARS_MAX);
         let name = delivery_name(42, &long);
         assert_eq!(name.chars().count(), JOB_NAME_CHARS_MAX, "{name}");
-        let (index, rest) = parse_delivery_name(&name).unwrap();
-        assert!(index == 42 && is_shortened(index, rest));
+        let (index, namespace, rest) = parse_delivery_name(&name).unwrap();
+        assert!(index == 42 && is_shortened(index, namespace, rest));
+        let long = format!("billing/{}", "x".repeat(JOB_NAME_CHARS_MAX - 8));
+        let name = delivery_name(42, &long);
+        assert!(name.starts_with("billing/#alert42:") && name.chars().count() == JOB_NAME_CHARS_MAX, "{name}");
+        let (index, namespace, rest) = parse_delivery_name(&name).unwrap();
+        assert!(index == 42 && namespace == "billing/" && is_shortened(index, namespace, rest));
         assert_ne!(
             name,
             delivery_name(42, &format!("{}y", "x".repeat(JOB_NAME_CHARS_MAX - 1))),
             "the digest tells them apart"
         );
-        assert!(!is_shortened(3, "backup"));
+        assert!(!is_shortened(3, "", "backup"));
     }
 
     #[test]

@@ -163,7 +163,7 @@ pub(crate) async fn requests_loop(e: Arc<Engine>, shutdown: CancellationToken) {
 }
 
 async fn claim_requests(e: &Arc<Engine>) -> Result<(), StoreError> {
-    let pending = counted(StoreOp::Requests, e.store.pending_requests(REQUESTS_PER_POLL_MAX)).await?;
+    let pending = counted(StoreOp::Requests, e.store.pending_requests(REQUESTS_PER_POLL_MAX, &solocron_core::Namespaces::ALL)).await?;
     let set = e.jobs.get();
     let mut batch = Vec::new();
     for r in pending {
@@ -210,7 +210,7 @@ pub async fn prune_pass(store: &dyn Store, older_than: Duration, stop: &Cancella
         if stop.is_cancelled() {
             break;
         }
-        let n = counted(StoreOp::Prune, store.prune(older_than, PRUNE_BATCH)).await?;
+        let n = counted(StoreOp::Prune, store.prune(older_than, PRUNE_BATCH, &solocron_core::Namespaces::ALL)).await?;
         total += n;
         if n < PRUNE_BATCH as u64 {
             break;

@@ -55,7 +55,7 @@ pub(crate) async fn recovery_loop(e: Arc<Engine>, shutdown: CancellationToken) {
 async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Result<(), StoreError> {
     // The paused jobs, read once per scan and only when a retry is due.
     let mut paused: Option<HashSet<String>> = None;
-    for run in counted(StoreOp::Recover, e.store.expired(EXPIRED_PER_SCAN_MAX)).await? {
+    for run in counted(StoreOp::Recover, e.store.expired(EXPIRED_PER_SCAN_MAX, &solocron_core::Namespaces::ALL)).await? {
         if shutdown.is_cancelled() {
             break;
         }

@@ -505,7 +505,7 @@ distant! {
     migrate() -> ();
     schema() -> solocron_core::SchemaState;
     finish_for_retry(lease: &Lease, end: &RunEnd, after: Duration) -> bool;
-    expired(limit: usize) -> Vec<RunRecord>;
+    expired(limit: usize, namespaces: &solocron_core::Namespaces) -> Vec<RunRecord>;
     recover(run: &RunId, action: &RecoverAction) -> RecoverOutcome;
     history(query: &HistoryQuery) -> Vec<RunRecord>;
     register(node: &str, jobs: &[JobDefinition]) -> ();
@@ -513,9 +513,9 @@ distant! {
     set_paused(job: &str, paused: bool, by: &str, reason: Option<&str>) -> ();
     controls() -> Vec<JobControl>;
     request_run(job: &str, by: &str, reason: Option<&str>) -> Tick;
-    pending_requests(limit: usize) -> Vec<RunRequest>;
+    pending_requests(limit: usize, namespaces: &solocron_core::Namespaces) -> Vec<RunRequest>;
     unlock(job: &str, by: &str, reason: &str) -> Vec<RunId>;
-    prune(older_than: Duration, batch: usize) -> u64;
+    prune(older_than: Duration, batch: usize, namespaces: &solocron_core::Namespaces) -> u64;
     heartbeat(beat: &NodeBeat) -> ();
     goodbye(node: &str) -> ();
     nodes() -> Vec<NodeRecord>;

@@ -135,7 +135,7 @@ pub async fn fencing_tokens_strictly_increase_per_job_across_claims_and_recoveri
     let third = won(&b, run(tick("backup", 2), "b", LONG_LEASE, false)).await;
     assert!(b.finish(&third, &succeeded("")).await.expect("finish"));
     // Tokens live in their own counter: deleting every ended record must not reset it.
-    b.prune(std::time::Duration::ZERO, 1000).await.expect("prune");
+    b.prune(std::time::Duration::ZERO, 1000, &solocron_core::Namespaces::ALL).await.expect("prune");
     assert!(all(&a).await.iter().all(|r| r.state == RunState::Running), "prune left only running runs");
     let fourth = won(&a, run(tick("backup", 3), "a", LONG_LEASE, false)).await;
 

@@ -163,7 +163,7 @@ pub async fn nodes_and_actions_of_another_prefix_are_not_seen(f: &impl StoreFact
     store.set_paused("sync", true, "ann", None).await.expect("pause");
     let theirs = other.actions(&ActionQuery::default()).await.expect("actions");
     assert_eq!(theirs.iter().map(said).collect::<Vec<_>>(), [expect("backup", ActionKind::Pause, "eve", None, "")]);
-    store.prune(Duration::ZERO, 100).await.expect("prune");
+    store.prune(Duration::ZERO, 100, &solocron_core::Namespaces::ALL).await.expect("prune");
     assert_eq!(node_ids(&other).await, ["elsewhere"], "a prune of one prefix leaves another alone");
 }
 
@@ -186,11 +186,11 @@ pub async fn prune_forgets_old_actions_and_long_silent_nodes(f: &impl StoreFacto
     store.set_paused("sync", true, "bob", None).await.expect("pause");
     let jobs = |actions: Vec<ActionRecord>| actions.into_iter().map(|a| a.job).collect::<Vec<_>>();
 
-    assert_eq!(store.prune(Duration::from_secs(3600), 100).await.expect("prune"), 0);
+    assert_eq!(store.prune(Duration::from_secs(3600), 100, &solocron_core::Namespaces::ALL).await.expect("prune"), 0);
     assert_eq!(node_ids(&store).await, ["left", "new", "old"], "recent nodes stay");
     assert_eq!(jobs(store.actions(&ActionQuery::default()).await.expect("actions")), ["sync", "backup"]);
 
-    assert_eq!(store.prune(CUTOFF, 100).await.expect("prune"), 0, "no run record was pruned");
+    assert_eq!(store.prune(CUTOFF, 100, &solocron_core::Namespaces::ALL).await.expect("prune"), 0, "no run record was pruned");
     assert_eq!(node_ids(&store).await, ["new"], "silent and departed nodes are forgotten");
     assert_eq!(jobs(store.actions(&ActionQuery::default()).await.expect("actions")), ["sync"], "old actions go");
     // The pause itself is not an action: it stays.

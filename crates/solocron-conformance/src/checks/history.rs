@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use chrono::{DurationRound, TimeDelta};
-use solocron_core::{ClaimRequest, HistoryQuery, RecoverAction, RecoverOutcome, RunState, Tick};
+use solocron_core::{HistoryQuery, RecoverAction, RecoverOutcome, RunState, Tick};
 
-use super::support::{all, find, first, ids, now, run, skip, succeeded, tick, timing, won, Handle, LONG_LEASE};
+use super::support::{all, ended, find, first, ids, now, run, skip, succeeded, tick, timing, won, Handle, LONG_LEASE};
 use crate::StoreFactory;
 
 /// History lists records newest first (tick, then attempt), filtered by job, state, node
@@ -78,24 +78,19 @@ pub async fn prune_deletes_only_old_ended_records_in_batches_and_old_requests(f:
     let requested = store.request_run("report", "alice", None).await.expect("request_run");
 
     let hour = Duration::from_secs(3600);
-    assert_eq!(store.prune(hour, 2).await.expect("prune"), 2, "a batch of 2");
+    assert_eq!(store.prune(hour, 2, &solocron_core::Namespaces::ALL).await.expect("prune"), 2, "a batch of 2");
     let id = |job: &str, minutes| first(tick_at(job, minutes)).to_string();
     let (r1, r120, r150, stuck) = (id("report", 1), id("report", 120), id("report", 150), id("stuck", 300));
     assert_eq!(ids(&all(&store).await), [r1.as_str(), &r120, &r150, &stuck], "the two oldest ended records go first");
-    assert_eq!(store.prune(hour, 100).await.expect("prune"), 2);
-    assert_eq!(store.prune(hour, 100).await.expect("prune"), 0);
+    assert_eq!(store.prune(hour, 100, &solocron_core::Namespaces::ALL).await.expect("prune"), 2);
+    assert_eq!(store.prune(hour, 100, &solocron_core::Namespaces::ALL).await.expect("prune"), 0);
     assert_eq!(ids(&all(&store).await), [r1.as_str(), &stuck], "running and recent records stay");
-    let pending = store.pending_requests(10).await.expect("pending_requests");
+    let pending = store.pending_requests(10, &solocron_core::Namespaces::ALL).await.expect("pending_requests");
     assert_eq!(pending.iter().map(|r| &r.tick).collect::<Vec<_>>(), [&requested], "a new request stays");
 
     tokio::time::sleep(Duration::from_millis(20)).await;
-    assert_eq!(store.prune(Duration::ZERO, 100).await.expect("prune"), 1);
+    assert_eq!(store.prune(Duration::ZERO, 100, &solocron_core::Namespaces::ALL).await.expect("prune"), 1);
     assert_eq!(ids(&all(&store).await), [stuck.as_str()], "a running run is never pruned");
-    assert!(store.pending_requests(10).await.expect("pending_requests").is_empty(), "old requests go too");
+    assert!(store.pending_requests(10, &solocron_core::Namespaces::ALL).await.expect("pending_requests").is_empty(), "old requests go too");
 }
 
-/// Claims `request` and finishes it at once.
-async fn ended(store: &Handle, request: ClaimRequest) {
-    let lease = won(store, request).await;
-    assert!(store.finish(&lease, &succeeded("")).await.expect("finish"));
-}

@@ -61,7 +61,7 @@ pub async fn leases_are_judged_by_the_store_clock_not_the_nodes(f: &impl StoreFa
     }
     let short = won(&store, run(tick("backup", 0), "a", t.short, false)).await;
     assert_length(&short, t.short);
-    assert!(store.expired(10).await.expect("expired").is_empty(), "nothing expired yet");
+    assert!(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty(), "nothing expired yet");
 
     wait_for_store_clock(&store, short.lease_until).await;
     // A store with coarse leases (etcd) notices the end a little after it.
@@ -110,7 +110,7 @@ pub async fn expired_lists_oldest_lease_first_up_to_the_limit(f: &impl StoreFact
 
 /// The runs `expired` lists.
 async fn expired_ids(store: &Handle, limit: usize) -> Vec<RunId> {
-    store.expired(limit).await.expect("expired").into_iter().map(|r| r.id).collect()
+    store.expired(limit, &solocron_core::Namespaces::ALL).await.expect("expired").into_iter().map(|r| r.id).collect()
 }
 
 /// The owner's finish records the end it reports: state, reason, exit code, the output's
@@ -339,9 +339,9 @@ pub async fn a_lapsed_run_nobody_recovered_still_records_its_end(f: &impl StoreF
     let store = f.open().await;
     let lease = won(&store, run(tick("backup", 0), "a", t.short, false)).await;
     tokio::time::sleep(t.past).await;
-    assert_eq!(store.expired(10).await.expect("expired").len(), 1);
+    assert_eq!(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").len(), 1);
     assert!(store.finish(&lease, &succeeded("done")).await.expect("finish"));
-    assert!(store.expired(10).await.expect("expired").is_empty());
+    assert!(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty());
     let abandon = RecoverAction::Abandon { reason: "owner vanished".into() };
     assert_eq!(store.recover(&lease.run, &abandon).await.expect("recover"), RecoverOutcome::NotNeeded);
     let record = find(&store, &lease.run).await;

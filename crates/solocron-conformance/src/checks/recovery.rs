@@ -40,7 +40,7 @@ pub async fn exactly_one_of_many_recoverers_abandons_an_expired_run_only_after_e
     assert_eq!(record.lease_until, None);
     assert!(record.finished_at.is_some());
     assert!(!store.finish(&lease, &succeeded("late")).await.expect("finish"), "the abandoned end stands");
-    assert!(store.expired(10).await.expect("expired").is_empty());
+    assert!(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty());
 }
 
 /// Retrying a run does nothing while its lease is live; once it expired, exactly one of

@@ -1,26 +1,15 @@
 //! Failure retries: a failed run's next attempt waits out its backoff in the store, then
 //! exactly one node starts it, or drops it.
 
-use solocron_core::{Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunState, Trigger};
+use solocron_core::{Lease, RecoverAction, RecoverOutcome, RunId, RunState, Trigger};
 
 use super::recovery::{race_recover, RECOVERERS};
-use super::support::{find, now, run, stores, succeeded, tick, timing, won, Handle, LONG_LEASE};
+use super::support::{failed, find, now, run, stores, succeeded, tick, timing, won, Handle, LONG_LEASE};
 use crate::StoreFactory;
-
-/// A failed end with exit code 3.
-fn failed(output: &str) -> RunEnd {
-    RunEnd {
-        state: RunState::Failed,
-        reason: Some("exit code 3".into()),
-        exit_code: Some(3),
-        output: output.into(),
-        started_after: Some(std::time::Duration::from_millis(100)),
-    }
-}
 
 /// Whether `expired` lists `id` now.
 async fn listed(store: &Handle, id: &RunId) -> bool {
-    store.expired(100).await.expect("expired").iter().any(|r| r.id == *id)
+    store.expired(100, &solocron_core::Namespaces::ALL).await.expect("expired").iter().any(|r| r.id == *id)
 }
 
 /// A failed run finished for a retry is recorded failed (its exit code and output), and its

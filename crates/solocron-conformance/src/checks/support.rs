@@ -140,6 +140,23 @@ pub(crate) fn succeeded(output: &str) -> RunEnd {
     }
 }
 
+/// Claims `request` and finishes it at once.
+pub(crate) async fn ended(store: &Handle, request: ClaimRequest) {
+    let lease = won(store, request).await;
+    assert!(store.finish(&lease, &succeeded("")).await.expect("finish"));
+}
+
+/// A failed end with exit code 3.
+pub(crate) fn failed(output: &str) -> RunEnd {
+    RunEnd {
+        state: RunState::Failed,
+        reason: Some("exit code 3".into()),
+        exit_code: Some(3),
+        output: output.into(),
+        started_after: Some(Duration::from_millis(100)),
+    }
+}
+
 /// Runs `op` once per store, all released at the same instant by a barrier (separate tasks
 /// on the multi-threaded runtime); the results in store order.
 pub(crate) async fn race<T, F, Fut>(stores: &[Handle], op: F) -> Vec<T>
