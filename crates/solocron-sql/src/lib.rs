@@ -21,6 +21,24 @@ pub fn token_param(token: u64) -> Result<i64, StoreError> {
     i64::try_from(token).map_err(|_| StoreError::Invalid(format!("fencing token {token} is out of range")))
 }
 
+/// The namespaces a scan keeps to, as the one text parameter every SQL store's namespace
+/// filter binds: `None` for every namespace, else the names between commas
+/// (`,billing,default,`), which no namespace name contains. A store's filter reads a job's
+/// namespace from its full name ([`solocron_core::namespace_of`]: the part before the first
+/// `/`, `default` without one) and looks for `,{namespace},` in the list, in one SQL
+/// expression (PostgreSQL `strpos`/`split_part`, MySQL `LOCATE`/`SUBSTRING_INDEX`, SQLite
+/// `instr`/`substr`), so other namespaces' rows never count against a `LIMIT`.
+///
+/// ```
+/// use solocron_core::Namespaces;
+/// assert_eq!(solocron_sql::namespace_list(&Namespaces::ALL), None);
+/// let two = Namespaces::only(["default", "billing"]).unwrap();
+/// assert_eq!(solocron_sql::namespace_list(&two).as_deref(), Some(",billing,default,"));
+/// ```
+pub fn namespace_list(namespaces: &solocron_core::Namespaces) -> Option<String> {
+    namespaces.names().map(|names| format!(",{},", names.join(",")))
+}
+
 /// Binds a held lease's identity — job, instant (ms), `attempt` (in the store's column
 /// type), owner and token — in the order of the `WHERE job = ? AND scheduled_at = ? AND
 /// attempt = ? AND node = ? AND token = ?` of `renew` and `finish`.

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunCounts, RunId, RunRecord,
-    RunRequest, StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RunCounts, RunId,
+    RunRecord, RunRequest, StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 use sqlx::{QueryBuilder, Sqlite};
 
@@ -73,10 +73,13 @@ const CONTROLS: &str = "SELECT job, paused, changed_by, reason, changed_at FROM 
 const REQUEST_RUN: &str = "INSERT INTO {p}requests (job, requested_at, requested_by) VALUES (?, ?, ?)
                  ON CONFLICT (job, requested_at) DO NOTHING";
 /// Requests whose tick has no record yet, oldest first.
-const PENDING_REQUESTS: &str = "SELECT job, requested_at, requested_by FROM {p}requests AS r
-             WHERE NOT EXISTS (SELECT 1 FROM {p}runs
-                               WHERE job = r.job AND scheduled_at = r.requested_at AND attempt = 1)
-             ORDER BY requested_at, job LIMIT ?";
+const PENDING_REQUESTS: &str = concat!(
+    "SELECT job, requested_at, requested_by FROM {p}requests AS r
+     WHERE NOT EXISTS (SELECT 1 FROM {p}runs
+                       WHERE job = r.job AND scheduled_at = r.requested_at AND attempt = 1) AND ",
+    in_namespaces!(),
+    " ORDER BY requested_at, job LIMIT ?"
+);
 /// Ends a job's running runs as `abandoned`.
 const UNLOCK: &str = concat!(
     "UPDATE {p}runs SET state = 'abandoned', reason = ?, finished_at = ",
@@ -84,11 +87,14 @@ const UNLOCK: &str = concat!(
     ", lease_until = NULL WHERE job = ? AND state = 'running' RETURNING job, scheduled_at, attempt"
 );
 /// Deletes a batch of ended runs older than a cutoff, oldest first.
-const PRUNE_RUNS: &str = "DELETE FROM {p}runs WHERE rowid IN (
-               SELECT rowid FROM {p}runs WHERE state NOT IN ('running', 'waiting') AND scheduled_at < ?
-               ORDER BY scheduled_at, attempt LIMIT ?)";
+const PRUNE_RUNS: &str = concat!(
+    "DELETE FROM {p}runs WHERE rowid IN (
+       SELECT rowid FROM {p}runs WHERE state NOT IN ('running', 'waiting') AND scheduled_at < ? AND ",
+    in_namespaces!(),
+    " ORDER BY scheduled_at, attempt LIMIT ?)"
+);
 /// Deletes the requests older than a cutoff.
-const PRUNE_REQUESTS: &str = "DELETE FROM {p}requests WHERE requested_at < ?";
+const PRUNE_REQUESTS: &str = concat!("DELETE FROM {p}requests WHERE requested_at < ? AND ", in_namespaces!());
 
 /// The operators' and housekeeping's statements for one table prefix, built when the
 /// store connects.
@@ -332,8 +338,15 @@ fn next_manual_ms(t: i64) -> i64 {
 
 /// Requests no run has claimed yet, oldest first (see
 /// [`solocron_core::Store::pending_requests`]).
-pub(crate) async fn pending_requests(store: &SqliteStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRequest>, StoreError> {
+pub(crate) async fn pending_requests(
+    store: &SqliteStore,
+    limit: usize,
+    namespaces: &Namespaces,
+) -> Result<Vec<RunRequest>, StoreError> {
+    let list = solocron_sql::namespace_list(namespaces);
     let rows = sqlx::query(&store.sql.admin.pending_requests)
+        .bind(&list)
+        .bind(&list)
         .bind(limit.min(RECORDS_PAGE_MAX) as i64)
         .fetch_all(&store.pool)
         .await
@@ -359,21 +372,30 @@ pub(crate) async fn unlock(store: &SqliteStore, job: &str, by: &str, reason: &st
 
 /// Deletes up to `batch` ended runs, and the requests and actions, older than
 /// `older_than`, and forgets long silent nodes (see [`solocron_core::Store::prune`]).
-pub(crate) async fn prune(store: &SqliteStore, older_than: Duration, batch: usize, _namespaces: &solocron_core::Namespaces) -> Result<u64, StoreError> {
+pub(crate) async fn prune(
+    store: &SqliteStore,
+    older_than: Duration,
+    batch: usize,
+    namespaces: &Namespaces,
+) -> Result<u64, StoreError> {
     let batch = batch.min(PRUNE_BATCH_MAX) as i64;
     let mut tx = store.write_tx().await?;
     // One instant for every table: SQLite's clock may move between statements.
     let now: i64 = sqlx::query_scalar(concat!("SELECT ", now!())).fetch_one(&mut *tx).await.map_err(db_err)?;
     let cutoff = now - millis(older_than)?;
     // By rowid: SQLite's DELETE takes no LIMIT unless compiled to.
+    let list = solocron_sql::namespace_list(namespaces);
     let deleted = sqlx::query(&store.sql.admin.prune_runs)
         .bind(cutoff)
+        .bind(&list)
+        .bind(&list)
         .bind(batch)
         .execute(&mut *tx)
         .await
         .map_err(db_err)?
         .rows_affected();
-    sqlx::query(&store.sql.admin.prune_requests).bind(cutoff).execute(&mut *tx).await.map_err(db_err)?;
+    let prune_requests = sqlx::query(&store.sql.admin.prune_requests).bind(cutoff).bind(&list).bind(&list);
+    prune_requests.execute(&mut *tx).await.map_err(db_err)?;
     crate::fleet::prune(store, &mut tx, now, older_than).await?;
     tx.commit().await.map_err(db_err)?;
     Ok(deleted)

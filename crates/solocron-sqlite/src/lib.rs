@@ -90,6 +90,16 @@ macro_rules! now {
     };
 }
 
+/// Whether a row's `job` is in the namespaces bound, twice, as
+/// [`solocron_sql::namespace_list`] (`NULL`: every namespace): the part of the full name
+/// before its first `/`, or `default`, found between commas in the list.
+macro_rules! in_namespaces {
+    () => {
+        "(? IS NULL OR instr(?, ',' || CASE WHEN instr(job, '/') = 0 THEN 'default' \
+         ELSE substr(job, 1, instr(job, '/') - 1) END || ',') > 0)"
+    };
+}
+
 /// The columns a [`RunRecord`] is read from, in
 /// `records::record`'s order. `"trigger"` is quoted because TRIGGER is an SQL keyword.
 macro_rules! columns {
@@ -118,8 +128,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    Namespaces, redact_url, ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
-    JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
+    redact_url, ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
+    JobRevision, JobWrite, Lease, ManagedJob, Namespaces, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
     Registration, Renewal, RequestWatch, RunCounts, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store,
     StoreError, Tick,
 };

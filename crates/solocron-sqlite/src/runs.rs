@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use solocron_core::{
-    Ending, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord, StoreError, Trigger,
+    Ending, Lease, Namespaces, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord, StoreError, Trigger,
     FINISH_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 use sqlx::query::Query;
@@ -36,18 +36,22 @@ const FINISH: &str = concat!(
     ", lease_until = NULL, started_at = claimed_at + ?
              WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ? AND state = 'running'"
 );
-/// Running runs whose lease expired and waiting retries whose not-before passed, oldest
-/// first: one query per state, each served by its partial index, merged (binds: the limit,
-/// three times).
+/// Running runs whose lease expired and waiting retries whose not-before passed, of the
+/// namespaces bound, oldest first: one query per state, each served by its partial index,
+/// merged (binds: the namespace list twice and the limit, twice, then the limit).
 const EXPIRED: &str = concat!(
     "SELECT * FROM (SELECT ",
     columns!(),
     " FROM {p}runs WHERE state = 'running' AND lease_until < ",
     now!(),
+    " AND ",
+    in_namespaces!(),
     " ORDER BY lease_until LIMIT ?) UNION ALL SELECT * FROM (SELECT ",
     columns!(),
     " FROM {p}runs WHERE state = 'waiting' AND lease_until < ",
     now!(),
+    " AND ",
+    in_namespaces!(),
     " ORDER BY lease_until LIMIT ?) ORDER BY lease_until LIMIT ?"
 );
 /// Ends an expired run, or drops a due waiting retry, as `abandoned`.
@@ -246,9 +250,15 @@ fn finish_query<'q>(
 
 /// Running runs whose lease expired by SQLite's clock, oldest expiry first (see
 /// [`solocron_core::Store::expired`]).
-pub(crate) async fn expired(store: &SqliteStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRecord>, StoreError> {
+pub(crate) async fn expired(
+    store: &SqliteStore,
+    limit: usize,
+    namespaces: &Namespaces,
+) -> Result<Vec<RunRecord>, StoreError> {
     let limit = limit.min(RECORDS_PAGE_MAX) as i64;
-    let query = sqlx::query(&store.sql.runs.expired).bind(limit).bind(limit).bind(limit);
+    let list = solocron_sql::namespace_list(namespaces);
+    let query = sqlx::query(&store.sql.runs.expired);
+    let query = query.bind(&list).bind(&list).bind(limit).bind(&list).bind(&list).bind(limit).bind(limit);
     let rows = query.fetch_all(&store.pool).await.map_err(db_err)?;
     // A row this version cannot read (written by a newer one, say) must not stop the
     // recovery of every other run.
