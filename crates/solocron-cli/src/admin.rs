@@ -12,8 +12,8 @@ use chrono_tz::Tz;
 use clap::Args;
 use serde_json::json;
 use solocron_core::{
-    format_duration, parse_duration, Liveness, RunState, Store, ALREADY_PAUSED, ALREADY_RUNNING, HEARTBEAT_EVERY,
-    NODE_STALE_AFTER, RECORDS_PAGE_MAX,
+    format_duration, parse_duration, Liveness, Namespaces, RunState, Store, ALREADY_PAUSED, ALREADY_RUNNING,
+    HEARTBEAT_EVERY, NODE_STALE_AFTER, RECORDS_PAGE_MAX,
 };
 use solocron_fleet::{
     ActionView, Actor, Fleet, JobDetail, JobFilter, JobSummary, NodeView, PauseView, RegistrationView, RunFilter,
@@ -102,6 +102,9 @@ pub struct StatusArgs {
     target: Target,
     /// Only this job, in detail (with the operators' recent actions on it).
     job: Option<String>,
+    /// Only the jobs of this namespace.
+    #[arg(long, value_name = "NAME", conflicts_with = "job")]
+    namespace: Option<String>,
     #[command(flatten)]
     silence: Silence,
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -128,7 +131,7 @@ pub async fn status(a: StatusArgs) -> Result<(), Failure> {
             Format::Table => output::emit(status_detail(&detail, &seen)),
         };
     }
-    let jobs = all_jobs(&seen.fleet, store.as_ref()).await?;
+    let jobs = all_jobs(&seen.fleet, store.as_ref(), a.namespace).await?;
     match a.format {
         Format::Json => print_json(&json!(jobs.iter().map(|j| job_json(j, &seen)).collect::<Vec<_>>())),
         Format::Table => {
@@ -143,8 +146,8 @@ pub async fn status(a: StatusArgs) -> Result<(), Failure> {
 }
 
 /// Every job, a page at a time (each page reads only its own jobs' history).
-async fn all_jobs(fleet: &Fleet, store: &dyn Store) -> Result<Vec<JobSummary>, Failure> {
-    let mut filter = JobFilter { limit: JOBS_PAGE_MAX, ..JobFilter::default() };
+async fn all_jobs(fleet: &Fleet, store: &dyn Store, namespace: Option<String>) -> Result<Vec<JobSummary>, Failure> {
+    let mut filter = JobFilter { limit: JOBS_PAGE_MAX, namespace, ..JobFilter::default() };
     let mut jobs = Vec::new();
     loop {
         let page = fleet.jobs(store, &filter).await?;
@@ -730,6 +733,10 @@ pub struct PruneArgs {
     /// (as `history_retention = "never"` keeps everything).
     #[arg(long, default_value = "30d")]
     older_than: String,
+    /// Prune only this namespace's jobs (repeat for several; default: the configuration's
+    /// `[node] namespaces`, or `default` without a configuration).
+    #[arg(long = "namespace", value_name = "NAME")]
+    namespaces: Vec<String>,
 }
 
 /// `solocron prune`: deletes old ended run records in bounded batches.
@@ -747,15 +754,20 @@ pub async fn prune(a: PruneArgs) -> Result<(), Failure> {
             format_duration(floor)
         )));
     }
+    let namespaces = match (a.namespaces.is_empty(), &cfg) {
+        (false, _) => Namespaces::only(&a.namespaces).map_err(|e| bad_input(format!("--namespace: {e}")))?,
+        (true, Some(cfg)) => cfg.namespaces.clone(),
+        (true, None) => Namespaces::default(),
+    };
     let store = a.target.connect(cfg.as_ref()).await?;
     let stop = tokio_util::sync::CancellationToken::new();
     let mut total = 0;
     loop {
-        let n = solocron::prune_pass(store.as_ref(), older, &stop).await.map_err(store_failed)?;
+        let n = solocron::prune_pass(store.as_ref(), older, &namespaces, &stop).await.map_err(store_failed)?;
         total += n;
         if n == 0 {
             break;
         }
     }
-    line(format_args!("deleted {total} run record(s) older than {}", format_duration(older)))
+    line(format_args!("deleted {total} run record(s) older than {} in {namespaces}", format_duration(older)))
 }

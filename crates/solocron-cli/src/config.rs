@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use solocron_core::{parse_duration, JobPolicy, Misfire, OnCrash, Overlap, Prefix, RetryPolicy, Schedule};
+use solocron_core::{parse_duration, JobPolicy, Misfire, Namespaces, OnCrash, Overlap, Prefix, RetryPolicy, Schedule};
 
 // A child by path, so that the fuzz target compiling this file in finds it too.
 #[path = "alert_config.rs"]
@@ -80,6 +80,7 @@ struct RawStore {
 #[serde(deny_unknown_fields)]
 struct RawNode {
     id: Option<String>,
+    namespaces: Option<Vec<String>>,
     shutdown_grace: Option<String>,
     max_concurrent_runs: Option<usize>,
     history_retention: Option<String>,
@@ -95,6 +96,7 @@ struct RawJob {
     schedule: Option<String>,
     command: Option<Vec<String>>,
     timezone: Option<String>,
+    namespace: Option<String>,
     timeout: Option<String>,
     lease: Option<String>,
     overlap: Option<String>,
@@ -154,6 +156,8 @@ pub struct Config {
     /// `None`: never prune.
     pub history_retention: Option<Duration>,
     pub node_id: Option<String>,
+    /// `[node] namespaces`: the namespaces this node serves (default `default` alone).
+    pub namespaces: Namespaces,
     pub shutdown_grace: Duration,
     pub max_concurrent_runs: usize,
     /// `[node] pid_file`: where `solocron run` writes its pid, for `solocron reload`.
@@ -296,7 +300,9 @@ impl Config {
                 return Err(err("node.id".into(), "must not be empty".into()));
             }
         }
+        let namespaces = resolve_namespaces(node).map_err(|(key, message)| err(key, message))?;
         let jobs = resolve_jobs(&raw).map_err(|(key, message)| err(key, message))?;
+        served(&raw, &jobs, &namespaces).map_err(|(key, message)| err(key, message))?;
         let history_retention = history_retention(node, &jobs).map_err(|(key, message)| err(key, message))?;
         let store = resolve_store(&raw.store).map_err(|(key, message)| err(key, message))?;
         let http = resolve_http(&raw.http).map_err(|(key, message)| err(key, message))?;
@@ -306,6 +312,7 @@ impl Config {
             store,
             history_retention,
             node_id: node.id.clone(),
+            namespaces,
             shutdown_grace,
             max_concurrent_runs: node.max_concurrent_runs.unwrap_or(1024),
             pid_file: node.pid_file.as_ref().map(std::path::PathBuf::from),
@@ -371,6 +378,34 @@ fn resolve_jobs(raw: &RawConfig) -> Result<Vec<JobConfig>, KeyError> {
         jobs.push(job);
     }
     Ok(jobs)
+}
+
+/// `[node] namespaces`: 1 to [`solocron_core::NAMESPACES_MAX`] valid names, `default`
+/// alone when absent.
+fn resolve_namespaces(node: &RawNode) -> Result<Namespaces, KeyError> {
+    let Some(list) = &node.namespaces else { return Ok(Namespaces::default()) };
+    for (i, name) in list.iter().enumerate() {
+        solocron_core::validate_namespace(name).map_err(|e| (format!("node.namespaces[{i}]"), e.to_string()))?;
+    }
+    Namespaces::only(list).map_err(|e| ("node.namespaces".to_owned(), e.to_string()))
+}
+
+/// Every job is in a namespace the node serves: a job it would never run is a mistake.
+fn served(raw: &RawConfig, jobs: &[JobConfig], namespaces: &Namespaces) -> Result<(), KeyError> {
+    for (i, job) in jobs.iter().enumerate() {
+        let namespace = solocron_core::namespace_of(&job.name);
+        if !namespaces.contains(namespace) {
+            let key =
+                if raw.jobs[i].namespace.is_some() || raw.defaults.namespace.is_some() { "namespace" } else { "name" };
+            return Err((
+                format!("jobs[{i}] ({}).{key}", job.name),
+                format!(
+                    "is in namespace `{namespace}`, which this node does not serve ({namespaces}): add it to [node] namespaces"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `[http]`, checked: an address that parses, tokens with a name, a role and one secret
@@ -670,10 +705,29 @@ fn edit_distance(a: &str, b: &str) -> usize {
 
 pub(crate) type KeyError = (String, String);
 
+/// The full name of job `i`, `name` in `namespace` (see [`solocron_core::namespace_of`]),
+/// checked by the library's rule, so a configuration names only jobs the scheduler accepts.
+fn full_name(i: usize, name: &str, namespace: Option<&str>) -> Result<String, KeyError> {
+    let Some(namespace) = namespace else {
+        solocron_core::validate_job_name(name).map_err(|e| (format!("jobs[{i}].name"), e.to_string()))?;
+        return Ok(name.to_owned());
+    };
+    let key = || format!("jobs[{i}] ({name}).namespace");
+    solocron_core::validate_namespace(namespace).map_err(|e| (key(), e.to_string()))?;
+    if namespace == solocron_core::DEFAULT_NAMESPACE && name.contains('/') {
+        return Err((
+            format!("jobs[{i}].name"),
+            format!("`{name}` is in namespace `default`, where a name holds no `/` (the part before it would be its namespace)"),
+        ));
+    }
+    let full = solocron_core::full_job_name(namespace, name);
+    solocron_core::validate_job_name(&full).map_err(|e| (format!("jobs[{i}].name"), e.to_string()))?;
+    Ok(full)
+}
+
 fn resolve_job(i: usize, j: &RawJob, d: &RawJob) -> Result<JobConfig, KeyError> {
     let name = j.name.clone().ok_or_else(|| (format!("jobs[{i}].name"), "is required".into()))?;
-    // The library's rule, so a configuration names only jobs the scheduler accepts.
-    solocron_core::validate_job_name(&name).map_err(|e| (format!("jobs[{i}].name"), e.to_string()))?;
+    let name = full_name(i, &name, j.namespace.as_deref().or(d.namespace.as_deref()))?;
     let key = |k: &str| format!("jobs[{i}] ({name}).{k}");
     let schedule_expr = j.schedule.as_deref().ok_or_else(|| (key("schedule"), "is required".into()))?;
     let zone = j.timezone.as_deref().or(d.timezone.as_deref()).unwrap_or("UTC");
@@ -945,6 +999,33 @@ catchup = "1h"
     }
 
     #[test]
+    fn a_job_is_named_in_its_namespace_which_the_node_must_serve() {
+        let served = GOOD.replace("[node]", "[node]\nnamespaces = [\"billing\", \"default\"]");
+        let with = |job_b: &str| served.replace("name = \"b\"", job_b);
+        let full = |toml: &str| Config::parse("test.toml", toml).unwrap().jobs[1].name.clone();
+        assert_eq!(full(&with("name = \"b\"\nnamespace = \"billing\"")), "billing/b");
+        assert_eq!(full(&with("name = \"billing/b\"")), "billing/b", "the same job, by its full name");
+        assert_eq!(full(&with("name = \"x/y\"\nnamespace = \"billing\"")), "billing/x/y");
+        assert_eq!(full(&served.replace("[defaults]", "[defaults]\nnamespace = \"billing\"")), "billing/b");
+        let cfg = Config::parse("test.toml", &served).unwrap();
+        assert_eq!(cfg.namespaces.names().unwrap(), ["billing", "default"]);
+        assert_eq!(Config::parse("test.toml", GOOD).unwrap().namespaces, solocron_core::Namespaces::default());
+        let cases = [
+            (with("name = \"b\"\nnamespace = \"shipping\""), "test.toml: jobs[1] (shipping/b).namespace: is in namespace `shipping`, which this node does not serve (billing, default)"),
+            (with("name = \"shipping/b\""), "test.toml: jobs[1] (shipping/b).name: is in namespace `shipping`"),
+            (with("name = \"b\"\nnamespace = \"Billing\""), "test.toml: jobs[1] (b).namespace: `Billing` is not a namespace name; a namespace is 1 to 63 characters"),
+            (with("name = \"x/y\"\nnamespace = \"default\""), "test.toml: jobs[1].name: `x/y` is in namespace `default`, where a name holds no `/`"),
+            (with("name = \"Ops/b\""), "test.toml: jobs[1].name: job name `Ops/b`: the part before its first `/` is its namespace, and `Ops` is not a namespace name"),
+            (GOOD.replace("[node]", "[node]\nnamespaces = [\"a\", \"B\"]"), "test.toml: node.namespaces[1]: `B` is not a namespace name"),
+            (GOOD.replace("[node]", "[node]\nnamespaces = []"), "test.toml: node.namespaces: 0 namespaces; a node serves 1 to 64"),
+        ];
+        for (toml, want) in cases {
+            let e = error_of(&toml);
+            assert!(e.starts_with(want), "expected `{want}` at the start of: {e}");
+        }
+    }
+
+    #[test]
     fn an_unknown_key_is_named_once_with_the_likeliest_meant_and_the_keys_of_its_table() {
         let e = error_of(&GOOD.replace("name = \"b\"", "name = \"b\"\nschedul = \"x\""));
         assert!(
@@ -982,7 +1063,7 @@ catchup = "1h"
         }
         let missing = error_of(&GOOD.replace("name = \"b\"\n", ""));
         assert_eq!(missing, "test.toml: jobs[1].name: is required");
-        for fine in ["billing.invoices-daily", "a/b:c", "日次"] {
+        for fine in ["billing.invoices-daily", "日次"] {
             let c = Config::parse("test.toml", &GOOD.replace("name = \"b\"", &format!("name = \"{fine}\""))).unwrap();
             assert_eq!(c.jobs[1].name, fine);
         }

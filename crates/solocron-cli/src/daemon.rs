@@ -178,7 +178,8 @@ pub fn scheduler(
         .migrate(false)
         .shutdown_grace(cfg.shutdown_grace)
         .max_concurrent_runs(cfg.max_concurrent_runs)
-        .history_retention(cfg.history_retention);
+        .history_retention(cfg.history_retention)
+        .namespaces(cfg.namespaces.names().unwrap_or_default().iter().cloned());
     if let Some(id) = node_id.or(cfg.node_id.clone()) {
         builder = builder.node_id(id);
     }

@@ -60,7 +60,8 @@ impl Sources {
         let mut lists = self.lists();
         let declared: HashSet<String> = lists.declared.iter().map(|j| j.name().to_owned()).collect();
         let mut managed = Vec::with_capacity(list.len());
-        for m in list {
+        // Another namespace's managed jobs are another application's: not this node's.
+        for m in list.iter().filter(|m| self.jobs.namespaces().serves(&m.job)) {
             match runnable(m, &declared, self.allow_commands) {
                 Ok(job) => managed.push(job),
                 Err(why) => {

@@ -32,7 +32,9 @@ pub fn specs_of_document(file: &str, text: &str) -> Result<Vec<Spec>, Failure> {
     for (job, table) in jobs.into_iter().zip(tables) {
         let mut merged = defaults.clone();
         merged.extend(table.as_table().cloned().unwrap_or_default());
+        // The store keys the job by its full name, which carries its namespace.
         merged.remove("name");
+        merged.remove("namespace");
         let json = serde_json::to_string(&merged).map_err(|e| bad_input(format!("{file}: {e}")))?;
         specs.push(Spec { job, json });
     }
@@ -50,6 +52,17 @@ pub fn job_of_spec(name: &str, spec: &str) -> Result<JobConfig, (String, String)
     match fields.remove("name") {
         Some(Value::String(n)) if n == name => {}
         Some(_) => return Err(("name".into(), format!("is the job's name, `{name}`: leave it out or make it equal"))),
+        None => {}
+    }
+    match fields.remove("namespace") {
+        Some(Value::String(ns)) if ns == solocron_core::namespace_of(name) => {}
+        Some(_) => {
+            let ns = solocron_core::namespace_of(name);
+            return Err((
+                "namespace".into(),
+                format!("is the job's, `{ns}` (from its name `{name}`): leave it out or make it equal"),
+            ));
+        }
         None => {}
     }
     if let Some(key) = null_key(&fields, "") {

@@ -323,7 +323,11 @@ pub(crate) async fn request_run(
 
 /// Requests whose tick has no record, oldest first: pages of requests, each checked with one
 /// read of the matching record keys.
-pub(crate) async fn pending_requests(store: &EtcdStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRequest>, StoreError> {
+pub(crate) async fn pending_requests(
+    store: &EtcdStore,
+    limit: usize,
+    _namespaces: &solocron_core::Namespaces,
+) -> Result<Vec<RunRequest>, StoreError> {
     let limit = limit.min(RECORDS_PAGE_MAX);
     let family = store.keys.family("request");
     let (mut start, end) = (family.clone(), prefix_end(&family));
@@ -363,7 +367,12 @@ pub(crate) async fn pending_requests(store: &EtcdStore, limit: usize, _namespace
 /// [`TXN_OPS_MAX`] keys. Records ended at that revision never change again, so deleting them
 /// needs no compare. etcd sorts that range server-side after reading all of it (records
 /// older than the cutoff): prune regularly and it stays short.
-pub(crate) async fn prune(store: &EtcdStore, older_than: Duration, batch: usize, _namespaces: &solocron_core::Namespaces) -> Result<u64, StoreError> {
+pub(crate) async fn prune(
+    store: &EtcdStore,
+    older_than: Duration,
+    batch: usize,
+    _namespaces: &solocron_core::Namespaces,
+) -> Result<u64, StoreError> {
     let batch = batch.min(PRUNE_BATCH_MAX);
     let now = now_ms();
     let cutoff = now.saturating_sub(millis(older_than));

@@ -23,7 +23,7 @@
 //! whole range before truncating. `{job}` and `{node}` are escaped (`%` and `/`), so that a
 //! name can never reach into another key's range.
 
-use solocron_core::RunId;
+use solocron_core::{Namespaces, RunId};
 
 #[cfg(test)]
 use crate::StoreError;
@@ -48,9 +48,21 @@ pub(crate) fn escape(name: &str) -> String {
 }
 
 /// The reverse of [`escape`].
-#[cfg(test)]
 fn unescape(segment: &str) -> String {
     segment.replace("%2F", "/").replace("%25", "%")
+}
+
+/// The job whose escaped name is the last segment of `key`: a run, alive, guard or request
+/// key, or the run key a waiting retry's index key holds. `None` if the key is not UTF-8.
+pub(crate) fn job_of_key(key: &[u8]) -> Option<String> {
+    let key = std::str::from_utf8(key).ok()?;
+    key.rsplit('/').next().map(unescape)
+}
+
+/// Whether `key` (read as [`job_of_key`] reads it) is of a job in `namespaces`. Every key is,
+/// for every namespace, without being read; an unreadable one is in none of a list.
+pub(crate) fn key_served(namespaces: &Namespaces, key: &[u8]) -> bool {
+    namespaces.names().is_none() || job_of_key(key).is_some_and(|job| namespaces.serves(&job))
 }
 
 /// An instant (ms since the epoch, possibly negative) as 20 digits that sort like the instant.
@@ -310,6 +322,20 @@ mod tests {
         assert!(keys.wait(i64::MAX, &a) < keys.waits_due_end(i64::MAX));
         let family = keys.family("wait");
         assert!(keys.wait(i64::MIN, &b).starts_with(&family) && !keys.run(&b).starts_with(&family));
+    }
+
+    #[test]
+    fn the_job_of_a_key_is_read_back_from_its_last_segment() {
+        let keys = Keys::new("/p/");
+        let id = run("billing/a%2Fb", "2020-01-01T00:00:00Z", 3);
+        for key in [keys.run(&id), keys.alive(&id), keys.guard("billing/a%2Fb"), keys.request("billing/a%2Fb", 7)] {
+            assert_eq!(job_of_key(key.as_bytes()).as_deref(), Some("billing/a%2Fb"), "{key}");
+        }
+        let billing = Namespaces::only(["billing"]).unwrap();
+        assert!(key_served(&billing, keys.run(&id).as_bytes()));
+        assert!(!key_served(&billing, keys.run(&run("backup", "2020-01-01T00:00:00Z", 1)).as_bytes()));
+        assert!(!key_served(&billing, b"/p/run/\xff"));
+        assert!(key_served(&Namespaces::ALL, b"/p/run/\xff"));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use solocron_core::{
 use crate::codec::{decode, encode, millis, to_lease, Guard, StoredRun};
 use crate::etcd::{get, gets, keep_alive, now_ms, range_all, read, revision, revoke_quietly, single, txn, TXN_OPS_MAX};
 use crate::fleet::Action;
-use crate::keys::prefix_end;
+use crate::keys::{key_served, prefix_end};
 use crate::leases::lease_secs;
 use crate::EtcdStore;
 
@@ -323,15 +323,21 @@ async fn finish_ends(store: &EtcdStore, chunk: &[Ending], attempts: u32) -> Resu
 
 /// Running runs whose etcd lease is gone and due `waiting` retries (see
 /// [`solocron_core::Store::expired`]): one read of every job guard and every alive key at
-/// one revision, then the candidates' records; and the due retries (`retry.rs`).
-pub(crate) async fn expired(store: &EtcdStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRecord>, StoreError> {
+/// one revision, then the candidates' records; and the due retries (`retry.rs`). Only jobs
+/// in `namespaces`, chosen by their keys before the limit applies.
+pub(crate) async fn expired(
+    store: &EtcdStore,
+    limit: usize,
+    namespaces: &Namespaces,
+) -> Result<Vec<RunRecord>, StoreError> {
     let (guards, alive) = (store.keys.family("job"), store.keys.family("alive"));
     let what = "an expiry read";
     let (guards, at) = range_all(&store.client, what, (&guards, &prefix_end(&guards)), false, 0).await?;
     let (alive, _) = range_all(&store.client, what, (&alive, &prefix_end(&alive)), true, at).await?;
     let alive: HashSet<Vec<u8>> = alive.iter().map(|kv| kv.key().to_vec()).collect();
     let mut lapsed = Vec::new();
-    for kv in &guards {
+    // Other namespaces' guards are passed over by their keys, before the limit.
+    for kv in guards.iter().filter(|kv| key_served(namespaces, kv.key())) {
         let guard = match decode::<Guard>(kv.value(), "job guard").and_then(|g| g.running_ids()) {
             Ok(ids) => ids,
             Err(e) => {
@@ -343,7 +349,7 @@ pub(crate) async fn expired(store: &EtcdStore, limit: usize, _namespaces: &soloc
     }
     let limit = limit.min(RECORDS_PAGE_MAX);
     let mut records = running_records(store, &lapsed).await?;
-    records.extend(crate::retry::due_waiting(store, at, limit).await?);
+    records.extend(crate::retry::due_waiting(store, at, limit, namespaces).await?);
     records.sort_by(|a, b| (a.lease_until, &a.id).cmp(&(b.lease_until, &b.id)));
     records.truncate(limit);
     Ok(records)

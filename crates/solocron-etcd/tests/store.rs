@@ -48,7 +48,8 @@ fn succeeded() -> RunEnd {
 async fn wait_expired(store: &EtcdStore, lease: &Lease, within: Duration) -> Duration {
     let start = Instant::now();
     while start.elapsed() < within {
-        if store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").iter().any(|r| r.id == lease.run) {
+        if store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").iter().any(|r| r.id == lease.run)
+        {
             return start.elapsed();
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -124,14 +125,21 @@ async fn the_expiry_scan_and_running_history_read_60000_guards_in_pages() {
         let outcomes = store.claim(&batch).await.expect("claim");
         assert!(outcomes.iter().all(|o| matches!(o, ClaimOutcome::Won(_))));
     }
-    assert!(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty(), "every lease is live");
+    assert!(
+        store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty(),
+        "every lease is live"
+    );
     let running = solocron_core::HistoryQuery {
         state: Some(RunState::Running),
         limit: solocron_core::RECORDS_PAGE_MAX,
         ..Default::default()
     };
     assert_eq!(store.history(&running).await.expect("history").len(), solocron_core::RECORDS_PAGE_MAX);
-    assert_eq!(store.prune(Duration::from_secs(3600), 10, &solocron_core::Namespaces::ALL).await.expect("prune"), 0, "running runs are kept");
+    assert_eq!(
+        store.prune(Duration::from_secs(3600), 10, &solocron_core::Namespaces::ALL).await.expect("prune"),
+        0,
+        "running runs are kept"
+    );
 }
 
 /// A failure retry waiting its backoff is kept by prune however old its tick, is found by
@@ -160,12 +168,19 @@ async fn a_waiting_retry_is_kept_by_prune_found_by_its_state_and_never_counted_r
     };
     let second = won(&store, next).await;
     assert!(store.finish(&second, &succeeded()).await.expect("finish"));
-    assert_eq!(store.prune(Duration::ZERO, 100, &solocron_core::Namespaces::ALL).await.expect("prune"), 2, "both ended records, not the waiting one");
+    assert_eq!(
+        store.prune(Duration::ZERO, 100, &solocron_core::Namespaces::ALL).await.expect("prune"),
+        2,
+        "both ended records, not the waiting one"
+    );
     let left = store.history(&Default::default()).await.expect("history");
     assert_eq!(left.iter().map(|r| (r.id.attempt, r.state)).collect::<Vec<_>>(), vec![(2, RunState::Waiting)]);
     let drop = RecoverAction::Abandon { reason: "dropped".into() };
     assert_eq!(store.recover(&waiting[0].id, &drop).await.expect("recover"), RecoverOutcome::NotNeeded);
-    assert!(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty(), "not due for an hour");
+    assert!(
+        store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty(),
+        "not due for an hour"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -223,7 +238,10 @@ async fn runs_sharing_a_nodes_lease_end_alone_and_expire_together_when_the_node_
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(a.renew(&second, length).await.expect("renew"), "a sibling's end does not end this run");
         assert!(a.renew(&third, length).await.expect("renew"));
-        assert!(b.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty(), "renewed runs never expire");
+        assert!(
+            b.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty(),
+            "renewed runs never expire"
+        );
     }
     // The node stops renewing: both lapse, by etcd's TTL, and are recovered once each.
     wait_expired(&b, &second, Duration::from_secs(10)).await;
@@ -273,7 +291,10 @@ async fn renewals_keep_a_short_lease_alive_past_its_ttl() {
         assert!(store.renew(&lease, Duration::from_secs(2)).await.expect("renew"));
         // Another instance (no memory of the run) renews too: it reads the record first.
         assert!(other.renew(&lease, Duration::from_secs(2)).await.expect("renew"));
-        assert!(other.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty(), "renewed leases never expire");
+        assert!(
+            other.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty(),
+            "renewed leases never expire"
+        );
     }
     let took = wait_expired(&other, &lease, Duration::from_secs(10)).await;
     eprintln!("a 2 s lease, no longer renewed, was expired by etcd {took:?} later");

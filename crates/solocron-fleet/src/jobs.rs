@@ -50,6 +50,8 @@ pub struct JobFilter {
     pub search: Option<String>,
     /// Only jobs in this state.
     pub state: Option<JobStateFilter>,
+    /// Only jobs of this namespace (see [`solocron_core::namespace_of`]).
+    pub namespace: Option<String>,
     /// Only names after this one (the previous page's `next_cursor`).
     pub cursor: Option<String>,
     /// At most this many (1..=[`JOBS_PAGE_MAX`]; 0 means the default, 50).
@@ -284,6 +286,9 @@ impl Fleet {
             n if n > JOBS_PAGE_MAX => return Err(FleetError::bad("limit", format!("at most {JOBS_PAGE_MAX}"))),
             n => n,
         };
+        if let Some(ns) = &filter.namespace {
+            solocron_core::validate_namespace(ns).map_err(|e| FleetError::bad("namespace", e.to_string()))?;
+        }
         let needle = filter.search.as_deref().map(str::to_lowercase);
         // Stale and drift are judged from every registration: read whole if it was not.
         let read_whole;
@@ -295,9 +300,11 @@ impl Fleet {
             }
             (None, _) => None,
         };
-        let matching: Vec<String> = self
-            .names()
+        let names = self.names();
+        let namespaces: BTreeSet<String> = names.iter().map(|n| solocron_core::namespace_of(n).to_owned()).collect();
+        let matching: Vec<String> = names
             .into_iter()
+            .filter(|n| filter.namespace.as_deref().is_none_or(|ns| solocron_core::namespace_of(n) == ns))
             .filter(|n| needle.as_deref().is_none_or(|s| n.to_lowercase().contains(s)))
             .filter(|n| self.matches(all, n, filter.state))
             .collect();
@@ -311,7 +318,7 @@ impl Fleet {
             .buffered(READS_IN_FLIGHT_MAX)
             .try_collect()
             .await?;
-        Ok(JobPage { jobs, total: matching.len(), next_cursor })
+        Ok(JobPage { jobs, total: matching.len(), next_cursor, namespaces: namespaces.into_iter().collect() })
     }
 
     async fn summary(
@@ -331,6 +338,7 @@ impl Fleet {
         let last = recent.iter().find(|r| r.state.is_terminal() && r.state != RunState::Skipped);
         JobSummary {
             name: job.to_owned(),
+            namespace: solocron_core::namespace_of(job).to_owned(),
             schedule_words: schedule.as_ref().map(Schedule::describe),
             next_fire: schedule.as_ref().and_then(|s| s.next_after(self.now)),
             timezone: schedule.as_ref().map(|s| s.zone().name().to_owned()),

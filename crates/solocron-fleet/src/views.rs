@@ -103,8 +103,10 @@ pub struct PauseView {
 /// One job in the fleet's list.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct JobSummary {
-    /// The job's name.
+    /// The job's full name (`billing/sync`, or `backup` in namespace `default`).
     pub name: String,
+    /// Its namespace: the part of its name before the first `/`, else `default`.
+    pub namespace: String,
     /// The cron expression (the configuration's, else the newest registration's).
     pub schedule: Option<String>,
     /// The schedule in words.
@@ -156,6 +158,9 @@ pub struct JobPage {
     pub total: usize,
     /// Pass as `cursor` for the next page; absent on the last one.
     pub next_cursor: Option<String>,
+    /// Every namespace of a known job, sorted (whatever the filter): what a namespace
+    /// filter can choose from.
+    pub namespaces: Vec<String>,
 }
 
 /// A fire instant in UTC and in the job's zone.

@@ -92,6 +92,9 @@ pub struct JobsQuery {
     pub search: Option<String>,
     /// Only jobs in this state.
     pub state: Option<JobStateFilter>,
+    /// Only jobs of this namespace (the part of a job's name before its first `/`, else
+    /// `default`).
+    pub namespace: Option<String>,
     /// The previous page's `next_cursor`.
     pub cursor: Option<String>,
     /// Jobs per page, 1 to 200 (default 50).
@@ -111,7 +114,13 @@ pub async fn jobs(
     if q.limit == Some(0) {
         return Err(Problem::bad_param("limit", "at least 1"));
     }
-    let filter = JobFilter { search: q.search, state: q.state, cursor: q.cursor, limit: q.limit.unwrap_or(0) };
+    let filter = JobFilter {
+        search: q.search,
+        state: q.state,
+        namespace: q.namespace,
+        cursor: q.cursor,
+        limit: q.limit.unwrap_or(0),
+    };
     let fleet = fleet(&state).await?;
     Ok(Json(fleet.jobs(state.store(), &filter).await?))
 }

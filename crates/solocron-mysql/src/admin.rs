@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunCounts, RunId, RunRecord,
-    RunRequest, RunState, StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RunCounts, RunId,
+    RunRecord, RunRequest, RunState, StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, QueryBuilder};
 
 use crate::error::{invalid, retrying, Failure};
 use crate::fleet::{append, check, Action};
-use crate::records::{check_name, get, instant, millis, opt_text, parse_name, record, text, COLUMNS};
+use crate::records::{check_name, get, in_namespaces, instant, millis, opt_text, parse_name, record, text, COLUMNS};
 use crate::MySqlStore;
 
 /// Definitions per `INSERT` of [`register`]: 6 placeholders each (and 2 for the mark), far
@@ -293,15 +293,22 @@ fn off_second(ms: i64) -> i64 {
     }
 }
 
-/// Requests whose tick has no record yet, oldest first.
-pub(crate) async fn pending_requests(store: &MySqlStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRequest>, StoreError> {
+/// Requests whose tick has no record yet, oldest first, of jobs in `namespaces` only.
+pub(crate) async fn pending_requests(
+    store: &MySqlStore,
+    limit: usize,
+    namespaces: &Namespaces,
+) -> Result<Vec<RunRequest>, StoreError> {
     let context = "cannot list run requests";
-    let rows = sqlx::query(&store.sql(
-        "SELECT q.job, q.requested_at, q.requested_by FROM {p}requests q
-         WHERE NOT EXISTS (SELECT 1 FROM {p}runs r
+    let rows = sqlx::query(&store.sql(&format!(
+        "SELECT q.job, q.requested_at, q.requested_by FROM {{p}}requests q
+         WHERE NOT EXISTS (SELECT 1 FROM {{p}}runs r
                            WHERE r.job = q.job AND r.scheduled_at = q.requested_at AND r.attempt = 1)
+           AND {}
          ORDER BY q.requested_at, q.job LIMIT ?",
-    ))
+        in_namespaces("q.job")
+    )))
+    .bind(solocron_sql::namespace_list(namespaces))
     .bind(limit.min(RECORDS_PAGE_MAX) as i64)
     .fetch_all(&store.pool)
     .await
@@ -411,28 +418,32 @@ async fn unlock_once(store: &MySqlStore, job: &str, by: &str, reason: &str) -> R
 }
 
 /// Deletes at most `batch` ended records (never a `running` run or a `waiting` retry)
-/// older than the cutoff, oldest first, the run requests as old, at most
-/// [`PRUNE_BATCH_MAX`] actions as old, and the nodes silent for longer than the smaller of
-/// `older_than` and [`NODE_FORGET_AFTER`]; one transaction.
-pub(crate) async fn prune(store: &MySqlStore, older_than: Duration, batch: usize, _namespaces: &solocron_core::Namespaces) -> Result<u64, StoreError> {
+/// older than the cutoff, oldest first, and the run requests as old, both of jobs in
+/// `namespaces` only; and, whatever the namespaces, at most [`PRUNE_BATCH_MAX`] actions as
+/// old, and the nodes silent for longer than the smaller of `older_than` and
+/// [`NODE_FORGET_AFTER`]; one transaction.
+pub(crate) async fn prune(
+    store: &MySqlStore,
+    older_than: Duration,
+    batch: usize,
+    namespaces: &Namespaces,
+) -> Result<u64, StoreError> {
     let forget_after = millis(older_than.min(NODE_FORGET_AFTER)).map_err(|f| f.into_store("cannot prune"))?;
     let older_than = millis(older_than).map_err(|f| f.into_store("cannot prune"))?;
     let batch = batch.min(PRUNE_BATCH_MAX) as i64;
+    let list = solocron_sql::namespace_list(namespaces);
+    let runs_sql = store.sql(&format!(
+        "DELETE FROM {{p}}runs WHERE state NOT IN ('running', 'waiting') AND scheduled_at < NOW_MS - ?
+           AND {} ORDER BY scheduled_at, attempt LIMIT ?",
+        in_namespaces("job")
+    ));
+    let requests_sql =
+        store.sql(&format!("DELETE FROM {{p}}requests WHERE requested_at < NOW_MS - ? AND {}", in_namespaces("job")));
     retrying("cannot prune", || async {
         let mut tx = store.pool.begin().await?;
-        let deleted = sqlx::query(&store.sql(
-            "DELETE FROM {p}runs WHERE state NOT IN ('running', 'waiting') AND scheduled_at < NOW_MS - ?
-             ORDER BY scheduled_at, attempt LIMIT ?",
-        ))
-        .bind(older_than)
-        .bind(batch)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        sqlx::query(&store.sql("DELETE FROM {p}requests WHERE requested_at < NOW_MS - ?"))
-            .bind(older_than)
-            .execute(&mut *tx)
-            .await?;
+        let deleted =
+            sqlx::query(&runs_sql).bind(older_than).bind(&list).bind(batch).execute(&mut *tx).await?.rows_affected();
+        sqlx::query(&requests_sql).bind(older_than).bind(&list).execute(&mut *tx).await?;
         sqlx::query(&store.sql("DELETE FROM {p}actions WHERE done_at < NOW_MS - ? ORDER BY done_at LIMIT ?"))
             .bind(older_than)
             .bind(PRUNE_BATCH_MAX as i64)

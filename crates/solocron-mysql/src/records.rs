@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{RunId, RunRecord, Tick};
+use solocron_core::{RunId, RunRecord, Tick, DEFAULT_NAMESPACE};
 use sqlx::mysql::MySqlRow;
 use sqlx::{ColumnIndex, MySql, Row};
 
@@ -36,6 +36,21 @@ pub(crate) fn check_name(what: &str, name: &str) -> Result<(), Failure> {
         return Err(invalid(format!("{what} name `{name}` ends with a space, which MySQL ignores in comparisons")));
     }
     Ok(())
+}
+
+/// The condition that the job whose full name is in the column `job` is in the namespaces
+/// of its one `?`, bound to [`solocron_sql::namespace_list`] (NULL for every namespace, else
+/// `,billing,default,`). The namespace is read from the full name as
+/// [`solocron_core::namespace_of`] reads it: the part before the first `/`, `default`
+/// without one. One placeholder, not `? IS NULL OR ...` (which would take the list twice):
+/// `LOCATE` in a NULL list is NULL, which counts as found. A condition of the statement,
+/// not a filter of its answer, so other namespaces' rows never take a place in its
+/// `LIMIT`. The scans of `expired`, `pending_requests` and `prune` all use it.
+pub(crate) fn in_namespaces(job: &str) -> String {
+    format!(
+        "IFNULL(LOCATE(CONCAT(',', IF(LOCATE('/', {job}) = 0, '{DEFAULT_NAMESPACE}', \
+         SUBSTRING_INDEX({job}, '/', 1)), ','), ?), 1) > 0"
+    )
 }
 
 /// Checks free text written by an `INSERT IGNORE`, which would truncate it silently.

@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use futures_util::TryStreamExt;
 use solocron_core::{
-    output_tail, Ending, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord, StoreError, Trigger,
-    FINISH_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
+    output_tail, Ending, Lease, Namespaces, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord,
+    StoreError, Trigger, FINISH_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 use sqlx::mysql::MySqlQueryResult;
 use sqlx::{Executor, MySqlConnection};
 
 use crate::error::{invalid, retrying, Failure};
-use crate::records::{check_name, get, instant, millis, record, text, token, token_param, COLUMNS};
+use crate::records::{check_name, get, in_namespaces, instant, millis, record, text, token, token_param, COLUMNS};
 use crate::text::{inline, Literal, OpenTransaction};
 use crate::MySqlStore;
 
@@ -226,14 +226,22 @@ fn finish_literal(template: &str, lease: &Lease, end: &RunEnd) -> Result<String,
 }
 
 /// Running runs whose lease expired and waiting retries whose not-before passed (both by
-/// `lease_until`, server clock), oldest first: one ordered `LIMIT` read per state, each a
-/// range of the key `{p}runs_expiry (state, lease_until)` read in order, merged by a sort
-/// of at most twice `limit` rows. (One `state IN (...)` range would come out ordered by
-/// state first, and be sorted whole.) `NOW_MS` is the statement's one instant.
-pub(crate) async fn expired(store: &MySqlStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRecord>, StoreError> {
+/// `lease_until`, server clock), oldest first, of jobs in `namespaces` only: one ordered
+/// `LIMIT` read per state, each a range of the key `{p}runs_expiry (state, lease_until)`
+/// read in order, merged by a sort of at most twice `limit` rows. (One `state IN (...)`
+/// range would come out ordered by state first, and be sorted whole.) The namespace filter
+/// is inside each read, so other namespaces' runs take no place in it. `NOW_MS` is the
+/// statement's one instant.
+pub(crate) async fn expired(
+    store: &MySqlStore,
+    limit: usize,
+    namespaces: &Namespaces,
+) -> Result<Vec<RunRecord>, StoreError> {
+    let in_namespaces = in_namespaces("job");
     let due = |state: &str| {
         format!(
-            "(SELECT {COLUMNS} FROM {{p}}runs WHERE state = '{state}' AND lease_until < NOW_MS ORDER BY lease_until LIMIT ?)"
+            "(SELECT {COLUMNS} FROM {{p}}runs WHERE state = '{state}' AND lease_until < NOW_MS AND {in_namespaces}
+              ORDER BY lease_until LIMIT ?)"
         )
     };
     let sql = store.sql(&format!(
@@ -242,8 +250,11 @@ pub(crate) async fn expired(store: &MySqlStore, limit: usize, _namespaces: &solo
         due("waiting")
     ));
     let limit = limit.min(RECORDS_PAGE_MAX) as i64;
+    let list = solocron_sql::namespace_list(namespaces);
     let rows = sqlx::query(&sql)
+        .bind(&list)
         .bind(limit)
+        .bind(&list)
         .bind(limit)
         .bind(limit)
         .fetch_all(&store.pool)

@@ -882,9 +882,19 @@ async fn waiting_retries_are_listed_with_expired_runs_and_never_pruned() {
     let b2 = solocron_core::RunId { tick: b.run.tick.clone(), attempt: 2 };
     tokio::time::sleep(Duration::from_millis(500)).await;
     let ids = |records: Vec<solocron_core::RunRecord>| records.into_iter().map(|r| r.id).collect::<Vec<_>>();
-    assert_eq!(ids(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired")), [a.run.clone(), b2.clone(), c.run.clone()]);
-    assert_eq!(ids(store.expired(2, &solocron_core::Namespaces::ALL).await.expect("expired")), [a.run.clone(), b2.clone()]);
-    assert_eq!(store.prune(Duration::from_secs(3600), 100, &solocron_core::Namespaces::ALL).await.expect("prune"), 1, "only b's failed attempt 1");
+    assert_eq!(
+        ids(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired")),
+        [a.run.clone(), b2.clone(), c.run.clone()]
+    );
+    assert_eq!(
+        ids(store.expired(2, &solocron_core::Namespaces::ALL).await.expect("expired")),
+        [a.run.clone(), b2.clone()]
+    );
+    assert_eq!(
+        store.prune(Duration::from_secs(3600), 100, &solocron_core::Namespaces::ALL).await.expect("prune"),
+        1,
+        "only b's failed attempt 1"
+    );
     let left = store.history(&HistoryQuery::default()).await.expect("history");
     assert!(left.iter().any(|r| r.id == b2 && r.state == RunState::Waiting), "{left:?}");
 

@@ -8,15 +8,16 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunCounts, RunId, RunRecord,
-    RunRequest, StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RunCounts, RunId,
+    RunRecord, RunRequest, StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX,
 };
 use sqlx::{PgConnection, Postgres, QueryBuilder};
 
 use crate::error::{retrying, step, Res};
 use crate::fleet::{append, Action};
 use crate::records::{
-    control, get, instant, millis, page, parse_name, record, registration, run_id, run_request, RUN_COLUMNS,
+    control, get, in_namespaces, instant, millis, page, parse_name, record, registration, run_id, run_request,
+    RUN_COLUMNS,
 };
 use crate::PgStore;
 
@@ -266,15 +267,22 @@ async fn request_instant(store: &PgStore, conn: &mut PgConnection, job: &str, by
     Ok(at)
 }
 
-/// Requests whose tick has no record yet, oldest first.
-pub(crate) async fn pending_requests(store: &PgStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRequest>, StoreError> {
-    let rows = sqlx::query(&store.sql(
-        "SELECT q.job, q.requested_at, q.requested_by FROM {p}requests q
-         WHERE NOT EXISTS (SELECT 1 FROM {p}runs r
+/// Requests whose tick has no record yet, oldest first, of jobs in `namespaces` only.
+pub(crate) async fn pending_requests(
+    store: &PgStore,
+    limit: usize,
+    namespaces: &Namespaces,
+) -> Result<Vec<RunRequest>, StoreError> {
+    let rows = sqlx::query(&store.sql(&format!(
+        "SELECT q.job, q.requested_at, q.requested_by FROM {{p}}requests q
+         WHERE NOT EXISTS (SELECT 1 FROM {{p}}runs r
                            WHERE r.job = q.job AND r.scheduled_at = q.requested_at AND r.attempt = 1)
+           AND {}
          ORDER BY q.requested_at, q.job LIMIT $1",
-    ))
+        in_namespaces("q.job", 2)
+    )))
     .bind(page(limit))
+    .bind(solocron_sql::namespace_list(namespaces))
     .fetch_all(&store.pool)
     .await
     .map_err(step("pending_requests"))?;
@@ -306,30 +314,42 @@ pub(crate) async fn unlock(store: &PgStore, job: &str, by: &str, reason: &str) -
 }
 
 /// Deletes at most `batch` ended records (never a `running` run nor a `waiting` retry)
-/// older than the cutoff, oldest first, the run requests as old, at most
-/// [`PRUNE_BATCH_MAX`] actions as old, and the nodes silent for longer than the smaller of
-/// `older_than` and [`NODE_FORGET_AFTER`].
-pub(crate) async fn prune(store: &PgStore, older_than: Duration, batch: usize, _namespaces: &solocron_core::Namespaces) -> Result<u64, StoreError> {
+/// older than the cutoff, oldest first, and the run requests as old, both of jobs in
+/// `namespaces` only; and, whatever the namespaces, at most [`PRUNE_BATCH_MAX`] actions as
+/// old, and the nodes silent for longer than the smaller of `older_than` and
+/// [`NODE_FORGET_AFTER`].
+pub(crate) async fn prune(
+    store: &PgStore,
+    older_than: Duration,
+    batch: usize,
+    namespaces: &Namespaces,
+) -> Result<u64, StoreError> {
     // One statement: PostgreSQL runs every data-modifying CTE exactly once, read or not.
-    let deleted: i64 = sqlx::query_scalar(&store.sql(
-        "WITH cutoff AS (SELECT {now} - $1 AS at),
-         doomed AS (SELECT r.job, r.scheduled_at, r.attempt FROM {p}runs r, cutoff
+    // `gone` needs no namespace filter: it deletes only the rows `doomed` picked.
+    let deleted: i64 = sqlx::query_scalar(&store.sql(&format!(
+        "WITH cutoff AS (SELECT {{now}} - $1 AS at),
+         doomed AS (SELECT r.job, r.scheduled_at, r.attempt FROM {{p}}runs r, cutoff
                     WHERE r.state NOT IN ('running', 'waiting') AND r.scheduled_at < cutoff.at
+                      AND {runs_in_namespaces}
                     ORDER BY r.scheduled_at, r.attempt LIMIT $2),
-         gone AS (DELETE FROM {p}runs r USING doomed d
+         gone AS (DELETE FROM {{p}}runs r USING doomed d
                   WHERE r.job = d.job AND r.scheduled_at = d.scheduled_at AND r.attempt = d.attempt
                     AND r.state NOT IN ('running', 'waiting')
                   RETURNING 1),
-         old_requests AS (DELETE FROM {p}requests q USING cutoff WHERE q.requested_at < cutoff.at),
-         old_actions AS (DELETE FROM {p}actions a WHERE a.id IN (
-                    SELECT o.id FROM {p}actions o, cutoff WHERE o.done_at < cutoff.at ORDER BY o.done_at LIMIT $3)),
-         silent_nodes AS (DELETE FROM {p}nodes n WHERE n.last_seen < {now} - $4)
+         old_requests AS (DELETE FROM {{p}}requests q USING cutoff
+                          WHERE q.requested_at < cutoff.at AND {requests_in_namespaces}),
+         old_actions AS (DELETE FROM {{p}}actions a WHERE a.id IN (
+                    SELECT o.id FROM {{p}}actions o, cutoff WHERE o.done_at < cutoff.at ORDER BY o.done_at LIMIT $3)),
+         silent_nodes AS (DELETE FROM {{p}}nodes n WHERE n.last_seen < {{now}} - $4)
          SELECT count(*) FROM gone",
-    ))
+        runs_in_namespaces = in_namespaces("r.job", 5),
+        requests_in_namespaces = in_namespaces("q.job", 5),
+    )))
     .bind(millis(older_than)?)
     .bind(batch.min(PRUNE_BATCH_MAX) as i64)
     .bind(PRUNE_BATCH_MAX as i64)
     .bind(millis(older_than.min(NODE_FORGET_AFTER))?)
+    .bind(solocron_sql::namespace_list(namespaces))
     .fetch_one(&store.pool)
     .await
     .map_err(step("prune"))?;

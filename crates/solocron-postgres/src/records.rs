@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use solocron_core::{
     ClaimMode, ClaimOutcome, ClaimRequest, JobControl, JobDefinition, Lease, Registration, RunId, RunRecord,
-    RunRequest, StoreError, Tick, RECORDS_PAGE_MAX,
+    RunRequest, StoreError, Tick, DEFAULT_NAMESPACE, RECORDS_PAGE_MAX,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row};
@@ -33,6 +33,20 @@ pub(crate) fn millis(d: Duration) -> Result<i64, StoreError> {
 /// The page size of reads: `limit` capped at [`RECORDS_PAGE_MAX`].
 pub(crate) fn page(limit: usize) -> i64 {
     limit.min(RECORDS_PAGE_MAX) as i64
+}
+
+/// The condition that the job whose full name is in the column `job` is in the namespaces
+/// of the text parameter `$param`, bound to [`solocron_sql::namespace_list`] (NULL for every
+/// namespace, else `,billing,default,`). The namespace is read from the full name as
+/// [`solocron_core::namespace_of`] reads it: the part before the first `/`, `default`
+/// without one. A condition of the statement, not a filter of its answer, so other
+/// namespaces' rows never take a place in its `LIMIT`. The scans of `expired`,
+/// `pending_requests` and `prune` all use it.
+pub(crate) fn in_namespaces(job: &str, param: u8) -> String {
+    format!(
+        "(${param}::text IS NULL OR strpos(${param}, ',' || CASE WHEN strpos({job}, '/') = 0 \
+         THEN '{DEFAULT_NAMESPACE}' ELSE split_part({job}, '/', 1) END || ',') > 0)"
+    )
 }
 
 /// An attempt number as the `INTEGER` column keeps it.

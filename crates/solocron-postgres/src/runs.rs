@@ -6,13 +6,13 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use solocron_core::{
-    output_tail, Ending, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord, StoreError,
-    FINISH_BATCH_MAX, RENEW_BATCH_MAX,
+    output_tail, Ending, Lease, Namespaces, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord,
+    StoreError, FINISH_BATCH_MAX, RENEW_BATCH_MAX,
 };
 use sqlx::PgConnection;
 
 use crate::error::{retrying, step, Res};
-use crate::records::{attempt_param, get, instant, millis, page, record, token, RUN_COLUMNS};
+use crate::records::{attempt_param, get, in_namespaces, instant, millis, page, record, token, RUN_COLUMNS};
 use crate::PgStore;
 
 /// Extends a live lease held by its owner; one `UPDATE`.
@@ -167,13 +167,20 @@ pub(crate) async fn renew_all(store: &PgStore, renewals: &[Renewal]) -> Result<V
 }
 
 /// Running runs whose lease expired and waiting retries whose not-before passed, oldest
-/// `lease_until` first.
-pub(crate) async fn expired(store: &PgStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRecord>, StoreError> {
+/// `lease_until` first, of jobs in `namespaces` only.
+pub(crate) async fn expired(
+    store: &PgStore,
+    limit: usize,
+    namespaces: &Namespaces,
+) -> Result<Vec<RunRecord>, StoreError> {
     // One page of each, each read from its own partial index (`{p}runs_expiry`,
-    // `{p}runs_waiting`) in order, then merged: never a scan of the history.
+    // `{p}runs_waiting`) in order, then merged: never a scan of the history. The namespace
+    // filter is inside each page, so other namespaces' runs take no place in it.
+    let in_namespaces = in_namespaces("job", 2);
     let due = |state: &str| {
         format!(
             "(SELECT {RUN_COLUMNS} FROM {{p}}runs WHERE state = '{state}' AND lease_until < {{now}}
+                AND {in_namespaces}
               ORDER BY lease_until LIMIT $1)"
         )
     };
@@ -183,6 +190,7 @@ pub(crate) async fn expired(store: &PgStore, limit: usize, _namespaces: &solocro
         due("waiting")
     )))
     .bind(page(limit))
+    .bind(solocron_sql::namespace_list(namespaces))
     .fetch_all(&store.pool)
     .await
     .map_err(step("expired"))?;

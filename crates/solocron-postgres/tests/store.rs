@@ -519,7 +519,8 @@ async fn an_expired_run_is_recovered_once_and_only_after_expiry() {
     assert!(store.expired(10, &solocron_core::Namespaces::ALL).await.unwrap().is_empty());
     tokio::time::sleep(PAST_SHORT_LEASE).await;
 
-    let expired: Vec<RunId> = store.expired(10, &solocron_core::Namespaces::ALL).await.unwrap().into_iter().map(|r| r.id).collect();
+    let expired: Vec<RunId> =
+        store.expired(10, &solocron_core::Namespaces::ALL).await.unwrap().into_iter().map(|r| r.id).collect();
     assert_eq!(expired.len(), 2);
     assert_eq!(store.expired(1, &solocron_core::Namespaces::ALL).await.unwrap().len(), 1);
     assert!(!store.renew(&lease, LONG_LEASE).await.unwrap(), "an expired lease is not renewed");
@@ -596,7 +597,13 @@ async fn manual_requests_are_unique_off_second_ticks_pending_until_claimed() {
     assert_eq!(ticks.len(), 6, "every request gets its own tick");
     assert!(ticks.iter().all(|t| t.scheduled_at.timestamp_subsec_millis() != 0), "{ticks:?}");
     let store = ns.store().await;
-    let pending: Vec<Tick> = store.pending_requests(100, &solocron_core::Namespaces::ALL).await.unwrap().into_iter().map(|r| r.tick).collect();
+    let pending: Vec<Tick> = store
+        .pending_requests(100, &solocron_core::Namespaces::ALL)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.tick)
+        .collect();
     assert_eq!(pending, ticks, "oldest first");
     let manual = ClaimRequest { trigger: Trigger::Manual, ..run(ticks[0].clone(), "a", LONG_LEASE, false) };
     won(&store, manual).await;
@@ -616,14 +623,21 @@ async fn prune_deletes_old_ended_records_in_batches_never_running_ones() {
     store.request_run("backup", "op", None).await.unwrap();
     let day = Duration::from_secs(86_400);
     assert_eq!(store.prune(day, 2, &solocron_core::Namespaces::ALL).await.unwrap(), 2);
-    assert_eq!(store.pending_requests(10, &solocron_core::Namespaces::ALL).await.unwrap().len(), 1, "a fresh request is kept");
+    assert_eq!(
+        store.pending_requests(10, &solocron_core::Namespaces::ALL).await.unwrap().len(),
+        1,
+        "a fresh request is kept"
+    );
     assert_eq!(store.prune(day, 2, &solocron_core::Namespaces::ALL).await.unwrap(), 1);
     assert_eq!(store.prune(day, 2, &solocron_core::Namespaces::ALL).await.unwrap(), 0);
     let left = store.history(&HistoryQuery::default()).await.unwrap();
     assert_eq!(left.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), vec![running.run]);
     tokio::time::sleep(Duration::from_millis(5)).await;
     store.prune(Duration::ZERO, 10, &solocron_core::Namespaces::ALL).await.unwrap();
-    assert!(store.pending_requests(10, &solocron_core::Namespaces::ALL).await.unwrap().is_empty(), "requests older than the cutoff go");
+    assert!(
+        store.pending_requests(10, &solocron_core::Namespaces::ALL).await.unwrap().is_empty(),
+        "requests older than the cutoff go"
+    );
 }
 
 #[tokio::test]

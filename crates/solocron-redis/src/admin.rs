@@ -7,8 +7,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redis::Value;
 use solocron_core::{
-    HistoryQuery, JobControl, JobDefinition, Registration, RunRecord, RunRequest, StoreError, Tick, NODE_FORGET_AFTER,
-    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RunRecord, RunRequest, StoreError, Tick,
+    NODE_FORGET_AFTER, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 
 use crate::call::{millis, optional};
@@ -16,7 +16,7 @@ use crate::decode::{self, convert, instant, invalid};
 use crate::error::redis_error;
 use crate::fleet::ACTIONS_KEPT_MAX;
 use crate::scripts::CODE;
-use crate::RedisStore;
+use crate::{RedisStore, SCAN_EXAMINED_MAX};
 
 /// Most records one filtered [`Store::history`](solocron_core::Store::history) call
 /// examines (see "Cost" in the crate docs).
@@ -117,15 +117,30 @@ pub(crate) async fn request_run(
     Ok(Tick::new(job, instant(at)?))
 }
 
-/// Requests whose tick has no record yet, oldest first.
-pub(crate) async fn pending_requests(store: &RedisStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRequest>, StoreError> {
+/// Requests whose tick has no record yet, oldest first, of jobs in `namespaces`. The Lua
+/// scans the pending requests oldest first, passing over other namespaces', and examines at
+/// most [`SCAN_EXAMINED_MAX`] of them.
+pub(crate) async fn pending_requests(
+    store: &RedisStore,
+    limit: usize,
+    namespaces: &Namespaces,
+) -> Result<Vec<RunRequest>, StoreError> {
     let limit = limit.min(RECORDS_PAGE_MAX);
     if limit == 0 {
         return Ok(Vec::new());
     }
     let mut call = store.invocation(&CODE.pending);
-    call.arg(limit);
-    let flat: Vec<String> = convert(store.run(&call, "pending_requests").await?, "pending requests")?;
+    call.arg(limit).arg(SCAN_EXAMINED_MAX).namespaces(namespaces);
+    let (bounded, flat): (i64, Vec<String>) = convert(store.run(&call, "pending_requests").await?, "pending requests")?;
+    if bounded == 1 {
+        tracing::warn!(
+            examined = SCAN_EXAMINED_MAX,
+            found = flat.len() / 2,
+            %namespaces,
+            "the pending requests scan stopped after examining its most requests, mostly of other namespaces; \
+             later requests of these namespaces are not listed until those are claimed or pruned"
+        );
+    }
     flat.chunks(2)
         .map(|pair| {
             let (member, by) = match pair {
@@ -146,14 +161,34 @@ pub(crate) async fn memory_since(store: &RedisStore) -> Result<Option<DateTime<U
     Ok(Some(instant(ms)?))
 }
 
-/// Deletes old ended records, requests, registrations and actions, and forgets silent nodes
-/// (see [`solocron_core::Store::prune`]).
-pub(crate) async fn prune(store: &RedisStore, older_than: Duration, batch: usize, _namespaces: &solocron_core::Namespaces) -> Result<u64, StoreError> {
+/// Deletes old ended records and requests of jobs in `namespaces`, and, whatever the
+/// namespaces, old registrations and actions and silent nodes (see
+/// [`solocron_core::Store::prune`]). The Lua scans the old records and requests oldest
+/// first, passing over other namespaces' (and running or waiting records), and examines at
+/// most [`SCAN_EXAMINED_MAX`] of each.
+pub(crate) async fn prune(
+    store: &RedisStore,
+    older_than: Duration,
+    batch: usize,
+    namespaces: &Namespaces,
+) -> Result<u64, StoreError> {
     let mut call = store.invocation(&CODE.prune);
     call.arg(millis(older_than)?)
         .arg(batch.min(PRUNE_BATCH_MAX))
         .arg(PRUNE_BATCH_MAX)
-        .arg(millis(older_than.min(NODE_FORGET_AFTER))?);
-    let deleted: i64 = convert(store.run(&call, "prune").await?, "pruned count")?;
+        .arg(millis(older_than.min(NODE_FORGET_AFTER))?)
+        .arg(SCAN_EXAMINED_MAX)
+        .arg(SCAN_EXAMINED_MAX)
+        .namespaces(namespaces);
+    let (deleted, bounded): (i64, i64) = convert(store.run(&call, "prune").await?, "prune reply")?;
+    if bounded == 1 {
+        tracing::warn!(
+            examined = SCAN_EXAMINED_MAX,
+            deleted,
+            %namespaces,
+            "prune stopped after examining its most old records or requests, mostly of other namespaces \
+             or still running; older ones of these namespaces beyond them stay until those are gone"
+        );
+    }
     u64::try_from(deleted).map_err(|e| invalid("pruned count", e))
 }

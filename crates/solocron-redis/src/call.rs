@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use redis::{Cmd, RedisError, RedisResult, ScriptInvocation, ToRedisArgs, Value};
-use solocron_core::StoreError;
+use solocron_core::{Namespaces, StoreError};
 
 use crate::decode::convert;
 use crate::error::{is_transient, redis_error};
@@ -47,6 +47,16 @@ impl Call {
     /// Adds an argument.
     pub(crate) fn arg<T: ToRedisArgs>(&mut self, value: T) -> &mut Call {
         value.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// Adds `namespaces` as the call's last arguments, one name each: none for every
+    /// namespace (a list of them is never empty), as `namespaces_from` in
+    /// `lua/prelude.lua` reads them.
+    pub(crate) fn namespaces(&mut self, namespaces: &Namespaces) -> &mut Call {
+        for name in namespaces.names().unwrap_or_default() {
+            self.arg(name.as_str());
+        }
         self
     }
 

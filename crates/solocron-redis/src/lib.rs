@@ -134,6 +134,27 @@
 //! trigger or unlock appends its action in its own call and drops the oldest beyond that.
 //! A heartbeat is one call that writes one hash and two sorted-set entries.
 //!
+//! ## Namespaces
+//!
+//! A job's full name holds its namespace (`billing/sync`; see [`solocron_core::Namespaces`]),
+//! and so does every id that names a job: a run's `<ms>:<attempt>:<job>`, a request's
+//! `<ms>:<job>`. [`Store::expired`], [`Store::pending_requests`] and [`Store::prune`] send
+//! the namespaces asked for to their Lua, which reads each entry's namespace from its id
+//! (the part of the job before its first `/`, or `default`) without reading its record,
+//! and walks its sorted set oldest first, a page of ranks at a time, until it has `limit`
+//! entries of those namespaces: other namespaces' entries take no place in the limit. For
+//! every namespace it reads exactly the entries it returns, as before namespaces.
+//!
+//! One call examines at most [`SCAN_EXAMINED_MAX`] entries of each set it scans (some
+//! 50 ms of Redis time for the ids alone). An application whose nodes are all gone leaves expired runs and
+//! pending requests behind that nobody of another namespace acts on; were there more of
+//! them than that ahead of this namespace's, the call returns the matches found among the
+//! entries it examined (none, at worst) and logs a warning, and this namespace's later
+//! entries are listed only once enough of those ahead are gone (recovered, claimed or
+//! pruned by nodes or operators serving their namespace). Prune likewise deletes nothing of
+//! this namespace beyond the first [`SCAN_EXAMINED_MAX`] old records (or requests) that it
+//! cannot delete.
+//!
 //! [`Store::register`] is one call: it upserts each listed job's registration and deletes
 //! the node's others, which it finds in the node's `nregs` set (so a refresh that changes
 //! nothing reads the node's ids once and writes what it wrote before). A node whose set is
@@ -275,12 +296,21 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use solocron_core::{
-    Namespaces, ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
-    JobRevision, JobWrite, Lease, ManagedJob, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
+    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
+    JobRevision, JobWrite, Lease, ManagedJob, Namespaces, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
     Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store, StoreError, Tick,
 };
 
 pub use fleet::ACTIONS_KEPT_MAX;
+
+/// Most entries one [`Store::expired`], [`Store::pending_requests`] or [`Store::prune`]
+/// call examines in each sorted set it scans for the namespaces asked (the expiry set; the
+/// pending requests; the history and the requests): see "Namespaces" in the crate docs for
+/// what happens past it. Far above the most entries a call returns
+/// ([`RECORDS_PAGE_MAX`](solocron_core::RECORDS_PAGE_MAX),
+/// [`PRUNE_BATCH_MAX`](solocron_core::PRUNE_BATCH_MAX)), so that a scan for every namespace
+/// never reaches it.
+pub const SCAN_EXAMINED_MAX: usize = 100_000;
 pub use managed::JOB_REVISIONS_KEPT_MAX;
 
 use call::Caller;

@@ -6,15 +6,16 @@
 
 use std::time::Duration;
 
+use redis::Value;
 use solocron_core::{
-    output_tail, Ending, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord, StoreError,
-    FINISH_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
+    output_tail, Ending, Lease, Namespaces, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord,
+    StoreError, FINISH_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 
 use crate::call::{millis, optional, Call};
 use crate::decode::{self, convert, invalid};
 use crate::scripts::{Method, CODE};
-use crate::RedisStore;
+use crate::{RedisStore, SCAN_EXAMINED_MAX};
 
 /// Extends a lease (see [`solocron_core::Store::renew`]).
 pub(crate) async fn renew(store: &RedisStore, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
@@ -65,15 +66,31 @@ pub(crate) async fn finish_for_retry(
 }
 
 /// Running runs whose lease passed, and waiting retries whose not-before passed, by Redis's
-/// clock (see [`solocron_core::Store::expired`]).
-pub(crate) async fn expired(store: &RedisStore, limit: usize, _namespaces: &solocron_core::Namespaces) -> Result<Vec<RunRecord>, StoreError> {
+/// clock, of jobs in `namespaces` (see [`solocron_core::Store::expired`]). The Lua scans the
+/// due entries oldest first, passing over other namespaces', and examines at most
+/// [`SCAN_EXAMINED_MAX`] of them.
+pub(crate) async fn expired(
+    store: &RedisStore,
+    limit: usize,
+    namespaces: &Namespaces,
+) -> Result<Vec<RunRecord>, StoreError> {
     let limit = limit.min(RECORDS_PAGE_MAX);
     if limit == 0 {
         return Ok(Vec::new());
     }
     let mut call = store.invocation(&CODE.expired);
-    call.arg(limit);
-    let records = decode::each(store.run(&call, "expired").await?, "expired runs", decode::record)?;
+    call.arg(limit).arg(SCAN_EXAMINED_MAX).namespaces(namespaces);
+    let (bounded, records): (i64, Value) = convert(store.run(&call, "expired").await?, "expired reply")?;
+    let records = decode::each(records, "expired runs", decode::record)?;
+    if bounded == 1 {
+        tracing::warn!(
+            examined = SCAN_EXAMINED_MAX,
+            found = records.len(),
+            %namespaces,
+            "the expired runs scan stopped after examining its most entries, mostly of other namespaces; \
+             later expired runs of these namespaces are not listed until those are recovered"
+        );
+    }
     // A record this version cannot read (written by a newer one, say) must not stop the
     // recovery of every other run.
     Ok(records

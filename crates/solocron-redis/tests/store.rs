@@ -765,7 +765,10 @@ async fn expired_merges_due_retries_with_lapsed_runs_oldest_first() {
     let ids = |records: Vec<solocron_core::RunRecord>| records.into_iter().map(|r| r.id).collect::<Vec<_>>();
     let all = ids(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired"));
     assert_eq!(all, [oldest.run.clone(), retry_id.clone(), newest.run.clone()]);
-    assert_eq!(ids(store.expired(2, &solocron_core::Namespaces::ALL).await.expect("expired")), [oldest.run, retry_id.clone()]);
+    assert_eq!(
+        ids(store.expired(2, &solocron_core::Namespaces::ALL).await.expect("expired")),
+        [oldest.run, retry_id.clone()]
+    );
 
     let start = RecoverAction::Retry { node: "b".into(), lease: LONG };
     let RecoverOutcome::Retried(started) = store.recover(&retry_id, &start).await.expect("recover") else {
@@ -830,4 +833,79 @@ async fn a_scheduled_claim_too_early_leaves_every_key_as_it_was_and_other_trigge
         let request = ClaimRequest { trigger, ..ahead("other", 3_600_000 + offset, modes[0].clone(), now) };
         won(&store, request).await;
     }
+}
+
+/// Places the members of the sorted set `key` at these scores, in chunks of one command.
+async fn zadd(conn: &mut redis::aio::MultiplexedConnection, key: &str, entries: &[(i64, String)]) {
+    for chunk in entries.chunks(10_000) {
+        let mut cmd = redis::cmd("ZADD");
+        cmd.arg(key);
+        for (score, member) in chunk {
+            cmd.arg(*score).arg(member);
+        }
+        let _: i64 = cmd.query_async(conn).await.expect("zadd");
+    }
+}
+
+/// `expired` for some namespaces passes over other namespaces' due entries, page after
+/// page, up to `SCAN_EXAMINED_MAX` of them; a run of its own beyond that bound is listed
+/// once enough of those ahead are gone.
+#[tokio::test]
+async fn expired_passes_over_other_namespaces_entries_up_to_its_bound() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let billing = solocron_core::Namespaces::only(["billing"]).expect("namespaces");
+    let early = won(&store, run(tick("billing/early", 0), "a", false)).await;
+    let late = won(&store, run(tick("billing/late", 0), "a", false)).await;
+    // The ids of the runs in the expiry set, and a flood of due ids of a gone application
+    // between them (no record behind those: the scan reads only ids to filter).
+    let expiry = format!("{}expiry", ns.prefix.redis_key_prefix());
+    let id =
+        |lease: &Lease| format!("{}:0000000001:{}", lease.run.tick.scheduled_at.timestamp_millis(), lease.run.tick.job);
+    let bound = i64::try_from(solocron_redis::SCAN_EXAMINED_MAX).expect("small");
+    let mut entries: Vec<(i64, String)> = (1..bound).map(|i| (i, format!("{i}:0000000001:gone/job"))).collect();
+    entries.push((0, id(&early)));
+    entries.push((bound + 10, id(&late)));
+    let mut conn = common::raw(&ns.url).await.expect("connect");
+    zadd(&mut conn, &expiry, &entries).await;
+
+    let listed = |limit| {
+        let (store, billing) = (store.clone(), billing.clone());
+        async move { store.expired(limit, &billing).await.expect("expired").into_iter().map(|r| r.id).collect::<Vec<_>>() }
+    };
+    let started = Instant::now();
+    assert_eq!(listed(10).await, std::slice::from_ref(&early.run), "the late run is beyond the bound");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "a scan to the bound took {took:?}");
+    let removed: i64 =
+        redis::cmd("ZREMRANGEBYRANK").arg(&expiry).arg(1).arg(1).query_async(&mut conn).await.expect("zrem");
+    assert_eq!(removed, 1);
+    assert_eq!(listed(10).await, [early.run.clone(), late.run.clone()], "one gone ahead: the late run is examined");
+    assert_eq!(listed(1).await, [early.run], "the limit counts this namespace's runs only");
+}
+
+/// `pending_requests` and `prune` for some namespaces pass over other namespaces'
+/// requests across pages of the scan, oldest first.
+#[tokio::test]
+async fn pending_requests_and_prune_pass_over_other_namespaces_requests_across_pages() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let billing = solocron_core::Namespaces::only(["billing"]).expect("namespaces");
+    let mine = store.request_run("billing/sync", "alice", None).await.expect("request_run");
+    // Older requests of another namespace, several pages of them, written behind the
+    // store's back as `request_run` writes them.
+    let at = mine.scheduled_at.timestamp_millis();
+    let others: Vec<(i64, String)> = (1..=2500).map(|i| (at - i, format!("{}:shipping/a", at - i))).collect();
+    let mut conn = common::raw(&ns.url).await.expect("connect");
+    let prefix = ns.prefix.redis_key_prefix();
+    zadd(&mut conn, &format!("{prefix}req"), &others).await;
+    zadd(&mut conn, &format!("{prefix}reqpend"), &others).await;
+
+    let pending = store.pending_requests(1, &billing).await.expect("pending_requests");
+    assert_eq!(pending.iter().map(|r| &r.tick).collect::<Vec<_>>(), [&mine]);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.prune(Duration::ZERO, 100, &billing).await.expect("prune");
+    assert!(store.pending_requests(10, &billing).await.expect("pending_requests").is_empty(), "billing's went");
+    let all = store.pending_requests(10_000, &solocron_core::Namespaces::ALL).await.expect("pending_requests");
+    assert_eq!(all.len(), 2500, "shipping's stayed");
 }

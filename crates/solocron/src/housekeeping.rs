@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use solocron_core::{Liveness, NodeBeat, Store, StoreError, Trigger, HEARTBEAT_EVERY, PRUNE_BATCH_MAX};
+use solocron_core::{Liveness, Namespaces, NodeBeat, Store, StoreError, Trigger, HEARTBEAT_EVERY, PRUNE_BATCH_MAX};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -163,7 +163,8 @@ pub(crate) async fn requests_loop(e: Arc<Engine>, shutdown: CancellationToken) {
 }
 
 async fn claim_requests(e: &Arc<Engine>) -> Result<(), StoreError> {
-    let pending = counted(StoreOp::Requests, e.store.pending_requests(REQUESTS_PER_POLL_MAX, &solocron_core::Namespaces::ALL)).await?;
+    let pending =
+        counted(StoreOp::Requests, e.store.pending_requests(REQUESTS_PER_POLL_MAX, e.jobs.namespaces())).await?;
     let set = e.jobs.get();
     let mut batch = Vec::new();
     for r in pending {
@@ -185,8 +186,14 @@ async fn claim_requests(e: &Arc<Engine>) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Deletes run records older than `retention`, in bounded batches, once an hour.
-pub(crate) async fn prune_loop(store: Arc<dyn Store>, retention: Duration, shutdown: CancellationToken) {
+/// Deletes the records of `namespaces` older than `retention`, in bounded batches, once an
+/// hour.
+pub(crate) async fn prune_loop(
+    store: Arc<dyn Store>,
+    retention: Duration,
+    namespaces: Namespaces,
+    shutdown: CancellationToken,
+) {
     let mut wait = PRUNE_FIRST_AFTER;
     loop {
         tokio::select! {
@@ -194,7 +201,7 @@ pub(crate) async fn prune_loop(store: Arc<dyn Store>, retention: Duration, shutd
             _ = shutdown.cancelled() => return,
         }
         wait = PRUNE_EVERY;
-        match prune_pass(store.as_ref(), retention, &shutdown).await {
+        match prune_pass(store.as_ref(), retention, &namespaces, &shutdown).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(deleted = n, retention = ?retention, "pruned old run records"),
             Err(err) => tracing::warn!(error = %err, "pruning failed; will try again"),
@@ -202,15 +209,21 @@ pub(crate) async fn prune_loop(store: Arc<dyn Store>, retention: Duration, shutd
     }
 }
 
-/// One bounded pass: batches until one comes back short.
-pub async fn prune_pass(store: &dyn Store, older_than: Duration, stop: &CancellationToken) -> Result<u64, StoreError> {
+/// One bounded pass over the records of `namespaces` (see [`Store::prune`]): batches until
+/// one comes back short.
+pub async fn prune_pass(
+    store: &dyn Store,
+    older_than: Duration,
+    namespaces: &Namespaces,
+    stop: &CancellationToken,
+) -> Result<u64, StoreError> {
     const { assert!(PRUNE_BATCH <= PRUNE_BATCH_MAX) };
     let mut total = 0;
     for _ in 0..PRUNE_BATCHES_PER_PASS_MAX {
         if stop.is_cancelled() {
             break;
         }
-        let n = counted(StoreOp::Prune, store.prune(older_than, PRUNE_BATCH, &solocron_core::Namespaces::ALL)).await?;
+        let n = counted(StoreOp::Prune, store.prune(older_than, PRUNE_BATCH, namespaces)).await?;
         total += n;
         if n < PRUNE_BATCH as u64 {
             break;

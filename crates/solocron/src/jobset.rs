@@ -9,6 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use solocron_core::Namespaces;
 use tokio::sync::watch;
 
 use crate::job::Job;
@@ -23,9 +24,13 @@ pub(crate) struct JobSet {
 }
 
 impl JobSet {
-    /// Checks `jobs` (names, policies, no name twice) and, with a `retention`, that it is
-    /// safe for their catch-up windows.
-    pub(crate) fn new(jobs: Vec<Job>, retention: Option<Duration>) -> Result<JobSet, BuildError> {
+    /// Checks `jobs` (names, namespaces served, policies, no name twice) and, with a
+    /// `retention`, that it is safe for their catch-up windows.
+    pub(crate) fn new(
+        jobs: Vec<Job>,
+        namespaces: &Namespaces,
+        retention: Option<Duration>,
+    ) -> Result<JobSet, BuildError> {
         let mut by_name = HashMap::with_capacity(jobs.len());
         for (i, job) in jobs.iter().enumerate() {
             solocron_core::validate_job_name(job.name()).map_err(|error| BuildError::JobName {
@@ -33,6 +38,13 @@ impl JobSet {
                 job: job.name().to_owned(),
                 error,
             })?;
+            if !namespaces.serves(job.name()) {
+                return Err(BuildError::Namespace {
+                    job: job.name().to_owned(),
+                    namespace: solocron_core::namespace_of(job.name()).to_owned(),
+                    served: namespaces.to_string(),
+                });
+            }
             job.policy().validate().map_err(|error| BuildError::Policy { job: job.name().to_owned(), error })?;
             if by_name.insert(job.name().to_owned(), i).is_some() {
                 return Err(BuildError::DuplicateJob(job.name().to_owned()));
@@ -108,18 +120,21 @@ impl JobChanges {
 #[derive(Clone)]
 pub struct Jobs {
     current: Arc<watch::Sender<Arc<JobSet>>>,
+    /// The namespaces this node serves; every job of every list is in one of them.
+    namespaces: Arc<Namespaces>,
     retention: Option<Duration>,
 }
 
 impl Jobs {
-    pub(crate) fn new(set: JobSet, retention: Option<Duration>) -> Jobs {
-        Jobs { current: Arc::new(watch::channel(Arc::new(set)).0), retention }
+    pub(crate) fn new(set: JobSet, namespaces: Namespaces, retention: Option<Duration>) -> Jobs {
+        Jobs { current: Arc::new(watch::channel(Arc::new(set)).0), namespaces: Arc::new(namespaces), retention }
     }
 
     /// Replaces the job list whole, checked like [`crate::SchedulerBuilder::build`] checks
-    /// it; a list with an error is refused whole and the running list stays.
+    /// it (a job of a namespace the node does not serve included); a list with an error is
+    /// refused whole and the running list stays.
     pub fn replace(&self, jobs: Vec<Job>) -> Result<JobChanges, BuildError> {
-        let next = JobSet::new(jobs, self.retention)?;
+        let next = JobSet::new(jobs, &self.namespaces, self.retention)?;
         let mut changes = JobChanges::default();
         self.current.send_modify(|set| {
             changes = set.changes_to(&next);
@@ -129,6 +144,11 @@ impl Jobs {
             tracing::info!(added = ?changes.added, changed = ?changes.changed, removed = ?changes.removed, "job list changed");
         }
         Ok(changes)
+    }
+
+    /// The namespaces this node serves: it claims, recovers and prunes only their jobs.
+    pub fn namespaces(&self) -> &Namespaces {
+        &self.namespaces
     }
 
     /// The names of the jobs now on the list, in order.

@@ -55,9 +55,14 @@ pub(crate) async fn recovery_loop(e: Arc<Engine>, shutdown: CancellationToken) {
 async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Result<(), StoreError> {
     // The paused jobs, read once per scan and only when a retry is due.
     let mut paused: Option<HashSet<String>> = None;
-    for run in counted(StoreOp::Recover, e.store.expired(EXPIRED_PER_SCAN_MAX, &solocron_core::Namespaces::ALL)).await? {
+    for run in counted(StoreOp::Recover, e.store.expired(EXPIRED_PER_SCAN_MAX, e.jobs.namespaces())).await? {
         if shutdown.is_cancelled() {
             break;
+        }
+        // The store keeps to this node's namespaces; another application's run is never
+        // recovered here, whatever a store answers.
+        if !e.jobs.namespaces().serves(&run.id.tick.job) {
+            continue;
         }
         if run.node == e.node && run.id.attempt == 1 && e.unanswered.contains(&run.id.tick) {
             // This node's own claim whose answer was lost: it asks for the tick again, with

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{ClaimOutcome, Clock, RunRecord, Store, StoreError, Trigger};
+use solocron_core::{ClaimOutcome, Clock, Namespaces, RunRecord, Store, StoreError, Trigger};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -68,6 +68,19 @@ pub enum BuildError {
         /// What is wrong.
         error: String,
     },
+    /// A job is in a namespace this node does not serve.
+    #[error("job `{job}` is in namespace `{namespace}`, which this node does not serve (it serves {served}); add `{namespace}` to the node's namespaces")]
+    Namespace {
+        /// The job's full name.
+        job: String,
+        /// Its namespace.
+        namespace: String,
+        /// The namespaces the node serves, in words.
+        served: String,
+    },
+    /// The node's namespaces are not a valid list.
+    #[error("the node's namespaces: {0}")]
+    Namespaces(solocron_core::NamespacesError),
     /// The node id is empty.
     #[error("the node id must not be empty")]
     EmptyNodeId,
@@ -95,9 +108,19 @@ pub struct SchedulerBuilder {
     history_retention: Option<Duration>,
     migrate: bool,
     alerts: Vec<AlertRule>,
+    namespaces: Vec<String>,
 }
 
 impl SchedulerBuilder {
+    /// The namespaces this node serves (default: `default` alone): it claims, recovers,
+    /// prunes and checks drift only for their jobs, and every job given must be in one of
+    /// them (its namespace is the part of its name before a `/`, see
+    /// [`solocron_core::namespace_of`]). Checked by [`SchedulerBuilder::build`].
+    pub fn namespaces<S: Into<String>>(mut self, namespaces: impl IntoIterator<Item = S>) -> Self {
+        self.namespaces = namespaces.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Adds an alert rule: who is told of which events of which jobs (see [`AlertRule`]).
     /// Every node of a fleet should have the same rules, in the same order: a rule's
     /// deliveries are named by its place in the list.
@@ -174,7 +197,8 @@ impl SchedulerBuilder {
         for (index, rule) in self.alerts.iter().enumerate() {
             rule.check().map_err(|error| BuildError::Alert { index, error })?;
         }
-        let set = JobSet::new(self.jobs, self.history_retention)?;
+        let namespaces = Namespaces::only(&self.namespaces).map_err(BuildError::Namespaces)?;
+        let set = JobSet::new(self.jobs, &namespaces, self.history_retention)?;
         let shortest = set.jobs.iter().map(|j| j.policy().lease).min().unwrap_or(RECOVERY_INTERVAL_MAX * 3);
         // A run is seen expired at most a scan interval after the store sees it expired, and
         // that is up to the store's lag after the lease's end: together, within a third.
@@ -188,7 +212,7 @@ impl SchedulerBuilder {
                 node: self.node_id,
                 clock: self.clock,
                 system_clock: self.system_clock,
-                jobs: Jobs::new(set, self.history_retention),
+                jobs: Jobs::new(set, namespaces, self.history_retention),
                 history_retention: self.history_retention,
                 shutdown_grace: self.shutdown_grace,
                 max_concurrent_runs: self.max_concurrent_runs,
@@ -237,6 +261,7 @@ impl Scheduler {
             history_retention: Some(Duration::from_secs(30 * 86_400)),
             migrate: true,
             alerts: Vec::new(),
+            namespaces: vec![solocron_core::DEFAULT_NAMESPACE.to_string()],
         }
     }
 
@@ -315,7 +340,8 @@ impl Scheduler {
             tokio::spawn(alerts::alerts_loop(e.clone(), shutdown.clone())),
         ];
         if let Some(retention) = e.history_retention {
-            side.push(tokio::spawn(housekeeping::prune_loop(e.store.clone(), retention, shutdown.clone())));
+            let namespaces = e.jobs.namespaces().clone();
+            side.push(tokio::spawn(housekeeping::prune_loop(e.store.clone(), retention, namespaces, shutdown.clone())));
         }
         timer::tick_loop(&e, &shutdown).await;
         for task in side {

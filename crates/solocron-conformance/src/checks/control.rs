@@ -90,11 +90,19 @@ pub async fn manual_requests_get_unique_off_second_ticks_and_stay_pending_until_
     assert_eq!((&pending[0].tick, pending[0].requested_by.as_str()), (&sync, "bob"));
     assert!(pending.windows(2).all(|w| w[0].tick.scheduled_at < w[1].tick.scheduled_at), "oldest first");
     assert!(pending[1..].iter().all(|r| requested.get(&r.tick) == Some(&r.requested_by)), "{pending:?}");
-    assert_eq!(store.pending_requests(5, &solocron_core::Namespaces::ALL).await.expect("pending_requests"), pending[..5]);
+    assert_eq!(
+        store.pending_requests(5, &solocron_core::Namespaces::ALL).await.expect("pending_requests"),
+        pending[..5]
+    );
 
     claim_some(store, &pending[1..4].iter().map(|r| r.tick.clone()).collect::<Vec<_>>()).await;
-    let still: HashSet<Tick> =
-        store.pending_requests(100, &solocron_core::Namespaces::ALL).await.expect("pending_requests").into_iter().map(|r| r.tick).collect();
+    let still: HashSet<Tick> = store
+        .pending_requests(100, &solocron_core::Namespaces::ALL)
+        .await
+        .expect("pending_requests")
+        .into_iter()
+        .map(|r| r.tick)
+        .collect();
     let expected: HashSet<Tick> = pending[..1].iter().chain(&pending[4..]).map(|r| r.tick.clone()).collect();
     assert_eq!(still, expected, "claimed requests are no longer pending, the others are");
 }

@@ -190,7 +190,11 @@ pub async fn prune_forgets_old_actions_and_long_silent_nodes(f: &impl StoreFacto
     assert_eq!(node_ids(&store).await, ["left", "new", "old"], "recent nodes stay");
     assert_eq!(jobs(store.actions(&ActionQuery::default()).await.expect("actions")), ["sync", "backup"]);
 
-    assert_eq!(store.prune(CUTOFF, 100, &solocron_core::Namespaces::ALL).await.expect("prune"), 0, "no run record was pruned");
+    assert_eq!(
+        store.prune(CUTOFF, 100, &solocron_core::Namespaces::ALL).await.expect("prune"),
+        0,
+        "no run record was pruned"
+    );
     assert_eq!(node_ids(&store).await, ["new"], "silent and departed nodes are forgotten");
     assert_eq!(jobs(store.actions(&ActionQuery::default()).await.expect("actions")), ["sync"], "old actions go");
     // The pause itself is not an action: it stays.

@@ -91,6 +91,8 @@ pub async fn prune_deletes_only_old_ended_records_in_batches_and_old_requests(f:
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(store.prune(Duration::ZERO, 100, &solocron_core::Namespaces::ALL).await.expect("prune"), 1);
     assert_eq!(ids(&all(&store).await), [stuck.as_str()], "a running run is never pruned");
-    assert!(store.pending_requests(10, &solocron_core::Namespaces::ALL).await.expect("pending_requests").is_empty(), "old requests go too");
+    assert!(
+        store.pending_requests(10, &solocron_core::Namespaces::ALL).await.expect("pending_requests").is_empty(),
+        "old requests go too"
+    );
 }
-

@@ -61,7 +61,10 @@ pub async fn leases_are_judged_by_the_store_clock_not_the_nodes(f: &impl StoreFa
     }
     let short = won(&store, run(tick("backup", 0), "a", t.short, false)).await;
     assert_length(&short, t.short);
-    assert!(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty(), "nothing expired yet");
+    assert!(
+        store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty(),
+        "nothing expired yet"
+    );
 
     wait_for_store_clock(&store, short.lease_until).await;
     // A store with coarse leases (etcd) notices the end a little after it.

@@ -40,7 +40,10 @@ async fn uses_every_table(store: &Handle) {
     store.set_paused("sync", true, "alice", None).await.expect("set_paused");
     assert_eq!(store.controls().await.expect("controls").len(), 1);
     let requested = store.request_run("report", "alice", None).await.expect("request_run");
-    assert_eq!(store.pending_requests(10, &solocron_core::Namespaces::ALL).await.expect("pending_requests")[0].tick, requested);
+    assert_eq!(
+        store.pending_requests(10, &solocron_core::Namespaces::ALL).await.expect("pending_requests")[0].tick,
+        requested
+    );
     assert_eq!(store.history(&HistoryQuery::default()).await.expect("history").len(), 1);
     assert!(store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired").is_empty());
     let beat = NodeBeat { node: "a".into(), version: "1".into(), jobs: 1, running: 0 };
@@ -49,5 +52,8 @@ async fn uses_every_table(store: &Handle) {
     assert_eq!(store.nodes().await.expect("nodes").len(), 1);
     store.unlock("report", "alice", "stuck").await.expect("unlock");
     assert_eq!(store.actions(&ActionQuery::default()).await.expect("actions").len(), 3, "pause, trigger, unlock");
-    assert_eq!(store.prune(std::time::Duration::from_secs(3600), 10, &solocron_core::Namespaces::ALL).await.expect("prune"), 0);
+    assert_eq!(
+        store.prune(std::time::Duration::from_secs(3600), 10, &solocron_core::Namespaces::ALL).await.expect("prune"),
+        0
+    );
 }

@@ -120,6 +120,58 @@ local function split_id(id)
   return job, at, tonumber(attempt)
 end
 
+-- The job of a manual request's member, "<ms>:<job>".
+local function request_job(member)
+  return string.match(member, '^-?%d+:(.*)$')
+end
+
+-- The namespace of the job whose full name is `job`: the part before its first '/', or
+-- 'default' when it has none (as solocron_core::namespace_of reads it).
+local function namespace_of(job)
+  return string.match(job, '^([^/]*)/') or 'default'
+end
+
+-- The namespaces named by the arguments from `first` on, as a set; nil, meaning every
+-- namespace, when there are none (a node always serves at least one, so no list is "all").
+local function namespaces_from(argv, first)
+  if #argv < first then return nil end
+  local set = {}
+  for i = first, #argv do set[argv[i]] = true end
+  return set
+end
+
+-- Whether the job `job` is in `namespaces` (a set of `namespaces_from`; nil: every one).
+-- A job that could not be read from its key (nil) is in none of a list.
+local function serves(namespaces, job)
+  return namespaces == nil or (job ~= nil and namespaces[namespace_of(job)] == true)
+end
+
+-- Members one `scan` reads per ZRANGE.
+local SCAN_PAGE = 1000
+
+-- The first `want` members, lowest score first, that `keep(member)` accepts among those of
+-- the sorted set `key` scored below `before` (a ZCOUNT bound: '(<ms>', or '+inf' for all),
+-- examining at most `examine_max` members; and true if it stopped at that bound with
+-- members below `before` left unexamined (a later match may be missing). Pages by rank,
+-- each page O(log n + page), and only reads: a caller deletes what it found afterwards.
+local function scan(key, before, want, examine_max, keep)
+  local found, rank = {}, 0
+  local candidates = redis.call('ZCOUNT', key, '-inf', before)
+  local last = math.min(candidates, examine_max)
+  while #found < want and rank < last do
+    local page = redis.call('ZRANGE', key, rank, math.min(rank + SCAN_PAGE, last) - 1)
+    if #page == 0 then break end
+    for _, member in ipairs(page) do
+      rank = rank + 1
+      if keep(member) then
+        found[#found + 1] = member
+        if #found >= want then break end
+      end
+    end
+  end
+  return found, #found < want and rank >= examine_max and candidates > examine_max
+end
+
 -- An error message if the prefix holds a layout this code does not understand.
 local function schema_mismatch()
   local version = redis.call('GET', SCHEMA)
