@@ -163,6 +163,7 @@ async fn all_jobs(fleet: &Fleet, store: &dyn Store, namespace: Option<String>) -
 fn job_json(j: &JobSummary, seen: &Seen) -> serde_json::Value {
     json!({
         "job": j.name,
+        "namespace": j.namespace,
         "schedule": j.schedule,
         "schedule_words": j.schedule_words,
         "timezone": j.timezone,

@@ -2,14 +2,16 @@
 //! none), the job registry, pause switches, manual run requests, and pruning. An operator's
 //! action is appended to the audit log in the `Txn` of the step (`fleet.rs`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+};
 use solocron_core::{
-    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Registration, RunId, RunRecord, RunRequest,
-    RunState, StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RunId, RunRecord,
+    RunRequest, RunState, StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 
 use crate::codec::{
@@ -17,12 +19,19 @@ use crate::codec::{
 };
 use crate::etcd::{get, now_ms, range, range_all, read, single, txn, TXN_OPS_MAX};
 use crate::fleet::{action_key, put_action, trim, Action};
-use crate::keys::prefix_end;
+use crate::keys::{key_served, prefix_end};
 use crate::runs::running_records;
 use crate::EtcdStore;
 
 /// Run keys per page of prune's scan for ended records.
 const PRUNE_PAGE: i64 = 1000;
+
+/// Most old record keys one prune call examines (50 pages): other namespaces' old records,
+/// which their own nodes prune by their own retention (or nobody, if those are all gone),
+/// and running runs are passed over, and past this bound the call stops with what it found.
+/// Far above what a call prunes ([`PRUNE_BATCH_MAX`]), so that pruning every namespace, or
+/// a store that only this namespace's nodes prune, never reaches it.
+pub const PRUNE_SCAN_MAX: usize = 50_000;
 
 /// Records read per page of a history scan: ~2 MB at most (4 KB of output each), under
 /// the client's 4 MB message limit.
@@ -321,12 +330,13 @@ pub(crate) async fn request_run(
     )))
 }
 
-/// Requests whose tick has no record, oldest first: pages of requests, each checked with one
-/// read of the matching record keys.
+/// Requests of jobs in `namespaces` whose tick has no record, oldest first: pages of
+/// requests, other namespaces' passed over, the others checked with one read of the
+/// matching record keys.
 pub(crate) async fn pending_requests(
     store: &EtcdStore,
     limit: usize,
-    _namespaces: &solocron_core::Namespaces,
+    namespaces: &Namespaces,
 ) -> Result<Vec<RunRequest>, StoreError> {
     let limit = limit.min(RECORDS_PAGE_MAX);
     let family = store.keys.family("request");
@@ -336,8 +346,11 @@ pub(crate) async fn pending_requests(
         let options = GetOptions::new().with_range(end.clone()).with_limit(TXN_OPS_MAX as i64);
         let mut resp = range(&store.client, "a request read", &start, options).await?;
         let kvs = resp.take_kvs();
-        let requests =
-            kvs.iter().map(|kv| decode::<StoredRequest>(kv.value(), "run request")).collect::<Result<Vec<_>, _>>()?;
+        let requests = kvs
+            .iter()
+            .filter(|kv| key_served(namespaces, kv.key()))
+            .map(|kv| decode::<StoredRequest>(kv.value(), "run request"))
+            .collect::<Result<Vec<_>, _>>()?;
         let ticks = requests
             .iter()
             .map(|r| Ok(Tick::new(r.job.clone(), instant(r.requested_at)?)))
@@ -360,25 +373,27 @@ pub(crate) async fn pending_requests(
     Ok(out)
 }
 
-/// Deletes old ended records, oldest first, old requests and actions, and forgets silent
-/// nodes (see [`solocron_core::Store::prune`]). One read at one revision (every job guard
-/// and every waiting retry's index key, to know the runs in progress, which it keeps, and
-/// the oldest record keys before the cutoff), then delete `Txn`s of
-/// [`TXN_OPS_MAX`] keys. Records ended at that revision never change again, so deleting them
-/// needs no compare. etcd sorts that range server-side after reading all of it (records
-/// older than the cutoff): prune regularly and it stays short.
+/// Deletes old ended records of jobs in `namespaces`, oldest first, their old requests, and,
+/// whatever the namespaces, old actions, and forgets silent nodes (see
+/// [`solocron_core::Store::prune`]). One read at one revision (every job guard and every
+/// waiting retry's index key, to know the runs in progress, which it keeps, and the oldest
+/// record keys before the cutoff, other namespaces' passed over by their keys), then delete
+/// `Txn`s of [`TXN_OPS_MAX`] keys. Records ended at that revision never change again, so
+/// deleting them needs no compare. etcd sorts that range server-side after reading all of
+/// it (records older than the cutoff, of every namespace): prune regularly and it stays
+/// short.
 pub(crate) async fn prune(
     store: &EtcdStore,
     older_than: Duration,
     batch: usize,
-    _namespaces: &solocron_core::Namespaces,
+    namespaces: &Namespaces,
 ) -> Result<u64, StoreError> {
     let batch = batch.min(PRUNE_BATCH_MAX);
     let now = now_ms();
     let cutoff = now.saturating_sub(millis(older_than));
-    let (guards, runs) = (store.keys.family("job"), store.keys.family("run"));
+    let guards = store.keys.family("job");
     let (guards, at) = range_all(&store.client, "a prune read", (&guards, &prefix_end(&guards)), false, 0).await?;
-    let mut running = std::collections::HashSet::new();
+    let mut running = HashSet::new();
     for kv in &guards {
         for id in decode::<Guard>(kv.value(), "job guard")?.running_ids()? {
             running.insert(store.keys.run(&id).into_bytes());
@@ -388,13 +403,46 @@ pub(crate) async fn prune(
     let waits = store.keys.family("wait");
     let (waits, _) = range_all(&store.client, "a prune read", (&waits, &prefix_end(&waits)), false, at).await?;
     running.extend(waits.iter().map(|kv| kv.value().to_vec()));
-    // At the guards' revision: a run started since (a retry of an old tick) is not among
-    // the keys read either. Oldest first, in pages (every key of an old range at once can
-    // pass the client's message limit), until `batch` ended ones are found among the running.
-    let (start, mut end) = (store.keys.runs_before(cutoff), prefix_end(&runs));
+    let doomed = old_records(store, cutoff, batch, at, &running, namespaces).await?;
+    let mut deleted = 0;
+    for chunk in doomed.chunks(TXN_OPS_MAX) {
+        let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::delete(k.clone(), None)).collect();
+        let resp = txn(&store.client, "a prune", Txn::new().and_then(ops)).await?;
+        deleted += deleted_count(&resp);
+    }
+    prune_requests(store, cutoff, namespaces).await?;
+    crate::fleet::prune(store, now, older_than).await?;
+    Ok(deleted)
+}
+
+/// The keys of at most `batch` records of jobs in `namespaces` scheduled before `cutoff`,
+/// oldest first, but for those in `running` (running runs and waiting retries), read at
+/// etcd revision `at`: a run started since (a retry of an old tick) is not among the keys
+/// read either. In pages (every key of an old range at once can pass the client's message
+/// limit), until `batch` are found, or the old records run out, or [`PRUNE_SCAN_MAX`] were
+/// examined (then a warning is logged).
+async fn old_records(
+    store: &EtcdStore,
+    cutoff: i64,
+    batch: usize,
+    at: i64,
+    running: &HashSet<Vec<u8>>,
+    namespaces: &Namespaces,
+) -> Result<Vec<Vec<u8>>, StoreError> {
+    let (start, mut end) = (store.keys.runs_before(cutoff), prefix_end(&store.keys.family("run")));
     let mut doomed: Vec<Vec<u8>> = Vec::new();
     let mut scanned = 0;
-    while doomed.len() < batch && scanned < batch + running.len() {
+    while doomed.len() < batch {
+        if scanned >= PRUNE_SCAN_MAX {
+            tracing::warn!(
+                scanned,
+                found = doomed.len(),
+                %namespaces,
+                "prune stopped after examining its most old records, mostly of other namespaces or still \
+                 running; older ones of these namespaces beyond them stay until those are gone"
+            );
+            break;
+        }
         let oldest = GetOptions::new()
             .with_range(end.clone())
             .with_sort(SortTarget::Key, SortOrder::Descend)
@@ -406,24 +454,35 @@ pub(crate) async fn prune(
         scanned += keys.len();
         let Some(last) = keys.last() else { break };
         end = String::from_utf8_lossy(last).into_owned();
-        doomed.extend(keys.iter().filter(|k| !running.contains(*k)).take(batch - doomed.len()).cloned());
+        let wanted = |k: &&Vec<u8>| !running.contains(*k) && key_served(namespaces, k);
+        doomed.extend(keys.iter().filter(wanted).take(batch - doomed.len()).cloned());
         if !page.more() {
             break;
         }
     }
-    let mut deleted = 0;
-    for chunk in doomed.chunks(TXN_OPS_MAX) {
-        let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::delete(k.clone(), None)).collect();
-        let resp = txn(&store.client, "a prune", Txn::new().and_then(ops)).await?;
-        deleted += deleted_count(&resp);
+    Ok(doomed)
+}
+
+/// Deletes the run requests made before `cutoff` of jobs in `namespaces`: for every
+/// namespace, one range delete; for some, one read of the old requests' keys, and deletes of
+/// theirs (at most [`PRUNE_BATCH_MAX`] per call) in `Txn`s of [`TXN_OPS_MAX`] keys. A
+/// request is written once and never changed, so deleting it needs no compare.
+async fn prune_requests(store: &EtcdStore, cutoff: i64, namespaces: &Namespaces) -> Result<(), StoreError> {
+    let (start, end) = (store.keys.family("request"), store.keys.requests_from(cutoff));
+    if namespaces.names().is_none() {
+        let range = Some(DeleteOptions::new().with_range(end));
+        return txn(&store.client, "a request prune", Txn::new().and_then(vec![TxnOp::delete(start, range)]))
+            .await
+            .map(drop);
     }
-    let old_requests = Txn::new().and_then(vec![TxnOp::delete(
-        store.keys.family("request"),
-        Some(etcd_client::DeleteOptions::new().with_range(store.keys.requests_from(cutoff))),
-    )]);
-    txn(&store.client, "a request prune", old_requests).await?;
-    crate::fleet::prune(store, now, older_than).await?;
-    Ok(deleted)
+    let (old, _) = range_all(&store.client, "a request prune read", (&start, &end), true, 0).await?;
+    let doomed: Vec<&[u8]> =
+        old.iter().map(KeyValue::key).filter(|k| key_served(namespaces, k)).take(PRUNE_BATCH_MAX).collect();
+    for chunk in doomed.chunks(TXN_OPS_MAX) {
+        let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::delete(k.to_vec(), None)).collect();
+        txn(&store.client, "a request prune", Txn::new().and_then(ops)).await?;
+    }
+    Ok(())
 }
 
 /// How many keys a `Txn` of deletes deleted.

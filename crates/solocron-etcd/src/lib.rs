@@ -137,13 +137,32 @@
 //!   left to expire). finish_for_retry: the same, its `Txn` also creating the waiting
 //!   retry. recover: a read, (a grant for a retry), a `Txn`.
 //! - expired: one read of every job guard and alive key, one of the candidate records; one
-//!   read of the due retries' index keys (at most `limit`), one of their records.
+//!   read of the due retries' index keys (at most `limit`; for some namespaces, pages of
+//!   500 until `limit` of theirs), one of their records.
+//! - pending_requests: pages of 128 requests, each with one read of their record keys.
+//! - prune: one read of every job guard and waiting retry's index key, pages of 1000 old
+//!   record keys (at most [`PRUNE_SCAN_MAX`] per call), one delete `Txn` per
+//!   [`TXN_OPS_MAX`] records; the old requests in one range delete (for some namespaces,
+//!   a read of their keys and deletes of theirs); old actions and silent nodes.
 //! - history: filters are applied here over pages of 500 records read newest first in
 //!   key order, within the `since`/`until` window, at one revision; at most
 //!   [`HISTORY_SCAN_MAX`] records are read per call. Queries for `running` runs read the
 //!   job guards instead.
 //! - register: one read of the node's registrations (pages of 500), then one `Txn` per
 //!   [`TXN_OPS_MAX`] writes (see below).
+//!
+//! ## Namespaces
+//!
+//! A job's full name holds its namespace (`billing/sync`; see [`Namespaces`]), and the last
+//! segment of every key of a job's run, guard or request is that name, escaped: the
+//! namespace is read from the key alone (the part of the job before its first `/`, or
+//! `default`). [`Store::expired`], [`Store::pending_requests`] and [`Store::prune`] pass
+//! over other namespaces' keys before they count anything against their `limit` (or
+//! `batch`), and read no record of them. They read the ranges they read for every
+//! namespace (every guard; the due retries' index and the requests in pages until enough
+//! are found); prune's scan of the old records stops at [`PRUNE_SCAN_MAX`] keys, so another
+//! namespace's old records beyond that many, which only its own nodes prune, can leave this
+//! namespace's older ones unpruned until those are gone (a warning says so).
 //!
 //! ## Registrations
 //!
@@ -259,7 +278,7 @@ use solocron_core::{
     Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store, StoreError, Tick,
 };
 
-pub use admin::HISTORY_SCAN_MAX;
+pub use admin::{HISTORY_SCAN_MAX, PRUNE_SCAN_MAX};
 pub use etcd::TXN_OPS_MAX;
 pub use fleet::ACTIONS_KEPT_MAX;
 pub use managed::JOB_REVISIONS_KEPT_MAX;

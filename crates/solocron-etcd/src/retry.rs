@@ -18,15 +18,22 @@
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
-use solocron_core::{Lease, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, RunState, StoreError, Trigger};
+use solocron_core::{
+    Lease, Namespaces, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, RunState, StoreError, Trigger,
+};
 
 use crate::codec::{decode, encode, instant, millis, to_lease, Guard, StoredRun};
 use crate::etcd::{get, now_ms, range};
+use crate::keys::key_served;
 use crate::leases::lease_secs;
 use crate::runs::{
     commit, contended, end_record, grant_once, read_keys, stored_guard, stored_run, Planned, CAS_ATTEMPTS,
 };
 use crate::EtcdStore;
+
+/// Due retries' index keys one read of [`due_waiting`] takes when it passes over other
+/// namespaces' (their values are run keys: some 100 bytes each).
+const WAITS_PAGE: usize = 500;
 
 /// The attempt after `run`'s, of the same tick.
 pub(crate) fn next_of(run: &RunId) -> Result<RunId, StoreError> {
@@ -191,25 +198,42 @@ pub(crate) async fn plan_start(
     Ok(Some((Txn::new().when(compares).and_then(writes), outcome, Some(started))))
 }
 
-/// At most `limit` `waiting` retries due by this process's clock, oldest not-before first:
-/// one read of the index keys before now (at etcd revision `at`, 0 for the newest), one of
-/// their records. Unreadable records are logged and skipped, so that one bad record never
-/// stops the others' recovery.
-pub(crate) async fn due_waiting(store: &EtcdStore, at: i64, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+/// At most `limit` `waiting` retries of jobs in `namespaces` due by this process's clock,
+/// oldest not-before first: reads of the index keys before now (at etcd revision `at`, 0
+/// for the newest), then one of their records. For every namespace, one read of `limit`
+/// index keys; for some, pages of [`WAITS_PAGE`] keys until `limit` of theirs are found or
+/// the due ones run out, other namespaces' passed over by their keys. Unreadable records are
+/// logged and skipped, so that one bad record never stops the others' recovery.
+pub(crate) async fn due_waiting(
+    store: &EtcdStore,
+    at: i64,
+    limit: usize,
+    namespaces: &Namespaces,
+) -> Result<Vec<RunRecord>, StoreError> {
     // etcd reads a limit of 0 as no limit.
     if limit == 0 {
         return Ok(Vec::new());
     }
     let now = now_ms();
-    let (start, runs) = (store.keys.family("wait"), store.keys.family("run"));
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let options = GetOptions::new().with_range(store.keys.waits_due_end(now)).with_limit(limit).with_revision(at);
-    let index = range(&store.client, "an expiry read", &start, options).await?;
-    let mut reads = Vec::with_capacity(index.kvs().len());
-    for kv in index.kvs() {
-        match std::str::from_utf8(kv.value()) {
-            Ok(key) if key.starts_with(&runs) => reads.push(get(key)),
-            _ => tracing::error!(key = %String::from_utf8_lossy(kv.key()), "skipping a malformed retry index key"),
+    let (mut start, runs, end) = (store.keys.family("wait"), store.keys.family("run"), store.keys.waits_due_end(now));
+    let page = if namespaces.names().is_none() { limit } else { WAITS_PAGE };
+    let page = i64::try_from(page).unwrap_or(i64::MAX);
+    let mut reads = Vec::new();
+    while reads.len() < limit {
+        let options = GetOptions::new().with_range(end.clone()).with_limit(page).with_revision(at);
+        let index = range(&store.client, "an expiry read", &start, options).await?;
+        for kv in index.kvs() {
+            let Some(key) = std::str::from_utf8(kv.value()).ok().filter(|key| key.starts_with(&runs)) else {
+                tracing::error!(key = %String::from_utf8_lossy(kv.key()), "skipping a malformed retry index key");
+                continue;
+            };
+            if key_served(namespaces, key.as_bytes()) && reads.len() < limit {
+                reads.push(get(key));
+            }
+        }
+        match index.kvs().last() {
+            Some(last) if index.more() => start = format!("{}\0", String::from_utf8_lossy(last.key())),
+            _ => break,
         }
     }
     let mut records = Vec::with_capacity(reads.len());

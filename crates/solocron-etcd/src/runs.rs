@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use solocron_core::{
-    output_tail, ActionKind, ActionRecord, Ending, Lease, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId,
-    RunRecord, RunState, StoreError, Trigger, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
+    output_tail, ActionKind, ActionRecord, Ending, Lease, Namespaces, RecoverAction, RecoverOutcome, Renewal, RunEnd,
+    RunId, RunRecord, RunState, StoreError, Trigger, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 
 use crate::codec::{decode, encode, millis, to_lease, Guard, StoredRun};
