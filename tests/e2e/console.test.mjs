@@ -239,18 +239,36 @@ step('signing in with the operate token shows who you are', async () => {
   assert.ok(!page.url().includes(OPS), 'the token must not be in the address');
 });
 
-step('the job list pages through its 66 jobs on the server', async () => {
+step('the job list pages through its 67 jobs on the server', async () => {
   const rows = page.locator('.jobs-table tbody tr');
   const info = page.locator('nav.pager span');
   await until('the first page of 50 jobs', async () => (await rows.count()) === 50);
-  assert.equal(await page.textContent('#jobs-count'), '66 jobs');
-  assert.equal(await info.textContent(), '1–50 of 66');
+  assert.equal(await page.textContent('#jobs-count'), '67 jobs');
+  assert.equal(await info.textContent(), '1–50 of 67');
   await page.getByRole('button', { name: 'Next →' }).click();
-  await until('the second page', async () => (await rows.count()) === 16);
-  assert.equal(await info.textContent(), '51–66 of 66');
-  assert.equal(await rows.first().getAttribute('data-job'), 'yearly-archive-45');
+  await until('the second page', async () => (await rows.count()) === 17);
+  assert.equal(await info.textContent(), '51–67 of 67');
+  assert.equal(await rows.first().getAttribute('data-job'), 'yearly-archive-44');
   await page.getByRole('button', { name: '← Previous' }).click();
-  await until('the first page again', async () => (await rows.first().getAttribute('data-job')) === 'flaky-upstream');
+  await until('the first page again', async () => (await rows.first().getAttribute('data-job')) === 'billing/invoices');
+});
+
+step('filtering by namespace lists that namespace\'s jobs only, and the filter is in the address', async () => {
+  await go('#/jobs');
+  const ns = page.locator('#job-namespace');
+  await until('the namespace filter', () => ns.isVisible());
+  assert.deepEqual(await ns.locator('option').evaluateAll((os) => os.map((o) => o.value)), ['', 'billing', 'default']);
+  await ns.selectOption('billing');
+  await until('only billing\'s job', async () => {
+    const names = await page.locator('.jobs-table tbody tr').evaluateAll((rs) => rs.map((r) => r.dataset.job));
+    return names.length === 1 && names[0] === 'billing/invoices';
+  });
+  assert.match(page.url(), /namespace=billing/);
+  assert.equal(await page.textContent('#jobs-count'), '1 job match');
+  await page.click('a[data-key="job:billing/invoices"]');
+  await until('the job page of billing/invoices', async () => (await page.textContent('h1')).includes('billing/invoices'));
+  await go('#/jobs');
+  await until('every job again', async () => (await page.textContent('#jobs-count')) === '67 jobs');
 });
 
 step('searching finds tick', async () => {

@@ -641,3 +641,60 @@ async fn an_unreadable_registration_of_a_job_no_longer_listed_is_deleted() {
     let all = store.registrations().await.expect("registrations");
     assert_eq!(all.iter().map(|r| (r.node.as_str(), r.definition.job.as_str())).collect::<Vec<_>>(), [("a", "backup")]);
 }
+
+/// Expiry scans and prunes for some namespaces pass over other namespaces' keys across
+/// several pages of their reads: a dead application's many due retries (index keys written
+/// behind the store's back, their records gone) and old records, all ahead of billing's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scans_for_some_namespaces_pass_over_pages_of_other_namespaces_keys() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let billing = solocron_core::Namespaces::only(["billing"]).expect("namespaces");
+    let prefix = ns.prefix.etcd_key_prefix();
+    let mut client = common::client(&ns.url).await.expect("client");
+    // Index keys of 1,200 due retries of `gone`, due long before billing's (pages of 500).
+    let fake: Vec<(String, String)> =
+        (0..1200).map(|i| (format!("{prefix}wait/{i:020}/x"), format!("{prefix}run/x/y/gone%2Fjob-{i}"))).collect();
+    for chunk in fake.chunks(100) {
+        let puts = chunk.iter().map(|(k, v)| etcd_client::TxnOp::put(k.as_str(), v.as_str(), None)).collect::<Vec<_>>();
+        client.txn(etcd_client::Txn::new().and_then(puts)).await.expect("put index keys");
+    }
+    let failing = won(&store, run(tick("billing/sync", 0), "a", Duration::from_secs(60))).await;
+    let failed = RunEnd {
+        state: RunState::Failed,
+        reason: None,
+        exit_code: Some(1),
+        output: String::new(),
+        started_after: None,
+    };
+    assert!(store.finish_for_retry(&failing, &failed, Duration::from_millis(1)).await.expect("finish_for_retry"));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let due = store.expired(1, &billing).await.expect("expired");
+    assert_eq!(
+        due.iter().map(|r| (r.id.tick.job.as_str(), r.state)).collect::<Vec<_>>(),
+        [("billing/sync", RunState::Waiting)]
+    );
+
+    // 1,500 old ended records of `gone`, older than billing's one (pages of 1000, oldest first).
+    for first in (0..1500).step_by(solocron_core::CLAIM_BATCH_MAX) {
+        let batch: Vec<ClaimRequest> = (first..(first + solocron_core::CLAIM_BATCH_MAX).min(1500))
+            .map(|i| ClaimRequest {
+                mode: ClaimMode::Skip { reason: "old".into() },
+                ..run(tick(&format!("gone/job-{i}"), 1), "a", Duration::from_secs(60))
+            })
+            .collect();
+        store.claim(&batch).await.expect("claim");
+    }
+    let old = won(&store, run(tick("billing/old", 2), "a", Duration::from_secs(60))).await;
+    assert!(store.finish(&old, &succeeded()).await.expect("finish"));
+    // Billing's failed first attempt (minute 0) and its old record (minute 2), not its waiting retry.
+    assert_eq!(
+        store.prune(Duration::from_secs(3600), 10, &billing).await.expect("prune"),
+        2,
+        "billing's ended records"
+    );
+    let gone = solocron_core::HistoryQuery { limit: solocron_core::RECORDS_PAGE_MAX, ..Default::default() };
+    let left = store.history(&gone).await.expect("history");
+    assert_eq!(left.iter().filter(|r| r.id.tick.job.starts_with("gone/")).count(), 1500, "gone's stay");
+    assert!(!left.iter().any(|r| r.id == old.run));
+}

@@ -662,15 +662,20 @@ function errorBox(e) {
 // Jobs.
 
 function jobsView(params) {
-  const st = { search: params.get('search') || '', state: params.get('state') || '', pg: newPager('Previous', 'Next') };
+  const st = { search: params.get('search') || '', state: params.get('state') || '', namespace: params.get('namespace') || '',
+    pg: newPager('Previous', 'Next') };
   const body = h('div', { class: 'sheet' });
+  // The namespace filter appears once there is a choice; rebuilt only when the list changes
+  // (live refreshes must not take the focus away from it).
+  const nsBox = h('span', { class: 'ns-box' });
+  let nsShown = null;
   const count = h('span', { class: 'count muted', id: 'jobs-count' });
   const search = h('input', { type: 'search', id: 'job-search', placeholder: 'Search jobs by name', value: st.search,
     autocomplete: 'off', spellcheck: 'false', 'aria-keyshortcuts': '/' });
   const pagerBox = h('div', { class: 'pager-box' });
   const changed = () => {
     st.pg = newPager('Previous', 'Next');
-    replaceHash(`#/jobs${qs({ search: st.search, state: st.state })}`);
+    replaceHash(`#/jobs${qs({ search: st.search, state: st.state, namespace: st.namespace })}`);
     body.classList.add('loading');
     refresh();
   };
@@ -686,17 +691,25 @@ function jobsView(params) {
     h('form', { class: 'toolbar', role: 'search', onsubmit: (e) => { e.preventDefault(); st.search = search.value.trim(); changed(); } },
       h('label', { for: 'job-search', class: 'sr-only' }, 'Search jobs by name'), search,
       select('job-state', 'Show jobs in state', JOB_FILTERS, st.state, (v) => { st.state = v; changed(); }),
-      legend()),
+      nsBox, legend()),
     body, pagerBox);
   return {
     el, section: 'jobs', title: 'Jobs',
-    load: (signal) => api(`/jobs${qs({ search: st.search, state: st.state, cursor: st.pg.cursor, limit: JOBS_PAGE })}`, { signal }),
+    load: (signal) => api(`/jobs${qs({ search: st.search, state: st.state, namespace: st.namespace, cursor: st.pg.cursor, limit: JOBS_PAGE })}`, { signal }),
     render(page) {
       body.classList.remove('loading');
+      const namespaces = page.namespaces || [];
+      if (namespaces.join('\n') !== nsShown) {
+        nsShown = namespaces.join('\n');
+        const options = [['', 'All namespaces'], ...namespaces.map((n) => [n, n])];
+        swap(nsBox, namespaces.length > 1 || st.namespace
+          ? select('job-namespace', 'Show jobs of namespace', options, st.namespace, (v) => { st.namespace = v; changed(); })
+          : null);
+      }
       st.pg.next = page.next_cursor || null;
       const first = st.pg.stack.length * JOBS_PAGE;
       const info = page.total ? `${first + 1}–${first + page.jobs.length} of ${page.total.toLocaleString('en')}` : '';
-      count.textContent = `${page.total.toLocaleString('en')} ${page.total === 1 ? 'job' : 'jobs'}${st.search || st.state ? ' match' : ''}`;
+      count.textContent = `${page.total.toLocaleString('en')} ${page.total === 1 ? 'job' : 'jobs'}${st.search || st.state || st.namespace ? ' match' : ''}`;
       swap(body, jobsTable(page.jobs, st));
       swap(pagerBox, page.total > JOBS_PAGE ? pager(st.pg, 'Job pages', info, () => refresh()) : null);
     },
@@ -711,7 +724,7 @@ function legend() {
 
 function jobsTable(jobs, st) {
   if (!jobs.length) {
-    return h('p', { class: 'empty' }, st.search || st.state ? 'No job matches this search.' : 'No jobs yet: no node registered any, and the configuration read here declares none.');
+    return h('p', { class: 'empty' }, st.search || st.state || st.namespace ? 'No job matches this search.' : 'No jobs yet: no node registered any, and the configuration read here declares none.');
   }
   const rows = jobs.map((j) => h('tr', { 'data-job': j.name },
     h('th', { scope: 'row', class: 'job' }, h('a', { class: 'job-name', href: jobHref(j.name), 'data-key': `job:${j.name}` }, j.name),
