@@ -267,6 +267,21 @@ step('filtering by namespace lists that namespace\'s jobs only, and the filter i
   assert.equal(await page.textContent('#jobs-count'), '1 job match');
   await page.click('a[data-key="job:billing/invoices"]');
   await until('the job page of billing/invoices', async () => (await page.textContent('h1')).includes('billing/invoices'));
+  // A run of billing's job, among the other namespace's many: the runs view keeps to billing.
+  await api(`/api/v1/jobs/${encodeURIComponent('billing/invoices')}/trigger`, { method: 'POST', body: { reason: 'e2e: namespaces' } });
+  await go('#/runs?namespace=billing');
+  assert.equal(await page.inputValue('#runs-namespace'), 'billing');
+  const runJobs = () => page.locator('.view.runs tbody tr td:first-child').evaluateAll((cs) => cs.map((c) => c.textContent));
+  await until('billing\'s run, alone', async () => {
+    const jobs = await runJobs();
+    return jobs.length > 0 && jobs.every((j) => j === 'billing/invoices');
+  });
+  await page.fill('#runs-namespace', 'default');
+  await page.press('#runs-namespace', 'Enter');
+  await until('default\'s runs, without billing\'s', async () => {
+    const jobs = await runJobs();
+    return jobs.length > 0 && jobs.every((j) => !j.includes('/'));
+  });
   await go('#/jobs');
   await until('every job again', async () => (await page.textContent('#jobs-count')) === '67 jobs');
 });

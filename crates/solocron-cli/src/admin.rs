@@ -420,6 +420,9 @@ pub struct HistoryArgs {
     /// Only this job.
     #[arg(long)]
     job: Option<String>,
+    /// Only the runs of this namespace's jobs.
+    #[arg(long, value_name = "NAME")]
+    namespace: Option<String>,
     /// Only runs in this state (running, succeeded, failed, timed_out, lost, abandoned, skipped, interrupted).
     #[arg(long)]
     state: Option<String>,
@@ -476,7 +479,15 @@ pub async fn history(a: HistoryArgs) -> Result<(), Failure> {
         a.state.as_deref().map(str::parse::<RunState>).transpose().map_err(|e| bad_input(format!("--state: {e}")))?;
     let since = a.since.as_deref().map(|s| instant_arg("--since", s, fleet.now())).transpose()?;
     let until = a.until.as_deref().map(|s| instant_arg("--until", s, fleet.now())).transpose()?;
-    let filter = RunFilter { job: a.job.clone(), state, node: a.node.clone(), since, until, ..RunFilter::default() };
+    let filter = RunFilter {
+        job: a.job.clone(),
+        namespace: a.namespace.clone(),
+        state,
+        node: a.node.clone(),
+        since,
+        until,
+        ..RunFilter::default()
+    };
     let runs = read_runs(store.as_ref(), filter, a.limit as usize).await?;
     match a.format {
         Format::Json => print_json(&json!(runs.iter().map(output::run_json).collect::<Vec<_>>())),

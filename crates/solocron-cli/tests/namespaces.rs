@@ -71,6 +71,12 @@ fn two_applications(store: Option<String>) {
     assert!(billing.as_array().unwrap().iter().all(|j| j["namespace"] == "billing"));
     let every = f.cli_json(&["status", "--format", "json"]);
     assert_eq!(every.as_array().unwrap().len(), 3, "{every:#}");
+    let runs = f.cli_json(&["history", "--namespace", "shipping", "--limit", "10000", "--format", "json"]);
+    let mut jobs: Vec<&str> = runs.as_array().unwrap().iter().map(|r| r["job"].as_str().unwrap()).collect();
+    jobs.dedup();
+    jobs.sort();
+    jobs.dedup();
+    assert_eq!(jobs, ["shipping/long", "shipping/sync"], "shipping's history alone");
 
     // A shipping node comes back and recovers its own run.
     f.start_with("s2", &shipping);

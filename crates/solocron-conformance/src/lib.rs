@@ -188,6 +188,7 @@ macro_rules! conformance_tests {
             expired_lists_only_the_runs_of_the_namespaces_asked,
             pending_requests_lists_only_the_requests_of_the_namespaces_asked,
             prune_deletes_only_the_records_and_requests_of_the_namespaces_asked,
+            history_keeps_to_the_namespace_asked,
             // Schema.
             migrate_is_safe_when_many_nodes_start_at_once,
         );

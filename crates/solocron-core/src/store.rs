@@ -303,6 +303,8 @@ impl RunCounts {
 pub struct HistoryQuery {
     /// Only this job.
     pub job: Option<String>,
+    /// Only jobs of this namespace (see [`crate::namespace_of`]).
+    pub namespace: Option<String>,
     /// Only runs in this state.
     pub state: Option<RunState>,
     /// Only runs claimed by this node.
@@ -371,6 +373,11 @@ pub struct RunRequest {
 }
 
 impl HistoryQuery {
+    /// Whether `job` passes the namespace filter.
+    pub fn in_namespace(&self, job: &str) -> bool {
+        self.namespace.as_deref().is_none_or(|ns| crate::namespace_of(job) == ns)
+    }
+
     /// The number of records to return: `limit`, capped at [`RECORDS_PAGE_MAX`]; 0 means the cap.
     pub fn effective_limit(&self) -> usize {
         match self.limit {

@@ -17,6 +17,8 @@ const RUNS_PAGE_DEFAULT: usize = 50;
 pub struct RunFilter {
     /// Only this job's.
     pub job: Option<String>,
+    /// Only jobs of this namespace.
+    pub namespace: Option<String>,
     /// Only runs in this state.
     pub state: Option<RunState>,
     /// Only runs claimed by this node.
@@ -45,6 +47,9 @@ pub async fn runs_page(store: &dyn Store, filter: &RunFilter) -> Result<RunPage,
         n if n > RUNS_PAGE_MAX => return Err(FleetError::bad("limit", format!("at most {RUNS_PAGE_MAX}"))),
         n => n,
     };
+    if let Some(ns) = &filter.namespace {
+        solocron_core::validate_namespace(ns).map_err(|e| FleetError::bad("namespace", e.to_string()))?;
+    }
     let cursor = filter.cursor.as_deref().map(parse_cursor).transpose()?;
     let until = match (filter.until, cursor) {
         (Some(u), Some(c)) => Some(u.min(c)),
@@ -52,6 +57,7 @@ pub async fn runs_page(store: &dyn Store, filter: &RunFilter) -> Result<RunPage,
     };
     let query = |since, until, limit| HistoryQuery {
         job: filter.job.clone(),
+        namespace: filter.namespace.clone(),
         state: filter.state,
         node: filter.node.clone(),
         since,

@@ -1268,12 +1268,14 @@ function attemptsTable(attempts, current) {
 // The run history of the fleet, the nodes, the audit log.
 
 function runsView(params) {
-  const st = { job: params.get('job') || '', state: params.get('state') || '', node: params.get('node') || '', pg: newPager('Newer', 'Older') };
+  const st = { job: params.get('job') || '', namespace: params.get('namespace') || '', state: params.get('state') || '',
+    node: params.get('node') || '', pg: newPager('Newer', 'Older') };
   const body = h('div', { class: 'sheet' });
   const pagerBox = h('div', { class: 'pager-box' });
+  const filters = () => ({ job: st.job, namespace: st.namespace, state: st.state, node: st.node });
   const changed = () => {
     st.pg = newPager('Newer', 'Older');
-    replaceHash(`#/runs${qs({ job: st.job, state: st.state, node: st.node })}`);
+    replaceHash(`#/runs${qs(filters())}`);
     refresh();
   };
   const text = (id, label, key) => {
@@ -1284,12 +1286,13 @@ function runsView(params) {
   const el = h('div', { class: 'view runs' }, h('div', { class: 'head' }, h('h1', null, 'Runs')),
     h('form', { class: 'toolbar', onsubmit: (e) => e.preventDefault() },
       text('runs-job', 'Job (exact name)', 'job'),
+      text('runs-namespace', 'Namespace', 'namespace'),
       select('runs-state', 'Show runs in state', RUN_FILTERS, st.state, (v) => { st.state = v; changed(); }),
       text('runs-node', 'Node', 'node')),
     body, pagerBox);
   return {
     el, section: 'runs', title: 'Runs',
-    load: (signal) => api(`/runs${qs({ job: st.job, state: st.state, node: st.node, cursor: st.pg.cursor, limit: RUNS_PAGE * 2 })}`, { signal }),
+    load: (signal) => api(`/runs${qs({ ...filters(), cursor: st.pg.cursor, limit: RUNS_PAGE * 2 })}`, { signal }),
     render(page) {
       st.pg.next = page.next_cursor || null;
       swap(body, runsTable(page.runs, true));

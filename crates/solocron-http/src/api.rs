@@ -386,6 +386,8 @@ fn wait_seconds(s: f64) -> Result<Duration, Problem> {
 pub struct RunsQuery {
     /// Only this job's runs.
     pub job: Option<String>,
+    /// Only runs of this namespace's jobs.
+    pub namespace: Option<String>,
     /// Only runs in this state.
     pub state: Option<RunStateParam>,
     /// Only runs claimed by this node.
@@ -416,6 +418,7 @@ pub async fn runs(
     }
     let filter = RunFilter {
         job: q.job,
+        namespace: q.namespace,
         state: run_state,
         node: q.node,
         since: q.since,

@@ -112,15 +112,32 @@ where
 /// let mut sql = sqlx::QueryBuilder::<sqlx::Sqlite>::new("SELECT * FROM runs WHERE 1 = 1");
 /// solocron_sql::push_history_filters(&mut sql, &q);
 /// assert_eq!(sql.sql(), "SELECT * FROM runs WHERE 1 = 1 AND job = ? ORDER BY scheduled_at DESC, attempt DESC LIMIT ?");
+/// let q = HistoryQuery { namespace: Some("billing".into()), ..HistoryQuery::default() };
+/// let mut sql = sqlx::QueryBuilder::<sqlx::Sqlite>::new("SELECT * FROM runs WHERE 1 = 1");
+/// solocron_sql::push_history_filters(&mut sql, &q);
+/// assert!(sql.sql().contains(" AND job LIKE ? ESCAPE '!'"));
 /// ```
 pub fn push_history_filters<'a, DB>(sql: &mut QueryBuilder<'a, DB>, query: &'a HistoryQuery)
 where
     DB: Database,
     &'a str: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
     i64: Encode<'a, DB> + Type<DB>,
 {
     if let Some(job) = &query.job {
         sql.push(" AND job = ").push_bind(job.as_str());
+    }
+    match query.namespace.as_deref() {
+        None => {}
+        // A full name in `default` has no `/`; in any other, its namespace and a `/` begin
+        // it. `/` is no LIKE wildcard; `_` (which a namespace may hold) is, hence `!`.
+        Some(solocron_core::DEFAULT_NAMESPACE) => {
+            sql.push(" AND job NOT LIKE '%/%'");
+        }
+        Some(ns) => {
+            let pattern = format!("{}/%", ns.replace('!', "!!").replace('_', "!_").replace('%', "!%"));
+            sql.push(" AND job LIKE ").push_bind(pattern).push(" ESCAPE '!'");
+        }
     }
     if let Some(state) = query.state {
         // A literal, not a parameter: the state is one of a fixed set of plain words, and

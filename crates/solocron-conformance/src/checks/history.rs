@@ -42,6 +42,7 @@ pub async fn history_filters_orders_newest_first_and_limits(f: &impl StoreFactor
         since: at(0),
         until: at(2),
         limit: 5,
+        namespace: None,
     };
     assert_eq!(query(combined).await, [b1]);
     assert_eq!(query(HistoryQuery { limit: 2, ..any() }).await, [s3, s2]);

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use chrono::{DurationRound, TimeDelta};
-use solocron_core::{Namespaces, RunId, Tick};
+use solocron_core::{HistoryQuery, Namespaces, RunId, Tick};
 
 use super::support::{all, ended, failed, first, ids, now, run, tick, timing, won, LONG_LEASE};
 use crate::StoreFactory;
@@ -81,6 +81,32 @@ pub async fn prune_deletes_only_the_records_and_requests_of_the_namespaces_asked
     let pending = store.pending_requests(10, &Namespaces::ALL).await.expect("pending_requests");
     let jobs: Vec<_> = pending.iter().map(|r| r.tick.job.as_str()).collect();
     assert_eq!(jobs, ["backup", "billing/sync"], "only shipping's requests went");
+}
+
+/// History keeps to one namespace when asked: `default`'s bare names, or the full names
+/// that begin with the namespace and a `/` (a namespace's `_` and `-` taken literally).
+pub async fn history_keeps_to_the_namespace_asked(f: &impl StoreFactory) {
+    let store = f.open().await;
+    for job in ["backup", "billing/sync", "billing/a/b", "team_7/x", "teamx7/y", "team-7/z"] {
+        ended(&store, run(tick(job, 0), "n", LONG_LEASE, false)).await;
+    }
+    let jobs = |namespace: &str| {
+        let (store, q) = (store.clone(), HistoryQuery { namespace: Some(namespace.into()), ..HistoryQuery::default() });
+        async move {
+            let mut jobs: Vec<_> =
+                store.history(&q).await.expect("history").into_iter().map(|r| r.id.tick.job).collect();
+            jobs.sort();
+            jobs
+        }
+    };
+    assert_eq!(jobs("default").await, ["backup"]);
+    assert_eq!(jobs("billing").await, ["billing/a/b", "billing/sync"]);
+    assert_eq!(jobs("team_7").await, ["team_7/x"], "`_` is no wildcard");
+    assert_eq!(jobs("team-7").await, ["team-7/z"]);
+    assert!(jobs("bill").await.is_empty(), "a namespace is matched whole");
+    let q =
+        HistoryQuery { namespace: Some("billing".into()), job: Some("billing/sync".into()), ..HistoryQuery::default() };
+    assert_eq!(store.history(&q).await.expect("history").len(), 1);
 }
 
 /// These namespaces.
