@@ -76,8 +76,8 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
             (0, Vec::new())
         }
     };
-    let scheduler = scheduler(&cfg, store.clone(), a.node_id)?;
-    ensure_node_id_free(store.as_ref(), scheduler.node_id()).await?;
+    let mut scheduler = scheduler(&cfg, store.clone(), a.node_id)?;
+    scheduler.claim_node_id().await.map_err(|e| bad_input(format!("{e} (--node-id or [node] id)")))?;
     let _pid_file =
         a.pid_file.as_ref().or(cfg.pid_file.as_ref()).map(|p| crate::reload::PidFile::write(p)).transpose()?;
     let sources = Arc::new(Sources::new(scheduler.jobs(), jobs(&cfg)?, cfg.http.allow_command_jobs));
@@ -98,41 +98,6 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
         let _ = s.await;
     }
     Ok(())
-}
-
-/// How long a node id's heartbeats are watched at start when the id looks alive: past one
-/// heartbeat interval, so a live process shows a newer beat and a dead one (SIGKILLed, then
-/// restarted at once) does not.
-const NODE_ID_WATCH: Duration = Duration::from_secs(solocron_core::HEARTBEAT_EVERY.as_secs() + 2);
-
-/// Refuses to start a second process with the id of a live one: two processes with one id
-/// would hold each other's leases and renew each other's runs. A heartbeat with this id
-/// within the stale window is watched for [`NODE_ID_WATCH`]; a newer one means a live
-/// process. A store that cannot say (no tables yet) does not stop the start.
-async fn ensure_node_id_free(store: &dyn solocron_core::Store, id: &str) -> Result<(), Failure> {
-    let Some(first) = alive_beat(store, id).await else { return Ok(()) };
-    tracing::info!(node = id, "a node with this id sent a heartbeat recently; checking that it is not still running");
-    tokio::time::sleep(NODE_ID_WATCH).await;
-    match alive_beat(store, id).await {
-        Some(later) if later > first => Err(bad_input(format!(
-            "node id `{id}` is in use: another process sends heartbeats with it; give each process its own id \
-             (--node-id or [node] id; the default, hostname-pid, is unique)"
-        ))),
-        _ => Ok(()),
-    }
-}
-
-/// When `id` last sent a heartbeat, if it is alive by the store's clock.
-async fn alive_beat(store: &dyn solocron_core::Store, id: &str) -> Option<chrono::DateTime<chrono::Utc>> {
-    let (nodes, now) = match (store.nodes().await, store.now().await) {
-        (Ok(nodes), Ok(now)) => (nodes, now),
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::debug!(error = %e, "cannot read the nodes to check this node's id");
-            return None;
-        }
-    };
-    let alive = |n: &&solocron_core::NodeRecord| n.liveness(now) == solocron_core::Liveness::Alive;
-    nodes.iter().filter(alive).find(|n| n.beat.node == id).map(|n| n.last_seen)
 }
 
 /// Longest wait between two tries to reach a store that was unreachable at start.

@@ -19,7 +19,7 @@ use crate::codec::{
 };
 use crate::etcd::{get, now_ms, range, range_all, read, single, txn, TXN_OPS_MAX};
 use crate::fleet::{action_key, put_action, trim, Action};
-use crate::keys::{key_served, prefix_end};
+use crate::keys::{key_in_history, key_served, prefix_end};
 use crate::runs::running_records;
 use crate::EtcdStore;
 
@@ -51,8 +51,14 @@ pub(crate) fn now() -> DateTime<Utc> {
     Utc::now()
 }
 
-/// Run records, newest first (see [`solocron_core::Store::history`]).
+/// Run records, newest first (see [`solocron_core::Store::history`]). Records of another
+/// namespace than the one asked for are passed over by their keys, undecoded, but read and
+/// counted against [`HISTORY_SCAN_MAX`] like other jobs' records.
 pub(crate) async fn history(store: &EtcdStore, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
+    if query.job.as_deref().is_some_and(|job| !query.in_namespace(job)) {
+        // No record of the job is of the namespace asked for: nothing to read.
+        return Ok(Vec::new());
+    }
     let limit = match query.limit {
         0 => RECORDS_PAGE_MAX,
         n => n.min(RECORDS_PAGE_MAX),
@@ -70,7 +76,7 @@ pub(crate) async fn history(store: &EtcdStore, query: &HistoryQuery) -> Result<V
         let mut resp = range(&store.client, "a history read", &start, options).await?;
         at_revision = resp.header().map_or(0, |h| h.revision());
         let kvs = resp.take_kvs();
-        for kv in &kvs {
+        for kv in kvs.iter().filter(|kv| key_in_history(query, kv.key())) {
             let record = decode::<StoredRun>(kv.value(), "run record")?.to_record()?;
             if matches(&record, query) && out.len() < limit {
                 out.push(record);
@@ -82,7 +88,13 @@ pub(crate) async fn history(store: &EtcdStore, query: &HistoryQuery) -> Result<V
             _ => break,
         }
         if scanned >= HISTORY_SCAN_MAX {
-            tracing::warn!(scanned, found = out.len(), "history scan stopped at its bound; narrow the time window");
+            let namespace = query.namespace.as_deref();
+            tracing::warn!(
+                scanned,
+                found = out.len(),
+                namespace,
+                "history scan stopped at its bound; narrow the time window"
+            );
             break;
         }
     }
@@ -92,6 +104,7 @@ pub(crate) async fn history(store: &EtcdStore, query: &HistoryQuery) -> Result<V
 /// Whether a record passes the query's filters.
 fn matches(r: &RunRecord, q: &HistoryQuery) -> bool {
     q.job.as_ref().is_none_or(|j| *j == r.id.tick.job)
+        && q.in_namespace(&r.id.tick.job)
         && q.state.is_none_or(|s| s == r.state)
         && q.node.as_ref().is_none_or(|n| *n == r.node)
         && q.since.is_none_or(|t| r.id.tick.scheduled_at >= t)
@@ -108,7 +121,8 @@ async fn running_history(store: &EtcdStore, query: &HistoryQuery, limit: usize) 
         }
     };
     let mut ids = Vec::new();
-    for kv in guards {
+    // Other namespaces' guards are passed over by their keys, undecoded.
+    for kv in guards.into_iter().filter(|kv| key_in_history(query, kv.key())) {
         ids.extend(decode::<Guard>(kv.value(), "job guard")?.running_ids()?);
     }
     let mut records: Vec<RunRecord> =

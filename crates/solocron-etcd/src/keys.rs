@@ -23,7 +23,7 @@
 //! whole range before truncating. `{job}` and `{node}` are escaped (`%` and `/`), so that a
 //! name can never reach into another key's range.
 
-use solocron_core::{Namespaces, RunId};
+use solocron_core::{HistoryQuery, Namespaces, RunId};
 
 #[cfg(test)]
 use crate::StoreError;
@@ -63,6 +63,13 @@ pub(crate) fn job_of_key(key: &[u8]) -> Option<String> {
 /// for every namespace, without being read; an unreadable one is in none of a list.
 pub(crate) fn key_served(namespaces: &Namespaces, key: &[u8]) -> bool {
     namespaces.names().is_none() || job_of_key(key).is_some_and(|job| namespaces.serves(&job))
+}
+
+/// Whether `key` (read as [`job_of_key`] reads it) is of a job in the namespace `query`
+/// asks for (see [`HistoryQuery::in_namespace`]). Every key is when it asks for none,
+/// without being read; an unreadable one is in no namespace asked for.
+pub(crate) fn key_in_history(query: &HistoryQuery, key: &[u8]) -> bool {
+    query.namespace.is_none() || job_of_key(key).is_some_and(|job| query.in_namespace(&job))
 }
 
 /// An instant (ms since the epoch, possibly negative) as 20 digits that sort like the instant.
@@ -336,6 +343,22 @@ mod tests {
         assert!(!key_served(&billing, keys.run(&run("backup", "2020-01-01T00:00:00Z", 1)).as_bytes()));
         assert!(!key_served(&billing, b"/p/run/\xff"));
         assert!(key_served(&Namespaces::ALL, b"/p/run/\xff"));
+    }
+
+    #[test]
+    fn a_history_query_keeps_the_keys_of_its_namespace() {
+        let keys = Keys::new("/p/");
+        let key = |job: &str| keys.run(&run(job, "2020-01-01T00:00:00Z", 1));
+        let asking = |ns: Option<&str>| HistoryQuery { namespace: ns.map(str::to_owned), ..HistoryQuery::default() };
+        let (billing, default) = (asking(Some("billing")), asking(Some("default")));
+        assert!(key_in_history(&billing, key("billing/a/b").as_bytes()));
+        assert!(
+            !key_in_history(&billing, key("bill/x").as_bytes()) && !key_in_history(&billing, key("billing").as_bytes())
+        );
+        assert!(key_in_history(&default, key("billing").as_bytes()));
+        assert!(!key_in_history(&default, key("billing/x").as_bytes()));
+        assert!(!key_in_history(&billing, b"/p/run/\xff"));
+        assert!(key_in_history(&asking(None), b"/p/run/\xff"));
     }
 
     #[test]

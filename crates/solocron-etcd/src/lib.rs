@@ -146,8 +146,8 @@
 //!   a read of their keys and deletes of theirs); old actions and silent nodes.
 //! - history: filters are applied here over pages of 500 records read newest first in
 //!   key order, within the `since`/`until` window, at one revision; at most
-//!   [`HISTORY_SCAN_MAX`] records are read per call. Queries for `running` runs read the
-//!   job guards instead.
+//!   [`HISTORY_SCAN_MAX`] records are read per call, other namespaces' counted like other
+//!   jobs'. Queries for `running` runs read the job guards instead.
 //! - register: one read of the node's registrations (pages of 500), then one `Txn` per
 //!   [`TXN_OPS_MAX`] writes (see below).
 //!
@@ -163,6 +163,9 @@
 //! are found); prune's scan of the old records stops at [`PRUNE_SCAN_MAX`] keys, so another
 //! namespace's old records beyond that many, which only its own nodes prune, can leave this
 //! namespace's older ones unpruned until those are gone (a warning says so).
+//! [`Store::history`] asked for one namespace passes over other namespaces' records (or
+//! guards) by their keys too, without decoding them, but reads them: they count against
+//! [`HISTORY_SCAN_MAX`] as other jobs' records do.
 //!
 //! ## Registrations
 //!

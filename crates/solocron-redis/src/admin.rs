@@ -25,8 +25,14 @@ const HISTORY_EXAMINED_MAX: usize = 50_000;
 /// How many successive milliseconds [`request_run`] tries before giving up.
 const REQUEST_SLOTS_MAX: usize = 100;
 
-/// Run records, newest first (see [`solocron_core::Store::history`]).
+/// Run records, newest first (see [`solocron_core::Store::history`]). A namespace asked
+/// for goes last, as the one name `namespaces_from` in `lua/prelude.lua` reads (not as a
+/// [`Namespaces`]: a name no namespace may have is asked for as it is, and matches nothing).
 pub(crate) async fn history(store: &RedisStore, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
+    if query.job.as_deref().is_some_and(|job| !query.in_namespace(job)) {
+        // The job's history holds no record of another namespace: nothing to examine.
+        return Ok(Vec::new());
+    }
     let limit = match query.limit {
         0 => RECORDS_PAGE_MAX,
         n => n.min(RECORDS_PAGE_MAX),
@@ -39,12 +45,16 @@ pub(crate) async fn history(store: &RedisStore, query: &HistoryQuery) -> Result<
         .arg(optional(query.until.map(|t| t.timestamp_millis())))
         .arg(limit)
         .arg(HISTORY_EXAMINED_MAX);
+    if let Some(namespace) = &query.namespace {
+        call.arg(namespace.as_str());
+    }
     let (bounded, records): (i64, Value) = convert(store.run(&call, "history").await?, "history reply")?;
     let records = decode::each(records, "history", decode::record)?.into_iter().collect::<Result<Vec<_>, _>>()?;
     if bounded == 1 {
         tracing::warn!(
             examined = HISTORY_EXAMINED_MAX,
             found = records.len(),
+            namespace = query.namespace.as_deref(),
             "history query stopped after examining its most records; older matches are not listed"
         );
     }

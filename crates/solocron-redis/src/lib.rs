@@ -123,10 +123,10 @@
 //!
 //! Claim, renew, finish (for a retry too), recover, request and pause touch a handful of keys per run:
 //! `O(log n)` each. [`Store::history`] walks the job's (or all jobs') history newest first
-//! from the `until` bound: without a state or node filter it reads exactly the records it
-//! returns; with one it examines records one by one, at most 50 000 per call (about 0.1 s
-//! of Redis time), and returns the matches found among them (a warning is logged when it
-//! stops there). [`Store::prune`] deletes at most a batch of records per call, plus at most
+//! from the `until` bound: without a state, node or namespace filter it reads exactly the
+//! records it returns; with one it examines records one by one (another namespace's by
+//! their ids alone), at most 50 000 per call (about 0.1 s of Redis time), and returns the
+//! matches found among them (a warning is logged when it stops there). [`Store::prune`] deletes at most a batch of records per call, plus at most
 //! [`PRUNE_BATCH_MAX`](solocron_core::PRUNE_BATCH_MAX) old requests, stale registrations, old actions and silent nodes; it also removes registrations
 //! not refreshed within the retention (Redis keeps everything in memory, so the registry of
 //! long-gone nodes is not kept forever as in the SQL stores). The audit log keeps at most
@@ -144,6 +144,9 @@
 //! and walks its sorted set oldest first, a page of ranks at a time, until it has `limit`
 //! entries of those namespaces: other namespaces' entries take no place in the limit. For
 //! every namespace it reads exactly the entries it returns, as before namespaces.
+//! [`Store::history`] asked for one namespace reads the namespace of each record it
+//! examines from its id the same way, and counts other namespaces' records against its own
+//! bound of examined records (see "Cost"), as it does other jobs' records.
 //!
 //! One call examines at most [`SCAN_EXAMINED_MAX`] entries of each set it scans (some
 //! 50 ms of Redis time for the ids alone). An application whose nodes are all gone leaves expired runs and

@@ -46,7 +46,7 @@ pub use job::{
 };
 pub use jobset::{JobChanges, Jobs};
 pub use lead::{CLAIM_AHEAD, CLAIM_AHEAD_MAX};
-pub use scheduler::{BuildError, Scheduler, SchedulerBuilder, SystemClock};
+pub use scheduler::{BuildError, NodeIdInUse, Scheduler, SchedulerBuilder, SystemClock, NODE_ID_WATCH};
 pub use solocron_core as core;
 pub use solocron_core::{JobPolicy, Misfire, OnCrash, Overlap, Prefix, Schedule, Store, StoreError};
 /// The HTTP API, Prometheus metrics and web console as an axum router, to mount next to a

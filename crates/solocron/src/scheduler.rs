@@ -207,6 +207,7 @@ impl SchedulerBuilder {
             self.recovery_interval.unwrap_or(default_interval).clamp(RECOVERY_INTERVAL_MIN, RECOVERY_INTERVAL_MAX);
         Ok(Scheduler {
             migrate: self.migrate,
+            id_checked: false,
             engine: Arc::new(Engine::new(Parts {
                 store: self.store,
                 node: self.node_id,
@@ -244,7 +245,20 @@ pub struct Scheduler {
     engine: Arc<Engine>,
     /// `run` migrates the store first.
     migrate: bool,
+    /// [`Scheduler::check_node_id`] found the id free: `run` need not look again.
+    id_checked: bool,
 }
+
+/// Another live process sends heartbeats with this node's id (see
+/// [`Scheduler::check_node_id`]).
+#[derive(Debug, thiserror::Error)]
+#[error("node id `{0}` is in use: another process sends heartbeats with it; give each process its own id (the default, hostname-pid, is unique)")]
+pub struct NodeIdInUse(pub String);
+
+/// How long a node id's heartbeats are watched when the id looks alive: past one heartbeat
+/// interval, so a live process shows a newer beat and a dead one (SIGKILLed, then restarted
+/// at once) does not.
+pub const NODE_ID_WATCH: Duration = Duration::from_secs(solocron_core::HEARTBEAT_EVERY.as_secs() + 2);
 
 impl Scheduler {
     /// Starts building a scheduler over `store`.
@@ -268,6 +282,34 @@ impl Scheduler {
     /// This node's id.
     pub fn node_id(&self) -> &str {
         &self.engine.node
+    }
+
+    /// Refuses this node's id when another live process sends heartbeats with it: two
+    /// processes with one id would hold and renew each other's leases. A heartbeat with
+    /// this id that is alive by the store's clock is watched for [`NODE_ID_WATCH`]; a newer
+    /// one means a live process. A store that cannot say (no tables yet) does not stop the
+    /// start. [`Scheduler::run`] checks this itself (and logs an error and returns when the
+    /// id is in use) unless it was called first and found the id free.
+    pub async fn check_node_id(&self) -> Result<(), NodeIdInUse> {
+        let (store, id) = (self.engine.store.as_ref(), self.engine.node.as_str());
+        let Some(first) = alive_beat(store, id).await else { return Ok(()) };
+        tracing::info!(
+            node = id,
+            "a node with this id sent a heartbeat recently; checking that it is not still running"
+        );
+        tokio::time::sleep(NODE_ID_WATCH).await;
+        match alive_beat(store, id).await {
+            Some(later) if later > first => Err(NodeIdInUse(id.to_owned())),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`Scheduler::check_node_id`], remembered: a later [`Scheduler::run`] does not look
+    /// again.
+    pub async fn claim_node_id(&mut self) -> Result<(), NodeIdInUse> {
+        self.check_node_id().await?;
+        self.id_checked = true;
+        Ok(())
     }
 
     /// The job list, to replace while the scheduler runs (a configuration reloaded, jobs
@@ -325,10 +367,16 @@ impl Scheduler {
     /// shutdown grace to finish, then are stopped; every run's end is recorded. The node
     /// sends heartbeats until it has drained, then says goodbye.
     pub async fn run(self, shutdown: CancellationToken) {
-        let e = self.engine;
+        let e = self.engine.clone();
         tracing::info!(node = %e.node, store = %e.store.describe(), jobs = e.jobs.get().len(), "scheduler starting");
         if self.migrate && !migrate(&e, &shutdown).await {
             return;
+        }
+        if !self.id_checked {
+            if let Err(err) = self.check_node_id().await {
+                tracing::error!(error = %err, "not starting: two processes with one id would renew each other's leases");
+                return;
+            }
         }
         // Beats go on while draining (the node still holds runs), so they stop on their own token.
         let beats_stop = CancellationToken::new();
@@ -352,6 +400,19 @@ impl Scheduler {
         let _ = beats.await;
         housekeeping::goodbye(&e).await;
     }
+}
+
+/// When `id` last sent a heartbeat, if it is alive by the store's clock.
+async fn alive_beat(store: &dyn Store, id: &str) -> Option<DateTime<Utc>> {
+    let (nodes, now) = match (store.nodes().await, store.now().await) {
+        (Ok(nodes), Ok(now)) => (nodes, now),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::debug!(error = %e, "cannot read the nodes to check this node's id");
+            return None;
+        }
+    };
+    let alive = |n: &&solocron_core::NodeRecord| n.liveness(now) == solocron_core::Liveness::Alive;
+    nodes.iter().filter(alive).find(|n| n.beat.node == id).map(|n| n.last_seen)
 }
 
 fn default_node_id() -> String {

@@ -945,3 +945,58 @@ async fn a_tick_whose_claim_answer_was_lost_still_runs_once() {
         "the start is recorded when it happened, at the tick's instant, not before: {run:?}"
     );
 }
+
+/// A second scheduler with the id of a live one refuses to run (two processes with one id
+/// would renew each other's leases): `check_node_id` says so after watching the id's beats,
+/// and `run` returns without claiming anything. Once the first said goodbye, the id is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduler_with_the_id_of_a_live_one_refuses_to_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir).await;
+    let (seen_a, seen_b): (Seen, Seen) = (Arc::default(), Arc::default());
+    let node = |seen: Seen| {
+        let job = recording_job("every-second", "* * * * * *", seen, JobPolicy::default());
+        Scheduler::builder(st.clone()).node_id("same").job(job).build().unwrap()
+    };
+    let first_stop = CancellationToken::new();
+    let first = tokio::spawn(node(seen_a.clone()).run(first_stop.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let second = node(seen_b.clone());
+    let refused = second.check_node_id().await.expect_err("the id is in use");
+    assert!(refused.to_string().starts_with("node id `same` is in use"), "{refused}");
+    let ran =
+        tokio::time::timeout(solocron::NODE_ID_WATCH + Duration::from_secs(5), second.run(CancellationToken::new()));
+    ran.await.expect("run returns at once when the id is in use");
+    assert!(seen_b.lock().unwrap().is_empty(), "the refused scheduler ran nothing");
+    assert!(!seen_a.lock().unwrap().is_empty(), "the first ran on");
+
+    first_stop.cancel();
+    first.await.unwrap();
+    assert!(node(seen_b).check_node_id().await.is_ok(), "free once its holder said goodbye");
+}
+
+/// A node serves its namespaces only: a job of another is refused by the builder, naming
+/// both; a job of a served namespace is accepted by its full name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_builder_refuses_a_job_of_a_namespace_the_node_does_not_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(&dir).await;
+    let seen: Seen = Arc::default();
+    let job = |name: &str| recording_job(name, "* * * * * *", seen.clone(), JobPolicy::default());
+    let err = Scheduler::builder(store.clone()).job(job("billing/sync")).build().err().expect("refused");
+    assert_eq!(
+        err.to_string(),
+        "job `billing/sync` is in namespace `billing`, which this node does not serve (it serves default); add `billing` to the node's namespaces"
+    );
+    let built = Scheduler::builder(store.clone())
+        .namespaces(["billing", "default"])
+        .job(job("billing/sync"))
+        .job(job("backup"));
+    let scheduler = built.build().expect("served");
+    assert_eq!(scheduler.jobs().namespaces().names().unwrap(), ["billing", "default"]);
+    let err = scheduler.jobs().replace(vec![job("shipping/x")]).expect_err("a reload keeps to the namespaces too");
+    assert!(matches!(err, solocron::BuildError::Namespace { .. }), "{err}");
+    let err = Scheduler::builder(store).namespaces(["Billing"]).build().err().expect("a bad namespace");
+    assert!(err.to_string().starts_with("the node's namespaces: `Billing` is not a namespace name"), "{err}");
+}
