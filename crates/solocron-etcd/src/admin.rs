@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
@@ -44,12 +43,6 @@ pub const HISTORY_SCAN_MAX: usize = 100_000;
 
 /// How many successive milliseconds [`request_run`] tries.
 const REQUEST_SLOTS_MAX: usize = 100;
-
-/// The client's clock: etcd has none to offer (see the crate docs). Nothing that decides
-/// who holds a run depends on it.
-pub(crate) fn now() -> DateTime<Utc> {
-    Utc::now()
-}
 
 /// Run records, newest first (see [`solocron_core::Store::history`]). Records of another
 /// namespace than the one asked for are passed over by their keys, undecoded, but read and

@@ -17,10 +17,12 @@ pub const TXN_OPS_MAX: usize = 128;
 /// 5 s store-call timeout so that a slow cluster surfaces as "unavailable" from here.
 pub(crate) const CALL_TIMEOUT: Duration = Duration::from_millis(4500);
 
-/// The client's clock, in milliseconds since the epoch. etcd has no clock API: this is
-/// the best "now" available, used for informational instants only (see the crate docs).
+/// The fleet's clock, in milliseconds since the epoch: this process's clock plus the
+/// median offset of the fleet's clocks as last heard (`clock.rs`; zero until then). etcd
+/// has no clock API: this is what every instant this store records, and
+/// [`solocron_core::Store::now`], read. Nothing that decides who holds a run depends on it.
 pub(crate) fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
+    crate::clock::process_now_ms() + crate::clock::fleet_offset_ms()
 }
 
 /// How many more times a call that never reached a member is sent again. The client

@@ -60,10 +60,14 @@
 //!
 //! ## What etcd lacks: a clock
 //!
-//! etcd has no time API. Instants recorded for information (`claimed_at`, `finished_at`,
-//! `lease_until`, registrations' `first_seen`/`last_seen`, pause switches' and managed
-//! jobs' `changed_at`, manual request ticks, nodes' heartbeats, actions' instants) and
-//! [`Store::now`] come from **this process's clock**, and prune's cutoff too.
+//! etcd has no time API. [`Store::now`], which schedules follow, is **the fleet's clock**:
+//! this process's clock plus the median offset of the clocks of every process using the
+//! prefix, which they tell each other through two watched keys (`clock.rs`), so a node
+//! whose clock is off among three or more runs no tick early or late. Instants recorded for
+//! information (`claimed_at`, `finished_at`, `lease_until`, registrations'
+//! `first_seen`/`last_seen`, pause switches' and managed jobs' `changed_at`, manual request
+//! ticks, nodes' heartbeats, actions' instants) come from **this process's clock**, and
+//! prune's cutoff too.
 //! `lease_until` is an estimate: this clock just before the lease was granted or kept
 //! alive, plus the length, so it ends no later than etcd's TTL (which starts when etcd
 //! receives the request and is the length rounded up); a claim that reuses a keep-alive
@@ -240,7 +244,8 @@
 //! - `leases.rs`: the node's shared etcd leases that claims attach runs to.
 //! - `runs.rs`: a held run's life: renew, finish, expired, recover, unlock.
 //! - `retry.rs`: failure retries: finish for a retry; start or drop a due waiting retry.
-//! - `admin.rs`: history, now, registry, pause switches, manual requests, prune.
+//! - `admin.rs`: history, registry, pause switches, manual requests, prune.
+//! - `clock.rs`: the fleet's clock (the median of the processes' clocks), [`Store::now`].
 //! - `fleet.rs`: node heartbeats (one `Txn`, no read) and the audit log (an action is one
 //!   more put in the `Txn` of the step it records; at most [`ACTIONS_KEPT_MAX`] are kept).
 //! - `managed.rs`: managed jobs and their revisions.
@@ -254,6 +259,7 @@
 
 mod admin;
 mod claim;
+mod clock;
 mod codec;
 mod error;
 mod etcd;
@@ -323,6 +329,8 @@ pub struct EtcdStore {
     shared: Mutex<HashMap<i64, leases::SharedLease>>,
     /// Jobs' guards and switches as last seen: lets a short claim skip its read.
     known: claim::Known,
+    /// The fleet's clock, which [`Store::now`] answers (etcd has none).
+    clock: clock::FleetClock,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -360,6 +368,7 @@ impl EtcdStore {
             held: Mutex::new(HashMap::new()),
             shared: Mutex::new(HashMap::new()),
             known: claim::Known::default(),
+            clock: clock::FleetClock::new(),
         };
         // The client connects lazily: one linearizable read proves a member answers and the
         // cluster has a leader.
@@ -438,7 +447,7 @@ impl Store for EtcdStore {
     /// The client's clock: etcd has none to offer (see the crate docs). Nothing that decides
     /// who holds a run depends on it.
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        Ok(admin::now())
+        Ok(self.clock.now(&self.client, &self.keys).await)
     }
 
     async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {

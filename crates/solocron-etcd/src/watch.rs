@@ -40,7 +40,7 @@ impl EtcdRequestWatch {
 }
 
 /// Waits for etcd to confirm the watch just asked for on `stream`.
-async fn created(stream: &mut WatchStream) -> Result<(), etcd_client::Error> {
+pub(crate) async fn created(stream: &mut WatchStream) -> Result<(), etcd_client::Error> {
     loop {
         match stream.message().await? {
             Some(resp) if resp.created() && !resp.canceled() => return Ok(()),

@@ -133,17 +133,25 @@ pub(crate) async fn registrations_of(store: &PgStore, jobs: &[String]) -> Result
     rows.iter().map(registration).collect()
 }
 
-/// Every registered job's name, once (an index-only walk of the primary key), as one
-/// text of names a line each: a row per name cost the driver ~2 µs each, most of the read
-/// at 10,000 jobs. A job name holds no line break (`solocron_core::validate_job_name`).
+/// Every registered job's name, once, as one text of names a line each (a row per name
+/// cost the driver ~2 µs each, most of the read at 10,000 jobs), sorted here by bytes, as
+/// `str` orders them (the trait's default order, whatever the database's collation). A
+/// job name holds no line break (`solocron_core::validate_job_name`).
 pub(crate) async fn registered_jobs(store: &PgStore) -> Result<Vec<String>, StoreError> {
-    let names: Option<String> = sqlx::query_scalar(
-        &store.sql("SELECT string_agg(job, E'\\n' ORDER BY job) FROM (SELECT DISTINCT job FROM {p}registry) j"),
-    )
-    .fetch_one(&store.pool)
-    .await
-    .map_err(step("registrations"))?;
-    Ok(names.map_or_else(Vec::new, |n| n.split('\n').map(str::to_owned).collect()))
+    // No ORDER BY: an ordered aggregate sorts its input itself (PostgreSQL before 16 never
+    // takes it presorted), by the collation's rules. At 10,000 jobs of 3 nodes that sort
+    // was half the statement (~4 of 8 ms, vacuumed or not), where sorting here costs
+    // ~0.4 ms. The DISTINCT needs no sort either: a hash of the rows, or a walk of the
+    // primary key where the planner prefers it.
+    let names: Option<String> =
+        sqlx::query_scalar(&store.sql("SELECT string_agg(job, E'\\n') FROM (SELECT DISTINCT job FROM {p}registry) j"))
+            .fetch_one(&store.pool)
+            .await
+            .map_err(step("registrations"))?;
+    let Some(names) = names else { return Ok(Vec::new()) };
+    let mut sorted: Vec<&str> = names.split('\n').collect();
+    sorted.sort_unstable();
+    Ok(sorted.into_iter().map(str::to_owned).collect())
 }
 
 /// Upserts the job's switch (left as it is by a pause of a paused job without a reason)

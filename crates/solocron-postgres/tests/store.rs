@@ -721,6 +721,37 @@ async fn the_removal_of_unlisted_jobs_reads_the_registry_by_node() {
     pool.close().await;
 }
 
+/// `registered_jobs` answers each name once and sorted by bytes, as `str` orders them
+/// (`Z` before `a`, `job-10` before `job-9`), whatever the database's collation: the
+/// statement hashes the names and sorts nothing, so the order is the store's own work.
+#[tokio::test]
+async fn the_registered_names_come_once_each_in_byte_order() {
+    let Some(ns) = Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let definition = |job: &str| JobDefinition {
+        job: job.into(),
+        schedule: "0 * * * * *".into(),
+        timezone: "UTC".into(),
+        definition_hash: "h".into(),
+        summary: "s".into(),
+    };
+    let names: Vec<String> = (0..300)
+        .map(|j| format!("job-{j}"))
+        .chain(["Zeta", "alpha", "billing/sync", "émile"].map(String::from))
+        .collect();
+    for (node, skip) in [("node-a", 2), ("node-b", 3), ("node-c", 1)] {
+        let jobs: Vec<JobDefinition> = names.iter().step_by(skip).map(|j| definition(j)).collect();
+        store.register(node, &jobs).await.unwrap();
+    }
+    let mut expected = names.clone();
+    expected.sort_unstable();
+    assert_eq!(store.registered_jobs().await.unwrap(), expected);
+    store.register("node-c", &[]).await.unwrap();
+    let left = store.registered_jobs().await.unwrap();
+    assert!(left.windows(2).all(|w| w[0] < w[1]), "sorted, each once");
+    assert_eq!(left.len(), names.iter().enumerate().filter(|(i, _)| i % 2 == 0 || i % 3 == 0).count());
+}
+
 /// A schema of version 8 (before the registry's index by node) is brought to the current
 /// version by `migrate`, which creates that index.
 #[tokio::test]

@@ -29,6 +29,8 @@ const SAMPLES_KEPT: usize = 8;
 pub(crate) const SAMPLES_AT_START: usize = 3;
 /// Added to every sample's error: the coarsest clock a store reports (milliseconds).
 const STORE_CLOCK_RESOLUTION: Duration = Duration::from_millis(1);
+/// Samples whose errors differ by no more than this are equally good: the newest counts.
+const ERROR_TIE: Duration = Duration::from_micros(100);
 /// An offset past this is logged once as a warning: the node's clock wants fixing.
 const OFFSET_WARN: Duration = Duration::from_secs(1);
 
@@ -94,7 +96,10 @@ impl StoreClock {
             if samples.len() > SAMPLES_KEPT {
                 samples.pop_front();
             }
-            *samples.iter().min_by_key(|s| s.error).expect("one was just added")
+            let least = samples.iter().map(|s| s.error).min().expect("one was just added");
+            // The newest of the (nearly) best: a store whose clock is the fleet's median
+            // (etcd) answers every sample with the same small error, and its median moves.
+            *samples.iter().rev().find(|s| s.error <= least + ERROR_TIE).expect("the least is there")
         };
         let error = chrono::Duration::from_std(best.error).unwrap_or(chrono::Duration::MAX);
         let correction = (best.offset - error).num_microseconds().unwrap_or(i64::MAX);
@@ -138,6 +143,15 @@ mod tests {
         assert_eq!(clock.now(&At(at)), at - chrono::Duration::milliseconds(2003), "a worse sample changes nothing");
         clock.add(sample(-1999, 1));
         assert_eq!(clock.now(&At(at)), at - chrono::Duration::milliseconds(2000), "a better one wins");
+    }
+
+    #[test]
+    fn of_equally_good_samples_the_newest_counts() {
+        let clock = StoreClock::default();
+        clock.add(sample(0, 1));
+        clock.add(sample(-2000, 1));
+        let at = DateTime::from_timestamp(1_000_000, 0).expect("in range");
+        assert_eq!(clock.now(&At(at)), at - chrono::Duration::milliseconds(2001), "the median moved: followed");
     }
 
     #[test]
