@@ -295,6 +295,53 @@ stale_after = "2s"
     assert!(stale[0]["text"].as_str().unwrap().contains("no success for 2.0s"), "{:?}", stale[0]);
 }
 
+/// A run stopped at its timeout is alerted `timed_out`, once, with the reason, from the
+/// node that ran it; a failure the rule does not name is not.
+#[test]
+fn a_timed_out_run_is_alerted_once() {
+    let jobs = r#"
+[[jobs]]
+name = "slow"
+schedule = "*/4 * * * * *"
+timeout = "1s"
+kill_grace = "200ms"
+lease = "2s"
+command = ["/bin/sleep", "10"]
+
+[[jobs]]
+name = "fails"
+schedule = "*/4 * * * * *"
+command = ["/bin/false"]
+
+[[alerts]]
+on = ["timed_out"]
+command = ["/bin/sh", "-c", "printf '%s\n' \"$SOLOCRON_ALERT\" >> $DIR/alerts.jsonl"]
+"#;
+    let mut f = Fleet::new(jobs);
+    f.start("n1");
+    f.start("n2");
+    let alerts = |f: &Fleet| -> Vec<Value> {
+        f.lines("alerts.jsonl").iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    };
+    let got = wait_for(Duration::from_secs(20), || Some(alerts(&f)).filter(|a| !a.is_empty()));
+    let got = got.unwrap_or_else(|| panic!("no alert; n1's log:\n{}", f.log("n1")));
+    std::thread::sleep(Duration::from_secs(2));
+    f.stop_all();
+    let got_now = alerts(&f);
+    assert!(
+        got_now.iter().all(|v| v["event"] == "timed_out" && v["job"] == "slow"),
+        "only slow's timeouts: {got_now:?}"
+    );
+    let first = &got[0];
+    assert_eq!(first["run"]["state"], "timed_out", "{first}");
+    assert!(first["text"].as_str().unwrap().contains("timed out"), "{first}");
+    let mut ids: Vec<&str> = got_now.iter().map(|v| v["run"]["id"].as_str().unwrap()).collect();
+    let all = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), all, "each timeout alerted once across the two nodes: {got_now:?}");
+}
+
 /// Ticks missed while no node ran are recorded skipped by the misfire policy when a node
 /// comes back, and each is alerted `missed` once, within the rule's rate.
 #[test]
