@@ -82,7 +82,7 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
         a.pid_file.as_ref().or(cfg.pid_file.as_ref()).map(|p| crate::reload::PidFile::write(p)).transpose()?;
     let sources = Arc::new(Sources::new(scheduler.jobs(), jobs(&cfg)?, cfg.http.allow_command_jobs));
     sources.set_managed(&managed);
-    tokio::spawn(crate::follow::follow(store.clone(), sources.clone(), version, shutdown.clone()));
+    tokio::spawn(crate::follow::follow(store.clone(), sources.clone(), version, managed, shutdown.clone()));
     let declared = DeclaredJobs::new(crate::http::declared(Some(&cfg)));
     // The server outlives the drain, so operators watch it; it stops once the node has.
     let http_stop = CancellationToken::new();

@@ -102,8 +102,21 @@ fn runnable(m: &ManagedJob, declared: &HashSet<String>, allow_commands: bool) ->
 
 /// Reads the managed jobs whenever the store hints at a change (or every [`POLL`] without
 /// hints), and hands a changed set to `sources`, until shutdown. `seen`: the version read
-/// at start.
-pub async fn follow(store: Arc<dyn Store>, sources: Arc<Sources>, mut seen: u64, shutdown: CancellationToken) {
+/// at start, `known` the managed jobs read then.
+///
+/// **A store that forgot.** Versions only grow (a deletion is a revision too), so a version
+/// below the one seen means the store lost its managed jobs (Redis without persistence,
+/// restarted). The jobs this node last read are then written back where absent, as
+/// [`RESTORED_BY`] (every node that knew them tries; one write per job wins), and the node
+/// keeps running them meanwhile: a store that blinks never silently stops the fleet's
+/// managed jobs. Their revision history is lost with the rest.
+pub async fn follow(
+    store: Arc<dyn Store>,
+    sources: Arc<Sources>,
+    mut seen: u64,
+    mut known: Vec<ManagedJob>,
+    shutdown: CancellationToken,
+) {
     let mut watch = store.request_watch();
     let every = if watch.is_some() { BACKSTOP } else { POLL };
     loop {
@@ -119,14 +132,39 @@ pub async fn follow(store: Arc<dyn Store>, sources: Arc<Sources>, mut seen: u64,
             _ = shutdown.cancelled() => return,
         }
         match read_if_changed(store.as_ref(), seen).await {
+            Ok(Some((version, _))) if version < seen => {
+                tracing::warn!(version, seen, jobs = known.len(),
+                    "the store forgot its managed jobs (restarted without persistence?); writing back the ones this node knows");
+                if let Err(e) = restore(store.as_ref(), &known).await {
+                    tracing::warn!(error = %e, "cannot write back the managed jobs; running them as known, retrying");
+                    continue;
+                }
+                seen = 0; // read the restored list at once
+            }
             Ok(Some((version, list))) => {
                 sources.set_managed(&list);
-                seen = version;
+                (seen, known) = (version, list);
             }
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "cannot read the managed jobs; retrying"),
         }
     }
+}
+
+/// Who a managed job written back after the store forgot it was written by.
+pub const RESTORED_BY: &str = "solocron (written back: the store had forgotten it)";
+
+/// Writes `known` back where the store has no such job (`expect` 0: only if absent).
+async fn restore(store: &dyn Store, known: &[ManagedJob]) -> Result<(), solocron_core::StoreError> {
+    for m in known {
+        match store.put_job(&m.job, &m.spec, RESTORED_BY, Some(0)).await? {
+            solocron_core::JobWrite::Written(revision) => {
+                tracing::info!(job = %m.job, revision, "managed job written back")
+            }
+            other => tracing::debug!(job = %m.job, ?other, "managed job already back"),
+        }
+    }
+    Ok(())
 }
 
 /// The managed jobs and their version, if the version is not `seen`.

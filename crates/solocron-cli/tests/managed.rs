@@ -126,3 +126,50 @@ fn managed_jobs_on_etcd() {
     let Some(store) = server_store(solocron_conformance::server::ETCD) else { return };
     managed_jobs_follow_apply_and_rm(Some(&store));
 }
+
+/// A Redis without persistence restarted forgets every key of the prefix, managed jobs
+/// included: the nodes keep running the jobs they knew, write them back, and the operator
+/// sees them again (written back, by whom) once the schema is migrated again.
+#[test]
+fn managed_jobs_forgotten_by_redis_are_written_back_and_keep_running() {
+    let Some(store) = server_store(solocron_conformance::server::REDIS) else { return };
+    let prefix = store.split("prefix = \"").nth(1).and_then(|p| p.split('"').next()).unwrap().to_owned();
+    let mut f = Fleet::on(Some(&store), NODE);
+    for id in ["n1", "n2"] {
+        f.start(id);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let (code, _, err) = apply(&f, &document(f.dir.path(), FIRST));
+    assert_eq!(code, 0, "{err}");
+    wait_for(Duration::from_secs(5), || ticks(&f).keys().next().copied()).expect("the applied job never ran");
+
+    // What a restart without persistence does to this prefix: every key is gone.
+    let keys = std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "--scan", "--pattern", &format!("{{{prefix}}}*")])
+        .output()
+        .unwrap();
+    let keys: Vec<String> = String::from_utf8(keys.stdout).unwrap().lines().map(str::to_owned).collect();
+    assert!(!keys.is_empty(), "no key of {prefix} found");
+    let del = std::process::Command::new("redis-cli").args(["-h", "127.0.0.1", "DEL"]).args(&keys).output().unwrap();
+    assert!(del.status.success());
+    let forgot_at = Utc::now();
+    // Deleting keys breaks no connection, so no change hint comes: the nodes' backstop read
+    // (every 10 s) finds the version gone back. A real restart breaks the hint's connection,
+    // which makes the nodes read at once.
+    let logs = |f: &Fleet| format!("{}{}", f.log("n1"), f.log("n2"));
+    wait_for(Duration::from_secs(15), || logs(&f).contains("the store forgot its managed jobs").then_some(()))
+        .unwrap_or_else(|| panic!("no node noticed:\n{}", logs(&f)));
+    std::thread::sleep(Duration::from_secs(2));
+    f.stop_all();
+
+    let per_tick = ticks(&f);
+    let twice: Vec<_> = per_tick.iter().filter(|(_, nodes)| nodes.len() > 1).collect();
+    assert!(twice.is_empty(), "ticks run twice: {twice:?}");
+    let after: Vec<_> = per_tick.keys().filter(|t| **t > forgot_at + chrono::Duration::seconds(1)).collect();
+    assert!(after.len() >= 10, "the job stopped when the store forgot it: {per_tick:?}\n{}", f.log("n1"));
+    f.migrate();
+    let log = f.cli_json(&["jobs", "log", "m", "--format", "json"]);
+    let newest = &log.as_array().unwrap()[0];
+    assert!(newest["changed_by"].as_str().unwrap().starts_with("solocron (written back"), "{log:#}");
+    assert_eq!(newest["spec"]["schedule"], FIRST);
+}

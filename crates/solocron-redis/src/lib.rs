@@ -214,29 +214,32 @@
 //! keeps these guarantees and loses these things:
 //!
 //! - **Lost:** the run history, the job registry, pause switches (paused jobs run again),
-//!   pending manual run requests, and managed jobs with their revisions (nodes stop running
-//!   them; apply them again). Operators must pause again what they had paused. The revision
-//!   counter starts again from 1.
+//!   pending manual run requests, and managed jobs' revisions. The managed jobs themselves
+//!   come back: the daemons see the revision counter go back (it only grows otherwise),
+//!   keep running the jobs they knew, and write them back where absent. Operators must
+//!   pause again what they had paused.
 //! - **Runs running at the restart:** their records are gone, so their holders' next
 //!   renewal fails; each holder then stops its job and records nothing (the run is lost).
 //!   The jobs' downstream writes stay fenced: see the next point.
 //! - **Fencing tokens stay monotonic:** a job whose counter was lost restarts at Redis's
 //!   clock in microseconds, which is larger than every token handed out before the
 //!   restart (provided the server clock did not go back).
-//! - **No tick that already ran is re-run by a starting node's catch-up:** the first write
-//!   after the restart marks the `epoch` key with Redis's clock, and
-//!   [`Store::memory_since`] returns that instant (marking it if nobody did yet). A node
-//!   starting afterwards never treats a tick before that instant as unclaimed: no record
-//!   there may mean "forgotten", not "missed". The store itself does not refuse old ticks:
-//!   a claim of a tick from before the restart finds no record and is won; the engine is
-//!   what refuses to look back past `memory_since`.
+//! - **No tick that already ran is run again:** the first write after the restart marks
+//!   the `epoch` key with Redis's clock, and [`Store::memory_since`] returns that instant
+//!   (marking it if nobody did yet): a node starting afterwards never looks back before it.
+//!   A write other than `migrate` that finds the keys gone also marks `forgot`, and from
+//!   then on a claim (not a manual one) of a tick from before that instant is recorded
+//!   `skipped`, saying the store forgot its data and the tick may have run: no record
+//!   there may mean "forgotten", not "missed". (`migrate` of a new prefix marks no such
+//!   thing: a fresh store claims any tick.)
 //! - **Ticks missed during the outage itself are not caught up** by a node that starts
 //!   after it, because they cannot be told apart from ticks that ran and were forgotten.
 //!   (A node that stayed up through the outage keeps its own position in the schedule and
-//!   handles the ticks it could not claim by its misfire policy; a tick another node ran
-//!   just before the restart may then run again.)
-//! - **A tick due at the moment of the restart** can run twice: once before it, once after
-//!   (it was forgotten), as with a failover.
+//!   handles the ticks it could not claim by its misfire policy, which the claim records
+//!   skipped.)
+//! - **A tick due at the moment of the restart** runs once or not at all (recorded skipped);
+//!   a failover to a replica that missed the last writes, which marks no `forgot`, can
+//!   still run it twice.
 //!
 //! ## Errors
 //!

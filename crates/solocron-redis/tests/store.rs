@@ -157,11 +157,17 @@ async fn after_forgetting_everything_tokens_stay_larger_memory_moves_on_and_old_
     // The holder of a running run finds its lease gone at its next renewal and stops.
     assert!(!store.renew(&held, LONG).await.expect("renew"), "the lease was forgotten");
     assert!(!store.finish(&held, &done()).await.expect("finish"));
-    // The store itself does not refuse an old tick: it has no record of it. The engine is
-    // what never looks back before memory_since.
-    let again = won(&store, run(tick("backup", 0), "b", false)).await;
+    // A tick before the store's memory began may have run before it forgot: the claim
+    // records it skipped, saying why, and runs it never again (the engine also never looks
+    // back before memory_since).
+    match store.claim(&[run(tick("backup", 0), "b", false)]).await.expect("claim").remove(0) {
+        ClaimOutcome::Skipped { reason } => assert!(reason.contains("the store forgot its data"), "{reason}"),
+        other => panic!("a tick from before the store forgot was {other:?}"),
+    }
+    let later = |minutes: i64| Tick::new("backup", restarted + chrono::Duration::minutes(minutes));
+    let again = won(&store, ClaimRequest { trigger: Trigger::Catchup, ..run(later(1), "b", false) }).await;
     assert!(again.fencing_token > held.fencing_token, "{} after {}", again.fencing_token, held.fencing_token);
-    let next = won(&store, run(tick("backup", 120), "b", false)).await;
+    let next = won(&store, ClaimRequest { trigger: Trigger::Catchup, ..run(later(2), "b", false) }).await;
     assert!(next.fencing_token > again.fencing_token, "{} after {}", next.fencing_token, again.fencing_token);
     let since = store.memory_since().await.expect("memory_since").expect("an epoch");
     assert!(since > remembered_since, "memory began again: {since} after {remembered_since}");

@@ -63,7 +63,7 @@ local function regrant(job, at, node, lease_ms, nonce)
   return {'won', r[4], r[5], lease_until}
 end
 
-local function claim_one(job, at, trigger, node, lease_ms, mode, reason, nonce, early_ms)
+local function claim_one(job, at, trigger, node, lease_ms, mode, reason, nonce, early_ms, forgot)
   -- A scheduled tick too far ahead of Redis's clock (the node's clock runs fast): refused
   -- with NOW before anything is read or written (no record, no token taken). Decided
   -- first, so a nonce's re-grant of such a tick is refused too; its tick is near in practice.
@@ -78,6 +78,12 @@ local function claim_one(job, at, trigger, node, lease_ms, mode, reason, nonce, 
     return {'taken'}
   end
   if mode == 'skip' then return record_skip(job, at, trigger, node, reason) end
+  -- A tick before this Redis's memory began by forgetting (a restart without persistence)
+  -- may have been claimed, and run, before: never run again, and said so in its record.
+  if forgot and trigger ~= 'manual' and tonumber(at) < forgot then
+    return record_skip(job, at, trigger, node,
+      'the store forgot its data (Redis restarted without persistence?) after this tick; it may have run, so it is not run again')
+  end
   -- An operator's manual run is the way to run a paused job once: it ignores the pause.
   if trigger ~= 'manual' then
     local why = paused_reason(job)
@@ -100,10 +106,11 @@ handlers.claim = function(KEYS, ARGV)
   remember()
   local outcomes = {}
   local early_ms = tonumber(ARGV[3])
+  local forgot = tonumber(redis.call('GET', FORGOT))
   for i = 0, tonumber(ARGV[2]) - 1 do
     local b = 4 + i * 8
     outcomes[i + 1] = claim_one(ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5],
-      ARGV[b + 6], ARGV[b + 7], early_ms)
+      ARGV[b + 6], ARGV[b + 7], early_ms, forgot)
   end
   return outcomes
 end

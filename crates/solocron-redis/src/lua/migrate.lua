@@ -2,6 +2,6 @@
 handlers.migrate = function(KEYS, ARGV)
   local mismatch = schema_mismatch()
   if mismatch then return redis.error_reply(mismatch) end
-  remember()
+  remember(true)
   return 1
 end

@@ -17,7 +17,7 @@ local SCHEMA_VERSION = '1'
 local P, NOW_US, NOW
 local EPOCH, SCHEMA, HIST, EXPIRY, FENCES, CTLS, REGS, REQ, REQBY, REQPEND
 local NODES, NODESEEN, ACTS, ACTSEQ
-local MJOBS, MREVS, MREVSEQ
+local MJOBS, MREVS, MREVSEQ, FORGOT
 -- Whether this call found the layout version in place (see `remember`).
 local schema_found
 
@@ -26,7 +26,7 @@ local function begin(argv)
   local clock = redis.call('TIME')
   NOW_US = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   NOW = math.floor(NOW_US / 1000)
-  EPOCH, SCHEMA = P .. 'epoch', P .. 'schema'
+  EPOCH, SCHEMA, FORGOT = P .. 'epoch', P .. 'schema', P .. 'forgot'
   HIST, EXPIRY, FENCES = P .. 'hist', P .. 'expiry', P .. 'fences'
   CTLS, REGS = P .. 'ctls', P .. 'regs'
   REQ, REQBY, REQPEND = P .. 'req', P .. 'reqby', P .. 'reqpend'
@@ -187,10 +187,14 @@ end
 -- lost every key, the first call that writes marks the restart's instant. The two keys are
 -- only ever written together, here, so a layout version found by `schema_mismatch` in
 -- this call means the epoch is there too.
-local function remember()
+-- Any call but `migrate` that finds the keys gone also marks that the memory began by
+-- forgetting (`FORGOT`, the epoch): the claims of ticks before it are then recorded skipped,
+-- not run, since they may have run before (see claim.lua).
+local function remember(by_migrate)
   if schema_found then return end
   redis.call('SET', SCHEMA, SCHEMA_VERSION, 'NX')
   redis.call('SET', EPOCH, int(NOW), 'NX')
+  if not by_migrate then redis.call('SET', FORGOT, int(NOW), 'NX') end
 end
 
 -- Adds a new record to the history indexes; a record of the tick ends its manual request
