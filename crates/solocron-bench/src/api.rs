@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use solocron_core::{
-    ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobDefinition, NodeBeat, RunEnd, RunState, Store,
-    Tick, Trigger, CLAIM_BATCH_MAX, FINISH_BATCH_MAX, RECORDS_PAGE_MAX,
+    ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobDefinition, NodeBeat, Prefix, RunEnd, RunState,
+    Store, Tick, Trigger, CLAIM_BATCH_MAX, FINISH_BATCH_MAX, RECORDS_PAGE_MAX,
 };
 use solocron_fleet::{Fleet, JobFilter};
 use solocron_http::{HttpOptions, Role, Token};
@@ -84,7 +84,7 @@ async fn measure(c: &Ctx) -> anyhow::Result<String> {
     let (url, prefix) = fresh(&c.store, &c.dir, "api");
     let store = solocron_stores::open(&url, &prefix).await?;
     store.migrate().await?;
-    let result = measure_in(c, store, jobs, rows).await;
+    let result = measure_in(c, store, jobs, rows, (&url, &prefix)).await;
     cleanup(&url, &prefix).await;
     result
 }
@@ -101,9 +101,16 @@ struct Plan {
     idle: Duration,
 }
 
-async fn measure_in(c: &Ctx, store: Arc<dyn Store>, jobs: usize, rows: usize) -> anyhow::Result<String> {
+async fn measure_in(
+    c: &Ctx,
+    store: Arc<dyn Store>,
+    jobs: usize,
+    rows: usize,
+    (url, prefix): (&str, &Prefix),
+) -> anyhow::Result<String> {
     let filled = populate(store.as_ref(), jobs, rows).await?;
     println!("api: {} records written in {:.1} s", filled.records, filled.took.as_secs_f64());
+    crate::raw::settle(url, prefix).await?;
     let requests = if c.quick { REQUESTS_QUICK } else { REQUESTS };
     let prometheus = solocron_http::install_prometheus();
     let plan = Plan {

@@ -143,6 +143,28 @@ impl Raw {
     }
 }
 
+/// Brings a freshly filled namespace to the state a store in service is in: on
+/// PostgreSQL, `ANALYZE` of its tables (what autovacuum does within a minute of a bulk load;
+/// test servers may run with autovacuum off, and the planner's choices for an unanalyzed
+/// table are not the ones production sees). Nothing for the other stores.
+pub async fn settle(url: &str, prefix: &Prefix) -> anyhow::Result<()> {
+    if !url.starts_with("postgres") {
+        return Ok(());
+    }
+    let pool = PgPoolOptions::new().max_connections(1).connect(url).await?;
+    let like = format!("{}%", prefix.table_prefix().replace('_', "\\_"));
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE $1")
+            .bind(&like)
+            .fetch_all(&pool)
+            .await?;
+    for table in &tables {
+        sqlx::query(&format!("ANALYZE {table}")).execute(&pool).await?;
+    }
+    println!("api: analyzed {} tables (as autovacuum would after a bulk load)", tables.len());
+    Ok(())
+}
+
 /// Removes a benchmark namespace's tables, functions and keys from a server store (through
 /// the store's own `uninstall`), so runs do not pile them up. A SQLite run's file goes with
 /// the run's temporary directory. A failure is reported, not fatal: the figures are taken.
