@@ -452,6 +452,12 @@ async fn claim(e: &Arc<Engine>, index: usize, job: &str, at: DateTime<Utc>, even
             tracing::error!(job, %event, scheduled_at = %at, "alert not sent: the node stopped before claiming it");
             return false;
         }
+        if e.in_flight() >= e.max_concurrent_runs {
+            // A delivery is a run like any: at `max_concurrent_runs` it waits for a slot (and
+            // if none frees in time, a sweep raises the event again).
+            wait_or_stop(e, &mut backoff).await;
+            continue;
+        }
         let one_at_a_time = e.alerts.claiming.lock().await;
         if mode.is_none() {
             mode = rate_mode(e, index, job, &name)
