@@ -232,6 +232,11 @@ fn etcd_each_event_is_alerted_once_across_the_fleet() {
     on_server(solocron_conformance::server::ETCD, each_event_is_alerted_once_across_the_fleet);
 }
 
+/// The alerts a command target wrote, one JSON object a line, to `alerts.jsonl`.
+fn alerts(f: &Fleet) -> Vec<Value> {
+    f.lines("alerts.jsonl").iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
 /// A command gets the alert in its environment; a job killed with its node is abandoned by
 /// another node and alerted; a job silent past `stale_after` is alerted stale once.
 #[test]
@@ -271,9 +276,6 @@ stale_after = "2s"
     .expect("dies never started");
     let victim = nodes.into_iter().find(|&i| f.nodes[i].id == holder.trim()).expect("a node of ours");
     f.signal(victim, Signal::SIGKILL);
-    let alerts = |f: &Fleet| -> Vec<Value> {
-        f.lines("alerts.jsonl").iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
-    };
     let both = wait_for(Duration::from_secs(30), || {
         let a = alerts(&f);
         (a.iter().any(|v| v["event"] == "abandoned") && a.iter().any(|v| v["event"] == "stale")).then_some(a)
@@ -320,9 +322,6 @@ command = ["/bin/sh", "-c", "printf '%s\n' \"$SOLOCRON_ALERT\" >> $DIR/alerts.js
     let mut f = Fleet::new(jobs);
     f.start("n1");
     f.start("n2");
-    let alerts = |f: &Fleet| -> Vec<Value> {
-        f.lines("alerts.jsonl").iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
-    };
     let got = wait_for(Duration::from_secs(20), || Some(alerts(&f)).filter(|a| !a.is_empty()));
     let got = got.unwrap_or_else(|| panic!("no alert; n1's log:\n{}", f.log("n1")));
     std::thread::sleep(Duration::from_secs(2));
