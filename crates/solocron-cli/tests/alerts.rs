@@ -261,7 +261,7 @@ stale_after = "2s"
 "#;
     let mut f = Fleet::new(jobs);
     let nodes = [f.start("n1"), f.start("n2")];
-    wait_for(Duration::from_secs(10), || f.path("solocron.db").exists().then_some(())).expect("no store created");
+    wait_for(Duration::from_secs(10), || f.history_if_ready("quiet").map(drop)).expect("no store created");
     // `quiet` succeeds, then falls silent.
     wait_for(Duration::from_secs(10), || f.history("quiet").iter().any(|r| state(r) == "succeeded").then_some(()))
         .expect("quiet never succeeded");
@@ -361,7 +361,7 @@ max_per_hour = 2
     let mut f = Fleet::new(jobs);
     f.start("n1");
     wait_for(Duration::from_secs(10), || {
-        (f.path("solocron.db").exists() && f.history("tick").iter().any(|r| state(r) == "succeeded")).then_some(())
+        f.history_if_ready("tick")?.iter().any(|r| state(r) == "succeeded").then_some(())
     })
     .expect("tick never ran");
     f.signal(0, Signal::SIGKILL);

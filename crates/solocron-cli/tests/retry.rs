@@ -168,8 +168,7 @@ fn a_retry_that_would_pass_the_next_tick_is_dropped_with_the_reason() {
     );
     f.start("n1");
     let runs = wait_for(Duration::from_secs(15), || {
-        exists(&f.path("solocron.db")).then_some(())?;
-        let runs = f.history("often");
+        let runs = f.history_if_ready("often")?;
         (runs.iter().filter(|r| state(r) == "failed").count() >= 2).then_some(runs)
     })
     .unwrap_or_else(|| panic!("the job never failed twice:\n{}", f.log("n1")));

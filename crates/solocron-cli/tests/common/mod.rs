@@ -96,16 +96,27 @@ impl Fleet {
         }
     }
 
-    /// Run records, newest first, read through `solocron history --format json`.
+    /// Run records, newest first, read through `solocron history --format json`; none while
+    /// the store is still being made (see [`Fleet::history_if_ready`]).
     pub fn history(&self, job: &str) -> Vec<Value> {
+        self.history_if_ready(job).unwrap_or_default()
+    }
+
+    /// [`Fleet::history`], or `None` while the store is still being made (a node creates
+    /// the SQLite file, then its schema: read commands refuse a store without one).
+    pub fn history_if_ready(&self, job: &str) -> Option<Vec<Value>> {
         let out = Command::new(BIN)
             .args(["history", "--config"])
             .arg(self.config())
             .args(["--job", job, "--limit", "10000", "--format", "json"])
             .output()
             .unwrap();
-        assert!(out.status.success(), "history failed: {}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice::<Value>(&out.stdout).unwrap().as_array().unwrap().clone()
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() && (err.contains("has no solocron schema") || err.contains("no store at")) {
+            return None;
+        }
+        assert!(out.status.success(), "history failed: {err}");
+        Some(serde_json::from_slice::<Value>(&out.stdout).unwrap().as_array().unwrap().clone())
     }
 
     /// Runs `solocron ARGS --config DIR/solocron.toml`; (exit code, stdout, stderr).
