@@ -94,6 +94,7 @@ pub struct JobsQuery {
     pub state: Option<JobStateFilter>,
     /// Only jobs of this namespace (the part of a job's name before its first `/`, else
     /// `default`).
+    #[param(pattern = r"^[a-z0-9][a-z0-9_-]{0,62}$")]
     pub namespace: Option<String>,
     /// The previous page's `next_cursor`.
     pub cursor: Option<String>,
@@ -387,6 +388,7 @@ pub struct RunsQuery {
     /// Only this job's runs.
     pub job: Option<String>,
     /// Only runs of this namespace's jobs.
+    #[param(pattern = r"^[a-z0-9][a-z0-9_-]{0,62}$")]
     pub namespace: Option<String>,
     /// Only runs in this state.
     pub state: Option<RunStateParam>,
