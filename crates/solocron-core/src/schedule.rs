@@ -81,7 +81,44 @@ pub struct Schedule {
     expr: String,
     zone: Tz,
     /// Shared by every schedule with the same expression (see [`interned`]).
-    cron: Arc<Cron>,
+    cron: Arc<Parsed>,
+}
+
+/// A parsed expression and the fire instants it computed last.
+///
+/// Jobs of one expression come due at the same instants, and each tick asks the same few
+/// questions (the first tick after the last round's horizon, after the tick itself): a
+/// croner walk costs microseconds, a look in [`Memo`] a few dozen instructions, so the
+/// fleet's per-run CPU does not grow with how many jobs share a schedule.
+struct Parsed {
+    cron: Cron,
+    memo: Mutex<Memo>,
+}
+
+/// How many answers of `next_after` a parsed expression remembers: the questions of about
+/// two rounds (the round's horizon, the previous one, the tick).
+const MEMO_ENTRIES: usize = 4;
+
+/// One answer of `next_after`: the zone and instant asked, the instant answered.
+type Answer = (Tz, DateTime<Utc>, Option<DateTime<Utc>>);
+
+/// The last answers of `next_after` for one expression: `(zone, after) → next`. Written
+/// round robin; a pure function's answers, so never stale.
+#[derive(Default)]
+struct Memo {
+    entries: [Option<Answer>; MEMO_ENTRIES],
+    next_slot: usize,
+}
+
+impl Memo {
+    fn get(&self, zone: Tz, after: DateTime<Utc>) -> Option<Option<DateTime<Utc>>> {
+        self.entries.iter().flatten().find(|(z, a, _)| *a == after && *z == zone).map(|(_, _, next)| *next)
+    }
+
+    fn put(&mut self, zone: Tz, after: DateTime<Utc>, next: Option<DateTime<Utc>>) {
+        self.entries[self.next_slot] = Some((zone, after, next));
+        self.next_slot = (self.next_slot + 1) % MEMO_ENTRIES;
+    }
 }
 
 impl fmt::Debug for Schedule {
@@ -97,22 +134,22 @@ fn parser() -> CronParser {
 /// Parsed expressions alive in this process, by their text. A parsed croner pattern holds a
 /// bitfield of every year it can fire in (about 5 KB), so 10,000 jobs on `@hourly` would
 /// otherwise carry 50 MB of identical copies; they share one.
-static PARSED: Mutex<Option<HashMap<String, Weak<Cron>>>> = Mutex::new(None);
+static PARSED: Mutex<Option<HashMap<String, Weak<Parsed>>>> = Mutex::new(None);
 
 /// The parsed form of `expr`, shared with every live schedule of the same text.
-fn interned(expr: &str) -> Result<Arc<Cron>, ScheduleError> {
+fn interned(expr: &str) -> Result<Arc<Parsed>, ScheduleError> {
     if let Some(cron) = PARSED.lock().expect("not poisoned").as_ref().and_then(|m| m.get(expr)?.upgrade()) {
         return Ok(cron);
     }
-    let cron = Arc::new(
-        parser().parse(expr).map_err(|e| ScheduleError::Expression { expr: expr.to_owned(), why: e.to_string() })?,
-    );
+    let cron =
+        parser().parse(expr).map_err(|e| ScheduleError::Expression { expr: expr.to_owned(), why: e.to_string() })?;
     // A pattern that matches nothing (`0 0 30 2 *`) parses, but then every `next_after`
     // walks to croner's year 5000 before it answers `None` (seconds per call), and the job
     // silently never runs: refuse it here, once per expression.
     if !fires_ever(&cron) {
         return Err(ScheduleError::Expression { expr: expr.to_owned(), why: NEVER_FIRES.into() });
     }
+    let cron = Arc::new(Parsed { cron, memo: Mutex::default() });
     let mut parsed = PARSED.lock().expect("not poisoned");
     let map = parsed.get_or_insert_with(HashMap::new);
     // Bounded by the live expressions: dead entries go whenever the map doubles.
@@ -182,13 +219,22 @@ impl Schedule {
     /// assert!(s.describe().contains("12"));
     /// ```
     pub fn describe(&self) -> String {
-        self.cron.describe()
+        self.cron.cron.describe()
     }
 
     /// The first fire instant strictly after `after`, or `None` if there is none.
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        // Another thread asking at the same moment computes for itself rather than wait.
+        if let Some(next) = self.cron.memo.try_lock().ok().and_then(|m| m.get(self.zone, after)) {
+            debug_assert!(next.is_none_or(|n| n > after));
+            return next;
+        }
         let local = after.with_timezone(&self.zone);
-        self.cron.find_next_occurrence(&local, false).ok().map(|t| t.with_timezone(&Utc))
+        let next = self.cron.cron.find_next_occurrence(&local, false).ok().map(|t| t.with_timezone(&Utc));
+        if let Ok(mut memo) = self.cron.memo.try_lock() {
+            memo.put(self.zone, after, next);
+        }
+        next
     }
 
     /// The newest fire instants in `(after, until]`, oldest first, at most `limit`
@@ -196,11 +242,23 @@ impl Schedule {
     /// huge window costs only `limit` steps and never drops the newest ticks.
     pub fn newest_ticks_between(&self, after: DateTime<Utc>, until: DateTime<Utc>, limit: usize) -> Vec<DateTime<Utc>> {
         let limit = limit.min(TICKS_ENUMERATED_MAX);
+        if limit == 0 {
+            return Vec::new();
+        }
+        // The common question (one round of one job): no tick or one in the window. Two
+        // steps forward, usually remembered, answer it; more ticks take the walk back.
+        let first = match self.next_after(after) {
+            Some(first) if first <= until => first,
+            _ => return Vec::new(),
+        };
+        if self.next_after(first).is_none_or(|second| second > until) {
+            return vec![first];
+        }
         let mut out = Vec::new();
         let mut cursor = until.with_timezone(&self.zone);
         let mut inclusive = true;
         while out.len() < limit {
-            match self.cron.find_previous_occurrence(&cursor, inclusive) {
+            match self.cron.cron.find_previous_occurrence(&cursor, inclusive) {
                 Ok(t) if t.with_timezone(&Utc) > after => {
                     out.push(t.with_timezone(&Utc));
                     cursor = t;
@@ -338,6 +396,27 @@ mod tests {
     fn zone_moves_the_instant() {
         let s = Schedule::parse("0 0 1 * * *", "Asia/Shanghai").unwrap();
         assert_eq!(s.next_after(at("2026-06-01T00:00:00Z")), Some(at("2026-06-01T17:00:00Z")));
+    }
+
+    #[test]
+    fn remembered_answers_are_the_computed_ones_and_zones_never_share_them() {
+        let (shanghai, utc) =
+            (Schedule::parse("0 0 1 * * *", "Asia/Shanghai").unwrap(), Schedule::parse("0 0 1 * * *", "UTC").unwrap());
+        let after = at("2026-06-01T00:00:00Z");
+        // Asked in turns, more often than the memo holds: each zone keeps its own answer.
+        for _ in 0..2 * MEMO_ENTRIES {
+            assert_eq!(shanghai.next_after(after), Some(at("2026-06-01T17:00:00Z")));
+            assert_eq!(utc.next_after(after), Some(at("2026-06-01T01:00:00Z")));
+        }
+        // The window's short path (one tick) and the walk (several) agree with the steps.
+        let every = Schedule::parse("* * * * * *", "UTC").unwrap();
+        assert_eq!(every.newest_ticks_between(after, at("2026-06-01T00:00:01Z"), 5), vec![at("2026-06-01T00:00:01Z")]);
+        assert_eq!(every.newest_ticks_between(after, at("2026-06-01T00:00:00.500Z"), 5), Vec::<DateTime<Utc>>::new());
+        assert_eq!(
+            every.newest_ticks_between(after, at("2026-06-01T00:00:03Z"), 5),
+            every.ticks_between(after, at("2026-06-01T00:00:03Z"), 5)
+        );
+        assert_eq!(every.newest_ticks_between(after, at("2026-06-01T00:00:03Z"), 0), Vec::<DateTime<Utc>>::new());
     }
 
     #[test]

@@ -39,14 +39,14 @@ pub(crate) async fn claim(store: &RedisStore, requests: &[ClaimRequest]) -> Resu
             // Decimal, compared as text by the script: Lua's doubles cannot hold every u64.
             .arg(request.nonce);
     }
-    let replies: Vec<Vec<String>> = convert(store.run(&call, "claim").await?, "claim outcomes")?;
+    let replies: Vec<String> = convert(store.run(&call, "claim").await?, "claim outcomes")?;
     if replies.len() != requests.len() {
         return Err(invalid("claim outcomes", format!("{} outcomes for {} requests", replies.len(), requests.len())));
     }
     let outcomes = requests
         .iter()
         .zip(&replies)
-        .map(|(request, reply)| decode::claim_outcome(reply, first_attempt(request), &request.node))
+        .map(|(request, reply)| decode::claim_outcome_text(reply, first_attempt(request), &request.node))
         .collect::<Result<Vec<_>, _>>()?;
     for outcome in &outcomes {
         if let ClaimOutcome::Won(lease) = outcome {

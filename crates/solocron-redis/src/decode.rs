@@ -139,6 +139,39 @@ pub(crate) fn won(parts: &[String], run: RunId, owner: &str) -> Result<Lease, St
     })
 }
 
+/// One flag per item (`'1'` done, `'0'` not), `count` of them, as one string.
+pub(crate) fn flags(flags: &[u8], count: usize) -> Result<Vec<bool>, StoreError> {
+    if flags.len() != count {
+        return Err(invalid("flags", format!("{} flags for {count} items", flags.len())));
+    }
+    flags
+        .iter()
+        .map(|f| match f {
+            b'1' => Ok(true),
+            b'0' => Ok(false),
+            other => Err(invalid("flags", format!("flag {:?}", *other as char))),
+        })
+        .collect()
+}
+
+/// One claim outcome as `claim` answers it, its parts joined by `:` in one string
+/// (`won:token:claimed_at:lease_until`, `skipped:reason`, `taken`, `early:store_now ms`):
+/// one string per outcome, not an array, is what keeps a reply of thousands cheap to read.
+pub(crate) fn claim_outcome_text(text: &str, run: RunId, owner: &str) -> Result<ClaimOutcome, StoreError> {
+    let (kind, rest) = text.split_once(':').unwrap_or((text, ""));
+    match kind {
+        "won" => {
+            let parts: Vec<String> = std::iter::once(kind).chain(rest.split(':')).map(str::to_owned).collect();
+            if parts.len() != 4 {
+                return Err(invalid("claim outcome", text));
+            }
+            Ok(ClaimOutcome::Won(won(&parts, run, owner)?))
+        }
+        "skipped" if text.len() > kind.len() => Ok(ClaimOutcome::Skipped { reason: rest.to_owned() }),
+        _ => claim_outcome(&text.split(':').map(str::to_owned).collect::<Vec<_>>(), run, owner),
+    }
+}
+
 /// One claim outcome: `{'won', ...}`, `{'skipped', reason}`, `{'taken'}` or
 /// `{'early', store_now ms}`.
 pub(crate) fn claim_outcome(parts: &[String], run: RunId, owner: &str) -> Result<ClaimOutcome, StoreError> {
@@ -286,16 +319,30 @@ mod tests {
 
     #[test]
     fn claim_refusals_decode_with_the_stores_now_and_odd_ones_are_refused() {
-        let reply = |parts: &[&str]| {
-            let parts: Vec<String> = parts.iter().map(|s| s.to_string()).collect();
-            claim_outcome(&parts, run_id("1000:0000000001:j").unwrap(), "n")
-        };
+        let reply = |text: &str| claim_outcome_text(text, run_id("1000:0000000001:j").unwrap(), "n");
         let store_now = DateTime::from_timestamp_millis(1_790_000_000_123).unwrap();
-        assert_eq!(reply(&["early", "1790000000123"]).unwrap(), ClaimOutcome::TooEarly { store_now });
-        assert_eq!(reply(&["taken"]).unwrap(), ClaimOutcome::Taken);
-        for odd in [&["early"][..], &["early", "x"], &["early", "1", "2"], &["later"]] {
+        assert_eq!(reply("early:1790000000123").unwrap(), ClaimOutcome::TooEarly { store_now });
+        assert_eq!(reply("taken").unwrap(), ClaimOutcome::Taken);
+        let won = reply("won:7:1000:6000").unwrap();
+        assert!(
+            matches!(&won, ClaimOutcome::Won(l) if l.fencing_token == 7 && l.lease_until.timestamp_millis() == 6000 && l.owner == "n")
+        );
+        // A reason keeps its colons.
+        assert_eq!(
+            reply("skipped:paused by ops: a: b").unwrap(),
+            ClaimOutcome::Skipped { reason: "paused by ops: a: b".into() }
+        );
+        for odd in ["early", "early:x", "early:1:2", "later", "won:1:2", "won:1:2:3:4", "skipped", ""] {
             assert!(matches!(reply(odd), Err(StoreError::Invalid(_))), "{odd:?}");
         }
+    }
+
+    #[test]
+    fn flags_decode_one_per_item_and_odd_ones_are_refused() {
+        assert_eq!(flags(b"101", 3).unwrap(), vec![true, false, true]);
+        assert!(flags(b"10", 3).is_err());
+        assert!(flags(b"1x1", 3).is_err());
+        assert_eq!(flags(b"", 0).unwrap(), Vec::<bool>::new());
     }
 
     #[test]

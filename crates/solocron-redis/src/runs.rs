@@ -37,11 +37,24 @@ pub(crate) async fn finish(store: &RedisStore, lease: &Lease, end: &RunEnd) -> R
     Ok(finished == 1)
 }
 
-/// Records several runs' ends in one pipeline (see [`solocron_core::Store::finish_all`]).
+/// Records several runs' ends in one call of `lua/finish_all.lua`, which answers one flag
+/// per end in one string (see [`solocron_core::Store::finish_all`]). One call instead of a
+/// pipeline of one per end: the server runs the prelude once and the client reads one
+/// reply, which most of a run's cost was. If the call fails midway (a script error), the
+/// ends before it are recorded and the engine's item by item retry finds them no longer
+/// running: reported as not recorded, though they are.
 pub(crate) async fn finish_all(store: &RedisStore, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
     assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
-    let calls = endings.iter().map(|e| finish_call(store, &e.lease, &e.end)).collect::<Result<Vec<_>, _>>()?;
-    store.run_flags(&calls, "finish").await
+    if endings.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut call = store.invocation(&CODE.finish_all);
+    call.arg(endings.len());
+    for e in endings {
+        end_args(&mut call, &e.lease, &e.end)?;
+    }
+    let flags: Vec<u8> = convert(store.run(&call, "finish").await?, "finish flags")?;
+    decode::flags(&flags, endings.len())
 }
 
 /// Records a failed run's end and plans its next attempt as a waiting retry, in one call
@@ -163,16 +176,22 @@ fn finish_call(store: &RedisStore, lease: &Lease, end: &RunEnd) -> Result<Call, 
 /// A call of `method` (`finish`, or `finish_retry` before its backoff argument) with the
 /// arguments of one end.
 fn end_call(store: &RedisStore, method: &'static Method, lease: &Lease, end: &RunEnd) -> Result<Call, StoreError> {
+    let mut call = store.invocation(method);
+    end_args(&mut call, lease, end)?;
+    Ok(call)
+}
+
+/// The ten arguments of one end, as `finish` and `finish_all` take them.
+fn end_args(call: &mut Call, lease: &Lease, end: &RunEnd) -> Result<(), StoreError> {
     assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
     let started_after = end.started_after.map(millis).transpose()?;
-    let mut call = store.invocation(method);
-    lease_args(&mut call, lease);
+    lease_args(call, lease);
     call.arg(end.state.as_str())
         .arg(optional(end.reason.as_deref()))
         .arg(optional(end.exit_code))
         .arg(output_tail(&end.output))
         .arg(optional(started_after));
-    Ok(call)
+    Ok(())
 }
 
 /// The identity of a run and its holder's proof, as renew and finish send them.

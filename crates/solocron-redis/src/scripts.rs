@@ -35,6 +35,7 @@ pub(crate) struct Code {
     pub claim: Method,
     pub renew: Method,
     pub finish: Method,
+    pub finish_all: Method,
     pub finish_retry: Method,
     pub expired: Method,
     pub recover: Method,
@@ -62,10 +63,11 @@ pub(crate) struct Code {
 /// Every method: its name (its handler in `handlers`, and its file), its file, and
 /// whether it only reads (flagged `no-writes` in the library, so that it still answers
 /// when the server refuses writes, e.g. at `maxmemory`).
-const METHODS: [(&str, &str, bool); 25] = [
+const METHODS: [(&str, &str, bool); 26] = [
     ("claim", include_str!("lua/claim.lua"), false),
     ("renew", include_str!("lua/renew.lua"), false),
     ("finish", include_str!("lua/finish.lua"), false),
+    ("finish_all", include_str!("lua/finish_all.lua"), false),
     ("finish_retry", include_str!("lua/finish_retry.lua"), false),
     ("expired", include_str!("lua/expired.lua"), true),
     ("recover", include_str!("lua/recover.lua"), false),
@@ -130,6 +132,7 @@ fn build() -> Code {
         claim: method("claim"),
         renew: method("renew"),
         finish: method("finish"),
+        finish_all: method("finish_all"),
         finish_retry: method("finish_retry"),
         expired: method("expired"),
         recover: method("recover"),

@@ -1,0 +1,23 @@
+-- finish_all: ARGV count, then for each end the ten arguments of `finish` (job,
+-- scheduled_at, attempt, owner, token, state, reason?, exit code?, output, started after
+-- ms?). One flag per end, in order, in one string: '1' recorded, '0' not the owner's
+-- running run. Each end is decided as `finish` decides it, one after the other, in one
+-- atomic step: one call and one reply for a whole batch, not one per end.
+handlers.finish_all = function(KEYS, ARGV)
+  local n = tonumber(ARGV[2])
+  if not n or #ARGV ~= 2 + n * 10 then
+    return redis.error_reply('finish_all: ' .. #ARGV .. ' arguments for ' .. tostring(ARGV[2]) .. ' ends')
+  end
+  local flags, argv = {}, {ARGV[1]}
+  for i = 0, n - 1 do
+    for k = 1, 10 do argv[k + 1] = ARGV[2 + i * 10 + k] end
+    local id, claimed = held_run(argv)
+    if id then
+      record_end(id, argv[2], claimed, argv)
+      flags[i + 1] = '1'
+    else
+      flags[i + 1] = '0'
+    end
+  end
+  return table.concat(flags)
+end
