@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use redis::{Cmd, RedisError, RedisResult, ScriptInvocation, ToRedisArgs, Value};
+use redis::{Arg, Cmd, RedisError, RedisResult, ScriptInvocation, ToRedisArgs, Value};
 use solocron_core::{Namespaces, StoreError};
 
 use crate::decode::convert;
@@ -34,19 +34,28 @@ const DURATION_MS_MAX: u128 = 100 * 365 * 24 * 3600 * 1000;
 /// A call of one method: its code and its arguments after the prefix.
 pub(crate) struct Call {
     method: &'static Method,
-    /// The arguments, the key prefix first (`ARGV[1]` in every handler).
-    args: Vec<Vec<u8>>,
+    /// The call as `FCALL <function> 1 <key> <prefix> <arguments>...`: written once, in
+    /// one buffer (an argument apart would be an allocation, and a batch has thousands);
+    /// the script form reads the arguments back from it.
+    cmd: Cmd,
 }
 
+/// The parts of [`Call::cmd`] before the handler's arguments: `FCALL`, the function, the
+/// key count and the key.
+const FCALL_HEAD: usize = 4;
+
 impl Call {
-    /// A call of `method` for the keys under `prefix`.
-    pub(crate) fn new(method: &'static Method, prefix: &str) -> Call {
-        Call { method, args: vec![prefix.as_bytes().to_vec()] }
+    /// A call of `method` declaring `key` (see `lua/prelude.lua`), for the keys under
+    /// `prefix` (`ARGV[1]` in every handler).
+    pub(crate) fn new(method: &'static Method, key: &str, prefix: &str) -> Call {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&method.function).arg(1).arg(key).arg(prefix);
+        Call { method, cmd }
     }
 
     /// Adds an argument.
     pub(crate) fn arg<T: ToRedisArgs>(&mut self, value: T) -> &mut Call {
-        value.write_redis_args(&mut self.args);
+        self.cmd.arg(value);
         self
     }
 
@@ -60,22 +69,21 @@ impl Call {
         self
     }
 
-    /// The call as an `FCALL` of the library's function; `key` is the declared key.
-    fn fcall(&self, key: &str) -> Cmd {
-        let mut cmd = redis::cmd("FCALL");
-        cmd.arg(&self.method.function).arg(1).arg(key);
-        for arg in &self.args {
-            cmd.arg(arg.as_slice());
-        }
-        cmd
+    /// The call as an `FCALL` of the library's function.
+    fn fcall(&self) -> &Cmd {
+        &self.cmd
     }
 
     /// The call as an invocation of the method's script (`EVALSHA`, loading it on `NOSCRIPT`).
-    fn script(&self, key: &str) -> ScriptInvocation<'static> {
+    fn script(&self) -> ScriptInvocation<'static> {
         let mut invocation = self.method.script.prepare_invoke();
-        invocation.key(key);
-        for arg in &self.args {
-            invocation.arg(arg.as_slice());
+        for (i, arg) in self.cmd.args_iter().enumerate().skip(FCALL_HEAD - 1) {
+            let Arg::Simple(bytes) = arg else { unreachable!("a call has no cursor argument") };
+            if i == FCALL_HEAD - 1 {
+                invocation.key(bytes);
+            } else {
+                invocation.arg(bytes);
+            }
         }
         invocation
     }
@@ -101,6 +109,11 @@ pub(crate) struct Caller {
 impl Caller {
     pub(crate) fn new(key: String) -> Caller {
         Caller { key, form: Arc::new(AtomicU8::new(UNKNOWN)) }
+    }
+
+    /// The key every call declares.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
     }
 
     /// `Some(true)` once calls go to the library, `Some(false)` once they go to scripts,
@@ -152,7 +165,7 @@ impl Caller {
     /// Sends one call and returns its reply (a server error reply as `Err`).
     pub(crate) async fn send(&self, conn: &mut ConnectionManager, call: &Call) -> RedisResult<Value> {
         if self.library(conn).await {
-            let mut reply = call.fcall(&self.key).query_async(conn).await;
+            let mut reply = call.fcall().query_async(conn).await;
             // The server forgot the library: load it again. Twice, so that a failover right
             // after a load (which the new primary may not have had) does not decide.
             let mut loads = 0;
@@ -166,13 +179,13 @@ impl Caller {
                     // Refused (the scripts from now on) or a transient failure (this call only).
                     break;
                 }
-                reply = call.fcall(&self.key).query_async(conn).await;
+                reply = call.fcall().query_async(conn).await;
             }
             if !matches!(&reply, Err(e) if function_unknown(e)) {
                 return reply;
             }
         }
-        call.script(&self.key).invoke_async(conn).await
+        call.script().invoke_async(conn).await
     }
 
     /// Sends calls of one method in one pipeline (each still runs atomically by itself, not
@@ -189,13 +202,13 @@ impl Caller {
         let library = self.library(conn).await;
         if library {
             for call in calls {
-                pipe.add_command(call.fcall(&self.key));
+                pipe.add_command(call.fcall().clone());
             }
         } else {
             // A pipeline cannot load a script on `NOSCRIPT` as a lone call does: load it first.
             pipe.load_script(&first.method.script).ignore();
             for call in calls {
-                pipe.invoke_script(&call.script(&self.key));
+                pipe.invoke_script(&call.script());
             }
         }
         let mut replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
@@ -214,7 +227,7 @@ impl Caller {
 impl RedisStore {
     /// A call of `method` on this store's keys.
     pub(crate) fn invocation(&self, method: &'static Method) -> Call {
-        Call::new(method, &self.prefix)
+        Call::new(method, self.caller.key(), &self.prefix)
     }
 
     /// Runs `call`; errors say which operation failed on which store.
