@@ -139,7 +139,7 @@ pub async fn follow(
                     tracing::warn!(error = %e, "cannot write back the managed jobs; running them as known, retrying");
                     continue;
                 }
-                seen = 0; // read the restored list at once
+                seen = 0; // read the restored list at the next hint (the writes send one)
             }
             Ok(Some((version, list))) => {
                 sources.set_managed(&list);

@@ -301,7 +301,10 @@ impl Fleet {
             (None, _) => None,
         };
         let names = self.names();
-        let namespaces: BTreeSet<String> = names.iter().map(|n| solocron_core::namespace_of(n).to_owned()).collect();
+        let namespaces: Vec<String> = {
+            let distinct: BTreeSet<&str> = names.iter().map(|n| solocron_core::namespace_of(n)).collect();
+            distinct.into_iter().map(str::to_owned).collect()
+        };
         let matching: Vec<String> = names
             .into_iter()
             .filter(|n| filter.namespace.as_deref().is_none_or(|ns| solocron_core::namespace_of(n) == ns))
@@ -318,7 +321,7 @@ impl Fleet {
             .buffered(READS_IN_FLIGHT_MAX)
             .try_collect()
             .await?;
-        Ok(JobPage { jobs, total: matching.len(), next_cursor, namespaces: namespaces.into_iter().collect() })
+        Ok(JobPage { jobs, total: matching.len(), next_cursor, namespaces })
     }
 
     async fn summary(
