@@ -108,14 +108,9 @@ pub fn instant_in(secs: i64) -> chrono::DateTime<chrono::Utc> {
     chrono::DateTime::from_timestamp(t.timestamp() + 1, 0).expect("in range")
 }
 
-/// CPU time (user + system) of a process, in milliseconds, from /proc/PID/stat.
+/// CPU time (user + system, every thread's) of a process, in milliseconds, from
+/// /proc/PID/stat; 0 if it is gone.
 pub fn cpu_ms(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 =
-        f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0) + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-    // Linux reports /proc times in USER_HZ, which is 100 on every mainstream build.
-    let hz = 100;
-    ticks * 1000 / hz
+    crate::cpu::parse_stat(&stat).map_or(0, |(ticks, _)| crate::cpu::ticks_ms(ticks))
 }

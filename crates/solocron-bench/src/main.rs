@@ -14,6 +14,7 @@
 
 mod api;
 mod counting;
+mod cpu;
 mod fleet;
 mod floor;
 mod node;
@@ -39,6 +40,10 @@ struct Cli {
     /// Rounds per scenario (figures are medians with min and max).
     #[arg(long)]
     rounds: Option<usize>,
+    /// Only these cells of `growth`, as JOBSxNODES, comma-separated (e.g. `100000x3,10000x10`)
+    /// [default: every cell].
+    #[arg(long, value_delimiter = ',', value_parser = scenarios::parse_cell)]
+    cells: Vec<(usize, usize)>,
     /// The directory each run's new file goes to [default: `benchmarks/` of this workspace].
     #[arg(long)]
     out_dir: Option<std::path::PathBuf>,
@@ -79,6 +84,7 @@ fn main() -> anyhow::Result<()> {
         dir: dir.clone(),
         quick: cli.quick,
         rounds: cli.rounds.unwrap_or(if cli.quick { 1 } else { 3 }),
+        cells: cli.cells.clone(),
     };
     let wanted =
         |s: Scenario| cli.scenarios.is_empty() || cli.scenarios.contains(&Scenario::All) || cli.scenarios.contains(&s);

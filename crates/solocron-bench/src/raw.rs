@@ -10,6 +10,17 @@ use sqlx::{MySqlPool, PgPool, SqlitePool};
 /// keys go by themselves (no cleanup to get wrong).
 const REDIS_RAW_KEY_TTL_MS: u64 = 60_000;
 
+/// Keys per `UNLINK`.
+const REDIS_UNLINK_KEYS_MAX: usize = 1000;
+
+/// Operations per etcd `Txn`: the server's default `--max-txn-ops`, as the etcd store's.
+#[cfg(feature = "etcd")]
+const ETCD_TXN_OPS_MAX: usize = 128;
+
+/// A batch's etcd `Txn`s in flight at once, as the etcd store's claim chunks.
+#[cfg(feature = "etcd")]
+const ETCD_TXNS_IN_FLIGHT: usize = 4;
+
 /// A direct connection doing the store's cheapest "insert if absent", into a table or under
 /// keys named from the run's [`Prefix`] as the store spells it (`<table prefix>raw`,
 /// `<key prefix>raw:`, `<key prefix>raw/`).
@@ -118,6 +129,53 @@ impl Raw {
         Ok(())
     }
 
+    /// Inserts every one of `ks` (absent keys) in one statement or pipeline, as a node claims
+    /// a second's ticks in one call: SQLite and MySQL one multi-row `INSERT OR IGNORE` /
+    /// `INSERT IGNORE`, PostgreSQL one `INSERT … SELECT unnest($1) ON CONFLICT DO NOTHING
+    /// RETURNING` (its claim's arrays), Redis one pipeline of `SET NX PX`, etcd `Txn`s of at
+    /// most [`ETCD_TXN_OPS_MAX`] create-if-absent, [`ETCD_TXNS_IN_FLIGHT`] at once (its
+    /// claim's chunks).
+    pub async fn insert_batch(&self, ks: &[String]) -> anyhow::Result<()> {
+        let values = |mark: &str| vec![format!("({mark})"); ks.len()].join(", ");
+        match self {
+            Raw::Sqlite(p, table) => {
+                let sql = format!("INSERT OR IGNORE INTO {table} (k) VALUES {}", values("?"));
+                ks.iter().fold(sqlx::query(&sql), |q, k| q.bind(k)).execute(p).await?;
+            }
+            Raw::Postgres(p, table) => {
+                let sql =
+                    format!("INSERT INTO {table} (k) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING RETURNING k");
+                sqlx::query(&sql).bind(ks).fetch_all(p).await?;
+            }
+            Raw::MySql(p, table) => {
+                let sql = format!("INSERT IGNORE INTO {table} (k) VALUES {}", values("?"));
+                ks.iter().fold(sqlx::query(&sql), |q, k| q.bind(k)).execute(p).await?;
+            }
+            Raw::Redis(c, keys) => {
+                let mut pipe = redis::pipe();
+                for k in ks {
+                    pipe.cmd("SET").arg(format!("{keys}{k}")).arg("1").arg("NX").arg("PX").arg(REDIS_RAW_KEY_TTL_MS);
+                }
+                let _: Vec<Option<String>> = pipe.query_async(&mut c.clone()).await?;
+            }
+            #[cfg(feature = "etcd")]
+            Raw::Etcd(c, keys) => etcd_batch(c, keys, ks).await?,
+        }
+        Ok(())
+    }
+
+    /// Unlinks Redis keys made by [`Raw::insert`] or [`Raw::insert_batch`] at once, where
+    /// many would otherwise expire during a later measurement; nothing for the other stores,
+    /// whose raw table or keys [`Raw::remove`] removes.
+    pub async fn unlink(&self, ks: &[String]) -> anyhow::Result<()> {
+        let Raw::Redis(c, keys) = self else { return Ok(()) };
+        for chunk in ks.chunks(REDIS_UNLINK_KEYS_MAX) {
+            let full: Vec<String> = chunk.iter().map(|k| format!("{keys}{k}")).collect();
+            let _: u64 = redis::cmd("UNLINK").arg(full).query_async(&mut c.clone()).await?;
+        }
+        Ok(())
+    }
+
     /// Removes the raw table or keys. Redis keys are left to expire
     /// ([`REDIS_RAW_KEY_TTL_MS`]).
     pub async fn remove(&self) -> anyhow::Result<()> {
@@ -179,6 +237,30 @@ pub async fn cleanup(url: &str, prefix: &Prefix) {
     if let Err(e) = removed {
         eprintln!("warning: the benchmark's namespace `{prefix}` was left in the store: {e:#}");
     }
+}
+
+/// Creates every one of `ks` under `keys` if absent: one `Txn` per [`ETCD_TXN_OPS_MAX`] keys
+/// (all compares "absent", all puts), [`ETCD_TXNS_IN_FLIGHT`] at once.
+#[cfg(feature = "etcd")]
+async fn etcd_batch(c: &etcd_client::Client, keys: &str, ks: &[String]) -> anyhow::Result<()> {
+    use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+    use futures_util::{StreamExt as _, TryStreamExt as _};
+    // Built whole before any is sent: a stream borrowing `ks` and `keys` across its awaits
+    // would not be `Send` for every lifetime (the benchmark runs it on another thread).
+    let txns: Vec<_> = ks
+        .chunks(ETCD_TXN_OPS_MAX)
+        .map(|chunk| {
+            let full: Vec<String> = chunk.iter().map(|k| format!("{keys}{k}")).collect();
+            let when: Vec<Compare> =
+                full.iter().map(|k| Compare::create_revision(k.as_str(), CompareOp::Equal, 0)).collect();
+            let then: Vec<TxnOp> = full.iter().map(|k| TxnOp::put(k.as_str(), "1", Some(PutOptions::new()))).collect();
+            let (mut kv, txn) = (c.kv_client(), Txn::new().when(when).and_then(then));
+            async move { kv.txn(txn).await }
+        })
+        .collect();
+    let done: Vec<_> = futures_util::stream::iter(txns).buffer_unordered(ETCD_TXNS_IN_FLIGHT).try_collect().await?;
+    anyhow::ensure!(done.iter().all(|r| r.succeeded()), "a raw etcd batch found a key present (they are new)");
+    Ok(())
 }
 
 /// `etcd://host:port,host:port` → the client's endpoints (the benchmark uses no credentials).

@@ -5,6 +5,10 @@
 //! with the kill, a tick the killed node had claimed may instead be recorded by recovery
 //! (abandoned, or lost), and is counted apart; a tick with neither a start nor a record is
 //! missed, and fails the benchmark, as a duplicate does.
+//!
+//! The even rounds also read CPU from /proc: each node process's over the window per run
+//! it started, and the store's server processes' per tick run, beside the server's CPU per
+//! raw insert-if-absent measured right before the fleet starts (see [`crate::cpu`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -13,10 +17,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use solocron_core::{HistoryQuery, Prefix, RunState, HEARTBEAT_EVERY, RECORDS_PAGE_MAX};
 
-use crate::fleet::{fresh, reports, spawn, Proc};
+use crate::cpu::{raw_cpu, server_names, RawCpu, Sample, Usage, RAW_BATCH};
+use crate::fleet::{cpu_ms, fresh, reports, spawn, Proc};
 use crate::raw::cleanup;
 use crate::scenarios::{exactly_once, node_args, starts, Ctx};
-use crate::stats::{fmt, quantile, table};
+use crate::stats::{fmt, mmm, quantile, table};
 
 /// The fleet's size.
 const NODES: usize = 3;
@@ -49,14 +54,16 @@ struct Sizes {
     /// Seconds measured before the kill, and after it.
     before_kill_s: i64,
     after_kill_s: i64,
+    /// Each phase of the raw baseline (one at a time, batched) lasts at most this long.
+    raw_phase: Duration,
 }
 
 impl Sizes {
     fn of(c: &Ctx) -> Sizes {
         if c.quick {
-            Sizes { jobs: 100, window_s: 8, before_kill_s: 4, after_kill_s: 6 }
+            Sizes { jobs: 100, window_s: 8, before_kill_s: 4, after_kill_s: 6, raw_phase: Duration::from_millis(500) }
         } else {
-            Sizes { jobs: 1000, window_s: 30, before_kill_s: 15, after_kill_s: 20 }
+            Sizes { jobs: 1000, window_s: 30, before_kill_s: 15, after_kill_s: 20, raw_phase: Duration::from_secs(4) }
         }
     }
 }
@@ -65,8 +72,11 @@ impl Sizes {
 pub fn spread(c: &Ctx) -> anyhow::Result<String> {
     let sz = Sizes::of(c);
     let mut even = vec![];
+    let mut cpu = vec![];
     for round in 0..c.rounds {
-        even.push(even_round(c, &sz, round)?);
+        let (row, figures) = even_round(c, &sz, round)?;
+        even.push(row);
+        cpu.push(figures);
     }
     let mut killed = vec![];
     for round in 0..c.rounds {
@@ -77,6 +87,7 @@ pub fn spread(c: &Ctx) -> anyhow::Result<String> {
          measured from {settle} s after the nodes start, once each has read the others' heartbeats; \
          exactly once verified tick by tick: every tick of every job in the window ran once)\n\n\
          ### Even fleet ({w} s measured)\n\n{}\n\
+         ### CPU of the even fleet ({w} s measured)\n\n{}\n{cpu_note}\n\n\
          ### One node SIGKILLed mid-run ({b} s measured before the kill, {a} s after)\n\n{}\n\
          Lateness: handler start minus the tick's instant. Per-tick costs: a node's calls over \
          every tick the fleet ran while it lived. Backups: ticks started at least {backup} ms \
@@ -96,6 +107,7 @@ pub fn spread(c: &Ctx) -> anyhow::Result<String> {
             ],
             &even
         ),
+        cpu_table(&cpu),
         table(
             &[
                 "round",
@@ -116,6 +128,7 @@ pub fn spread(c: &Ctx) -> anyhow::Result<String> {
         b = sz.before_kill_s,
         a = sz.after_kill_s,
         backup = BACKUP_AFTER_MS,
+        cpu_note = cpu_note(sz.raw_phase),
     ))
 }
 
@@ -144,12 +157,17 @@ fn settled_instant() -> i64 {
     (t / 1000 + 1) * 1000
 }
 
-/// One round without a kill: a table row.
-fn even_round(c: &Ctx, sz: &Sizes, round: usize) -> anyhow::Result<Vec<String>> {
+/// One round without a kill: a table row, and the CPU figures.
+fn even_round(c: &Ctx, sz: &Sizes, round: usize) -> anyhow::Result<(Vec<String>, Cpu)> {
     let (url, prefix) = fresh(&c.store, &c.dir, "spread");
+    let servers = server_names(&url);
+    // The raw baseline goes first, on a server no node uses yet; its table or keys are
+    // gone before the window (no autovacuum of it, no expiries there).
+    let raw = if servers.is_empty() { None } else { Some(block(raw_cpu(&url, &prefix, servers, sz.raw_phase))?) };
     let begin = settled_instant();
     let end = begin + sz.window_s * 1000;
     let procs = fleet(c, &url, &prefix, sz.jobs, end, false);
+    let used = window_cpu(&procs, servers, begin, end);
     let reps = reports(procs, Duration::from_secs((end - begin) as u64 / 1000 + 90));
     block(cleanup(&url, &prefix));
     anyhow::ensure!(reps.len() == NODES, "spread: only {} of {NODES} nodes reported", reps.len());
@@ -170,7 +188,8 @@ fn even_round(c: &Ctx, sz: &Sizes, round: usize) -> anyhow::Result<Vec<String>> 
     let busiest = runs.iter().map(|r| r.1).max().unwrap_or(0) as f64 / total.max(1) as f64;
     let late: Vec<f64> = in_window(&all, begin, end).map(lateness_ms).collect();
     let per_tick = |k: &str| reps.iter().map(|r| r[k].as_f64().unwrap_or(0.0) / ticks_run as f64).fold(0.0, f64::max);
-    Ok(vec![
+    let cpu = Cpu::of(&runs, &used, total, raw);
+    let row = vec![
         (round + 1).to_string(),
         runs.iter().map(|(n, k)| format!("{n} {k}")).collect::<Vec<_>>().join(", "),
         format!("{busiest:.3}"),
@@ -180,7 +199,156 @@ fn even_round(c: &Ctx, sz: &Sizes, round: usize) -> anyhow::Result<Vec<String>> 
         format!("{:.3}", per_tick("requests")),
         format!("{:.4}", per_tick("calls")),
         "busiest ≤ 0.45; p99 ≤ 1.2 × and claim calls ≤ 2 × before spreading".into(),
-    ])
+    ];
+    Ok((row, cpu))
+}
+
+/// The CPU the nodes and the store's server used from `begin` to `end` (ms).
+struct WindowCpu {
+    /// Each node's CPU ms, by node id.
+    nodes: HashMap<String, u64>,
+    /// The server's; none without a server (SQLite).
+    store: Option<Usage>,
+}
+
+/// Reads the nodes' and the server's CPU at `begin` and at `end` (ms, waiting for each).
+fn window_cpu(procs: &[Proc], servers: &[&str], begin: i64, end: i64) -> WindowCpu {
+    let nodes_ms = || -> HashMap<String, u64> { procs.iter().map(|p| (p.id.clone(), cpu_ms(p.child.id()))).collect() };
+    sleep_until(begin);
+    let (nodes0, store0) = (nodes_ms(), Sample::take(servers));
+    sleep_until(end);
+    let (nodes1, store1) = (nodes_ms(), Sample::take(servers));
+    let nodes = nodes1.iter().map(|(id, ms)| (id.clone(), ms.saturating_sub(nodes0[id]))).collect();
+    WindowCpu { nodes, store: (!servers.is_empty()).then(|| store1.since(&store0)) }
+}
+
+/// Sleeps until `at_ms` (wall clock), if it is ahead.
+fn sleep_until(at_ms: i64) {
+    let wait = at_ms - Utc::now().timestamp_millis();
+    if wait > 0 {
+        std::thread::sleep(Duration::from_millis(wait as u64));
+    }
+}
+
+/// The CPU figures of one even round, in µs.
+struct Cpu {
+    /// Per node: its process's CPU over the runs it started in the window.
+    per_run: Vec<(String, f64)>,
+    /// All nodes' CPU over all their runs in the window.
+    fleet: f64,
+    /// The server's CPU per tick run in the window, and its processes; none on SQLite.
+    store: Option<(f64, Usage)>,
+    /// The raw baseline; none on SQLite.
+    raw: Option<RawCpu>,
+}
+
+impl Cpu {
+    /// From the runs each node started in the window, the window's CPU and its ticks run.
+    fn of(runs: &[(String, usize)], used: &WindowCpu, ticks: usize, raw: Option<RawCpu>) -> Cpu {
+        let us = |ms: u64, n: usize| ms as f64 * 1000.0 / n.max(1) as f64;
+        let node_ms = |n: &str| used.nodes.get(n).copied().unwrap_or(0);
+        Cpu {
+            per_run: runs.iter().map(|(n, k)| (n.clone(), us(node_ms(n), *k))).collect(),
+            fleet: us(runs.iter().map(|(n, _)| node_ms(n)).sum(), runs.iter().map(|r| r.1).sum()),
+            store: used.store.map(|u| (us(u.ms, ticks), u)),
+            raw,
+        }
+    }
+
+    /// Store CPU per tick over the raw batched insert's per op.
+    fn ratio(&self) -> Option<f64> {
+        Some(self.store?.0 / self.raw?.batched_us)
+    }
+}
+
+/// The CPU table: a row per round, then (with several) the medians.
+fn cpu_table(rounds: &[Cpu]) -> String {
+    let mut rows: Vec<Vec<String>> = rounds.iter().enumerate().map(|(i, c)| cpu_row(i + 1, c)).collect();
+    if rounds.len() > 1 {
+        rows.push(cpu_medians(rounds));
+    }
+    table(
+        &[
+            "round",
+            "process CPU per run, per node (µs)",
+            "fleet's process CPU per run",
+            "store CPU per tick",
+            "server processes kept / born / ended (missed)",
+            "raw one at a time: store CPU per op",
+            &format!("raw batched ×{RAW_BATCH}: store CPU per op"),
+            "store per tick / raw batched",
+            "target",
+        ],
+        &rows,
+    )
+}
+
+const CPU_TARGET: &str = "process ≤ 5 µs per run (Redis, PostgreSQL); store per tick ≤ 3 × raw";
+
+fn cpu_row(round: usize, c: &Cpu) -> Vec<String> {
+    let na = || "n/a (in process)".to_owned();
+    vec![
+        round.to_string(),
+        c.per_run.iter().map(|(n, us)| format!("{n} {}", fmt(*us))).collect::<Vec<_>>().join(", "),
+        format!("{} µs", fmt(c.fleet)),
+        c.store.map_or_else(na, |(us, _)| format!("{} µs", fmt(us))),
+        c.store.map_or_else(na, |(_, u)| format!("{} / {} / {}", u.kept, u.born, u.ended)),
+        c.raw.map_or_else(na, |r| format!("{} µs ({} ops)", fmt(r.single_us), r.single_ops)),
+        c.raw.map_or_else(na, |r| format!("{} µs ({} ops)", fmt(r.batched_us), r.batched_ops)),
+        c.ratio().map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}")),
+        CPU_TARGET.into(),
+    ]
+}
+
+/// Medians (min..max) of the rounds.
+fn cpu_medians(rounds: &[Cpu]) -> Vec<String> {
+    let col = |f: fn(&Cpu) -> Option<f64>, unit: &str| {
+        let v: Vec<f64> = rounds.iter().filter_map(f).collect();
+        if v.is_empty() {
+            "n/a".to_owned()
+        } else {
+            mmm(&v, unit)
+        }
+    };
+    let nodes: Vec<String> = rounds[0]
+        .per_run
+        .iter()
+        .map(|(n, _)| {
+            let v: Vec<f64> = rounds.iter().filter_map(|c| c.per_run.iter().find(|p| &p.0 == n).map(|p| p.1)).collect();
+            format!("{n} {}", fmt(quantile(&v, 0.5)))
+        })
+        .collect();
+    vec![
+        "median (min..max)".into(),
+        nodes.join(", "),
+        col(|c| Some(c.fleet), " µs"),
+        col(|c| c.store.map(|s| s.0), " µs"),
+        "—".into(),
+        col(|c| c.raw.map(|r| r.single_us), " µs"),
+        col(|c| c.raw.map(|r| r.batched_us), " µs"),
+        col(Cpu::ratio, ""),
+        CPU_TARGET.into(),
+    ]
+}
+
+/// How the CPU table was measured.
+fn cpu_note(raw_phase: Duration) -> String {
+    format!(
+        "Process CPU per run: a node process's utime + stime (every thread's; /proc/PID/stat, read by \
+         the parent at the window's first and last instant, 10 ms resolution) over the runs it started \
+         in the window; the fleet's: all nodes' CPU over all their runs. Store CPU per tick: the same for \
+         the store's server processes, found by command name (`postgres`, `mariadbd` or `mysqld`, \
+         `redis-server`, `etcd`; SQLite runs in the node: n/a), over the ticks run in the window. \
+         Processes born in the window count whole; those that ended in it are missed (counted in the \
+         table); whatever else the server did then (other clients, its background work) is counted. \
+         Raw: the store's insert-if-absent into a fresh table or keys right before the fleet starts, \
+         the server's CPU read the same way: for at most {phase} s one at a time (a round trip each), \
+         then for at most {phase} s in batches of {RAW_BATCH} (PostgreSQL one `INSERT … SELECT \
+         unnest($1) ON CONFLICT DO NOTHING`, MariaDB one multi-row `INSERT IGNORE`, Redis one pipeline \
+         of `SET NX PX`, etcd `Txn`s of 128 create-if-absent, 4 in flight, as its claim's chunks). The \
+         ratio is to the batched raw insert, as a node claims a second's ticks in one call.",
+        phase = raw_phase.as_secs_f64(),
+    )
 }
 
 /// One round with `s0` killed (SIGKILL) mid-run: a table row.
@@ -245,10 +413,7 @@ fn kill_round(c: &Ctx, sz: &Sizes, round: usize) -> anyhow::Result<Vec<String>> 
 
 /// SIGKILLs `victim` at `at_ms` (not before) and returns when it was killed, in ms.
 fn kill(mut victim: Proc, at_ms: i64) -> anyhow::Result<i64> {
-    let wait = at_ms - Utc::now().timestamp_millis();
-    if wait > 0 {
-        std::thread::sleep(Duration::from_millis(wait as u64));
-    }
+    sleep_until(at_ms);
     anyhow::ensure!(victim.child.try_wait()?.is_none(), "node {} exited before it was to be killed", victim.id);
     // `Child::kill` is SIGKILL: no drain, no goodbye, no report; its runs' ends are lost.
     victim.child.kill()?;
