@@ -90,6 +90,14 @@ impl Store for Counting {
         self.hit();
         self.inner.registrations().await
     }
+    async fn registrations_page(
+        &self,
+        after: Option<&RegistryCursor>,
+        limit: usize,
+    ) -> Result<RegistryPage, StoreError> {
+        self.hit();
+        self.inner.registrations_page(after, limit).await
+    }
     async fn registrations_of(&self, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {
         self.hit();
         self.inner.registrations_of(jobs).await

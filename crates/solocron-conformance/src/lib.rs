@@ -171,6 +171,7 @@ macro_rules! conformance_tests {
             // Registry and operators' controls.
             register_records_a_nodes_whole_list_keeping_first_seen_and_removing_unlisted_jobs,
             a_page_of_registrations_and_the_registered_names_agree_with_the_whole_registry,
+            a_registry_read_in_pages_returns_every_registration_present_throughout,
             a_paused_job_records_its_scheduled_ticks_skipped_but_runs_manual_ones,
             manual_requests_get_unique_off_second_ticks_and_stay_pending_until_claimed,
             a_request_made_elsewhere_wakes_the_request_watch,

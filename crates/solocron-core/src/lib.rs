@@ -60,9 +60,9 @@ pub use run::{output_tail, RunId, RunRecord, RunState, Tick, Trigger, OUTPUT_TAI
 pub use schedule::{Schedule, ScheduleError, TICKS_ENUMERATED_MAX};
 pub use store::{
     spread_start, stable_hash, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
-    Lease, RecoverAction, RecoverOutcome, Registration, Renewal, RequestWatch, RunCounts, RunEnd, RunRequest,
-    SchemaState, Store, StoreError, CLAIM_BATCH_MAX, CLAIM_EARLY_MAX, COUNT_PAGES_MAX, FINISH_BATCH_MAX,
-    JOBS_ASKED_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
+    Lease, RecoverAction, RecoverOutcome, Registration, RegistryCursor, RegistryPage, Renewal, RequestWatch, RunCounts,
+    RunEnd, RunRequest, SchemaState, Store, StoreError, CLAIM_BATCH_MAX, CLAIM_EARLY_MAX, COUNT_PAGES_MAX,
+    FINISH_BATCH_MAX, JOBS_ASKED_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, REGISTRY_PAGE_MAX, RENEW_BATCH_MAX,
 };
 
 /// The source of wall-clock time for schedule decisions; tests inject their own.

@@ -67,6 +67,9 @@ pub const RECORDS_PAGE_MAX: usize = 10_000;
 /// Most job names one [`Store::registrations_of`] call asks for (a page of views and a
 /// little more).
 pub const JOBS_ASKED_MAX: usize = 1_000;
+/// Most registrations one [`Store::registrations_page`] call asks for (a larger `limit`
+/// counts as this one).
+pub const REGISTRY_PAGE_MAX: usize = 1_000;
 /// Most records one [`Store::prune`] call deletes.
 pub const PRUNE_BATCH_MAX: usize = 10_000;
 
@@ -346,6 +349,53 @@ pub struct Registration {
     pub last_seen: DateTime<Utc>,
 }
 
+/// A page of the job registry (see [`Store::registrations_page`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RegistryPage {
+    /// Registrations, in an order of the store's choosing.
+    pub registrations: Vec<Registration>,
+    /// Where the next page starts; `None`: the read is complete.
+    pub next: Option<RegistryCursor>,
+}
+
+/// Where a registry read in pages stands: made by the store, passed back unchanged by the
+/// reader (see [`Store::registrations_page`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryCursor(String);
+
+impl RegistryCursor {
+    /// A cursor of the store's own making (an etcd key, a Redis `ZSCAN` cursor).
+    pub fn new(text: impl Into<String>) -> RegistryCursor {
+        RegistryCursor(text.into())
+    }
+
+    /// The cursor's text, for the store that made it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The cursor just after `node`'s registration of `job`, for a store that reads its
+    /// registry in `(job, node)` order: the job's length first, so that neither name needs
+    /// escaping.
+    ///
+    /// ```
+    /// use solocron_core::RegistryCursor;
+    /// let c = RegistryCursor::after("a:b", "n:1");
+    /// assert_eq!(c.job_and_node(), Some(("a:b", "n:1")));
+    /// assert_eq!(RegistryCursor::new("x").job_and_node(), None);
+    /// ```
+    pub fn after(job: &str, node: &str) -> RegistryCursor {
+        RegistryCursor(format!("{}:{job}{node}", job.len()))
+    }
+
+    /// The `(job, node)` of a cursor made by [`RegistryCursor::after`]; `None` for any other.
+    pub fn job_and_node(&self) -> Option<(&str, &str)> {
+        let (len, rest) = self.0.split_once(':')?;
+        let len: usize = len.parse().ok()?;
+        Some((rest.get(..len)?, rest.get(len..)?))
+    }
+}
+
 /// A job's fleet-wide switches (pause), as an operator left them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobControl {
@@ -563,6 +613,27 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every registration of every node, by job then node.
     async fn registrations(&self) -> Result<Vec<Registration>, StoreError>;
+
+    /// The registry a page at a time, so that a reader of a large fleet's registry (every
+    /// node, at each refresh) holds one page of it, not all of it: `after` is `None` for
+    /// the first page, then the `next` of the page before. A page holds at most `limit`
+    /// registrations (taken as [`REGISTRY_PAGE_MAX`] if larger), except that a store that
+    /// scans a hash table (Redis) may return a few more, or a small registry whole.
+    ///
+    /// Pages are not one snapshot: every registration that exists from the first page's
+    /// call to the last page's is returned at least once (as it was, or as a registration
+    /// meanwhile made it); one added or removed in between may be returned or not; any may
+    /// be returned twice.
+    ///
+    /// The default returns [`Store::registrations`] whole, in one page.
+    async fn registrations_page(
+        &self,
+        after: Option<&RegistryCursor>,
+        limit: usize,
+    ) -> Result<RegistryPage, StoreError> {
+        let _ = (after, limit);
+        Ok(RegistryPage { registrations: self.registrations().await?, next: None })
+    }
 
     /// The registrations of these jobs only, by job then node (at most
     /// [`JOBS_ASKED_MAX`] names; more is a bug of the caller). A page of the fleet's views

@@ -9,8 +9,9 @@ use etcd_client::{
     Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use solocron_core::{
-    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RunId, RunRecord,
-    RunRequest, RunState, StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RegistryCursor,
+    RegistryPage, RunId, RunRecord, RunRequest, RunState, StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    REGISTRY_PAGE_MAX,
 };
 
 use crate::codec::{
@@ -236,6 +237,37 @@ pub(crate) async fn registrations(store: &EtcdStore) -> Result<Vec<Registration>
     }
     out.sort_by(|a, b| (&a.definition.job, &a.node).cmp(&(&b.definition.job, &b.node)));
     Ok(out)
+}
+
+/// A page of the registry in key order, by node then job (see
+/// [`solocron_core::Store::registrations_page`]): each page a range read from the key the
+/// cursor names, at the latest revision.
+pub(crate) async fn registrations_page(
+    store: &EtcdStore,
+    after: Option<&RegistryCursor>,
+    limit: usize,
+) -> Result<RegistryPage, StoreError> {
+    let family = store.keys.family("registry");
+    let start = match after {
+        None => family.clone(),
+        // Only a key of this prefix's registry: a cursor cannot read out of it.
+        Some(cursor) if cursor.as_str().starts_with(&family) => cursor.as_str().to_owned(),
+        Some(cursor) => return Err(StoreError::Invalid(format!("not a registry cursor of this store: {cursor:?}"))),
+    };
+    let limit = limit.clamp(1, REGISTRY_PAGE_MAX);
+    let options = GetOptions::new().with_range(prefix_end(&family)).with_limit(limit as i64);
+    let mut resp = range(&store.client, "a registry read", &start, options).await?;
+    let more = resp.more();
+    let kvs = resp.take_kvs();
+    let registrations = kvs
+        .iter()
+        .map(|kv| decode::<StoredRegistration>(kv.value(), "registration")?.to_registration())
+        .collect::<Result<Vec<_>, _>>()?;
+    let next = match kvs.last() {
+        Some(last) if more => Some(RegistryCursor::new(format!("{}\0", String::from_utf8_lossy(last.key())))),
+        _ => None,
+    };
+    Ok(RegistryPage { registrations, next })
 }
 
 /// Every key-value of a family (registry, controls), in pages at one revision.

@@ -284,7 +284,8 @@ use etcd_client::{Client, ConnectOptions};
 use solocron_core::{
     ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
     JobRevision, JobWrite, Lease, ManagedJob, Namespaces, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store, StoreError, Tick,
+    Registration, RegistryCursor, RegistryPage, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest,
+    SchemaState, Store, StoreError, Tick,
 };
 
 pub use admin::{HISTORY_SCAN_MAX, PRUNE_SCAN_MAX};
@@ -456,6 +457,14 @@ impl Store for EtcdStore {
 
     async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
         admin::registrations(self).await
+    }
+
+    async fn registrations_page(
+        &self,
+        after: Option<&RegistryCursor>,
+        limit: usize,
+    ) -> Result<RegistryPage, StoreError> {
+        admin::registrations_page(self, after, limit).await
     }
 
     async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RunCounts, RunId,
-    RunRecord, RunRequest, RunState, StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RegistryCursor,
+    RegistryPage, RunCounts, RunId, RunRecord, RunRequest, RunState, StoreError, Tick, NODE_FORGET_AFTER,
+    PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, REGISTRY_PAGE_MAX,
 };
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, QueryBuilder};
@@ -126,6 +127,44 @@ pub(crate) async fn registrations(store: &MySqlStore) -> Result<Vec<Registration
         .await
         .map_err(|e| Failure::from(e).into_store(context))?;
     rows.iter().map(|row| registration(row).map_err(|f| f.into_store(context))).collect()
+}
+
+/// A page of the registry in `(job, node)` order (see
+/// [`solocron_core::Store::registrations_page`]): each page a range of the primary key.
+/// The comparison is written out: MariaDB reads `(job, node) > (?, ?)` as a walk of the
+/// whole index, this as a range (EXPLAIN on MariaDB 10.11).
+pub(crate) async fn registrations_page(
+    store: &MySqlStore,
+    after: Option<&RegistryCursor>,
+    limit: usize,
+) -> Result<RegistryPage, StoreError> {
+    let context = "cannot list registrations";
+    let limit = limit.clamp(1, REGISTRY_PAGE_MAX);
+    let sql;
+    let query = match after {
+        None => {
+            sql = store.sql(&format!("{REGISTRY_SELECT} ORDER BY job, node LIMIT ?"));
+            sqlx::query(&sql)
+        }
+        Some(cursor) => {
+            let (job, node) = cursor
+                .job_and_node()
+                .ok_or_else(|| StoreError::Invalid(format!("not a registry cursor of this store: {cursor:?}")))?;
+            sql = store
+                .sql(&format!("{REGISTRY_SELECT} WHERE job > ? OR (job = ? AND node > ?) ORDER BY job, node LIMIT ?"));
+            sqlx::query(&sql).bind(job).bind(job).bind(node)
+        }
+    };
+    let rows =
+        query.bind(limit as u64).fetch_all(&store.pool).await.map_err(|e| Failure::from(e).into_store(context))?;
+    let registrations =
+        rows.iter().map(|row| registration(row).map_err(|f| f.into_store(context))).collect::<Result<Vec<_>, _>>()?;
+    // A full page may have a next one; a short one is the last.
+    let next = match registrations.last() {
+        Some(last) if registrations.len() == limit => Some(RegistryCursor::after(&last.definition.job, &last.node)),
+        _ => None,
+    };
+    Ok(RegistryPage { registrations, next })
 }
 
 /// The registrations of `jobs`, by job then node (the primary key's index).

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RunCounts, RunId,
-    RunRecord, RunRequest, StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RegistryCursor,
+    RegistryPage, RunCounts, RunId, RunRecord, RunRequest, StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX,
+    REGISTRY_PAGE_MAX,
 };
 use sqlx::{PgConnection, Postgres, QueryBuilder};
 
@@ -82,36 +83,51 @@ pub(crate) async fn now(store: &PgStore) -> Result<DateTime<Utc>, StoreError> {
     instant(ms)
 }
 
-/// Records that `node` runs exactly `jobs`, in one statement: the upsert of each listed
-/// job's registration, and the removal of the node's others.
+/// Jobs per statement of a registration: each statement's arrays are encoded whole, so a
+/// long list goes in statements of this many, in one transaction (one statement of 10,000
+/// jobs held 6 MB of encoded arrays in this process).
+const REGISTER_STATEMENT_JOBS: usize = 500;
+
+/// Records that `node` runs exactly `jobs`, in one transaction: the removal of the node's
+/// unlisted jobs, then the upsert of the listed ones in statements of
+/// [`REGISTER_STATEMENT_JOBS`]. Every statement reads `now()`, the transaction's start, so
+/// every registration gets the same `last_seen`.
 pub(crate) async fn register(store: &PgStore, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
     // One row per job: an upsert cannot touch the same row twice in one statement.
-    let unique: BTreeMap<&str, &JobDefinition> = jobs.iter().map(|d| (d.job.as_str(), d)).collect();
-    let column = |f: fn(&JobDefinition) -> &str| unique.values().map(|d| f(d)).collect::<Vec<_>>();
-    // The removal and the upsert see one snapshot and touch disjoint rows (listed or not).
+    let unique: Vec<&JobDefinition> =
+        jobs.iter().map(|d| (d.job.as_str(), d)).collect::<BTreeMap<_, _>>().into_values().collect();
+    let names: Vec<&str> = unique.iter().map(|d| d.job.as_str()).collect();
     // `NOT IN (SELECT ...)` is a hashed subplan, one probe per row of the node (found by
     // `{p}registry_node`), where `<> ALL($2)` would walk the whole array for each row under a
     // generic plan.
-    sqlx::query(&store.sql(
-        "WITH unlisted AS (
-             DELETE FROM {p}registry WHERE node = $1 AND job NOT IN (SELECT unnest($2::text[])))
-         INSERT INTO {p}registry (job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen)
+    let unlist = store.sql("DELETE FROM {p}registry WHERE node = $1 AND job NOT IN (SELECT unnest($2::text[]))");
+    let upsert = store.sql(
+        "INSERT INTO {p}registry (job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen)
          SELECT d.job, $1, d.schedule, d.timezone, d.definition_hash, d.summary, {now}, {now}
          FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
               AS d(job, schedule, timezone, definition_hash, summary)
          ON CONFLICT (job, node) DO UPDATE SET schedule = excluded.schedule, timezone = excluded.timezone,
             definition_hash = excluded.definition_hash, summary = excluded.summary, last_seen = excluded.last_seen",
-    ))
-    .bind(node)
-    .bind(column(|d| &d.job))
-    .bind(column(|d| &d.schedule))
-    .bind(column(|d| &d.timezone))
-    .bind(column(|d| &d.definition_hash))
-    .bind(column(|d| &d.summary))
-    .execute(&store.pool)
+    );
+    retrying("register", || async {
+        let mut tx = store.pool.begin().await?;
+        sqlx::query(&unlist).bind(node).bind(&names).execute(&mut *tx).await?;
+        for part in unique.chunks(REGISTER_STATEMENT_JOBS) {
+            let column = |f: fn(&JobDefinition) -> &str| part.iter().map(|d| f(d)).collect::<Vec<_>>();
+            sqlx::query(&upsert)
+                .bind(node)
+                .bind(column(|d| &d.job))
+                .bind(column(|d| &d.schedule))
+                .bind(column(|d| &d.timezone))
+                .bind(column(|d| &d.definition_hash))
+                .bind(column(|d| &d.summary))
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    })
     .await
-    .map_err(step("register"))?;
-    Ok(())
 }
 
 /// Every registration, by job then node.
@@ -121,6 +137,38 @@ pub(crate) async fn registrations(store: &PgStore) -> Result<Vec<Registration>, 
         .await
         .map_err(step("registrations"))?;
     rows.iter().map(registration).collect()
+}
+
+/// A page of the registry in `(job, node)` order (see
+/// [`solocron_core::Store::registrations_page`]): each page a range of the primary key.
+pub(crate) async fn registrations_page(
+    store: &PgStore,
+    after: Option<&RegistryCursor>,
+    limit: usize,
+) -> Result<RegistryPage, StoreError> {
+    let limit = limit.clamp(1, REGISTRY_PAGE_MAX);
+    let sql;
+    let query = match after {
+        None => {
+            sql = store.sql("SELECT * FROM {p}registry ORDER BY job, node LIMIT $1");
+            sqlx::query(&sql).bind(limit as i64)
+        }
+        Some(cursor) => {
+            let (job, node) = cursor
+                .job_and_node()
+                .ok_or_else(|| StoreError::Invalid(format!("not a registry cursor of this store: {cursor:?}")))?;
+            sql = store.sql("SELECT * FROM {p}registry WHERE (job, node) > ($2, $3) ORDER BY job, node LIMIT $1");
+            sqlx::query(&sql).bind(limit as i64).bind(job).bind(node)
+        }
+    };
+    let rows = query.fetch_all(&store.pool).await.map_err(step("registrations"))?;
+    let registrations = rows.iter().map(registration).collect::<Result<Vec<_>, _>>()?;
+    // A full page may have a next one; a short one is the last.
+    let next = match registrations.last() {
+        Some(last) if registrations.len() == limit => Some(RegistryCursor::after(&last.definition.job, &last.node)),
+        _ => None,
+    };
+    Ok(RegistryPage { registrations, next })
 }
 
 /// The registrations of `jobs`, by job then node (the primary key's index).

@@ -137,8 +137,8 @@ use chrono::{DateTime, Utc};
 use solocron_core::{
     ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
     JobRevision, JobWrite, Lease, ManagedJob, Namespaces, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, Renewal, RequestWatch, RunCounts, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store,
-    StoreError, Tick,
+    Registration, RegistryCursor, RegistryPage, Renewal, RequestWatch, RunCounts, RunEnd, RunId, RunRecord, RunRequest,
+    SchemaState, Store, StoreError, Tick,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor};
@@ -344,6 +344,14 @@ impl Store for PgStore {
 
     async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
         admin::registrations(self).await
+    }
+
+    async fn registrations_page(
+        &self,
+        after: Option<&RegistryCursor>,
+        limit: usize,
+    ) -> Result<RegistryPage, StoreError> {
+        admin::registrations_page(self, after, limit).await
     }
 
     async fn registrations_of(&self, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {

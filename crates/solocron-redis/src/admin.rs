@@ -7,11 +7,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redis::Value;
 use solocron_core::{
-    HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RunRecord, RunRequest, StoreError, Tick,
-    NODE_FORGET_AFTER, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RegistryCursor, RegistryPage, RunRecord,
+    RunRequest, StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, REGISTRY_PAGE_MAX,
 };
 
-use crate::call::{millis, optional};
+use crate::call::{millis, optional, Call};
 use crate::decode::{self, convert, instant, invalid};
 use crate::error::redis_error;
 use crate::fleet::ACTIONS_KEPT_MAX;
@@ -71,15 +71,47 @@ pub(crate) async fn now(store: &RedisStore) -> Result<DateTime<Utc>, StoreError>
     instant(secs * 1000 + micros / 1000)
 }
 
+/// Jobs per call of a registration: a longer list is staged in calls of this many, then
+/// applied by one call (see `lua/register_stage.lua`). One call of 10,000 jobs held 8 MB of
+/// buffers in this process (the command, its packed copy, the connection's copy).
+const REGISTER_CALL_JOBS: usize = 500;
+
 /// Records that `node` runs exactly these jobs (see [`solocron_core::Store::register`]):
 /// one call upserts the listed ones and deletes the node's others, even when none is listed.
+/// A list longer than [`REGISTER_CALL_JOBS`] is staged first, in calls of that many, under
+/// an id of this registration's own; nothing is registered before the last call.
 pub(crate) async fn register(store: &RedisStore, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
+    let (inline, stage) = match jobs.len() {
+        n if n <= REGISTER_CALL_JOBS => (jobs, String::new()),
+        _ => (&[][..], stage_id()),
+    };
+    if !stage.is_empty() {
+        for part in jobs.chunks(REGISTER_CALL_JOBS) {
+            let mut call = store.invocation(&CODE.register_stage);
+            call.arg(node).arg(&stage);
+            definitions(&mut call, part);
+            store.run(&call, "register").await?;
+        }
+    }
     let mut call = store.invocation(&CODE.register);
-    call.arg(node).arg(jobs.len());
+    call.arg(node).arg(jobs.len()).arg(&stage);
+    definitions(&mut call, inline);
+    store.run(&call, "register").await.map(drop)
+}
+
+/// Adds each definition's five arguments to `call`.
+fn definitions(call: &mut Call, jobs: &[JobDefinition]) {
     for job in jobs {
         call.arg(&job.job).arg(&job.schedule).arg(&job.timezone).arg(&job.definition_hash).arg(&job.summary);
     }
-    store.run(&call, "register").await.map(drop)
+}
+
+/// An id for one registration's stage, unique among this node's registrations: this
+/// process's id and the wall clock's nanoseconds (a node registers from one process, one
+/// registration at a time).
+fn stage_id() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{}.{nanos}", std::process::id())
 }
 
 /// Every registration, by job then node.
@@ -89,6 +121,29 @@ pub(crate) async fn registrations(store: &RedisStore) -> Result<Vec<Registration
         decode::each(reply, "registrations", decode::registration)?.into_iter().collect::<Result<Vec<_>, _>>()?;
     all.sort_by(|a, b| (&a.definition.job, &a.node).cmp(&(&b.definition.job, &b.node)));
     Ok(all)
+}
+
+/// A page of the registry: one `ZSCAN` step over its ids (see
+/// [`solocron_core::Store::registrations_page`]), so in no order, and about `limit` of them
+/// (a step returns whole hash buckets; a registry of up to Redis's
+/// `zset-max-listpack-entries`, 128 by default, comes whole).
+pub(crate) async fn registrations_page(
+    store: &RedisStore,
+    after: Option<&RegistryCursor>,
+    limit: usize,
+) -> Result<RegistryPage, StoreError> {
+    let cursor = after.map_or("0", RegistryCursor::as_str);
+    if cursor.is_empty() || !cursor.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(StoreError::Invalid(format!("not a registry cursor of this store: {cursor:?}")));
+    }
+    let mut call = store.invocation(&CODE.registrations_page);
+    call.arg(cursor).arg(limit.clamp(1, REGISTRY_PAGE_MAX));
+    let reply = store.run(&call, "registrations").await?;
+    let (next, hashes): (String, Value) = convert(reply, "registry page")?;
+    let registrations =
+        decode::each(hashes, "registrations", decode::registration)?.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let next = (next != "0").then(|| RegistryCursor::new(next));
+    Ok(RegistryPage { registrations, next })
 }
 
 /// Sets a job's pause switch, and records the action (see

@@ -87,6 +87,7 @@
 //! | `{solocron}:ctl:<job>` / `…ctls` | hash / set | a job's pause switch / the jobs ever switched |
 //! | `{solocron}:reg:<len(job)>:<job>:<node>` / `…regs` | hash / sorted set | a registration / their ids by `last_seen` |
 //! | `{solocron}:nregs:<node>` | set | the node's registration ids, and the member `""` once they are all there (see "Cost") |
+//! | `{solocron}:regstage:<len(node)>:<node>:<id>` | list | a long job list on its way to one registration (see "Cost"); expires after a minute |
 //! | `{solocron}:req` / `…reqpend` / `…reqby` | sorted sets / hash | manual requests (`<ms>:<job>`), those with no record yet, who asked |
 //! | `{solocron}:node:<node>` / `…nodes` / `…nodeseen` | hash / sorted sets | a node's last heartbeat / node ids by id (all scored 0) / by `last_seen` |
 //! | `{solocron}:act:<id>` / `…acts` / `…actseq` | hash / sorted set / string | an operator's action / action ids by instant / the id counter |
@@ -160,7 +161,9 @@
 //!
 //! [`Store::register`] is one call: it upserts each listed job's registration and deletes
 //! the node's others, which it finds in the node's `nregs` set (so a refresh that changes
-//! nothing reads the node's ids once and writes what it wrote before). A node whose set is
+//! nothing reads the node's ids once and writes what it wrote before). A list of more than
+//! 500 jobs is first staged in a `regstage` list, 500 jobs a call, which that one call
+//! reads and deletes: no call, and no buffer of the node's, holds the whole list. A node whose set is
 //! absent or lacks its `""` mark (new to this layout, or forgotten by prune as silent) is
 //! looked for once in the whole registry instead, which also finds the registrations
 //! written by builds that kept no such set; such a call costs one read of every
@@ -304,7 +307,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use solocron_core::{
     ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
     JobRevision, JobWrite, Lease, ManagedJob, Namespaces, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest, SchemaState, Store, StoreError, Tick,
+    Registration, RegistryCursor, RegistryPage, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest,
+    SchemaState, Store, StoreError, Tick,
 };
 
 pub use fleet::ACTIONS_KEPT_MAX;
@@ -472,6 +476,14 @@ impl Store for RedisStore {
 
     async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
         admin::registrations(self).await
+    }
+
+    async fn registrations_page(
+        &self,
+        after: Option<&RegistryCursor>,
+        limit: usize,
+    ) -> Result<RegistryPage, StoreError> {
+        admin::registrations_page(self, after, limit).await
     }
 
     async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {

@@ -41,7 +41,9 @@ pub(crate) struct Code {
     pub recover: Method,
     pub history: Method,
     pub register: Method,
+    pub register_stage: Method,
     pub registrations: Method,
+    pub registrations_page: Method,
     pub set_paused: Method,
     pub controls: Method,
     pub request_run: Method,
@@ -63,7 +65,7 @@ pub(crate) struct Code {
 /// Every method: its name (its handler in `handlers`, and its file), its file, and
 /// whether it only reads (flagged `no-writes` in the library, so that it still answers
 /// when the server refuses writes, e.g. at `maxmemory`).
-const METHODS: [(&str, &str, bool); 26] = [
+const METHODS: [(&str, &str, bool); 28] = [
     ("claim", include_str!("lua/claim.lua"), false),
     ("renew", include_str!("lua/renew.lua"), false),
     ("finish", include_str!("lua/finish.lua"), false),
@@ -73,7 +75,9 @@ const METHODS: [(&str, &str, bool); 26] = [
     ("recover", include_str!("lua/recover.lua"), false),
     ("history", include_str!("lua/history.lua"), true),
     ("register", include_str!("lua/register.lua"), false),
+    ("register_stage", include_str!("lua/register_stage.lua"), false),
     ("registrations", include_str!("lua/registrations.lua"), true),
+    ("registrations_page", include_str!("lua/registrations_page.lua"), true),
     ("set_paused", include_str!("lua/set_paused.lua"), false),
     ("controls", include_str!("lua/controls.lua"), true),
     ("request_run", include_str!("lua/request_run.lua"), false),
@@ -138,7 +142,9 @@ fn build() -> Code {
         recover: method("recover"),
         history: method("history"),
         register: method("register"),
+        register_stage: method("register_stage"),
         registrations: method("registrations"),
+        registrations_page: method("registrations_page"),
         set_paused: method("set_paused"),
         controls: method("controls"),
         request_run: method("request_run"),

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RunCounts, RunId,
-    RunRecord, RunRequest, StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RegistryCursor,
+    RegistryPage, RunCounts, RunId, RunRecord, RunRequest, StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
+    REGISTRY_PAGE_MAX,
 };
 use sqlx::{QueryBuilder, Sqlite};
 
@@ -54,6 +55,10 @@ macro_rules! registry_select {
 }
 /// Every registration.
 const REGISTRATIONS: &str = concat!(registry_select!(), " ORDER BY job, node");
+/// The first page of the registry, in the primary key's order.
+const REGISTRY_FIRST_PAGE: &str = concat!(registry_select!(), " ORDER BY job, node LIMIT ?");
+/// A page of the registry after a `(job, node)`: a range of the primary key.
+const REGISTRY_PAGE: &str = concat!(registry_select!(), " WHERE (job, node) > (?, ?) ORDER BY job, node LIMIT ?");
 /// The registrations of some jobs; `{in}` is replaced by one `?` per name.
 const REGISTRATIONS_OF: &str = concat!(registry_select!(), " WHERE job IN ({in}) ORDER BY job, node");
 /// Every registered job's name, once (a walk of the primary key's index).
@@ -105,6 +110,8 @@ pub(crate) struct Sql {
     unregister_unlisted: String,
     registrations: String,
     registrations_of: String,
+    registry_first_page: String,
+    registry_page: String,
     registered_jobs: String,
     set_paused: String,
     paused: String,
@@ -126,6 +133,8 @@ impl Sql {
             unregister_unlisted: fill(UNREGISTER_UNLISTED, tables),
             registrations: fill(REGISTRATIONS, tables),
             registrations_of: fill(REGISTRATIONS_OF, tables),
+            registry_first_page: fill(REGISTRY_FIRST_PAGE, tables),
+            registry_page: fill(REGISTRY_PAGE, tables),
             registered_jobs: fill(REGISTERED_JOBS, tables),
             set_paused: fill(SET_PAUSED, tables),
             paused: fill(PAUSED, tables),
@@ -233,6 +242,33 @@ fn push_json_string(json: &mut String, text: &str) {
 pub(crate) async fn registrations(store: &SqliteStore) -> Result<Vec<Registration>, StoreError> {
     let rows = sqlx::query(&store.sql.admin.registrations).fetch_all(&store.pool).await.map_err(db_err)?;
     rows.iter().map(registration).collect()
+}
+
+/// A page of the registry in `(job, node)` order (see
+/// [`solocron_core::Store::registrations_page`]): each page a range of the primary key.
+pub(crate) async fn registrations_page(
+    store: &SqliteStore,
+    after: Option<&RegistryCursor>,
+    limit: usize,
+) -> Result<RegistryPage, StoreError> {
+    let limit = limit.clamp(1, REGISTRY_PAGE_MAX);
+    let query = match after {
+        None => sqlx::query(&store.sql.admin.registry_first_page),
+        Some(cursor) => {
+            let (job, node) = cursor
+                .job_and_node()
+                .ok_or_else(|| StoreError::Invalid(format!("not a registry cursor of this store: {cursor:?}")))?;
+            sqlx::query(&store.sql.admin.registry_page).bind(job).bind(node)
+        }
+    };
+    let rows = query.bind(limit as i64).fetch_all(&store.pool).await.map_err(db_err)?;
+    let registrations = rows.iter().map(registration).collect::<Result<Vec<_>, _>>()?;
+    // A full page may have a next one; a short one is the last.
+    let next = match registrations.last() {
+        Some(last) if registrations.len() == limit => Some(RegistryCursor::after(&last.definition.job, &last.node)),
+        _ => None,
+    };
+    Ok(RegistryPage { registrations, next })
 }
 
 /// The registrations of `jobs` (see [`solocron_core::Store::registrations_of`]).

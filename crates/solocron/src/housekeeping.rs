@@ -6,17 +6,30 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use solocron_core::{Liveness, Namespaces, NodeBeat, Store, StoreError, Trigger, HEARTBEAT_EVERY, PRUNE_BATCH_MAX};
+use solocron_core::{
+    Liveness, Namespaces, NodeBeat, Registration, Store, StoreError, Trigger, HEARTBEAT_EVERY, PRUNE_BATCH_MAX,
+    REGISTRY_PAGE_MAX,
+};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{counted, Engine};
+use crate::job::Job;
+use crate::jobset::JobSet;
 use crate::metrics::StoreOp;
+use crate::spread::Carriers;
 
 /// How often a node confirms its registrations (and looks for drift). Each refresh writes
 /// every job definition and reads every registration, so it is rare: with 10,000 jobs a
 /// one-minute refresh was most of an idle node's CPU (see BENCHMARKS.md).
 const REGISTRY_REFRESH: Duration = Duration::from_secs(5 * 60);
+/// Registrations asked for per page of a registry read: what a node holds of the registry
+/// at once (about 100 kB, and as much again in the driver's rows), whatever the fleet's
+/// size. Pages of 500 set the SQLite connection threads' allocator high-water marks half a
+/// megabyte higher each; 50 pages for 10,000 registrations cost a few milliseconds.
+const REGISTRY_PAGE: usize = 200;
+/// Most pages one registry read takes (1,000,000 registrations).
+const REGISTRY_PAGES_MAX: usize = 2_000;
 /// A registration not confirmed for this long is stale: it no longer counts for drift
 /// (three missed refreshes).
 pub const REGISTRATION_STALE_AFTER: Duration = Duration::from_secs(15 * 60);
@@ -94,9 +107,9 @@ pub(crate) async fn registry_loop(e: Arc<Engine>, shutdown: CancellationToken) {
     let mut list = e.jobs.watch();
     let mut warned: HashSet<(String, String, String)> = HashSet::new();
     loop {
-        let definitions: Vec<_> = list.borrow_and_update().jobs.iter().map(|j| j.definition()).collect();
-        match counted(StoreOp::Register, e.store.register(&e.node, &definitions)).await {
-            Ok(()) => read_registry(&e, &definitions, &mut warned).await,
+        let set = list.borrow_and_update().clone();
+        match register(&e, &set).await {
+            Ok(digests) => read_registry(&e, &set, &digests, &mut warned).await,
             Err(err) => tracing::warn!(error = %err, "cannot register this node's jobs; retrying later"),
         }
         tokio::select! {
@@ -107,33 +120,77 @@ pub(crate) async fn registry_loop(e: Arc<Engine>, shutdown: CancellationToken) {
     }
 }
 
-/// Reads the registry after this node registered: which nodes carry which jobs (for the
-/// spread of ticks), and any other node's different definition of a job, warned of once.
-async fn read_registry(
-    e: &Engine,
-    mine: &[solocron_core::JobDefinition],
-    warned: &mut HashSet<(String, String, String)>,
-) {
-    let (Ok(all), Ok(now)) =
-        (counted(StoreOp::Register, e.store.registrations()).await, counted(StoreOp::Now, e.store.now()).await)
-    else {
-        return;
-    };
-    e.spread.set_carriers(&all);
+/// Registers the jobs of `set`, and returns what drift is judged by: each job's definition
+/// digest, hashed ([`digest_key`]), in the list's order. The definitions themselves are
+/// dropped before the registry is read (several megabytes at 10,000 jobs).
+async fn register(e: &Engine, set: &JobSet) -> Result<Vec<u64>, StoreError> {
+    let definitions = crate::job::definitions(&set.jobs);
+    counted(StoreOp::Register, e.store.register(&e.node, &definitions)).await?;
+    Ok(definitions.iter().map(|d| digest_key(&d.definition_hash)).collect())
+}
+
+/// A definition digest as drift compares it: hashed, 8 bytes a job kept through a registry
+/// read instead of a string. Two different digests hash alike with a chance of 2^-64: a
+/// drift then goes unwarned.
+fn digest_key(digest: &str) -> u64 {
+    solocron_core::stable_hash(digest.bytes())
+}
+
+/// Reads the registry after this node registered, a page at a time: which nodes carry
+/// which of this node's jobs (for the spread of ticks), and any other node's different
+/// definition of one of them, warned of once. A read that fails or passes its bound keeps
+/// the spread's last view.
+async fn read_registry(e: &Engine, set: &JobSet, digests: &[u64], warned: &mut HashSet<(String, String, String)>) {
+    const { assert!(REGISTRY_PAGE <= REGISTRY_PAGE_MAX) };
+    let Ok(now) = counted(StoreOp::Now, e.store.now()).await else { return };
     let stale_before = now - chrono::Duration::from_std(REGISTRATION_STALE_AFTER).expect("small");
-    for r in all.iter().filter(|r| r.node != e.node && r.last_seen >= stale_before) {
-        let Some(my) = mine.iter().find(|d| d.job == r.definition.job) else { continue };
-        if my.definition_hash != r.definition.definition_hash
-            && warned.insert((r.definition.job.clone(), r.node.clone(), r.definition.definition_hash.clone()))
-        {
-            tracing::warn!(
-                job = %my.job, other_node = %r.node,
-                here = %format!("{} [{}] {}", my.schedule, my.timezone, my.summary),
-                there = %format!("{} [{}] {}", r.definition.schedule, r.definition.timezone, r.definition.summary),
-                "drift: another node defines this job differently (rolling deploy, or a mistake)"
-            );
+    let mut carriers = Carriers::default();
+    let mut after = None;
+    for _ in 0..REGISTRY_PAGES_MAX {
+        let page = match counted(StoreOp::Register, e.store.registrations_page(after.as_ref(), REGISTRY_PAGE)).await {
+            Ok(page) => page,
+            Err(err) => {
+                tracing::debug!(error = %err, "cannot read the job registry; keeping the last view");
+                return;
+            }
+        };
+        for r in &page.registrations {
+            let mine = set.index(&r.definition.job);
+            carriers.add(&r.definition.job, &r.node, mine.is_some());
+            match mine {
+                Some(i)
+                    if r.node != e.node
+                        && r.last_seen >= stale_before
+                        && digests[i] != digest_key(&r.definition.definition_hash) =>
+                {
+                    warn_drift(&set.jobs[i], r, warned);
+                }
+                _ => {}
+            }
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return e.spread.set_carriers(carriers),
         }
     }
+    tracing::warn!(
+        pages = REGISTRY_PAGES_MAX,
+        "the job registry is larger than a node reads; keeping the last view of who carries which jobs"
+    );
+}
+
+/// Warns, once per job, node and definition, that another node defines a job differently.
+fn warn_drift(job: &Job, r: &Registration, warned: &mut HashSet<(String, String, String)>) {
+    if !warned.insert((r.definition.job.clone(), r.node.clone(), r.definition.definition_hash.clone())) {
+        return;
+    }
+    let my = job.definition();
+    tracing::warn!(
+        job = %my.job, other_node = %r.node,
+        here = %format!("{} [{}] {}", my.schedule, my.timezone, my.summary),
+        there = %format!("{} [{}] {}", r.definition.schedule, r.definition.timezone, r.definition.summary),
+        "drift: another node defines this job differently (rolling deploy, or a mistake)"
+    );
 }
 
 /// Claims manual run requests (`solocron trigger`) for the jobs this node knows: whenever

@@ -166,7 +166,9 @@ fn outcome_of(result: HandlerResult) -> Outcome {
 pub struct Job {
     name: String,
     schedule: Schedule,
-    policy: JobPolicy,
+    /// Shared by the jobs of a list that have equal policies ([`SharedPolicies`]): over a
+    /// hundred bytes a job otherwise.
+    policy: Arc<JobPolicy>,
     handler: Arc<dyn Handler>,
     fingerprint: String,
     /// False for an alert's delivery (`alerts.rs`): it has no ticks of its own, so its
@@ -186,7 +188,7 @@ impl Job {
         Job {
             name: name.into(),
             schedule,
-            policy: JobPolicy::default(),
+            policy: default_policy(),
             handler: Arc::new(handler),
             fingerprint: String::new(),
             scheduled: true,
@@ -197,7 +199,7 @@ impl Job {
     pub(crate) fn delivery(name: String, policy: JobPolicy, handler: impl Handler) -> Job {
         static NEVER_USED: std::sync::OnceLock<Schedule> = std::sync::OnceLock::new();
         let schedule = NEVER_USED.get_or_init(|| Schedule::parse("0 0 1 1 *", "UTC").expect("a valid expression"));
-        Job { scheduled: false, policy, ..Job::new(name, schedule.clone(), handler) }
+        Job { scheduled: false, policy: Arc::new(policy), ..Job::new(name, schedule.clone(), handler) }
     }
 
     /// Whether this is an alert's delivery (`alerts.rs`), not a job of the list.
@@ -213,7 +215,7 @@ impl Job {
 
     /// Replaces the policy.
     pub fn with_policy(mut self, policy: JobPolicy) -> Job {
-        self.policy = policy;
+        self.policy = Arc::new(policy);
         self
     }
 
@@ -227,33 +229,22 @@ impl Job {
     /// The job's definition as registered in the store: schedule, zone, a readable summary
     /// of the policy, and a digest of all of it plus the fingerprint.
     pub fn definition(&self) -> JobDefinition {
+        self.definition_with(summary(&self.policy))
+    }
+
+    /// [`Job::definition`] with the policy's summary already written.
+    fn definition_with(&self, summary: String) -> JobDefinition {
         use sha2::Digest as _;
-        let p = &self.policy;
-        let d = solocron_core::format_duration;
-        // Without a retry policy the summary (and so the digest) is what earlier versions
-        // wrote: an upgrade alone shows no drift.
-        let retry = p.retry.map_or(String::new(), |r| {
-            let jitter = if r.jitter { ", jitter" } else { "" };
-            format!(", retry {} attempts from {} up to {}{jitter}", r.attempts, d(r.backoff), d(r.max_backoff))
-        });
-        let summary = format!(
-            "lease {}, timeout {}, overlap {}, misfire {}, catchup {}, max_catchup {}, on_crash {}, max_attempts {}, kill_grace {}{retry}",
-            d(p.lease),
-            p.timeout.map_or("none".into(), d),
-            p.overlap,
-            p.misfire,
-            d(p.catchup),
-            p.max_catchup,
-            p.on_crash,
-            p.max_attempts,
-            d(p.kill_grace),
-        );
+        use std::fmt::Write as _;
         let mut h = sha2::Sha256::new();
         for part in [self.schedule.expr(), self.schedule.zone().name(), &summary, &self.fingerprint] {
             h.update(part.as_bytes());
             h.update([0u8]);
         }
-        let digest: String = h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let mut digest = String::with_capacity(16);
+        for b in h.finalize().iter().take(8) {
+            write!(digest, "{b:02x}").expect("a String takes any text");
+        }
         JobDefinition {
             job: self.name.clone(),
             schedule: self.schedule.expr().to_owned(),
@@ -280,5 +271,117 @@ impl Job {
 
     pub(crate) fn handler(&self) -> Arc<dyn Handler> {
         self.handler.clone()
+    }
+}
+
+/// The default policy, one for every job that keeps it.
+fn default_policy() -> Arc<JobPolicy> {
+    static DEFAULT: std::sync::OnceLock<Arc<JobPolicy>> = std::sync::OnceLock::new();
+    DEFAULT.get_or_init(|| Arc::new(JobPolicy::default())).clone()
+}
+
+/// The policies of a job list being built, each kept once: a job whose policy equals one
+/// kept takes that one instead of its own (most lists have a few policies for thousands of
+/// jobs).
+#[derive(Default)]
+pub(crate) struct SharedPolicies(Vec<Arc<JobPolicy>>);
+
+impl SharedPolicies {
+    /// Most distinct policies kept; a job with yet another keeps its own.
+    const KEPT_MAX: usize = 16;
+
+    /// Gives `job` the kept policy equal to its own, or keeps its own.
+    pub(crate) fn share(&mut self, job: &mut Job) {
+        match self.0.iter().find(|kept| **kept == job.policy) {
+            Some(kept) => job.policy = kept.clone(),
+            None if self.0.len() < Self::KEPT_MAX => self.0.push(job.policy.clone()),
+            None => {}
+        }
+    }
+}
+
+/// The definitions of `jobs`, as [`Job::definition`] makes them: what a node registers, all
+/// at once (10,000 of them at each refresh of a large node), so each costs what it must.
+/// A policy's summary is written once for a run of jobs sharing it, and each job gets a
+/// copy of its exact length.
+pub(crate) fn definitions(jobs: &[Arc<Job>]) -> Vec<JobDefinition> {
+    let mut out = Vec::with_capacity(jobs.len());
+    let mut last: Option<(&JobPolicy, String)> = None;
+    for job in jobs {
+        if last.as_ref().is_none_or(|(policy, _)| *policy != job.policy()) {
+            last = Some((job.policy(), summary(job.policy())));
+        }
+        let (_, summary) = last.as_ref().expect("set above");
+        out.push(job.definition_with(summary.as_str().to_owned()));
+    }
+    out
+}
+
+/// A policy, readable: the summary of a job's definition.
+fn summary(p: &JobPolicy) -> String {
+    let d = solocron_core::format_duration;
+    // Without a retry policy the summary (and so the digest) is what earlier versions
+    // wrote: an upgrade alone shows no drift.
+    let retry = p.retry.map_or(String::new(), |r| {
+        let jitter = if r.jitter { ", jitter" } else { "" };
+        format!(", retry {} attempts from {} up to {}{jitter}", r.attempts, d(r.backoff), d(r.max_backoff))
+    });
+    format!(
+        "lease {}, timeout {}, overlap {}, misfire {}, catchup {}, max_catchup {}, on_crash {}, max_attempts {}, kill_grace {}{retry}",
+        d(p.lease),
+        p.timeout.map_or("none".into(), d),
+        p.overlap,
+        p.misfire,
+        d(p.catchup),
+        p.max_catchup,
+        p.on_crash,
+        p.max_attempts,
+        d(p.kill_grace),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn the_definitions_of_a_list_are_each_jobs_own_whatever_the_order_of_their_policies() {
+        let policy = |secs| JobPolicy { lease: Duration::from_secs(secs), ..JobPolicy::default() };
+        let schedule = Schedule::parse("0 0 6 * * *", "Europe/Paris").expect("valid");
+        let jobs: Vec<Arc<Job>> = [30, 30, 60, 30, 60, 60]
+            .iter()
+            .enumerate()
+            .map(|(i, secs)| {
+                let job = Job::new(format!("j{i}"), schedule.clone(), handler_fn(|_| async { Ok(()) }));
+                Arc::new(job.with_policy(policy(*secs)).with_fingerprint(format!("argv {i}")))
+            })
+            .collect();
+        let one_by_one: Vec<JobDefinition> = jobs.iter().map(|j| j.definition()).collect();
+        assert_eq!(definitions(&jobs), one_by_one);
+        assert_ne!(one_by_one[1].summary, one_by_one[2].summary, "two policies, two summaries");
+    }
+
+    #[test]
+    fn jobs_with_equal_policies_share_one_and_each_keeps_its_own_value() {
+        let policy = |secs| JobPolicy { lease: Duration::from_secs(secs), ..JobPolicy::default() };
+        let schedule = Schedule::parse("0 0 6 * * *", "UTC").expect("valid");
+        let mut shared = SharedPolicies::default();
+        let jobs: Vec<Job> = [30, 60, 30, 60, 30]
+            .iter()
+            .enumerate()
+            .map(|(i, secs)| {
+                let mut job = Job::new(format!("j{i}"), schedule.clone(), handler_fn(|_| async { Ok(()) }))
+                    .with_policy(policy(*secs));
+                shared.share(&mut job);
+                job
+            })
+            .collect();
+        assert!(Arc::ptr_eq(&jobs[0].policy, &jobs[2].policy) && Arc::ptr_eq(&jobs[0].policy, &jobs[4].policy));
+        assert!(Arc::ptr_eq(&jobs[1].policy, &jobs[3].policy));
+        assert!(!Arc::ptr_eq(&jobs[0].policy, &jobs[1].policy));
+        let leases: Vec<u64> = jobs.iter().map(|j| j.policy().lease.as_secs()).collect();
+        assert_eq!(leases, [30, 60, 30, 60, 30]);
     }
 }

@@ -5,33 +5,39 @@
 //! current list when they act, and a run holds its own job (an `Arc`) to its end, so a job
 //! removed or changed while it runs finishes as it started.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use solocron_core::Namespaces;
 use tokio::sync::watch;
 
-use crate::job::Job;
+use crate::job::{Job, SharedPolicies};
 use crate::scheduler::BuildError;
 
 /// A checked job list: unique, valid names and policies.
+///
+/// Names are found through `by_name`, the jobs' places sorted by name (4 bytes a job), not
+/// a map holding a second copy of every name: a node of 10,000 jobs keeps this list for
+/// its life, and each byte per job is 10 kB of it.
 #[derive(Debug, Default)]
 pub(crate) struct JobSet {
     /// The jobs, in the order they were given.
     pub(crate) jobs: Vec<Arc<Job>>,
-    by_name: HashMap<String, usize>,
+    /// Places in `jobs`, in the order of their names.
+    by_name: Vec<u32>,
 }
 
 impl JobSet {
     /// Checks `jobs` (names, namespaces served, policies, no name twice) and, with a
     /// `retention`, that it is safe for their catch-up windows.
     pub(crate) fn new(
-        jobs: Vec<Job>,
+        jobs: Vec<Arc<Job>>,
         namespaces: &Namespaces,
         retention: Option<Duration>,
     ) -> Result<JobSet, BuildError> {
-        let mut by_name = HashMap::with_capacity(jobs.len());
+        // Hundreds of bytes a job: memory runs out long before 2^32 of them.
+        let places = u32::try_from(jobs.len()).expect("fewer than 2^32 jobs");
         for (i, job) in jobs.iter().enumerate() {
             solocron_core::validate_job_name(job.name()).map_err(|error| BuildError::JobName {
                 index: i,
@@ -46,9 +52,11 @@ impl JobSet {
                 });
             }
             job.policy().validate().map_err(|error| BuildError::Policy { job: job.name().to_owned(), error })?;
-            if by_name.insert(job.name().to_owned(), i).is_some() {
-                return Err(BuildError::DuplicateJob(job.name().to_owned()));
-            }
+        }
+        let mut by_name: Vec<u32> = (0..places).collect();
+        by_name.sort_unstable_by(|&a, &b| jobs[a as usize].name().cmp(jobs[b as usize].name()));
+        if let Some(twice) = by_name.windows(2).find(|w| jobs[w[0] as usize].name() == jobs[w[1] as usize].name()) {
+            return Err(BuildError::DuplicateJob(jobs[twice[0] as usize].name().to_owned()));
         }
         if let Some(r) = retention {
             let floor = solocron_core::retention_floor(jobs.iter().map(|j| j.policy()));
@@ -56,17 +64,18 @@ impl JobSet {
                 return Err(BuildError::Retention { retention: r, floor });
             }
         }
-        Ok(JobSet { jobs: jobs.into_iter().map(Arc::new).collect(), by_name })
+        Ok(JobSet { jobs, by_name })
     }
 
     /// The job named `name`, if this list has it.
     pub(crate) fn get(&self, name: &str) -> Option<&Arc<Job>> {
-        self.by_name.get(name).map(|&i| &self.jobs[i])
+        self.index(name).map(|i| &self.jobs[i])
     }
 
     /// Where `name` is in this list.
     pub(crate) fn index(&self, name: &str) -> Option<usize> {
-        self.by_name.get(name).copied()
+        let found = self.by_name.binary_search_by(|&i| self.jobs[i as usize].name().cmp(name)).ok()?;
+        Some(self.by_name[found] as usize)
     }
 
     /// How many jobs.
@@ -84,7 +93,7 @@ impl JobSet {
                 Some(_) => false,
             };
         }
-        c.removed = self.by_name.keys().filter(|n| next.get(n).is_none()).cloned().collect();
+        c.removed = self.jobs.iter().filter(|j| next.get(j.name()).is_none()).map(|j| j.name().to_owned()).collect();
         c
     }
 }
@@ -134,6 +143,14 @@ impl Jobs {
     /// it (a job of a namespace the node does not serve included); a list with an error is
     /// refused whole and the running list stays.
     pub fn replace(&self, jobs: Vec<Job>) -> Result<JobChanges, BuildError> {
+        let mut policies = SharedPolicies::default();
+        let jobs = jobs
+            .into_iter()
+            .map(|mut job| {
+                policies.share(&mut job);
+                Arc::new(job)
+            })
+            .collect();
         let next = JobSet::new(jobs, &self.namespaces, self.retention)?;
         let mut changes = JobChanges::default();
         self.current.send_modify(|set| {

@@ -22,15 +22,19 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use solocron_core::{Registration, Tick};
+use solocron_core::Tick;
 
 /// How long after its instant this node claims a tick ranked to another node: longer than
 /// a punctual node's claim takes, short enough that a tick whose first node died runs
 /// nearly on time.
 pub(crate) const BACKUP_AFTER: Duration = Duration::from_millis(100);
 /// Most jobs whose carriers are remembered (the registry of a large fleet); jobs beyond
-/// are ranked among all live nodes.
+/// are ranked among the live nodes the registry does not know.
 const JOBS_REMEMBERED_MAX: usize = 100_000;
+/// Most nodes that carry this node's jobs whose carried jobs are remembered: a job's
+/// carriers are a bit set over them. A node beyond is taken to carry every job, like a node
+/// the registry does not list yet.
+const CARRIERS_REMEMBERED_MAX: usize = 64;
 
 /// This node's view of the fleet: live nodes by their heartbeats, and the nodes that
 /// registered each job.
@@ -41,13 +45,81 @@ pub(crate) struct Spread {
     carriers: RwLock<Arc<Carriers>>,
 }
 
-/// Who carries which jobs, by the registry.
+/// Who carries which of this node's jobs, by the registry: built a page of the registry at
+/// a time ([`Carriers::add`]), then handed to [`Spread::set_carriers`].
+///
+/// Only this node's jobs are ever ranked here, so only theirs are remembered, each as a
+/// stable hash of its name and a bit set of its carriers (16 bytes a job, where names and
+/// lists of node names were over a hundred). Two of 100,000 names share a hash with a
+/// chance under 10^-9; they would then share carriers, which costs lateness, never a
+/// duplicate run (the store's claim decides).
 #[derive(Debug, Default)]
-struct Carriers {
-    /// The nodes that registered each job.
-    by_job: HashMap<String, Vec<String>>,
-    /// Every node the registry lists.
-    known: HashSet<String>,
+pub(crate) struct Carriers {
+    /// Every node the registry lists, and its place in the bit sets.
+    nodes: HashMap<String, Place>,
+    /// Places given so far.
+    places: usize,
+    /// The carriers of each of this node's jobs, by the hash of its name ([`job_key`]).
+    by_job: HashMap<u64, u64>,
+}
+
+/// What the registry says of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// It carries none of this node's jobs.
+    Listed,
+    /// It carries some: this bit of a job's set says whether it carries that one.
+    Bit(u8),
+    /// It carries some, but past [`CARRIERS_REMEMBERED_MAX`]: taken to carry every job.
+    Unranked,
+}
+
+impl Carriers {
+    /// Notes that the registry lists `node`'s registration of `job`; `mine`: this node
+    /// carries the job too.
+    pub(crate) fn add(&mut self, job: &str, node: &str, mine: bool) {
+        let key = job_key(job);
+        if mine && self.by_job.len() >= JOBS_REMEMBERED_MAX && !self.by_job.contains_key(&key) {
+            // Beyond the bound, the node is not known by this registration either.
+            return;
+        }
+        if !self.nodes.contains_key(node) {
+            self.nodes.insert(node.to_owned(), Place::Listed);
+        }
+        if !mine {
+            return;
+        }
+        let place = self.nodes.get_mut(node).expect("inserted above");
+        let bit = match *place {
+            Place::Bit(bit) => bit,
+            Place::Unranked => return,
+            Place::Listed if self.places < CARRIERS_REMEMBERED_MAX => {
+                let bit = u8::try_from(self.places).expect("below 64");
+                self.places += 1;
+                *place = Place::Bit(bit);
+                bit
+            }
+            Place::Listed => {
+                *place = Place::Unranked;
+                return;
+            }
+        };
+        *self.by_job.entry(key).or_default() |= 1 << bit;
+    }
+
+    /// Whether `node` carries the job whose carriers are `carried` (its `by_job` bits).
+    fn carries(&self, node: &str, carried: u64) -> bool {
+        match self.nodes.get(node) {
+            None | Some(Place::Unranked) => true,
+            Some(Place::Listed) => false,
+            Some(Place::Bit(bit)) => carried & (1 << bit) != 0,
+        }
+    }
+}
+
+/// The key of a job's carriers: a hash of its name.
+fn job_key(job: &str) -> u64 {
+    solocron_core::stable_hash(job.bytes())
 }
 
 /// The view at one instant: ranks a round's ticks without locking per tick.
@@ -79,16 +151,8 @@ impl Spread {
     }
 
     /// Takes which nodes carry which jobs, as the registry says now.
-    pub(crate) fn set_carriers(&self, registrations: &[Registration]) {
-        let mut carriers = Carriers::default();
-        for r in registrations {
-            if carriers.by_job.len() >= JOBS_REMEMBERED_MAX && !carriers.by_job.contains_key(&r.definition.job) {
-                // Beyond the bound, the node is not known either: taken to carry every job.
-                continue;
-            }
-            carriers.by_job.entry(r.definition.job.clone()).or_default().push(r.node.clone());
-            carriers.known.insert(r.node.clone());
-        }
+    pub(crate) fn set_carriers(&self, mut carriers: Carriers) {
+        carriers.by_job.shrink_to_fit();
         *self.carriers.write().expect("not poisoned") = Arc::new(carriers);
     }
 }
@@ -102,9 +166,9 @@ impl Ranking<'_> {
     /// The node ranked first for `tick`: the heaviest of this node and the live nodes
     /// carrying its job (ties go to the smaller name, so every node breaks them alike).
     fn first(&self, tick: &Tick) -> Option<&str> {
-        let carriers = self.carriers.by_job.get(&tick.job);
-        let carries = |n: &str| !self.carriers.known.contains(n) || carriers.is_some_and(|c| c.iter().any(|m| m == n));
-        let others = self.alive.iter().map(String::as_str).filter(|n| *n != self.node && carries(n));
+        let carried = self.carriers.by_job.get(&job_key(&tick.job)).copied().unwrap_or(0);
+        let others =
+            self.alive.iter().map(String::as_str).filter(|n| *n != self.node && self.carriers.carries(n, carried));
         std::iter::once(self.node).chain(others).max_by(|a, b| weight(a, tick).cmp(&weight(b, tick)).then(b.cmp(a)))
     }
 }
@@ -118,7 +182,6 @@ fn weight(node: &str, tick: &Tick) -> u64 {
 #[cfg(test)]
 mod tests {
     use chrono::{DateTime, Utc};
-    use solocron_core::JobDefinition;
 
     use super::*;
 
@@ -134,20 +197,13 @@ mod tests {
         s
     }
 
-    fn registration(job: &str, node: &str) -> Registration {
-        let at = DateTime::<Utc>::from_timestamp(0, 0).expect("in range");
-        Registration {
-            node: node.into(),
-            definition: JobDefinition {
-                job: job.into(),
-                schedule: "* * * * * *".into(),
-                timezone: "UTC".into(),
-                definition_hash: "h".into(),
-                summary: String::new(),
-            },
-            first_seen: at,
-            last_seen: at,
+    /// What a node that carries `mine` learns from a registry of `(job, node)` pairs.
+    fn carriers(registry: &[(&str, &str)], mine: &[&str]) -> Carriers {
+        let mut c = Carriers::default();
+        for (job, node) in registry {
+            c.add(job, node, mine.contains(job));
         }
+        c
     }
 
     /// How many ticks each of `nodes` ranks itself first for, over `ticks`; asserts that
@@ -194,12 +250,53 @@ mod tests {
         // though n1 is alive (n1, without the job, never asks for its ticks).
         // n4 is alive and not in the registry yet: taken to carry every job, so n2 and n3
         // share `narrow` with it.
-        let regs = [registration("narrow", "n2"), registration("narrow", "n3"), registration("wide", "n1")];
+        let registry = [("narrow", "n2"), ("narrow", "n3"), ("wide", "n1")];
         let fleet = ["n1", "n2", "n3", "n4"];
+        let mine: [&[&str]; 4] = [&["wide"], &["narrow"], &["narrow"], &["narrow", "wide"]];
         let nodes: Vec<Spread> = fleet.iter().map(|id| node(id, &fleet)).collect();
-        nodes.iter().for_each(|n| n.set_carriers(&regs));
+        nodes.iter().zip(mine).for_each(|(n, mine)| n.set_carriers(carriers(&registry, mine)));
         let narrow: Vec<Tick> = (0..900).map(|s| tick("narrow", s)).collect();
         let counts = firsts(&nodes[1..], &narrow);
         assert!(counts.iter().all(|c| *c > 250), "n2, n3 and n4 share it: {counts:?}");
+    }
+
+    #[test]
+    fn the_ranking_does_not_depend_on_the_order_the_registry_was_read_in() {
+        // Redis pages come in no order, SQL ones by job, etcd ones by node.
+        let registry: Vec<(String, String)> = (0..50)
+            .flat_map(|j| NODES.iter().skip(j % 2).map(move |n| (format!("job-{j}"), (*n).to_owned())))
+            .collect();
+        let pairs: Vec<(&str, &str)> = registry.iter().map(|(j, n)| (j.as_str(), n.as_str())).collect();
+        let reversed: Vec<(&str, &str)> = pairs.iter().rev().copied().collect();
+        let mine: Vec<&str> = pairs.iter().map(|(j, _)| *j).collect();
+        let (a, b) = (node("n2", &NODES), node("n2", &NODES));
+        a.set_carriers(carriers(&pairs, &mine));
+        b.set_carriers(carriers(&reversed, &mine));
+        let (a, b) = (a.ranking(), b.ranking());
+        let ticks: Vec<Tick> = (0..50).flat_map(|j| (0..20).map(move |s| tick(&format!("job-{j}"), s))).collect();
+        assert!(ticks.iter().all(|t| a.is_first(t) == b.is_first(t)));
+        // n1 carries only the even jobs: never first for an odd one.
+        let odd: Vec<Tick> = ticks
+            .iter()
+            .filter(|t| t.job.trim_start_matches("job-").parse::<u32>().unwrap() % 2 == 1)
+            .cloned()
+            .collect();
+        assert!(odd.iter().all(|t| a.first(t) != Some("n1")));
+    }
+
+    #[test]
+    fn a_carrier_past_the_remembered_bound_is_taken_to_carry_every_job() {
+        let names: Vec<String> = (0..CARRIERS_REMEMBERED_MAX + 2).map(|i| format!("m{i:03}")).collect();
+        let mut registry: Vec<(&str, &str)> = names.iter().map(|n| ("a", n.as_str())).collect();
+        registry.push(("other", "listed-only"));
+        let c = carriers(&registry, &["a", "b"]);
+        let (a, b) = (c.by_job[&job_key("a")], c.by_job.get(&job_key("b")).copied().unwrap_or(0));
+        // The first carriers are remembered: they carry `a`, not `b`.
+        assert!(names[..CARRIERS_REMEMBERED_MAX].iter().all(|n| c.carries(n, a) && !c.carries(n, b)));
+        // Those past the bound carry every job, like a node the registry does not list.
+        assert!(names[CARRIERS_REMEMBERED_MAX..].iter().all(|n| c.carries(n, a) && c.carries(n, b)));
+        assert!(c.carries("not-listed", b));
+        // A node listed only for jobs this node does not carry carries none of its jobs.
+        assert!(!c.carries("listed-only", a) && !c.carries("listed-only", b));
     }
 }

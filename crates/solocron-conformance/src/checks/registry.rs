@@ -1,8 +1,9 @@
 //! The job registry: which node runs which definition of which job.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
-use solocron_core::{JobDefinition, Registration};
+use solocron_core::{JobDefinition, Registration, RegistryCursor};
 
 use super::support::{assert_between, now, Handle, LENGTH_SLACK};
 use crate::StoreFactory;
@@ -76,4 +77,67 @@ pub async fn a_page_of_registrations_and_the_registered_names_agree_with_the_who
     assert!(store.registrations_of(&[]).await.expect("registrations_of nothing").is_empty());
     let names = store.registered_jobs().await.expect("registered_jobs");
     assert_eq!(names, ["backup", "report", "sync"]);
+}
+
+/// Every registration as `(job, node, digest)`.
+type Key = (String, String, String);
+
+fn key(r: &Registration) -> Key {
+    (r.definition.job.clone(), r.node.clone(), r.definition.definition_hash.clone())
+}
+
+/// `node`'s definitions of `job-{from}` to `job-{to - 1}`, each with digest `hash`.
+fn jobs(from: usize, to: usize, hash: &str) -> Vec<JobDefinition> {
+    (from..to).map(|i| definition(&format!("job-{i:03}"), hash)).collect()
+}
+
+/// Reads the registry in pages of about `limit` from `after` to its end (at most 100
+/// pages), checking each page's size: the registrations read, and how many pages.
+async fn read_pages(store: &Handle, mut after: Option<RegistryCursor>, limit: usize) -> (Vec<Key>, usize) {
+    let (mut read, mut pages) = (Vec::new(), 0);
+    loop {
+        let page = store.registrations_page(after.as_ref(), limit).await.expect("registrations_page");
+        pages += 1;
+        // Redis returns whole hash buckets: a few more than asked, never twice as many.
+        assert!(page.registrations.len() <= 2 * limit, "a page of {} for {limit}", page.registrations.len());
+        read.extend(page.registrations.iter().map(key));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return (read, pages),
+        }
+        assert!(pages < 100, "the read never ends");
+    }
+}
+
+/// `registrations_page` reads the whole registry in pages of about the size asked, and
+/// returns every registration that exists throughout the read at least once, and none
+/// that never existed, however the registry changes between pages; a cursor the store did
+/// not make is refused.
+pub async fn a_registry_read_in_pages_returns_every_registration_present_throughout(f: &impl StoreFactory) {
+    let store = f.open().await;
+    // More than 128: a Redis sorted set that large is a hash table, scanned a step at a time.
+    store.register("node-a", &jobs(0, 200, "a1")).await.expect("register");
+    store.register("node-b", &jobs(0, 100, "b1")).await.expect("register");
+    let whole: HashSet<Key> = registrations(&store).await.iter().map(key).collect();
+    let (read, pages) = read_pages(&store, None, 40).await;
+    assert_eq!(read.iter().cloned().collect::<HashSet<_>>(), whole, "the pages hold the whole registry");
+    assert!(pages >= 300 / 80, "300 registrations in pages of about 40 came in {pages} pages");
+
+    // node-b drops job-000..049 and adds job-100..149 between the first page and the rest.
+    let first = store.registrations_page(None, 40).await.expect("registrations_page");
+    store.register("node-b", &jobs(50, 150, "b2")).await.expect("register");
+    let now: HashSet<Key> = registrations(&store).await.iter().map(key).collect();
+    let (rest, _) = read_pages(&store, first.next, 40).await;
+    let read: HashSet<Key> = first.registrations.iter().map(key).chain(rest).collect();
+    let kept: Vec<Key> = (0..200)
+        .map(|i| (format!("job-{i:03}"), "node-a".to_owned(), "a1".to_owned()))
+        .chain((50..100).map(|i| (format!("job-{i:03}"), "node-b".to_owned(), "b2".to_owned())))
+        .collect();
+    // node-b's kept jobs were rewritten (digest b1 to b2): either version is what it was.
+    let found = |k: &Key| read.contains(k) || read.contains(&(k.0.clone(), k.1.clone(), "b1".to_owned()));
+    assert!(kept.iter().all(found), "a registration present throughout is read at least once");
+    assert!(read.iter().all(|k| whole.contains(k) || now.contains(k)), "nothing that never existed is read");
+
+    let foreign = RegistryCursor::new("not a cursor of this store");
+    assert!(store.registrations_page(Some(&foreign), 40).await.is_err(), "a cursor the store did not make");
 }

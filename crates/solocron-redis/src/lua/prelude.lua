@@ -47,6 +47,12 @@ local function reg_key(id) return P .. 'reg:' .. id end
 -- A node's registration ids, with NODE_REGS_COMPLETE once they are all in it (see
 -- register.lua).
 local function node_regs(node) return P .. 'nregs:' .. node end
+-- The definitions of a long job list, staged by `register_stage` for one `register` (see
+-- register.lua); `stage` is the registering process's own id for that registration.
+local function reg_stage(node, stage) return P .. 'regstage:' .. #node .. ':' .. node .. ':' .. stage end
+-- How long a staged list outlives its last staging call: one `register` comes right after
+-- it, so only a list whose node failed in between is left to expire.
+local REG_STAGE_TTL_MS = 60000
 local function node_key(node) return P .. 'node:' .. node end
 local function act_key(id) return P .. 'act:' .. id end
 local function mjob_key(job) return P .. 'mjob:' .. job end

@@ -1,5 +1,7 @@
--- register: ARGV node, number of jobs, then 5 per job: job, schedule, timezone,
--- definition hash, summary. The node runs exactly these jobs: upserts each (job, node),
+-- register: ARGV node, number of jobs, stage, then (stage '') 5 per job: job, schedule,
+-- timezone, definition hash, summary. A long list comes staged instead (stage: the id
+-- `register_stage` filled, see register_stage.lua), read here and deleted, so that no call
+-- carries every definition. The node runs exactly these jobs: upserts each (job, node),
 -- first_seen only on creation, and deletes the node's registrations of jobs not listed.
 --
 -- The node's registration ids are kept in its `node_regs` set, so that finding its
@@ -29,8 +31,28 @@ local function add_all(index, ids)
   end
 end
 
+-- The staged definitions, taken out of the stage. A stage that expired, or lost a part,
+-- is an error (registering a part of the list would remove the node's other jobs).
+local function staged(node, stage, count)
+  local key = reg_stage(node, stage)
+  local defs = redis.call('LRANGE', key, 0, -1)
+  redis.call('DEL', key)
+  if #defs ~= count * 5 then
+    return nil, 'ERR solocron: the staged job list of ' .. node .. ' has ' .. #defs .. ' values, not ' .. count * 5
+  end
+  return defs
+end
+
 handlers.register = function(KEYS, ARGV)
   local node = ARGV[2]
+  local count = tonumber(ARGV[3])
+  local defs, first = ARGV, 5
+  if ARGV[4] ~= '' then
+    local err
+    defs, err = staged(node, ARGV[4], count)
+    if not defs then return redis.error_reply(err) end
+    first = 1
+  end
   local index = node_regs(node)
   local known, complete = known_ids(node, index)
   local indexed = {}
@@ -38,14 +60,14 @@ handlers.register = function(KEYS, ARGV)
     for _, id in ipairs(known) do indexed[id] = true end
   end
   local listed, added = {}, {}
-  for i = 0, tonumber(ARGV[3]) - 1 do
-    local b = 4 + i * 5
-    local job = ARGV[b]
+  for i = 0, count - 1 do
+    local b = first + i * 5
+    local job = defs[b]
     local id = reg_id(job, node)
     local key = reg_key(id)
     redis.call('HSETNX', key, 'first', int(NOW))
-    redis.call('HSET', key, 'job', job, 'node', node, 'schedule', ARGV[b + 1], 'tz', ARGV[b + 2],
-      'hash', ARGV[b + 3], 'summary', ARGV[b + 4], 'last', int(NOW))
+    redis.call('HSET', key, 'job', job, 'node', node, 'schedule', defs[b + 1], 'tz', defs[b + 2],
+      'hash', defs[b + 3], 'summary', defs[b + 4], 'last', int(NOW))
     redis.call('ZADD', REGS, int(NOW), id)
     if not indexed[id] and not listed[id] then added[#added + 1] = id end
     listed[id] = true
