@@ -159,7 +159,10 @@ fn managed_jobs_forgotten_by_redis_are_written_back_and_keep_running() {
     let logs = |f: &Fleet| format!("{}{}", f.log("n1"), f.log("n2"));
     wait_for(Duration::from_secs(15), || logs(&f).contains("the store forgot its managed jobs").then_some(()))
         .unwrap_or_else(|| panic!("no node noticed:\n{}", logs(&f)));
-    std::thread::sleep(Duration::from_secs(2));
+    // The backstop read may come at once or 10 s later: wait for the ticks the job must run
+    // after the store forgot (bounded), not a fixed time after the nodes noticed.
+    let ran_after = |f: &Fleet| ticks(f).keys().filter(|t| **t > forgot_at + chrono::Duration::seconds(1)).count();
+    let _ = wait_for(Duration::from_secs(20), || (ran_after(&f) >= 10).then_some(()));
     f.stop_all();
 
     let per_tick = ticks(&f);
