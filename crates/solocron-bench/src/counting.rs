@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use solocron_core::*;
 
-/// Wraps a store and counts every call, the claim calls among them, and the ticks those
-/// claim calls asked for.
+/// Wraps a store and counts every call, the claim calls among them (with the asks of which
+/// backups are taken), and the ticks those claim calls asked for.
 pub struct Counting {
     inner: Arc<dyn Store>,
     pub calls: AtomicU64,
@@ -45,6 +45,13 @@ impl Store for Counting {
         self.claims.fetch_add(1, Ordering::Relaxed);
         self.requests.fetch_add(r.len() as u64, Ordering::Relaxed);
         self.inner.claim(r).await
+    }
+    /// Asked before claiming backups: counted as a claim call (it is part of claiming), its
+    /// ticks not as requests (none is claimed by it).
+    async fn taken_ticks(&self, t: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
+        self.hit();
+        self.claims.fetch_add(1, Ordering::Relaxed);
+        self.inner.taken_ticks(t).await
     }
     async fn renew(&self, l: &Lease, d: Duration) -> Result<bool, StoreError> {
         self.hit();

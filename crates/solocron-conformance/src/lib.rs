@@ -149,6 +149,7 @@ macro_rules! conformance_tests {
             overlap_skips_while_any_run_of_the_job_is_running_even_expired,
             a_claim_asked_again_with_its_nonce_is_won_again_only_while_its_run_is_untouched,
             a_scheduled_claim_too_far_ahead_of_the_store_clock_is_refused_and_writes_nothing,
+            taken_ticks_answers_exactly_the_ticks_a_claim_would_find_taken,
             // Leases and ends.
             only_the_owner_with_its_token_renews_and_only_before_expiry,
             leases_are_judged_by_the_store_clock_not_the_nodes,

@@ -72,7 +72,6 @@ pub const JOBS_ASKED_MAX: usize = 1_000;
 pub const REGISTRY_PAGE_MAX: usize = 1_000;
 /// Most records one [`Store::prune`] call deletes.
 pub const PRUNE_BATCH_MAX: usize = 10_000;
-
 /// A store operation that failed. The engine treats every such error as "no permission":
 /// it runs nothing it has not claimed, and retries with bounded backoff.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -714,6 +713,21 @@ pub trait Store: Send + Sync + 'static {
     /// treats a tick before that instant as unclaimed, because "no record" there may mean
     /// "forgotten", not "missed". Stores that keep their data use this default.
     async fn memory_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(None)
+    }
+
+    /// Those of `ticks` (at most [`CLAIM_BATCH_MAX`]; more is a bug of the caller) that are
+    /// taken: attempt 1 of each has a record, so that a claim of it answers
+    /// [`ClaimOutcome::Taken`] (or grants it again to the claim that made it). In any order.
+    ///
+    /// A node asks before claiming the ticks it ranks to other nodes (its backups), and
+    /// claims only those not answered as taken: so a tick must never be answered that is
+    /// not taken. One taken meanwhile only costs a claim answered `Taken`.
+    ///
+    /// `Ok(None)`: this store cannot tell more cheaply than a claim, and a node claims
+    /// every backup (the default).
+    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
+        assert!(ticks.len() <= CLAIM_BATCH_MAX, "taken_ticks: {} ticks asked, at most {CLAIM_BATCH_MAX}", ticks.len());
         Ok(None)
     }
 

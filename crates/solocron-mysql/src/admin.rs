@@ -370,6 +370,18 @@ pub(crate) async fn history(store: &MySqlStore, query: &HistoryQuery) -> Result<
     rows.iter().map(|row| record(row).map_err(|f| f.into_store(context))).collect()
 }
 
+/// Those of `ticks` that are taken (see [`solocron_core::Store::taken_ticks`]): their
+/// jobs' attempt 1 rows over the ticks' span of instants, in one statement.
+pub(crate) async fn taken_ticks(store: &MySqlStore, ticks: &[Tick]) -> Result<Vec<Tick>, StoreError> {
+    let runs = store.sql("{p}runs");
+    let Some(mut sql) = solocron_sql::taken_ticks_query::<MySql>(&runs, ticks) else { return Ok(Vec::new()) };
+    let context = "cannot read taken ticks";
+    let rows = sql.build().fetch_all(&store.pool).await.map_err(|e| Failure::from(e).into_store(context))?;
+    let read = |row: &MySqlRow| Ok((text(row, "job")?, get(row, "scheduled_at")?));
+    let rows = rows.iter().map(read).collect::<Result<Vec<_>, Failure>>().map_err(|e| e.into_store(context))?;
+    Ok(solocron_sql::taken_of(ticks, rows))
+}
+
 /// How many run records of `job` there are from `since` on, by state, in one statement (a
 /// range of the primary key: job, then the instant); never truncated. A state this version
 /// cannot read fails the count as it fails `history`.

@@ -77,6 +77,28 @@ async fn count_runs_once(store: &PgStore, job: &str, since: DateTime<Utc>) -> Re
     Ok(counts)
 }
 
+/// Those of `ticks` that are taken (see [`solocron_core::Store::taken_ticks`]): one
+/// statement, a primary key lookup per tick (the ticks as arrays, as the claim sends them).
+/// Not the shared `job IN (…)` over a span of instants: over a herd's fresh rows, not yet
+/// in the statistics, the planner read the whole table for each chunk.
+pub(crate) async fn taken_ticks(store: &PgStore, ticks: &[Tick]) -> Result<Vec<Tick>, StoreError> {
+    if ticks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let jobs: Vec<&str> = ticks.iter().map(|t| t.job.as_str()).collect();
+    let instants: Vec<i64> = ticks.iter().map(|t| t.scheduled_at.timestamp_millis()).collect();
+    let rows: Vec<(String, i64)> = sqlx::query_as(&store.sql(
+        "SELECT t.job, t.at FROM unnest($1::text[], $2::bigint[]) AS t(job, at) \
+         WHERE EXISTS (SELECT 1 FROM {p}runs r WHERE r.job = t.job AND r.scheduled_at = t.at AND r.attempt = 1)",
+    ))
+    .bind(&jobs)
+    .bind(&instants)
+    .fetch_all(&store.pool)
+    .await
+    .map_err(step("taken_ticks"))?;
+    Ok(solocron_sql::taken_of(ticks, rows))
+}
+
 /// The server's clock.
 pub(crate) async fn now(store: &PgStore) -> Result<DateTime<Utc>, StoreError> {
     let ms: i64 = sqlx::query_scalar(&store.sql("SELECT {now}")).fetch_one(&store.pool).await.map_err(step("now"))?;

@@ -330,6 +330,10 @@ impl Store for PgStore {
         admin::history(self, query).await
     }
 
+    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
+        admin::taken_ticks(self, ticks).await.map(Some)
+    }
+
     async fn count_runs(&self, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
         admin::count_runs(self, job, since).await
     }

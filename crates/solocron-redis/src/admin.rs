@@ -226,6 +226,22 @@ pub(crate) async fn memory_since(store: &RedisStore) -> Result<Option<DateTime<U
     Ok(Some(instant(ms)?))
 }
 
+/// Those of `ticks` that are taken (see [`solocron_core::Store::taken_ticks`]): one call,
+/// one `EXISTS` per tick.
+pub(crate) async fn taken_ticks(store: &RedisStore, ticks: &[Tick]) -> Result<Vec<Tick>, StoreError> {
+    if ticks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut call = store.invocation(&CODE.taken);
+    call.arg(ticks.len());
+    for t in ticks {
+        call.arg(t.job.as_str()).arg(t.scheduled_at.timestamp_millis());
+    }
+    let flags: Vec<u8> = convert(store.run(&call, "taken_ticks").await?, "taken flags")?;
+    let flags = decode::flags(&flags, ticks.len())?;
+    Ok(ticks.iter().zip(flags).filter(|(_, taken)| *taken).map(|(t, _)| t.clone()).collect())
+}
+
 /// Deletes old ended records and requests of jobs in `namespaces`, and, whatever the
 /// namespaces, old registrations and actions and silent nodes (see
 /// [`solocron_core::Store::prune`]). The Lua scans the old records and requests oldest

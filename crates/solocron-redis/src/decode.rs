@@ -124,9 +124,9 @@ pub(crate) fn run_id(id: &str) -> Result<RunId, StoreError> {
 }
 
 /// `{'won', token, claimed_at, lease_until}` as the lease of `run` held by `owner`.
-pub(crate) fn won(parts: &[String], run: RunId, owner: &str) -> Result<Lease, StoreError> {
+pub(crate) fn won<S: AsRef<str>>(parts: &[S], run: RunId, owner: &str) -> Result<Lease, StoreError> {
     let number = |i: usize| -> Result<i64, StoreError> {
-        let s = parts.get(i).ok_or_else(|| invalid("lease", format!("{parts:?}")))?;
+        let s = parts.get(i).map(AsRef::as_ref).ok_or_else(|| invalid("lease", format!("{} parts", parts.len())))?;
         s.parse().map_err(|e| invalid("lease", format!("{s:?}: {e}")))
     };
     let token = u64::try_from(number(1)?).map_err(|e| invalid("fencing token", e))?;
@@ -161,8 +161,13 @@ pub(crate) fn claim_outcome_text(text: &str, run: RunId, owner: &str) -> Result<
     let (kind, rest) = text.split_once(':').unwrap_or((text, ""));
     match kind {
         "won" => {
-            let parts: Vec<String> = std::iter::once(kind).chain(rest.split(':')).map(str::to_owned).collect();
-            if parts.len() != 4 {
+            // Borrowed parts: this is every won tick's path.
+            let mut parts = ["won"; 4];
+            let mut split = rest.split(':');
+            for part in &mut parts[1..] {
+                *part = split.next().ok_or_else(|| invalid("claim outcome", text))?;
+            }
+            if split.next().is_some() {
                 return Err(invalid("claim outcome", text));
             }
             Ok(ClaimOutcome::Won(won(&parts, run, owner)?))

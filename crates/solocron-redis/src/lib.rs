@@ -510,6 +510,10 @@ impl Store for RedisStore {
         runs::unlock(self, job, by, reason).await
     }
 
+    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
+        admin::taken_ticks(self, ticks).await.map(Some)
+    }
+
     async fn memory_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
         admin::memory_since(self).await
     }

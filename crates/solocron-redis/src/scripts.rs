@@ -52,6 +52,7 @@ pub(crate) struct Code {
     pub prune: Method,
     pub migrate: Method,
     pub memory_since: Method,
+    pub taken: Method,
     pub heartbeat: Method,
     pub goodbye: Method,
     pub nodes: Method,
@@ -65,7 +66,7 @@ pub(crate) struct Code {
 /// Every method: its name (its handler in `handlers`, and its file), its file, and
 /// whether it only reads (flagged `no-writes` in the library, so that it still answers
 /// when the server refuses writes, e.g. at `maxmemory`).
-const METHODS: [(&str, &str, bool); 28] = [
+const METHODS: [(&str, &str, bool); 29] = [
     ("claim", include_str!("lua/claim.lua"), false),
     ("renew", include_str!("lua/renew.lua"), false),
     ("finish", include_str!("lua/finish.lua"), false),
@@ -86,6 +87,7 @@ const METHODS: [(&str, &str, bool); 28] = [
     ("prune", include_str!("lua/prune.lua"), false),
     ("migrate", include_str!("lua/migrate.lua"), false),
     ("memory_since", include_str!("lua/memory_since.lua"), false),
+    ("taken", include_str!("lua/taken.lua"), true),
     ("heartbeat", include_str!("lua/heartbeat.lua"), false),
     ("goodbye", include_str!("lua/goodbye.lua"), false),
     ("nodes", include_str!("lua/nodes.lua"), true),
@@ -153,6 +155,7 @@ fn build() -> Code {
         prune: method("prune"),
         migrate: method("migrate"),
         memory_since: method("memory_since"),
+        taken: method("taken"),
         heartbeat: method("heartbeat"),
         goodbye: method("goodbye"),
         nodes: method("nodes"),

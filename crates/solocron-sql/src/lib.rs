@@ -156,3 +156,62 @@ where
     }
     sql.push(" ORDER BY scheduled_at DESC, attempt DESC LIMIT ").push_bind(query.effective_limit() as i64);
 }
+
+/// The query of [`solocron_core::Store::taken_ticks`] on the runs table `runs`: the job and
+/// instant (ms) of each attempt 1 of the ticks' jobs from their earliest instant to their
+/// latest (a range of the primary key per job; a round's ticks share an instant or a few).
+/// [`taken_of`] keeps the rows of the ticks asked for. `None` for no ticks.
+///
+/// ```
+/// use chrono::DateTime;
+/// use solocron_core::Tick;
+/// let at = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+/// let ticks = [Tick::new("a", at), Tick::new("b", at), Tick::new("a", at)];
+/// let sql = solocron_sql::taken_ticks_query::<sqlx::Sqlite>("runs", &ticks).unwrap();
+/// assert_eq!(
+///     sql.sql(),
+///     "SELECT job, scheduled_at FROM runs WHERE attempt = 1 AND scheduled_at >= ? AND scheduled_at <= ? \
+///      AND job IN (?, ?)"
+/// );
+/// ```
+pub fn taken_ticks_query<'a, DB>(runs: &str, ticks: &'a [solocron_core::Tick]) -> Option<QueryBuilder<'a, DB>>
+where
+    DB: Database,
+    i64: Encode<'a, DB> + Type<DB>,
+    &'a str: Encode<'a, DB> + Type<DB>,
+{
+    let from = ticks.iter().map(|t| t.scheduled_at).min()?.timestamp_millis();
+    let to = ticks.iter().map(|t| t.scheduled_at).max()?.timestamp_millis();
+    let jobs: std::collections::BTreeSet<&str> = ticks.iter().map(|t| t.job.as_str()).collect();
+    let mut sql =
+        QueryBuilder::new(format!("SELECT job, scheduled_at FROM {runs} WHERE attempt = 1 AND scheduled_at >= "));
+    sql.push_bind(from).push(" AND scheduled_at <= ").push_bind(to).push(" AND job IN (");
+    let mut list = sql.separated(", ");
+    for job in jobs {
+        list.push_bind(job);
+    }
+    sql.push(")");
+    Some(sql)
+}
+
+/// Those of `ticks` among the `rows` (`(job, instant in ms)`) that [`taken_ticks_query`]
+/// read for them.
+///
+/// ```
+/// use chrono::DateTime;
+/// use solocron_core::Tick;
+/// let at = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+/// let ticks = [Tick::new("a", at), Tick::new("b", at)];
+/// let rows = vec![("a".to_owned(), at.timestamp_millis()), ("b".to_owned(), at.timestamp_millis() + 1000)];
+/// assert_eq!(solocron_sql::taken_of(&ticks, rows), vec![Tick::new("a", at)]);
+/// ```
+pub fn taken_of(ticks: &[solocron_core::Tick], rows: Vec<(String, i64)>) -> Vec<solocron_core::Tick> {
+    let mut read: std::collections::HashMap<i64, std::collections::HashSet<String>> = Default::default();
+    for (job, ms) in rows {
+        read.entry(ms).or_default().insert(job);
+    }
+    let taken = |t: &&solocron_core::Tick| {
+        read.get(&t.scheduled_at.timestamp_millis()).is_some_and(|jobs| jobs.contains(t.job.as_str()))
+    };
+    ticks.iter().filter(taken).cloned().collect()
+}

@@ -106,6 +106,8 @@ const PRUNE_REQUESTS: &str = concat!("DELETE FROM {p}requests WHERE requested_at
 pub(crate) struct Sql {
     history: String,
     count_runs: String,
+    /// The runs table, for `taken_ticks`' query (built by the shared builder).
+    runs: String,
     register: String,
     unregister_unlisted: String,
     registrations: String,
@@ -129,6 +131,7 @@ impl Sql {
         Sql {
             history: fill(HISTORY, tables),
             count_runs: fill(COUNT_RUNS, tables),
+            runs: fill("{p}runs", tables),
             register: fill(REGISTER, tables),
             unregister_unlisted: fill(UNREGISTER_UNLISTED, tables),
             registrations: fill(REGISTRATIONS, tables),
@@ -154,6 +157,15 @@ pub(crate) async fn history(store: &SqliteStore, query: &HistoryQuery) -> Result
     solocron_sql::push_history_filters(&mut sql, query);
     let rows = sql.build().fetch_all(&store.pool).await.map_err(db_err)?;
     rows.iter().map(record).collect()
+}
+
+/// Those of `ticks` that are taken (see [`solocron_core::Store::taken_ticks`]): their
+/// jobs' attempt 1 rows over the ticks' span of instants, in one statement.
+pub(crate) async fn taken_ticks(store: &SqliteStore, ticks: &[Tick]) -> Result<Vec<Tick>, StoreError> {
+    let runs = store.sql.admin.runs.clone();
+    let Some(mut sql) = solocron_sql::taken_ticks_query::<Sqlite>(&runs, ticks) else { return Ok(Vec::new()) };
+    let rows: Vec<(String, i64)> = sql.build_query_as().fetch_all(&store.pool).await.map_err(db_err)?;
+    Ok(solocron_sql::taken_of(ticks, rows))
 }
 
 /// How many run records of `job` there are from `since` on, by state, in one query (see

@@ -75,7 +75,7 @@ pub(crate) async fn heartbeat_loop(e: Arc<Engine>, stop: CancellationToken) {
             Ok(nodes) => {
                 let now = e.now();
                 let alive = nodes.into_iter().filter(|n| n.liveness(now) == Liveness::Alive);
-                e.spread.set_alive(alive.map(|n| n.beat.node));
+                e.spread.set_alive(alive.map(|n| (n.beat.node, n.beat.jobs)));
             }
             Err(err) => tracing::debug!(error = %err, "cannot read the fleet's nodes; keeping the last view"),
         }

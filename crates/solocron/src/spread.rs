@@ -6,19 +6,22 @@
 //! hashing (highest random weight: a hash of the node and the tick), and claims the ticks
 //! it ranks first at the claim lead, as before. The others it claims [`BACKUP_AFTER`] past
 //! their instant: by then their first-ranked node has won them (the backup finds them
-//! taken), unless that node is slow, stalled or gone, and then the backup wins. So the
+//! taken; it asks the store which are taken first and claims only the others), unless that
+//! node is slow, stalled or gone, and then the backup wins. So the
 //! store's claim still decides every tick (nothing here decides who may run one), and a
 //! wrong view of the fleet costs lateness, never a duplicate or a miss.
 //!
 //! The view: live nodes from the heartbeats (read with each of this node's beats), and
 //! which nodes carry which jobs from the registry (read whenever this node registers; a
 //! node registers its whole list). A live node the registry does not know yet (it started
-//! after the read) is taken to carry every job; one it knows is ranked only for the jobs
-//! it registered. This node always ranks itself. Nodes agree on the ranking as far as
+//! after the read) is taken to carry every job, and so is one seen with fewer
+//! registrations than its heartbeat says it carries (the read, a page at a time, crossed
+//! its registration; or it added jobs since); one it knows is ranked only for the jobs it
+//! registered. This node always ranks itself. Nodes agree on the ranking as far as
 //! their views agree; when they do not (a node just joined, or changed its jobs), two may
 //! claim a tick at the lead, as every node did before.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -41,7 +44,8 @@ const CARRIERS_REMEMBERED_MAX: usize = 64;
 #[derive(Debug)]
 pub(crate) struct Spread {
     node: String,
-    alive: RwLock<Arc<HashSet<String>>>,
+    /// Live nodes, and how many jobs each carries by its heartbeat.
+    alive: RwLock<Arc<HashMap<String, u32>>>,
     carriers: RwLock<Arc<Carriers>>,
 }
 
@@ -55,8 +59,9 @@ pub(crate) struct Spread {
 /// duplicate run (the store's claim decides).
 #[derive(Debug, Default)]
 pub(crate) struct Carriers {
-    /// Every node the registry lists, and its place in the bit sets.
-    nodes: HashMap<String, Place>,
+    /// Every node the registry lists: its place in the bit sets, and how many
+    /// registrations of it were read.
+    nodes: HashMap<String, (Place, u32)>,
     /// Places given so far.
     places: usize,
     /// The carriers of each of this node's jobs, by the hash of its name ([`job_key`]).
@@ -84,12 +89,13 @@ impl Carriers {
             return;
         }
         if !self.nodes.contains_key(node) {
-            self.nodes.insert(node.to_owned(), Place::Listed);
+            self.nodes.insert(node.to_owned(), (Place::Listed, 0));
         }
+        let (place, read) = self.nodes.get_mut(node).expect("inserted above");
+        *read = read.saturating_add(1);
         if !mine {
             return;
         }
-        let place = self.nodes.get_mut(node).expect("inserted above");
         let bit = match *place {
             Place::Bit(bit) => bit,
             Place::Unranked => return,
@@ -107,12 +113,14 @@ impl Carriers {
         *self.by_job.entry(key).or_default() |= 1 << bit;
     }
 
-    /// Whether `node` carries the job whose carriers are `carried` (its `by_job` bits).
-    fn carries(&self, node: &str, carried: u64) -> bool {
+    /// Whether `node`, which carries `jobs` jobs by its heartbeat, carries the job whose
+    /// carriers are `carried` (its `by_job` bits).
+    fn carries(&self, node: &str, jobs: u32, carried: u64) -> bool {
         match self.nodes.get(node) {
-            None | Some(Place::Unranked) => true,
-            Some(Place::Listed) => false,
-            Some(Place::Bit(bit)) => carried & (1 << bit) != 0,
+            None | Some((Place::Unranked, _)) => true,
+            Some((_, read)) if *read < jobs => true,
+            Some((Place::Listed, _)) => false,
+            Some((Place::Bit(bit), _)) => carried & (1 << bit) != 0,
         }
     }
 }
@@ -126,7 +134,7 @@ fn job_key(job: &str) -> u64 {
 #[derive(Debug)]
 pub(crate) struct Ranking<'a> {
     node: &'a str,
-    alive: Arc<HashSet<String>>,
+    alive: Arc<HashMap<String, u32>>,
     carriers: Arc<Carriers>,
 }
 
@@ -145,8 +153,8 @@ impl Spread {
         }
     }
 
-    /// Takes the live nodes, as the heartbeats say now.
-    pub(crate) fn set_alive(&self, alive: impl IntoIterator<Item = String>) {
+    /// Takes the live nodes and how many jobs each carries, as the heartbeats say now.
+    pub(crate) fn set_alive(&self, alive: impl IntoIterator<Item = (String, u32)>) {
         *self.alive.write().expect("not poisoned") = Arc::new(alive.into_iter().collect());
     }
 
@@ -167,8 +175,11 @@ impl Ranking<'_> {
     /// carrying its job (ties go to the smaller name, so every node breaks them alike).
     fn first(&self, tick: &Tick) -> Option<&str> {
         let carried = self.carriers.by_job.get(&job_key(&tick.job)).copied().unwrap_or(0);
-        let others =
-            self.alive.iter().map(String::as_str).filter(|n| *n != self.node && self.carriers.carries(n, carried));
+        let others = self
+            .alive
+            .iter()
+            .filter(|(n, jobs)| *n != self.node && self.carriers.carries(n, **jobs, carried))
+            .map(|(n, _)| n.as_str());
         std::iter::once(self.node).chain(others).max_by(|a, b| weight(a, tick).cmp(&weight(b, tick)).then(b.cmp(a)))
     }
 }
@@ -193,7 +204,7 @@ mod tests {
 
     fn node(id: &str, alive: &[&str]) -> Spread {
         let s = Spread::new(id);
-        s.set_alive(alive.iter().map(|n| (*n).to_owned()));
+        s.set_alive(alive.iter().map(|n| ((*n).to_owned(), 0)));
         s
     }
 
@@ -261,6 +272,28 @@ mod tests {
     }
 
     #[test]
+    fn a_node_read_with_fewer_registrations_than_its_heartbeat_says_is_ranked_for_every_job() {
+        // n1 read the registry while n2 registered: it saw n2's "a" only, though n2's
+        // heartbeat says it carries 2 jobs. n3 read it whole. Both rank n2 alike.
+        let jobs = |n1: u32, n2: u32, n3: u32| [("n1".to_owned(), n1), ("n2".to_owned(), n2), ("n3".to_owned(), n3)];
+        let whole = [("a", "n1"), ("a", "n2"), ("a", "n3"), ("b", "n1"), ("b", "n2"), ("b", "n3")];
+        let partial = [("a", "n1"), ("a", "n2"), ("a", "n3"), ("b", "n1"), ("b", "n3")];
+        let (n1, n3) = (Spread::new("n1"), Spread::new("n3"));
+        n1.set_carriers(carriers(&partial, &["a", "b"]));
+        n3.set_carriers(carriers(&whole, &["a", "b"]));
+        for n in [&n1, &n3] {
+            n.set_alive(jobs(2, 2, 2));
+        }
+        let (r1, r3) = (n1.ranking(), n3.ranking());
+        let ticks: Vec<Tick> = (0..300).map(|s| tick("b", s)).collect();
+        assert!(ticks.iter().all(|t| r1.first(t) == r3.first(t)), "one ranking of b's ticks");
+        assert!(ticks.iter().any(|t| r1.first(t) == Some("n2")), "n2 ranks first for some of b's ticks");
+        // Had n2's heartbeat said 1 job, n1 would leave n2 out of b's ranking.
+        n1.set_alive(jobs(2, 1, 2));
+        assert!(ticks.iter().all(|t| n1.ranking().first(t) != Some("n2")));
+    }
+
+    #[test]
     fn the_ranking_does_not_depend_on_the_order_the_registry_was_read_in() {
         // Redis pages come in no order, SQL ones by job, etcd ones by node.
         let registry: Vec<(String, String)> = (0..50)
@@ -292,11 +325,13 @@ mod tests {
         let c = carriers(&registry, &["a", "b"]);
         let (a, b) = (c.by_job[&job_key("a")], c.by_job.get(&job_key("b")).copied().unwrap_or(0));
         // The first carriers are remembered: they carry `a`, not `b`.
-        assert!(names[..CARRIERS_REMEMBERED_MAX].iter().all(|n| c.carries(n, a) && !c.carries(n, b)));
+        assert!(names[..CARRIERS_REMEMBERED_MAX].iter().all(|n| c.carries(n, 1, a) && !c.carries(n, 1, b)));
         // Those past the bound carry every job, like a node the registry does not list.
-        assert!(names[CARRIERS_REMEMBERED_MAX..].iter().all(|n| c.carries(n, a) && c.carries(n, b)));
-        assert!(c.carries("not-listed", b));
+        assert!(names[CARRIERS_REMEMBERED_MAX..].iter().all(|n| c.carries(n, 1, a) && c.carries(n, 1, b)));
+        assert!(c.carries("not-listed", 1, b));
         // A node listed only for jobs this node does not carry carries none of its jobs.
-        assert!(!c.carries("listed-only", a) && !c.carries("listed-only", b));
+        assert!(!c.carries("listed-only", 1, a) && !c.carries("listed-only", 1, b));
+        // Unless its heartbeat says it carries more than the registry showed of it.
+        assert!(c.carries("listed-only", 2, a) && c.carries(&names[0], 2, b));
     }
 }

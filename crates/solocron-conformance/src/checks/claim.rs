@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use solocron_core::{ClaimOutcome, ClaimRequest, Lease, RecoverAction, RecoverOutcome, RunState, Tick, Trigger};
 
 use super::support::{
-    all, assert_between, claim, find, first, now, race, run, skip, stores, succeeded, tick, timing, won, Handle,
+    all, assert_between, claim, ended, find, first, now, race, run, skip, stores, succeeded, tick, timing, won, Handle,
     LENGTH_SLACK, LONG_LEASE,
 };
 use crate::StoreFactory;
@@ -334,4 +334,34 @@ pub async fn a_scheduled_claim_too_far_ahead_of_the_store_clock_is_refused_and_w
     let in_time = (far.scheduled_at - now(store).await - chrono::Duration::milliseconds(margin / 4)).to_std();
     tokio::time::sleep(in_time.unwrap_or_default()).await;
     assert!(matches!(claim(store, run(far, "fast", LONG_LEASE, false)).await, ClaimOutcome::Won(_)));
+}
+
+/// `taken_ticks` answers exactly the ticks a claim would find taken (attempt 1 recorded:
+/// running, ended or recorded skipped), of any job name, and never one without a record:
+/// a node claims its backups by it. A store that cannot tell (`None`) passes.
+pub async fn taken_ticks_answers_exactly_the_ticks_a_claim_would_find_taken(f: &impl StoreFactory) {
+    let store = f.open().await;
+    let Some(none) = store.taken_ticks(&[]).await.expect("taken_ticks") else { return };
+    assert!(none.is_empty(), "nothing asked, nothing taken: {none:?}");
+    won(&store, run(tick("backup", 0), "a", LONG_LEASE, false)).await;
+    ended(&store, run(tick("backup", 1), "a", LONG_LEASE, false)).await;
+    claim(&store, skip(tick("report", 0), "a", "missed")).await;
+    won(&store, run(tick("ns/odd:name.1", 0), "a", LONG_LEASE, false)).await;
+    let taken = [tick("backup", 0), tick("backup", 1), tick("report", 0), tick("ns/odd:name.1", 0)];
+    // Free: never claimed, though their jobs or instants have records.
+    let free = [tick("backup", 2), tick("report", 1), tick("sync", 0), tick("ns/odd:name", 0), tick("odd:name.1", 0)];
+    let asked: Vec<Tick> = free.iter().chain(&taken).cloned().collect();
+    let mut answer = store.taken_ticks(&asked).await.expect("taken_ticks").expect("answered before");
+    answer.sort();
+    let mut expected = taken.to_vec();
+    expected.sort();
+    assert_eq!(answer, expected, "exactly the claimed ticks are taken");
+    for t in &free {
+        assert!(matches!(claim(&store, run(t.clone(), "b", LONG_LEASE, false)).await, ClaimOutcome::Won(_)));
+    }
+    for t in &taken {
+        assert_eq!(claim(&store, run(t.clone(), "b", LONG_LEASE, false)).await, ClaimOutcome::Taken);
+    }
+    let answer = store.taken_ticks(&free).await.expect("taken_ticks").expect("answered before");
+    assert_eq!(answer.len(), free.len(), "claimed since: taken now: {answer:?}");
 }
