@@ -24,6 +24,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod guardian;
+pub mod malloc;
 mod parent;
 pub mod preforked;
 pub mod spawn;

@@ -112,6 +112,8 @@ pub(crate) async fn registry_loop(e: Arc<Engine>, shutdown: CancellationToken) {
             Ok(digests) => read_registry(&e, &set, &digests, &mut warned).await,
             Err(err) => tracing::warn!(error = %err, "cannot register this node's jobs; retrying later"),
         }
+        // The round's definitions and registry pages are freed now: give their pages back.
+        solocron_os::malloc::trim();
         tokio::select! {
             _ = tokio::time::sleep(REGISTRY_REFRESH) => {}
             _ = list.changed() => {}
