@@ -105,6 +105,18 @@ fn matches(r: &RunRecord, q: &HistoryQuery) -> bool {
         && q.until.is_none_or(|t| r.id.tick.scheduled_at < t)
 }
 
+/// Those of `ticks` that are taken (see [`solocron_core::Store::taken_ticks`]): read-only
+/// `Txn`s of one `Get` of each tick's attempt 1 (no write, no raft entry), where a claim
+/// that finds its tick taken is a `Txn` with a compare per key and the job's guard.
+pub(crate) async fn taken_ticks(store: &EtcdStore, ticks: &[Tick]) -> Result<Vec<Tick>, StoreError> {
+    let key = |t: &Tick| store.keys.run(&RunId { tick: t.clone(), attempt: 1 });
+    let found = read(&store.client, ticks.iter().map(|t| get(key(t))).collect()).await?;
+    if found.len() != ticks.len() {
+        return Err(StoreError::Invalid(format!("{} answers to {} reads", found.len(), ticks.len())));
+    }
+    Ok(ticks.iter().zip(found).filter(|(_, kvs)| !kvs.is_empty()).map(|(t, _)| t.clone()).collect())
+}
+
 /// History of running runs only, from the job guards (which list them) rather than a scan.
 async fn running_history(store: &EtcdStore, query: &HistoryQuery, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
     let guards = match &query.job {

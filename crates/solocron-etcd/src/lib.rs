@@ -441,6 +441,10 @@ impl Store for EtcdStore {
         runs::recover(self, run, action).await
     }
 
+    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
+        admin::taken_ticks(self, ticks).await.map(Some)
+    }
+
     async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
         admin::history(self, query).await
     }
