@@ -28,9 +28,12 @@ const RUN_FOR: Duration = Duration::from_secs(24);
 /// (node, its clock's offset) for libfaketime.
 const NODES: [(&str, &str); 3] = [("slow", "-2s"), ("exact", "+0s"), ("fast", "+2s")];
 /// How late a start may be, at the 99th percentile, by the real clock: the issue asks
-/// for 20 ms on an idle machine; this leaves room for a loaded 2-core CI host, and still
-/// fails by far for a node that follows its own clock (2 s early, or 2 s late).
-const LATENESS_P99_MAX_MS: f64 = 100.0;
+/// for 20 ms on an idle machine; this leaves room for a loaded 2-core CI host, where a
+/// tick's first-ranked node may claim too late and another node starts it as a backup
+/// (`BACKUP_AFTER`, 100 ms, plus a claim: ~115 ms; twice in 27 ticks in one CI run on
+/// etcd), and still fails by far for a node that follows its own clock (2 s early, or 2 s
+/// late).
+const LATENESS_P99_MAX_MS: f64 = 250.0;
 
 /// libfaketime's library, where Debian puts it.
 fn libfaketime() -> PathBuf {
