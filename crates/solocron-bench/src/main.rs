@@ -72,8 +72,6 @@ enum Scenario {
 }
 
 fn main() -> anyhow::Result<()> {
-    // As the daemon does (solocron-cli's main): the `node` processes are what idle measures.
-    solocron_os::malloc::limit_arenas(2);
     let cli = Cli::parse();
     let rt = tokio::runtime::Runtime::new()?;
     if let Some(Cmd::Node(a)) = cli.cmd {

@@ -609,7 +609,7 @@ async fn trigger_here(cfg: Option<&Config>, store: Arc<dyn Store>, job: &str) ->
     if !cfg.jobs.iter().any(|j| j.name == job) {
         return Err(bad_input(format!("--here: job `{job}` is not defined in {}", cfg.file)));
     }
-    let scheduler = crate::daemon::scheduler(cfg, store, None)?;
+    let scheduler = crate::daemon::scheduler(cfg, store, None, crate::daemon::jobs(cfg)?)?;
     let interrupt = tokio_util::sync::CancellationToken::new();
     let on_ctrl_c = interrupt.clone();
     tokio::spawn(async move {

@@ -76,22 +76,30 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
             (0, Vec::new())
         }
     };
-    let mut scheduler = scheduler(&cfg, store.clone(), a.node_id)?;
+    let declared_jobs = jobs(&cfg)?;
+    let mut scheduler = scheduler(&cfg, store.clone(), a.node_id, declared_jobs.clone())?;
     scheduler.claim_node_id().await.map_err(|e| bad_input(format!("{e} (--node-id or [node] id)")))?;
     let _pid_file =
         a.pid_file.as_ref().or(cfg.pid_file.as_ref()).map(|p| crate::reload::PidFile::write(p)).transpose()?;
-    let sources = Arc::new(Sources::new(scheduler.jobs(), jobs(&cfg)?, cfg.http.allow_command_jobs));
+    let sources = Arc::new(Sources::new(scheduler.jobs(), declared_jobs, cfg.http.allow_command_jobs));
     sources.set_managed(&managed);
     tokio::spawn(crate::follow::follow(store.clone(), sources.clone(), version, managed, shutdown.clone()));
-    let declared = DeclaredJobs::new(crate::http::declared(Some(&cfg)));
     // The server outlives the drain, so operators watch it; it stops once the node has.
     let http_stop = CancellationToken::new();
-    let server = match crate::http::listen(a.http, Some(&cfg)) {
-        Some(addr) => Some(crate::http::start(addr, Some(&cfg), declared.clone(), store, http_stop.clone()).await?),
-        None => None,
+    let (server, declared) = match crate::http::listen(a.http, Some(&cfg)) {
+        Some(addr) => {
+            let declared = DeclaredJobs::new(crate::http::declared(Some(&cfg)));
+            let server = crate::http::start(addr, Some(&cfg), declared.clone(), store, http_stop.clone()).await?;
+            (Some(server), Some(declared))
+        }
+        // Without a server, nobody reads the list of declared jobs: it is not kept.
+        None => (None, None),
     };
     let reloads = Reloads { path: a.config.clone(), sources, declared };
     tokio::spawn(reloads.serve(reload, shutdown.clone()));
+    // Everything the node keeps of its configuration is taken: its parsed job list is not
+    // kept for the node's life beside the scheduler's (a reload reads the file again).
+    drop(cfg);
     scheduler.run(shutdown).await;
     http_stop.cancel();
     if let Some(s) = server {
@@ -131,11 +139,13 @@ async fn open_when_reachable(
     }
 }
 
-/// The scheduler for a configuration: command jobs and HTTP jobs.
+/// The scheduler for a configuration, running `jobs` (its command jobs and HTTP jobs, made
+/// by [`jobs`]).
 pub fn scheduler(
     cfg: &Config,
     store: std::sync::Arc<dyn solocron_core::Store>,
     node_id: Option<String>,
+    jobs: Vec<Job>,
 ) -> Result<Scheduler, Failure> {
     // The daemon migrates before it builds this (and only with `store.migrate`), failing
     // with a clear error; the scheduler need not do it again.
@@ -148,7 +158,7 @@ pub fn scheduler(
     if let Some(id) = node_id.or(cfg.node_id.clone()) {
         builder = builder.node_id(id);
     }
-    for job in jobs(cfg)? {
+    for job in jobs {
         builder = builder.job(job);
     }
     for alert in &cfg.alerts {
@@ -176,7 +186,7 @@ fn alert_rule(file: &str, a: &AlertConfig) -> Result<AlertRule, Failure> {
 }
 
 /// A configuration's jobs, with their secrets read.
-fn jobs(cfg: &Config) -> Result<Vec<Job>, Failure> {
+pub(crate) fn jobs(cfg: &Config) -> Result<Vec<Job>, Failure> {
     cfg.jobs.iter().map(|j| job_of(&cfg.file, j)).collect()
 }
 
@@ -203,7 +213,8 @@ pub(crate) fn job_of(file: &str, j: &JobConfig) -> Result<Job, Failure> {
 struct Reloads {
     path: PathBuf,
     sources: Arc<Sources>,
-    declared: DeclaredJobs,
+    /// The HTTP server's list of declared jobs, if this node serves one.
+    declared: Option<DeclaredJobs>,
 }
 
 impl Reloads {
@@ -234,7 +245,9 @@ impl Reloads {
         let list = jobs(&cfg)?;
         let changes =
             self.sources.set_declared(list).map_err(|Failure(c, e)| Failure(c, format!("{}: {e}", cfg.file)))?;
-        self.declared.set(crate::http::declared(Some(&cfg)));
+        if let Some(declared) = &self.declared {
+            declared.set(crate::http::declared(Some(&cfg)));
+        }
         Ok(changes)
     }
 }

@@ -27,10 +27,11 @@ pub struct Sources {
     inner: Mutex<Lists>,
 }
 
+/// Each job in the `Arc` the scheduler's list shares.
 #[derive(Default)]
 struct Lists {
-    declared: Vec<Job>,
-    managed: Vec<Job>,
+    declared: Vec<Arc<Job>>,
+    managed: Vec<Arc<Job>>,
     /// What was said about each managed job that is not run here (once per revision).
     refused: HashMap<String, u64>,
 }
@@ -38,13 +39,14 @@ struct Lists {
 impl Sources {
     /// The sources of a scheduler's list, holding `declared` and no managed job yet.
     pub fn new(jobs: Jobs, declared: Vec<Job>, allow_commands: bool) -> Sources {
+        let declared = shared(declared);
         Sources { jobs, allow_commands, inner: Mutex::new(Lists { declared, ..Lists::default() }) }
     }
 
     /// Replaces the declared jobs (a reload) and the scheduler's list with them.
     pub fn set_declared(&self, declared: Vec<Job>) -> Result<JobChanges, Failure> {
         let mut lists = self.lists();
-        let previous = std::mem::replace(&mut lists.declared, declared);
+        let previous = std::mem::replace(&mut lists.declared, shared(declared));
         match self.jobs.replace(merged(&lists)) {
             Ok(changes) => Ok(changes),
             Err(e) => {
@@ -63,7 +65,7 @@ impl Sources {
         // Another namespace's managed jobs are another application's: not this node's.
         for m in list.iter().filter(|m| self.jobs.namespaces().serves(&m.job)) {
             match runnable(m, &declared, self.allow_commands) {
-                Ok(job) => managed.push(job),
+                Ok(job) => managed.push(Arc::new(job)),
                 Err(why) => {
                     if lists.refused.insert(m.job.clone(), m.revision) != Some(m.revision) {
                         tracing::error!(job = %m.job, revision = m.revision, why, "managed job not run on this node");
@@ -83,8 +85,15 @@ impl Sources {
 }
 
 /// The scheduler's list: the declared jobs, then the managed ones.
-fn merged(lists: &Lists) -> Vec<Job> {
+fn merged(lists: &Lists) -> Vec<Arc<Job>> {
     lists.declared.iter().chain(&lists.managed).cloned().collect()
+}
+
+/// `jobs`, each in its `Arc`, in a list of their exact length.
+fn shared(jobs: Vec<Job>) -> Vec<Arc<Job>> {
+    let mut out = Vec::with_capacity(jobs.len());
+    out.extend(jobs.into_iter().map(Arc::new));
+    out
 }
 
 /// A managed job as this node runs it, or why it does not.

@@ -35,9 +35,10 @@ fn token(file: &str, t: &TokenConfig) -> Result<Token, Failure> {
 /// The jobs a configuration declares, for the API to show where each is declared.
 pub fn declared(cfg: Option<&Config>) -> Vec<Declared> {
     let Some(cfg) = cfg else { return Vec::new() };
+    let source: std::sync::Arc<str> = cfg.file.as_str().into();
     cfg.jobs
         .iter()
-        .map(|j| Declared { name: j.name.clone(), schedule: j.schedule.clone(), source: cfg.file.clone() })
+        .map(|j| Declared { name: j.name.clone(), schedule: j.schedule.clone(), source: source.clone() })
         .collect()
 }
 

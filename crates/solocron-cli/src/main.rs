@@ -138,8 +138,6 @@ pub fn store_failed(e: impl std::fmt::Display) -> Failure {
 }
 
 fn main() -> ExitCode {
-    // Before any thread: two malloc arenas for the whole process (idle RSS, issue 23).
-    solocron_os::malloc::limit_arenas(2);
     let cli = Cli::parse();
     let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let result = rt.block_on(async {

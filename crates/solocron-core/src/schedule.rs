@@ -78,7 +78,9 @@ pub enum ScheduleError {
 /// ```
 #[derive(Clone)]
 pub struct Schedule {
-    expr: String,
+    /// As written; shared by the clones of a schedule (a daemon keeps a job's in its list,
+    /// in the API's list of declared jobs, and in a reload's).
+    expr: Arc<str>,
     zone: Tz,
     /// Shared by every schedule with the same expression (see [`interned`]).
     cron: Arc<Parsed>,
@@ -196,7 +198,7 @@ impl Schedule {
         // refused one is taken apart to name its bad field: probing each field costs six
         // parses, which made 100,000 jobs slow to build.
         match interned(trimmed) {
-            Ok(cron) => Ok(Schedule { expr: expr.to_owned(), zone, cron }),
+            Ok(cron) => Ok(Schedule { expr: expr.into(), zone, cron }),
             Err(whole) if is_macro => Err(whole),
             Err(whole) => check_fields(expr, &fields).and(Err(whole)),
         }

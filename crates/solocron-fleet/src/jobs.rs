@@ -361,7 +361,7 @@ impl Fleet {
             drift,
             stale,
             nodes: registrations.iter().map(|r| r.node.clone()).collect(),
-            declared_in: self.declared.iter().find(|d| d.name == job).map(|d| d.source.clone()),
+            declared_in: self.declared.iter().find(|d| d.name == job).map(|d| d.source.to_string()),
             managed: self.managed_job(job).map(|m| ManagedView {
                 revision: m.revision,
                 changed_by: m.changed_by.clone(),

@@ -47,8 +47,9 @@ pub struct Declared {
     pub name: String,
     /// Its schedule.
     pub schedule: Schedule,
-    /// Where it is declared (the configuration file), shown to operators.
-    pub source: String,
+    /// Where it is declared (the configuration file), shown to operators; one string for
+    /// all the jobs of a file.
+    pub source: std::sync::Arc<str>,
 }
 
 /// Why a read or an action could not be answered.

@@ -164,13 +164,15 @@ fn outcome_of(result: HandlerResult) -> Outcome {
 /// ```
 #[derive(Clone)]
 pub struct Job {
-    name: String,
+    /// Shared by the clones of a job: the daemon keeps its configuration's list beside the
+    /// scheduler's, which is made of clones.
+    name: Arc<str>,
     schedule: Schedule,
-    /// Shared by the jobs of a list that have equal policies ([`SharedPolicies`]): over a
-    /// hundred bytes a job otherwise.
+    /// Shared by the live jobs that have equal policies ([`shared_policy`]): over a hundred
+    /// bytes a job otherwise.
     policy: Arc<JobPolicy>,
     handler: Arc<dyn Handler>,
-    fingerprint: String,
+    fingerprint: Arc<str>,
     /// False for an alert's delivery (`alerts.rs`): it has no ticks of its own, so its
     /// schedule bounds nothing, and its retries may come at any time.
     scheduled: bool,
@@ -186,11 +188,11 @@ impl Job {
     /// A job with the default policy.
     pub fn new(name: impl Into<String>, schedule: Schedule, handler: impl Handler) -> Job {
         Job {
-            name: name.into(),
+            name: Arc::from(name.into()),
             schedule,
             policy: default_policy(),
             handler: Arc::new(handler),
-            fingerprint: String::new(),
+            fingerprint: Arc::from(""),
             scheduled: true,
         }
     }
@@ -215,14 +217,14 @@ impl Job {
 
     /// Replaces the policy.
     pub fn with_policy(mut self, policy: JobPolicy) -> Job {
-        self.policy = Arc::new(policy);
+        self.policy = shared_policy(policy);
         self
     }
 
     /// Describes what the job runs (the daemon passes the command's argv), so that nodes
     /// whose definitions of the job differ are flagged as drift in the job registry.
     pub fn with_fingerprint(mut self, fingerprint: impl Into<String>) -> Job {
-        self.fingerprint = fingerprint.into();
+        self.fingerprint = Arc::from(fingerprint.into());
         self
     }
 
@@ -246,7 +248,7 @@ impl Job {
             write!(digest, "{b:02x}").expect("a String takes any text");
         }
         JobDefinition {
-            job: self.name.clone(),
+            job: self.name.to_string(),
             schedule: self.schedule.expr().to_owned(),
             timezone: self.schedule.zone().name().to_owned(),
             definition_hash: digest,
@@ -280,24 +282,25 @@ fn default_policy() -> Arc<JobPolicy> {
     DEFAULT.get_or_init(|| Arc::new(JobPolicy::default())).clone()
 }
 
-/// The policies of a job list being built, each kept once: a job whose policy equals one
-/// kept takes that one instead of its own (most lists have a few policies for thousands of
-/// jobs).
-#[derive(Default)]
-pub(crate) struct SharedPolicies(Vec<Arc<JobPolicy>>);
+/// Most distinct policies kept for sharing; a job with yet another keeps its own.
+const SHARED_POLICIES_MAX: usize = 16;
 
-impl SharedPolicies {
-    /// Most distinct policies kept; a job with yet another keeps its own.
-    const KEPT_MAX: usize = 16;
-
-    /// Gives `job` the kept policy equal to its own, or keeps its own.
-    pub(crate) fn share(&mut self, job: &mut Job) {
-        match self.0.iter().find(|kept| **kept == job.policy) {
-            Some(kept) => job.policy = kept.clone(),
-            None if self.0.len() < Self::KEPT_MAX => self.0.push(job.policy.clone()),
-            None => {}
-        }
+/// `policy`, shared with every live job whose policy equals it (most lists have a few
+/// policies for thousands of jobs, and a daemon keeps each job twice: its configuration's
+/// and the scheduler's list).
+fn shared_policy(policy: JobPolicy) -> Arc<JobPolicy> {
+    static KEPT: std::sync::Mutex<Vec<std::sync::Weak<JobPolicy>>> = std::sync::Mutex::new(Vec::new());
+    let mut kept = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(found) = kept.iter().filter_map(std::sync::Weak::upgrade).find(|p| **p == policy) {
+        return found;
     }
+    kept.retain(|p| p.strong_count() > 0);
+    let policy = Arc::new(policy);
+    if kept.len() < SHARED_POLICIES_MAX {
+        kept.push(Arc::downgrade(&policy));
+    }
+    debug_assert!(kept.len() <= SHARED_POLICIES_MAX);
+    policy
 }
 
 /// The definitions of `jobs`, as [`Job::definition`] makes them: what a node registers, all
@@ -365,23 +368,22 @@ mod tests {
 
     #[test]
     fn jobs_with_equal_policies_share_one_and_each_keeps_its_own_value() {
+        // Leases no other test uses: the kept policies are the process's.
         let policy = |secs| JobPolicy { lease: Duration::from_secs(secs), ..JobPolicy::default() };
         let schedule = Schedule::parse("0 0 6 * * *", "UTC").expect("valid");
-        let mut shared = SharedPolicies::default();
-        let jobs: Vec<Job> = [30, 60, 30, 60, 30]
+        let jobs: Vec<Job> = [3001, 6001, 3001, 6001, 3001]
             .iter()
             .enumerate()
             .map(|(i, secs)| {
-                let mut job = Job::new(format!("j{i}"), schedule.clone(), handler_fn(|_| async { Ok(()) }))
-                    .with_policy(policy(*secs));
-                shared.share(&mut job);
-                job
+                Job::new(format!("j{i}"), schedule.clone(), handler_fn(|_| async { Ok(()) })).with_policy(policy(*secs))
             })
             .collect();
         assert!(Arc::ptr_eq(&jobs[0].policy, &jobs[2].policy) && Arc::ptr_eq(&jobs[0].policy, &jobs[4].policy));
         assert!(Arc::ptr_eq(&jobs[1].policy, &jobs[3].policy));
         assert!(!Arc::ptr_eq(&jobs[0].policy, &jobs[1].policy));
         let leases: Vec<u64> = jobs.iter().map(|j| j.policy().lease.as_secs()).collect();
-        assert_eq!(leases, [30, 60, 30, 60, 30]);
+        assert_eq!(leases, [3001, 6001, 3001, 6001, 3001]);
+        let clone = jobs[1].clone();
+        assert!(Arc::ptr_eq(&clone.name, &jobs[1].name), "a clone shares its name");
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use solocron_core::Namespaces;
 use tokio::sync::watch;
 
-use crate::job::{Job, SharedPolicies};
+use crate::job::Job;
 use crate::scheduler::BuildError;
 
 /// A checked job list: unique, valid names and policies.
@@ -141,16 +141,12 @@ impl Jobs {
 
     /// Replaces the job list whole, checked like [`crate::SchedulerBuilder::build`] checks
     /// it (a job of a namespace the node does not serve included); a list with an error is
-    /// refused whole and the running list stays.
-    pub fn replace(&self, jobs: Vec<Job>) -> Result<JobChanges, BuildError> {
-        let mut policies = SharedPolicies::default();
-        let jobs = jobs
-            .into_iter()
-            .map(|mut job| {
-                policies.share(&mut job);
-                Arc::new(job)
-            })
-            .collect();
+    /// refused whole and the running list stays. Jobs given in their `Arc`s are kept as
+    /// they are (a caller that keeps its own list shares each job with the scheduler's).
+    pub fn replace<J: Into<Arc<Job>>>(&self, jobs: Vec<J>) -> Result<JobChanges, BuildError> {
+        let mut jobs: Vec<Arc<Job>> = jobs.into_iter().map(Into::into).collect();
+        // Collected in place from a `Vec<Job>`, the list would keep a job's size per slot.
+        jobs.shrink_to_fit();
         let next = JobSet::new(jobs, &self.namespaces, self.retention)?;
         let mut changes = JobChanges::default();
         self.current.send_modify(|set| {

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::alerts::{self, AlertRule, Alerts, ALERT_RULES_MAX};
 use crate::backoff::Backoff;
 use crate::engine::{bounded, Engine, Parts};
-use crate::job::{Job, SharedPolicies};
+use crate::job::Job;
 use crate::jobset::{JobSet, Jobs};
 use crate::runner::Claimed;
 use crate::{housekeeping, recovery, timer};
@@ -105,8 +105,6 @@ pub struct SchedulerBuilder {
     /// `Vec<Job>` growing by doubling, then copied job by job into `Arc`s, was a node's
     /// largest allocation at 10,000 jobs).
     jobs: Vec<Arc<Job>>,
-    /// Equal policies of `jobs`, shared.
-    policies: SharedPolicies,
     shutdown_grace: Duration,
     max_concurrent_runs: usize,
     recovery_interval: Option<Duration>,
@@ -156,8 +154,7 @@ impl SchedulerBuilder {
     }
 
     /// Adds a job.
-    pub fn job(mut self, mut job: Job) -> Self {
-        self.policies.share(&mut job);
+    pub fn job(mut self, job: Job) -> Self {
         self.jobs.push(Arc::new(job));
         self
     }
@@ -275,7 +272,6 @@ impl Scheduler {
             clock: Arc::new(SystemClock),
             system_clock: true,
             jobs: Vec::new(),
-            policies: SharedPolicies::default(),
             shutdown_grace: Duration::from_secs(30),
             max_concurrent_runs: 1024,
             recovery_interval: None,
