@@ -26,7 +26,7 @@ pub(crate) async fn claim(store: &PgStore, requests: &[ClaimRequest]) -> Result<
     retrying("claim", || claim_once(store, &batch, requests)).await
 }
 
-async fn claim_once(store: &PgStore, batch: &Batch, requests: &[ClaimRequest]) -> Res<Vec<ClaimOutcome>> {
+async fn claim_once(store: &PgStore, batch: &Batch<'_>, requests: &[ClaimRequest]) -> Res<Vec<ClaimOutcome>> {
     if let [_] = requests {
         return claim_one(store, batch, requests).await;
     }
@@ -39,7 +39,7 @@ async fn claim_once(store: &PgStore, batch: &Batch, requests: &[ClaimRequest]) -
     Ok(outcomes(requests, &rows)?)
 }
 
-impl Batch {
+impl Batch<'_> {
     /// Calls the function once: one round trip, one transaction.
     pub(crate) async fn send(&self, pool: &PgPool, sql: &str) -> Res<Vec<PgRow>> {
         Ok(sqlx::query(sql)

@@ -14,24 +14,24 @@ use crate::PgStore;
 pub(crate) const CALL: &str = "SELECT * FROM {p}claim_one($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// One try at claiming the one request of `batch`: one round trip, one transaction.
-pub(crate) async fn claim_one(store: &PgStore, batch: &Batch, requests: &[ClaimRequest]) -> Res<Vec<ClaimOutcome>> {
+pub(crate) async fn claim_one(store: &PgStore, batch: &Batch<'_>, requests: &[ClaimRequest]) -> Res<Vec<ClaimOutcome>> {
     let rows = batch.send_one(&store.pool, &store.sql(CALL)).await?;
     Ok(outcomes(requests, &rows)?)
 }
 
-impl Batch {
+impl Batch<'_> {
     /// Calls `{p}claim_one` (`sql`) with the batch's one request: one round trip, one
     /// transaction.
     async fn send_one(&self, pool: &PgPool, sql: &str) -> Res<Vec<PgRow>> {
         assert_eq!(self.jobs.len(), 1, "send_one sends a batch of one");
         Ok(sqlx::query(sql)
-            .bind(&self.jobs[0])
+            .bind(self.jobs[0])
             .bind(self.ticks[0])
             .bind(self.triggers[0])
-            .bind(&self.nodes[0])
+            .bind(self.nodes[0])
             .bind(self.leases[0])
             .bind(self.modes[0])
-            .bind(&self.reasons[0])
+            .bind(self.reasons[0])
             .bind(self.nonces[0])
             .fetch_all(pool)
             .await?)

@@ -152,34 +152,45 @@ pub(crate) fn run_request(row: &PgRow) -> Result<RunRequest, StoreError> {
     })
 }
 
-/// A batch as the function's parallel arrays (one element per request, in order).
+/// A batch as the function's parallel arrays (one element per request, in order), its
+/// texts borrowed from the requests.
 #[derive(Default)]
-pub(crate) struct Batch {
-    pub(crate) jobs: Vec<String>,
+pub(crate) struct Batch<'a> {
+    pub(crate) jobs: Vec<&'a str>,
     pub(crate) ticks: Vec<i64>,
     pub(crate) triggers: Vec<&'static str>,
-    pub(crate) nodes: Vec<String>,
+    pub(crate) nodes: Vec<&'a str>,
     pub(crate) leases: Vec<i64>,
     pub(crate) modes: Vec<&'static str>,
-    pub(crate) reasons: Vec<String>,
+    pub(crate) reasons: Vec<&'a str>,
     /// Each request's nonce, its bits as the `BIGINT` column keeps them (`0`: none).
     pub(crate) nonces: Vec<i64>,
 }
 
-impl Batch {
+impl<'a> Batch<'a> {
     /// The arrays of `requests`, checked before anything is sent.
-    pub(crate) fn new(requests: &[ClaimRequest]) -> Result<Batch, StoreError> {
-        let mut batch = Batch::default();
+    pub(crate) fn new(requests: &'a [ClaimRequest]) -> Result<Batch<'a>, StoreError> {
+        let n = requests.len();
+        let mut batch = Batch {
+            jobs: Vec::with_capacity(n),
+            ticks: Vec::with_capacity(n),
+            triggers: Vec::with_capacity(n),
+            nodes: Vec::with_capacity(n),
+            leases: Vec::with_capacity(n),
+            modes: Vec::with_capacity(n),
+            reasons: Vec::with_capacity(n),
+            nonces: Vec::with_capacity(n),
+        };
         for request in requests {
             let (mode, reason) = match &request.mode {
-                ClaimMode::Skip { reason } => ("skip", reason.clone()),
-                ClaimMode::Run { skip_if_running: true } => ("run-unless-running", String::new()),
-                ClaimMode::Run { skip_if_running: false } => ("run", String::new()),
+                ClaimMode::Skip { reason } => ("skip", reason.as_str()),
+                ClaimMode::Run { skip_if_running: true } => ("run-unless-running", ""),
+                ClaimMode::Run { skip_if_running: false } => ("run", ""),
             };
-            batch.jobs.push(request.tick.job.clone());
+            batch.jobs.push(&request.tick.job);
             batch.ticks.push(request.tick.scheduled_at.timestamp_millis());
             batch.triggers.push(request.trigger.as_str());
-            batch.nodes.push(request.node.clone());
+            batch.nodes.push(&request.node);
             batch.leases.push(millis(request.lease)?);
             batch.modes.push(mode);
             batch.reasons.push(reason);
@@ -213,8 +224,8 @@ pub(crate) fn outcomes(requests: &[ClaimRequest], rows: &[PgRow]) -> Result<Vec<
 /// The outcome of `request` from its row: `won` (token and instants), `skipped` (reason),
 /// `taken`, or `too-early` (the server's clock in `o_claimed_at`).
 fn outcome(request: &ClaimRequest, row: &PgRow) -> Result<ClaimOutcome, StoreError> {
-    let kind: String = get(row, "o_outcome")?;
-    match kind.as_str() {
+    let kind: &str = get(row, "o_outcome")?;
+    match kind {
         "taken" => Ok(ClaimOutcome::Taken),
         "skipped" => Ok(ClaimOutcome::Skipped { reason: get(row, "o_reason")? }),
         // The functions answer the server's clock in `o_claimed_at`; nothing was claimed.

@@ -204,13 +204,9 @@ impl Engine {
         }
         // A refused request keeps its nonce: asked again in time, an earlier try that did
         // commit is still granted again.
-        let settled: Vec<ClaimRequest> = requests
-            .iter()
-            .zip(&outcomes)
-            .filter(|(_, o)| !matches!(o, ClaimOutcome::TooEarly { .. }))
-            .map(|(r, _)| r.clone())
-            .collect();
-        self.unanswered.answered(if settled.len() == requests.len() { requests } else { &settled });
+        self.unanswered.answered(
+            requests.iter().zip(&outcomes).filter(|(_, o)| !matches!(o, ClaimOutcome::TooEarly { .. })).map(|(r, _)| r),
+        );
         Ok(outcomes)
     }
 
@@ -224,24 +220,25 @@ impl Engine {
     pub(crate) async fn claim_and_start(
         self: &Arc<Self>,
         set: &JobSet,
-        batch: &[(usize, ClaimRequest)],
+        batch: Vec<(usize, ClaimRequest)>,
         round: i64,
     ) -> RoundResult {
         let mut result = RoundResult::default();
         let mut answered = Vec::with_capacity(batch.len());
-        let jobs: Vec<usize> = batch.iter().map(|(i, _)| *i).collect();
+        let (jobs, requests): (Vec<usize>, Vec<ClaimRequest>) = batch.into_iter().unzip();
         for range in chunk_order(&jobs, CLAIM_BATCH_MAX, &self.node, round) {
-            let chunk = &batch[range];
-            let requests: Vec<ClaimRequest> = chunk.iter().map(|(_, r)| r.clone()).collect();
+            let (chunk_jobs, chunk) = (&jobs[range.clone()], &requests[range]);
             let sent = Instant::now();
-            match self.claim(&requests).await {
+            match self.claim(chunk).await {
                 Ok(outcomes) => {
                     let received = Instant::now();
-                    answered.extend(chunk.iter().zip(outcomes).map(|((i, req), o)| (*i, req, o, sent, received)))
+                    answered.extend(
+                        chunk_jobs.iter().zip(chunk).zip(outcomes).map(|((i, req), o)| (*i, req, o, sent, received)),
+                    )
                 }
                 Err(err) => {
-                    tracing::warn!(error = %err, ticks = requests.len(), "claim failed; nothing runs until the store answers");
-                    result.failed.extend(chunk.iter().map(|(i, _)| *i));
+                    tracing::warn!(error = %err, ticks = chunk.len(), "claim failed; nothing runs until the store answers");
+                    result.failed.extend(chunk_jobs.iter().copied());
                 }
             }
         }
@@ -334,7 +331,10 @@ impl Engine {
         let engine = self.clone();
         self.tracker.spawn(async move {
             let _guard = guard;
-            execute(run, &engine, interrupt).await
+            // Boxed: the run's future is large (its select over the lease, the timeout and
+            // shutdown), and a task's future is copied whole into its cell and again when it
+            // ends; a box is copied once.
+            Box::pin(execute(run, &engine, interrupt)).await
         })
     }
 }

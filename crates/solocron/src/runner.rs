@@ -280,9 +280,10 @@ async fn supervise(
                 }
             }
             _ = sleep_until(hb.next_renew), if renewing && pending.is_none() => pending = Some(hb.send(renewals)),
-            _ = sleep_until(timeout_at), if stop.is_none() => stop_now = Some(Stop::TimedOut),
+            // A deadline that is `far` is never armed: a timer entry costs every run.
+            _ = sleep_until(timeout_at), if stop.is_none() && timeout_at != far => stop_now = Some(Stop::TimedOut),
             _ = interrupt.cancelled(), if stop.is_none() => stop_now = Some(Stop::Interrupted),
-            _ = sleep_until(hard_stop) => {
+            _ = sleep_until(hard_stop), if hard_stop != far => {
                 task.abort();
                 tracing::warn!(run = %hb.lease.run, "handler ignored cancellation past its kill grace; dropped");
                 return (None, stop);
@@ -343,10 +344,10 @@ where
 {
     let give_up =
         if lost { Instant::now() + LOST_FINISH_WAIT } else { hb.deadline.max(Instant::now() + LOST_FINISH_WAIT) };
-    let ending = Ending { lease: hb.lease.clone(), end: end.clone() };
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
-        match timeout_at(give_up, send(ending.clone(), give_up)).await {
+        let ending = Ending { lease: hb.lease.clone(), end: end.clone() };
+        match timeout_at(give_up, send(ending, give_up)).await {
             Ok(Ok(true)) => return true,
             Ok(Ok(false)) => {
                 tracing::warn!(run = %hb.lease.run, state = %end.state,

@@ -345,14 +345,14 @@ async fn claim_due(
     }
     let (first, backup) = spread(e, plan.claims);
     let sent = Instant::now();
-    let mut result = e.claim_and_start(set, &first, round.horizon.timestamp_millis()).await;
+    let mut result = e.claim_and_start(set, first, round.horizon.timestamp_millis()).await;
     let claim_took = sent.elapsed();
     if let Some(earliest) = backup.iter().map(|(_, r)| r.tick.scheduled_at).min() {
         let at = earliest + chrono::Duration::from_std(BACKUP_AFTER).expect("small");
         tokio::select! {
             _ = tokio::time::sleep((at - e.now()).to_std().unwrap_or_default()) => {
                 let backup = still_free(e, backup).await;
-                result.merge(e.claim_and_start(set, &backup, round.horizon.timestamp_millis()).await);
+                result.merge(e.claim_and_start(set, backup, round.horizon.timestamp_millis()).await);
             }
             // Shutting down: the ticks are the other nodes'.
             _ = shutdown.cancelled() => {}

@@ -90,7 +90,7 @@ impl UnansweredClaims {
     }
 
     /// Forgets the ticks of `requests`, which got their answer.
-    pub(crate) fn answered(&self, requests: &[ClaimRequest]) {
+    pub(crate) fn answered<'a>(&self, requests: impl IntoIterator<Item = &'a ClaimRequest>) {
         if !self.any.load(Ordering::Acquire) {
             return;
         }
