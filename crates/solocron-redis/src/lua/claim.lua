@@ -63,7 +63,9 @@ local function regrant(job, at, node, lease_ms, nonce)
   return {'won', r[4], r[5], lease_until}
 end
 
-local function claim_one(job, at, trigger, node, lease_ms, mode, reason, nonce, early_ms, forgot)
+-- `any_ctl`: some job of the prefix has switches (CTLS is never emptied but with the
+-- prefix): when none has, no job is paused and the pause is not read per tick.
+local function claim_one(job, at, trigger, node, lease_ms, mode, reason, nonce, early_ms, forgot, any_ctl)
   -- A scheduled tick too far ahead of Redis's clock (the node's clock runs fast): refused
   -- with NOW before anything is read or written (no record, no token taken). Decided
   -- first, so a nonce's re-grant of such a tick is refused too; its tick is near in practice.
@@ -85,7 +87,7 @@ local function claim_one(job, at, trigger, node, lease_ms, mode, reason, nonce, 
       'the store forgot its data (Redis restarted without persistence?) after this tick; it may have run, so it is not run again')
   end
   -- An operator's manual run is the way to run a paused job once: it ignores the pause.
-  if trigger ~= 'manual' then
+  if trigger ~= 'manual' and any_ctl then
     local why = paused_reason(job)
     if why then return record_skip(job, at, trigger, node, why) end
   end
@@ -116,10 +118,11 @@ handlers.claim = function(KEYS, ARGV)
   local outcomes = {}
   local early_ms = tonumber(ARGV[3])
   local forgot = tonumber(redis.call('GET', FORGOT))
+  local any_ctl = redis.call('SCARD', CTLS) > 0
   for i = 0, tonumber(ARGV[2]) - 1 do
     local b = 4 + i * 8
     outcomes[i + 1] = joined(claim_one(ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5],
-      ARGV[b + 6], ARGV[b + 7], early_ms, forgot))
+      ARGV[b + 6], ARGV[b + 7], early_ms, forgot, any_ctl))
   end
   return outcomes
 end
