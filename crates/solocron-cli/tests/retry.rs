@@ -134,6 +134,13 @@ fn a_retry_survives_the_node_that_planned_it(store: Option<&str>, kind: &str) {
     let first = wait_for(Duration::from_secs(10), || f.lines("attempts.txt").first().cloned())
         .unwrap_or_else(|| panic!("{kind}: attempt 1 never ran"));
     let failed_on = first.split(' ').nth(2).unwrap().to_owned();
+    // The kill comes once the node recorded the failure with its retry (attempt 2's record,
+    // waiting): killed between the job's exit and that record, the node crashed mid-run,
+    // and attempt 1 is recovered by its `on_crash` instead (a race the test must not run).
+    wait_for(Duration::from_secs(10), || {
+        f.history("flaky").iter().any(|r| r["attempt"].as_u64() == Some(2)).then_some(())
+    })
+    .unwrap_or_else(|| panic!("{kind}: attempt 1's failure and retry never recorded: {:#?}", f.history("flaky")));
     let i = f.nodes.iter().position(|n| n.id == failed_on).unwrap();
     f.signal(i, Signal::SIGKILL);
     let runs = wait_for(ALL_ATTEMPTS_WAIT, || three_attempts(&f))
