@@ -396,7 +396,7 @@ fn spread(e: &Engine, claims: Claims) -> (Claims, Claims) {
 /// claim of went unanswered is kept (its claim, asked again, is granted again); a chunk
 /// the store cannot answer is kept whole (claimed, as before).
 async fn still_free(e: &Engine, backup: Claims) -> Claims {
-    let mut free = Vec::with_capacity(backup.len());
+    let mut keep = Vec::with_capacity(backup.len());
     for chunk in backup.chunks(solocron_core::CLAIM_BATCH_MAX) {
         let ticks: Vec<Tick> = chunk.iter().map(|(_, r)| r.tick.clone()).collect();
         let taken: HashSet<Tick> = match counted(StoreOp::Claim, e.store.taken_ticks(&ticks)).await {
@@ -407,9 +407,10 @@ async fn still_free(e: &Engine, backup: Claims) -> Claims {
                 HashSet::new()
             }
         };
-        free.extend(chunk.iter().filter(|(_, r)| !taken.contains(&r.tick) || e.unanswered.contains(&r.tick)).cloned());
+        keep.extend(chunk.iter().map(|(_, r)| !taken.contains(&r.tick) || e.unanswered.contains(&r.tick)));
     }
-    free
+    debug_assert_eq!(keep.len(), backup.len());
+    backup.into_iter().zip(keep).filter_map(|(claim, kept)| kept.then_some(claim)).collect()
 }
 
 /// Adds what `job` (index `i` of the list) asks for in this round to `plan`: its on-time
