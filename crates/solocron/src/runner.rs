@@ -267,27 +267,36 @@ async fn supervise(
     let mut pending: Option<PendingRenewal> = None;
     loop {
         let mut stop_now = None;
+        // The next deadline, of every one armed, is the run's one timer entry.
+        let next = Deadlines {
+            stop_at: renewing.then_some(hb.stop_at),
+            renew_at: (renewing && pending.is_none()).then_some(hb.next_renew),
+            timeout_at: (stop.is_none() && timeout_at != far).then_some(timeout_at),
+            hard_stop: (hard_stop != far).then_some(hard_stop),
+        }
+        .next();
         tokio::select! {
             biased;
             res = &mut task => {
                 return (res.ok().or_else(|| Some(Outcome { output: "handler panicked".into(), ..Outcome::default() })), stop);
             }
-            _ = sleep_until(hb.stop_at), if renewing => stop_now = Some(Stop::Lost("could not renew the lease in time")),
+            deadline = async { let (at, which) = next.expect("polled only when armed"); sleep_until(at).await; which }, if next.is_some() => match deadline {
+                Deadline::Stop => stop_now = Some(Stop::Lost("could not renew the lease in time")),
+                Deadline::Renew => pending = Some(hb.send(renewals)),
+                Deadline::Timeout => stop_now = Some(Stop::TimedOut),
+                Deadline::HardStop => {
+                    task.abort();
+                    tracing::warn!(run = %hb.lease.run, "handler ignored cancellation past its kill grace; dropped");
+                    return (None, stop);
+                }
+            },
             (sent, answer) = async { pending.as_mut().expect("polled only when present").await }, if renewing && pending.is_some() => {
                 pending = None;
                 if let Beat::Gone = hb.answered(sent, answer) {
                     stop_now = Some(Stop::Lost("the lease was taken away (expired, recovered or unlocked)"));
                 }
             }
-            _ = sleep_until(hb.next_renew), if renewing && pending.is_none() => pending = Some(hb.send(renewals)),
-            // A deadline that is `far` is never armed: a timer entry costs every run.
-            _ = sleep_until(timeout_at), if stop.is_none() && timeout_at != far => stop_now = Some(Stop::TimedOut),
             _ = interrupt.cancelled(), if stop.is_none() => stop_now = Some(Stop::Interrupted),
-            _ = sleep_until(hard_stop), if hard_stop != far => {
-                task.abort();
-                tracing::warn!(run = %hb.lease.run, "handler ignored cancellation past its kill grace; dropped");
-                return (None, stop);
-            }
         }
         if let Some(s) = stop_now {
             if let Stop::Lost(why) = s {
@@ -309,6 +318,48 @@ async fn supervise(
                 hard_stop = hard_stop.min(hb.deadline.max(Instant::now()));
             }
         }
+    }
+}
+
+/// What a run's supervision waits for besides the handler, the renewal's answer and the
+/// node's shutdown: each deadline that is armed (`None`: not now).
+struct Deadlines {
+    /// Start stopping the job: no renewal succeeded in time.
+    stop_at: Option<Instant>,
+    /// Send the next renewal (none is in flight).
+    renew_at: Option<Instant>,
+    /// The job's timeout.
+    timeout_at: Option<Instant>,
+    /// Drop a handler that ignored its stop.
+    hard_stop: Option<Instant>,
+}
+
+/// Which deadline a run's one timer entry is set for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deadline {
+    Stop,
+    Renew,
+    Timeout,
+    HardStop,
+}
+
+impl Deadlines {
+    /// The earliest armed deadline; of equal ones, the first in the order above (a lost
+    /// lease before a renewal, a renewal before the timeout).
+    fn next(&self) -> Option<(Instant, Deadline)> {
+        let all = [
+            (self.stop_at, Deadline::Stop),
+            (self.renew_at, Deadline::Renew),
+            (self.timeout_at, Deadline::Timeout),
+            (self.hard_stop, Deadline::HardStop),
+        ];
+        all.into_iter().filter_map(|(at, which)| at.map(|at| (at, which))).fold(
+            None,
+            |best: Option<(Instant, Deadline)>, (at, which)| match best {
+                Some((b, _)) if b <= at => best,
+                _ => Some((at, which)),
+            },
+        )
     }
 }
 
@@ -363,5 +414,35 @@ where
             return false;
         }
         backoff.wait().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_one_timer_is_set_for_the_earliest_armed_deadline_and_a_lost_lease_wins_ties() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let all = Deadlines {
+            stop_at: Some(t0 + s(9)),
+            renew_at: Some(t0 + s(3)),
+            timeout_at: Some(t0 + s(5)),
+            hard_stop: None,
+        };
+        assert_eq!(all.next(), Some((t0 + s(3), Deadline::Renew)));
+        let renewing = Deadlines { renew_at: None, ..all };
+        assert_eq!(renewing.next(), Some((t0 + s(5), Deadline::Timeout)), "no renewal armed while one is in flight");
+        let tie = Deadlines {
+            stop_at: Some(t0 + s(3)),
+            renew_at: Some(t0 + s(3)),
+            timeout_at: Some(t0 + s(3)),
+            hard_stop: Some(t0 + s(3)),
+        };
+        assert_eq!(tie.next(), Some((t0 + s(3), Deadline::Stop)));
+        let stopping = Deadlines { stop_at: None, renew_at: None, timeout_at: None, hard_stop: Some(t0 + s(1)) };
+        assert_eq!(stopping.next(), Some((t0 + s(1), Deadline::HardStop)));
+        assert_eq!(Deadlines { hard_stop: None, ..stopping }.next(), None, "nothing armed: no timer at all");
     }
 }
