@@ -31,9 +31,9 @@ async fn claim_once(store: &PgStore, batch: &Batch<'_>, requests: &[ClaimRequest
         return claim_one(store, batch, requests).await;
     }
     let sql = if requests.len() >= TAKEN_FIRST_MIN {
-        store.sql("SELECT * FROM {p}claim_taken_first($1, $2, $3, $4, $5, $6, $7, $8)")
+        store.sql(crate::records::claim_query!("claim_taken_first"))
     } else {
-        store.sql("SELECT * FROM {p}claim($1, $2, $3, $4, $5, $6, $7, $8)")
+        store.sql(crate::records::claim_query!("claim"))
     };
     let rows = batch.send(&store.pool, &sql).await?;
     Ok(outcomes(requests, &rows)?)

@@ -11,7 +11,7 @@ use crate::PgStore;
 
 /// The one-tick claim's statement, to be filled with the tables' prefix; every connection
 /// prepares it when it opens (see `prepare_claim`).
-pub(crate) const CALL: &str = "SELECT * FROM {p}claim_one($1, $2, $3, $4, $5, $6, $7, $8)";
+pub(crate) const CALL: &str = crate::records::claim_query!("claim_one");
 
 /// One try at claiming the one request of `batch`: one round trip, one transaction.
 pub(crate) async fn claim_one(store: &PgStore, batch: &Batch<'_>, requests: &[ClaimRequest]) -> Res<Vec<ClaimOutcome>> {

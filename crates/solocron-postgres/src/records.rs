@@ -12,7 +12,7 @@ use solocron_core::{
     RunRequest, StoreError, Tick, DEFAULT_NAMESPACE, RECORDS_PAGE_MAX,
 };
 use sqlx::postgres::PgRow;
-use sqlx::{Postgres, Row};
+use sqlx::{Column, Postgres, Row};
 
 /// The columns a [`RunRecord`] is read from (see [`record`]). `"trigger"` is quoted because
 /// TRIGGER is an SQL keyword.
@@ -80,6 +80,15 @@ where
     T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
 {
     row.try_get(column).map_err(|e| StoreError::Invalid(format!("column {column}: {e}")))
+}
+
+/// One column of a row by its place in the query's select list (no lookup of its name),
+/// with decoding failures reported as [`StoreError::Invalid`] naming `column`.
+fn get_at<'r, T>(row: &'r PgRow, (index, column): (usize, &str)) -> Result<T, StoreError>
+where
+    T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+{
+    row.try_get(index).map_err(|e| StoreError::Invalid(format!("column {column}: {e}")))
 }
 
 /// A stored state or trigger name parsed back.
@@ -200,6 +209,31 @@ impl<'a> Batch<'a> {
     }
 }
 
+/// The claim functions' columns, in the order every claim query selects them
+/// (`claim_query!`): a row's column is read by its place, since a
+/// name costs a hash lookup per column per row.
+pub(crate) const OUTCOME_COLUMNS: [&str; 6] =
+    ["o_index", "o_outcome", "o_reason", "o_token", "o_claimed_at", "o_lease_until"];
+const O_INDEX: (usize, &str) = (0, OUTCOME_COLUMNS[0]);
+const O_OUTCOME: (usize, &str) = (1, OUTCOME_COLUMNS[1]);
+const O_REASON: (usize, &str) = (2, OUTCOME_COLUMNS[2]);
+const O_TOKEN: (usize, &str) = (3, OUTCOME_COLUMNS[3]);
+const O_CLAIMED_AT: (usize, &str) = (4, OUTCOME_COLUMNS[4]);
+const O_LEASE_UNTIL: (usize, &str) = (5, OUTCOME_COLUMNS[5]);
+
+/// A claim query of the function `$name` (`claim`, `claim_taken_first`, `claim_one`): its
+/// eight parameters, its columns selected by name in the order of [`OUTCOME_COLUMNS`].
+macro_rules! claim_query {
+    ($name:literal) => {
+        concat!(
+            "SELECT o_index, o_outcome, o_reason, o_token, o_claimed_at, o_lease_until FROM {p}",
+            $name,
+            "($1, $2, $3, $4, $5, $6, $7, $8)"
+        )
+    };
+}
+pub(crate) use claim_query;
+
 /// The outcomes of `requests` from the function's rows, which must answer each request
 /// once, in order.
 pub(crate) fn outcomes(requests: &[ClaimRequest], rows: &[PgRow]) -> Result<Vec<ClaimOutcome>, StoreError> {
@@ -210,9 +244,16 @@ pub(crate) fn outcomes(requests: &[ClaimRequest], rows: &[PgRow]) -> Result<Vec<
             requests.len()
         )));
     }
+    // Columns are read by place: the query must have selected them in that order.
+    if let Some(row) = rows.first() {
+        let names = row.columns().iter().map(|c| c.name());
+        if !names.eq(OUTCOME_COLUMNS) {
+            return Err(StoreError::Invalid(format!("the claim query's columns are not {OUTCOME_COLUMNS:?}")));
+        }
+    }
     let mut outcomes = Vec::with_capacity(rows.len());
     for (i, (request, row)) in requests.iter().zip(rows).enumerate() {
-        let index: i32 = get(row, "o_index")?;
+        let index: i32 = get_at(row, O_INDEX)?;
         if usize::try_from(index).ok() != Some(i + 1) {
             return Err(StoreError::Invalid(format!("the claim function answered request {index} in place {}", i + 1)));
         }
@@ -224,12 +265,12 @@ pub(crate) fn outcomes(requests: &[ClaimRequest], rows: &[PgRow]) -> Result<Vec<
 /// The outcome of `request` from its row: `won` (token and instants), `skipped` (reason),
 /// `taken`, or `too-early` (the server's clock in `o_claimed_at`).
 fn outcome(request: &ClaimRequest, row: &PgRow) -> Result<ClaimOutcome, StoreError> {
-    let kind: &str = get(row, "o_outcome")?;
+    let kind: &str = get_at(row, O_OUTCOME)?;
     match kind {
         "taken" => Ok(ClaimOutcome::Taken),
-        "skipped" => Ok(ClaimOutcome::Skipped { reason: get(row, "o_reason")? }),
+        "skipped" => Ok(ClaimOutcome::Skipped { reason: get_at(row, O_REASON)? }),
         // The functions answer the server's clock in `o_claimed_at`; nothing was claimed.
-        "too-early" => Ok(ClaimOutcome::TooEarly { store_now: instant(get(row, "o_claimed_at")?)? }),
+        "too-early" => Ok(ClaimOutcome::TooEarly { store_now: instant(get_at(row, O_CLAIMED_AT)?)? }),
         "won" => {
             // Normalized to the millisecond precision the store keeps, so that the lease
             // names the run exactly as history will.
@@ -237,9 +278,9 @@ fn outcome(request: &ClaimRequest, row: &PgRow) -> Result<ClaimOutcome, StoreErr
             let lease = Lease {
                 run: RunId { tick, attempt: 1 },
                 owner: request.node.clone(),
-                fencing_token: token(get(row, "o_token")?)?,
-                claimed_at: instant(get(row, "o_claimed_at")?)?,
-                lease_until: instant(get(row, "o_lease_until")?)?,
+                fencing_token: token(get_at(row, O_TOKEN)?)?,
+                claimed_at: instant(get_at(row, O_CLAIMED_AT)?)?,
+                lease_until: instant(get_at(row, O_LEASE_UNTIL)?)?,
             };
             tracing::debug!(run = %lease.run, node = %lease.owner, token = lease.fencing_token, "run claimed");
             Ok(ClaimOutcome::Won(lease))

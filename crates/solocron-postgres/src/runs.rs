@@ -59,7 +59,7 @@ pub(crate) async fn finish_all(store: &PgStore, endings: &[Ending]) -> Result<Ve
          RETURNING e.i",
     );
     let ends: Vec<Cow<'_, RunEnd>> = endings.iter().map(|e| storable(&e.end)).collect();
-    let mut cols = FinishColumns::default();
+    let mut cols = FinishColumns::with_capacity(endings.len());
     for (i, (e, end)) in endings.iter().zip(&ends).enumerate() {
         cols.push(i, &e.lease, end)?;
     }
@@ -142,7 +142,7 @@ pub(crate) async fn renew_all(store: &PgStore, renewals: &[Renewal]) -> Result<V
            AND r.node = e.node AND r.token = e.token AND r.state = 'running' AND r.lease_until > {now}
          RETURNING e.i",
     );
-    let mut cols = LeaseColumns::default();
+    let mut cols = LeaseColumns::with_capacity(renewals.len());
     let mut length = Vec::with_capacity(renewals.len());
     for (i, r) in renewals.iter().enumerate() {
         cols.push(i, &r.lease)?;
@@ -387,7 +387,6 @@ fn storable(end: &RunEnd) -> Cow<'_, RunEnd> {
 }
 
 /// The leases of a batch, as the arrays its statement joins to: one element per lease.
-#[derive(Default)]
 struct LeaseColumns<'a> {
     i: Vec<i32>,
     job: Vec<&'a str>,
@@ -398,6 +397,18 @@ struct LeaseColumns<'a> {
 }
 
 impl<'a> LeaseColumns<'a> {
+    /// Room for `n` leases (a batch's arrays are built whole, not grown).
+    fn with_capacity(n: usize) -> Self {
+        LeaseColumns {
+            i: Vec::with_capacity(n),
+            job: Vec::with_capacity(n),
+            scheduled_at: Vec::with_capacity(n),
+            attempt: Vec::with_capacity(n),
+            node: Vec::with_capacity(n),
+            token: Vec::with_capacity(n),
+        }
+    }
+
     /// Adds the lease at position `i` of the batch.
     fn push(&mut self, i: usize, lease: &'a Lease) -> Result<(), StoreError> {
         let i = i32::try_from(i).map_err(|_| StoreError::Invalid(format!("position {i} is out of range")))?;
@@ -412,7 +423,6 @@ impl<'a> LeaseColumns<'a> {
 }
 
 /// The ends of a batch, as the arrays its statement joins to: one element per end.
-#[derive(Default)]
 struct FinishColumns<'a> {
     lease: LeaseColumns<'a>,
     state: Vec<&'static str>,
@@ -423,6 +433,18 @@ struct FinishColumns<'a> {
 }
 
 impl<'a> FinishColumns<'a> {
+    /// Room for `n` ends.
+    fn with_capacity(n: usize) -> Self {
+        FinishColumns {
+            lease: LeaseColumns::with_capacity(n),
+            state: Vec::with_capacity(n),
+            reason: Vec::with_capacity(n),
+            exit_code: Vec::with_capacity(n),
+            output: Vec::with_capacity(n),
+            started_after: Vec::with_capacity(n),
+        }
+    }
+
     fn push(&mut self, i: usize, lease: &'a Lease, end: &'a RunEnd) -> Result<(), StoreError> {
         assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
         self.lease.push(i, lease)?;
