@@ -38,19 +38,33 @@ pub struct RunId {
     pub attempt: u32,
 }
 
+impl RunId {
+    /// The run's id as text ([`Display`](fmt::Display)'s), in a string allocated once at
+    /// its length: what a run's context carries, written for every run.
+    pub fn text(&self) -> String {
+        use fmt::Write;
+        // job, '@', 24 bytes of instant, '#', at most 10 digits.
+        let mut text = String::with_capacity(self.tick.job.len() + 36);
+        write!(text, "{self}").expect("a String takes every write");
+        text
+    }
+}
+
 impl fmt::Display for RunId {
     /// `job@2026-01-01T00:00:00.000Z#1`: stable, unique across the fleet, readable.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let at = self.tick.scheduled_at;
+        // The UTC fields read once from the naive instant (a `DateTime`'s accessors each
+        // convert it to its zone first).
+        let at = self.tick.scheduled_at.naive_utc();
         // Written digit by digit: chrono's RFC 3339 writer builds a `String` first and
         // padded `write!` fields are slow, and a run id is written for every run (its
         // context's `run_id`). Same text for the years it covers; others (never a
         // schedule's) take chrono's.
         if !(0..=9999).contains(&at.year()) {
-            let rfc = at.to_rfc3339_opts(SecondsFormat::Millis, true);
+            let rfc = self.tick.scheduled_at.to_rfc3339_opts(SecondsFormat::Millis, true);
             return write!(f, "{}@{rfc}#{}", self.tick.job, self.attempt);
         }
-        let mut text = *b"0000-00-00T00:00:00.000Z";
+        let mut text = *b"0000-00-00T00:00:00.000Z#0000000000";
         let fields = [
             (0, 4, at.year().unsigned_abs()),
             (5, 2, at.month()),
@@ -58,7 +72,7 @@ impl fmt::Display for RunId {
             (11, 2, at.hour()),
             (14, 2, at.minute()),
             (17, 2, at.second()),
-            (20, 3, at.timestamp_subsec_millis().min(999)),
+            (20, 3, (at.nanosecond() / 1_000_000).min(999)),
         ];
         for (start, width, mut value) in fields {
             for i in (start..start + width).rev() {
@@ -66,10 +80,21 @@ impl fmt::Display for RunId {
                 value /= 10;
             }
         }
+        // The attempt's digits, right-aligned after '#', then moved up to it.
+        let (mut attempt, mut end) = (self.attempt, text.len());
+        loop {
+            end -= 1;
+            text[end] = b'0' + (attempt % 10) as u8;
+            attempt /= 10;
+            if attempt == 0 {
+                break;
+            }
+        }
+        text.copy_within(end.., 25);
+        let len = 25 + (text.len() - end);
         f.write_str(&self.tick.job)?;
         f.write_str("@")?;
-        f.write_str(std::str::from_utf8(&text).expect("ASCII digits"))?;
-        write!(f, "#{}", self.attempt)
+        f.write_str(std::str::from_utf8(&text[..len]).expect("ASCII digits"))
     }
 }
 
@@ -204,6 +229,13 @@ mod tests {
             let at: DateTime<Utc> = at.parse().unwrap();
             let id = RunId { tick: Tick::new("j", at), attempt: 1 };
             assert_eq!(id.to_string(), format!("j@{}#1", at.to_rfc3339_opts(SecondsFormat::Millis, true)));
+        }
+        // Every attempt's digits, and the same text from `text` as from `Display`.
+        let at: DateTime<Utc> = "2026-05-06T07:08:09.010Z".parse().unwrap();
+        for attempt in [1, 9, 10, 99, 100, 12345, u32::MAX] {
+            let id = RunId { tick: Tick::new("j", at), attempt };
+            assert_eq!(id.to_string(), format!("j@2026-05-06T07:08:09.010Z#{attempt}"));
+            assert_eq!(id.text(), id.to_string());
         }
     }
 

@@ -193,7 +193,7 @@ impl Engine {
         for (req, outcome) in requests.iter().zip(&outcomes) {
             match outcome {
                 ClaimOutcome::Skipped { reason } => {
-                    metrics::tick(&req.tick.job, metrics::skip_outcome(&req.mode, reason))
+                    metrics::tick(req.tick.job.clone(), metrics::skip_outcome(&req.mode, reason))
                 }
                 ClaimOutcome::Won(lease) if !regranted_after(lease, req.lease).is_zero() => {
                     tracing::warn!(job = %req.tick.job, scheduled_at = %req.tick.scheduled_at, token = lease.fencing_token,

@@ -261,6 +261,11 @@ impl Job {
         &self.name
     }
 
+    /// The job's name, shared (a metric's label, kept without a copy).
+    pub(crate) fn shared_name(&self) -> &Arc<str> {
+        &self.name
+    }
+
     /// When it runs.
     pub fn schedule(&self) -> &Schedule {
         &self.schedule

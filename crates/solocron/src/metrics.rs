@@ -32,9 +32,10 @@
 //! several schedulers in one process add up their counters and runs in progress, and the
 //! other gauges hold the last value any of them set.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use ::metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use ::metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, SharedString, Unit};
 use solocron_core::{ClaimMode, RunState};
 
 /// Ticks this node decided about, by `job` and `outcome`: a run's end (`succeeded`,
@@ -192,9 +193,10 @@ pub(crate) fn skip_outcome(mode: &ClaimMode, reason: &str) -> Outcome {
     }
 }
 
-/// Counts one tick of `job` that this node decided about.
-pub(crate) fn tick(job: &str, outcome: Outcome) {
-    let job = job.to_owned();
+/// Counts one tick of `job` that this node decided about. The job's label is taken as it
+/// comes: a job's shared name (`Arc<str>`) is labelled without a copy.
+pub(crate) fn tick(job: impl Into<SharedString>, outcome: Outcome) {
+    let job = job.into();
     match outcome {
         Outcome::Skipped(kind) => {
             counter!(TICKS_TOTAL, "job" => job, "outcome" => outcome.label(), "reason" => kind.label()).increment(1)
@@ -205,11 +207,11 @@ pub(crate) fn tick(job: &str, outcome: Outcome) {
 
 /// Counts the recorded end of a run of `job` this node ran; a success also sets the job's
 /// [`LAST_SUCCESS_TIMESTAMP_SECONDS`].
-pub(crate) fn tick_ended(job: &str, state: RunState) {
-    tick(job, Outcome::Ended(state));
+pub(crate) fn tick_ended(job: &Arc<str>, state: RunState) {
+    tick(Arc::clone(job), Outcome::Ended(state));
     if state == RunState::Succeeded {
         let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-        gauge!(LAST_SUCCESS_TIMESTAMP_SECONDS, "job" => job.to_owned()).set(now.as_secs_f64());
+        gauge!(LAST_SUCCESS_TIMESTAMP_SECONDS, "job" => Arc::clone(job)).set(now.as_secs_f64());
     }
 }
 

@@ -115,20 +115,20 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
                 e.start(e.claimed(job, lease, Trigger::Retry, sent, Instant::now()), e.interrupt.clone());
             }
             RecoverOutcome::Abandoned if waiting => {
-                metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Abandoned));
+                metrics::tick(run.id.tick.job.clone(), Outcome::Ended(RunState::Abandoned));
                 alerts::run_ended(e, &run.id, RunState::Abandoned);
                 tracing::warn!(run = %run.id, reason = action_reason(&action), "failure retry dropped");
             }
             RecoverOutcome::Retried(lease) => {
                 // The dead node's attempt was recorded `lost` by this recovery.
-                metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Lost));
+                metrics::tick(run.id.tick.job.clone(), Outcome::Ended(RunState::Lost));
                 tracing::warn!(run = %run.id, dead_node = %run.node, attempt = lease.run.attempt, token = lease.fencing_token,
                     "lease expired; retrying the tick here");
                 let job = job.expect("only a job on this node's list is retried here (see `recover_action`)");
                 e.start(e.claimed(job, lease, Trigger::Retry, sent, Instant::now()), e.interrupt.clone());
             }
             RecoverOutcome::Abandoned => {
-                metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Abandoned));
+                metrics::tick(run.id.tick.job.clone(), Outcome::Ended(RunState::Abandoned));
                 alerts::run_ended(e, &run.id, RunState::Abandoned);
                 tracing::warn!(run = %run.id, dead_node = %run.node, state = "abandoned", "lease expired; run abandoned")
             }
@@ -162,7 +162,7 @@ fn orphan_retry_action(e: &Engine, run: &RunRecord) -> Option<RecoverAction> {
 async fn recover_orphan(e: &Arc<Engine>, run: &RunRecord, action: &RecoverAction) -> Result<(), StoreError> {
     match counted(StoreOp::Recover, e.store.recover(&run.id, action)).await {
         Ok(RecoverOutcome::Abandoned) => {
-            metrics::tick(&run.id.tick.job, Outcome::Ended(RunState::Abandoned));
+            metrics::tick(run.id.tick.job.clone(), Outcome::Ended(RunState::Abandoned));
             alerts::run_ended(e, &run.id, RunState::Abandoned);
             tracing::warn!(run = %run.id, reason = action_reason(action), "failure retry dropped");
             Ok(())

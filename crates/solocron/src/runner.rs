@@ -153,7 +153,7 @@ pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: Cancellati
         scheduled_at: lease.run.tick.scheduled_at,
         fencing_token: lease.fencing_token,
         node_id: lease.owner.clone(),
-        run_id: lease.run.to_string(),
+        run_id: lease.run.text(),
         attempt: lease.run.attempt,
         trigger,
         cancel: cancel.clone(),
@@ -187,7 +187,7 @@ pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: Cancellati
         };
         metrics::lease_lost(job.name());
         if record_end(&hb, &end, true, |ending, give_up| ends.send(ending, give_up)).await {
-            metrics::tick_ended(job.name(), end.state);
+            metrics::tick_ended(job.shared_name(), end.state);
             alerts::run_ended(e, &hb.lease.run, end.state);
         }
         tracing::warn!(run = %hb.lease.run, "lease not confirmed before start; run recorded lost without starting");
@@ -234,7 +234,7 @@ pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: Cancellati
         }
     };
     if recorded {
-        metrics::tick_ended(job.name(), end.state);
+        metrics::tick_ended(job.shared_name(), end.state);
         if wait.is_none() {
             alerts::run_ended(e, &hb.lease.run, end.state);
         }
