@@ -57,7 +57,7 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
     let shutdown = CancellationToken::new();
     let reload = Arc::new(Notify::new());
     tokio::spawn(on_signal(shutdown.clone(), reload.clone()));
-    let cfg = load(&a.config)?;
+    let (cfg, give_back) = load_apart(&a.config)?;
     let target = crate::Target { config: a.config.clone(), store: a.store.clone(), prefix: a.prefix.clone() };
     // `open`, not `connect`: with `store.migrate = false` the schema is someone else's job.
     let Some(store) = open_when_reachable(&target, &cfg, a.fail_fast, &shutdown).await? else { return Ok(()) };
@@ -81,31 +81,52 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
     scheduler.claim_node_id().await.map_err(|e| bad_input(format!("{e} (--node-id or [node] id)")))?;
     let _pid_file =
         a.pid_file.as_ref().or(cfg.pid_file.as_ref()).map(|p| crate::reload::PidFile::write(p)).transpose()?;
+    // Without a server, nobody reads the list of declared jobs: it is not kept.
+    let listen = crate::http::listen(a.http, Some(&cfg));
+    let shown = listen.map(|_| DeclaredJobs::new(crate::http::declared_jobs(&cfg.file, &declared_jobs)));
     let sources = Arc::new(Sources::new(scheduler.jobs(), declared_jobs, cfg.http.allow_command_jobs));
     sources.set_managed(&managed);
     tokio::spawn(crate::follow::follow(store.clone(), sources.clone(), version, managed, shutdown.clone()));
     // The server outlives the drain, so operators watch it; it stops once the node has.
     let http_stop = CancellationToken::new();
-    let (server, declared) = match crate::http::listen(a.http, Some(&cfg)) {
-        Some(addr) => {
-            let declared = DeclaredJobs::new(crate::http::declared(Some(&cfg)));
-            let server = crate::http::start(addr, Some(&cfg), declared.clone(), store, http_stop.clone()).await?;
-            (Some(server), Some(declared))
+    let server = match (listen, &shown) {
+        (Some(addr), Some(declared)) => {
+            Some(crate::http::start(addr, Some(&cfg), declared.clone(), store, http_stop.clone()).await?)
         }
-        // Without a server, nobody reads the list of declared jobs: it is not kept.
-        None => (None, None),
+        _ => None,
     };
-    let reloads = Reloads { path: a.config.clone(), sources, declared };
+    let reloads = Reloads { path: a.config.clone(), sources, declared: shown };
     tokio::spawn(reloads.serve(reload, shutdown.clone()));
     // Everything the node keeps of its configuration is taken: its parsed job list is not
     // kept for the node's life beside the scheduler's (a reload reads the file again).
-    drop(cfg);
+    let _ = give_back.send(cfg);
     scheduler.run(shutdown).await;
     http_stop.cancel();
     if let Some(s) = server {
         let _ = s.await;
     }
     Ok(())
+}
+
+/// [`load`] on a thread of its own, which stays until the configuration comes back to it
+/// through the returned sender (or the sender is dropped). The parser's garbage and the
+/// parsed configuration are allocated in that thread's malloc arena, and no other thread
+/// takes that arena while the thread lives: once the node has copied what it keeps, freeing
+/// the configuration empties the arena whole, instead of leaving holes between the jobs'
+/// long-lived allocations in the main one (issue 23: an idle node's resident heap).
+fn load_apart(path: &std::path::Path) -> Result<(Config, std::sync::mpsc::Sender<Config>), Failure> {
+    let (parsed_tx, parsed) = std::sync::mpsc::sync_channel(1);
+    let (back, returned) = std::sync::mpsc::channel::<Config>();
+    let path = path.to_owned();
+    std::thread::Builder::new()
+        .name("config".into())
+        .spawn(move || {
+            let _ = parsed_tx.send(load(&path));
+            drop(returned.recv());
+        })
+        .map_err(|e| Failure(1, format!("cannot start a thread to read the configuration: {e}")))?;
+    let cfg = parsed.recv().map_err(|_| Failure(1, "the configuration's reader thread stopped".into()))??;
+    Ok((cfg, back))
 }
 
 /// Longest wait between two tries to reach a store that was unreachable at start.
@@ -196,13 +217,13 @@ pub(crate) fn job_of(file: &str, j: &JobConfig) -> Result<Job, Failure> {
     let job = match &j.work {
         Work::Command(argv) => {
             let cmd = Command::new(argv.clone()).expect("validated: non-empty");
-            Job::new(j.name.clone(), j.schedule.clone(), cmd).with_fingerprint(format!("command {argv:?}"))
+            Job::new(j.name.clone(), j.schedule.detached(), cmd).with_fingerprint(format!("command {argv:?}"))
         }
         Work::Http(w) => {
             let http = http_job(file, w)?;
             // Secret headers by name only: a rotated token is no drift.
             let fingerprint = http.fingerprint();
-            Job::new(j.name.clone(), j.schedule.clone(), http).with_fingerprint(fingerprint)
+            Job::new(j.name.clone(), j.schedule.detached(), http).with_fingerprint(fingerprint)
         }
     };
     Ok(job.with_policy(j.policy.clone()))
@@ -241,13 +262,15 @@ impl Reloads {
 
     /// Reads the file and replaces the job list whole, or changes nothing.
     fn reload(&self) -> Result<JobChanges, Failure> {
-        let cfg = load(&self.path)?;
+        let (cfg, give_back) = load_apart(&self.path)?;
         let list = jobs(&cfg)?;
+        let shown = self.declared.as_ref().map(|d| (d, crate::http::declared_jobs(&cfg.file, &list)));
         let changes =
             self.sources.set_declared(list).map_err(|Failure(c, e)| Failure(c, format!("{}: {e}", cfg.file)))?;
-        if let Some(declared) = &self.declared {
-            declared.set(crate::http::declared(Some(&cfg)));
+        if let Some((declared, list)) = shown {
+            declared.set(list);
         }
+        let _ = give_back.send(cfg);
         Ok(changes)
     }
 }

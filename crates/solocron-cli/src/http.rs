@@ -42,6 +42,16 @@ pub fn declared(cfg: Option<&Config>) -> Vec<Declared> {
         .collect()
 }
 
+/// The jobs a daemon built from its configuration file `file`, for the API to show where
+/// each is declared: they share each job's schedule (a configuration's own copy may be
+/// freed once the daemon has built its jobs).
+pub fn declared_jobs(file: &str, jobs: &[solocron::Job]) -> Vec<Declared> {
+    let source: std::sync::Arc<str> = file.into();
+    jobs.iter()
+        .map(|j| Declared { name: j.name().to_owned(), schedule: j.schedule().clone(), source: source.clone() })
+        .collect()
+}
+
 /// Binds `addr` (checked against the tokens) and serves until `stop` is cancelled.
 pub async fn start(
     addr: SocketAddr,

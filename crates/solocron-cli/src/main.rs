@@ -138,6 +138,7 @@ pub fn store_failed(e: impl std::fmt::Display) -> Failure {
 }
 
 fn main() -> ExitCode {
+    solocron_os::malloc::trim_tops_above(solocron_os::malloc::TOP_KEPT_MAX);
     let cli = Cli::parse();
     let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let result = rt.block_on(async {

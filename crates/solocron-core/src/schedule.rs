@@ -203,6 +203,18 @@ impl Schedule {
             Err(whole) => check_fields(expr, &fields).and(Err(whole)),
         }
     }
+    /// A clone whose text is allocated anew (the parsed expression is still shared): what
+    /// a long-lived owner keeps of a schedule parsed on a short-lived thread, so that the
+    /// memory of that thread's malloc arena can be given back whole once it is freed.
+    ///
+    /// ```
+    /// let s = solocron_core::Schedule::parse("@hourly", "UTC").unwrap();
+    /// assert_eq!(s.detached().expr(), s.expr());
+    /// ```
+    #[must_use]
+    pub fn detached(&self) -> Schedule {
+        Schedule { expr: Arc::from(&*self.expr), zone: self.zone, cron: Arc::clone(&self.cron) }
+    }
 
     /// The expression as written.
     pub fn expr(&self) -> &str {
