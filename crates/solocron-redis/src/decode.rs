@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use redis::{FromRedisValue, Value};
 use solocron_core::{
     ActionRecord, ClaimOutcome, JobControl, JobDefinition, JobRevision, JobWrite, Lease, ManagedJob, NodeBeat,
-    NodeRecord, Registration, RunId, RunRecord, StoreError, Tick,
+    NodeRecord, Registration, RunId, RunRecord, RunState, StoreError, Tick,
 };
 
 /// A reply of the wrong shape.
@@ -84,17 +84,20 @@ pub(crate) fn record(value: Value) -> Result<RunRecord, StoreError> {
     if attempt == 0 {
         return Err(invalid("run record", "attempt 0"));
     }
+    let state: RunState = f.parse("state")?;
+    // An ended record keeps its last lease's field (nothing deletes it): not a lease.
+    let lease_until = if state.is_terminal() { None } else { f.instant_optional("lease")? };
     Ok(RunRecord {
         id: RunId { tick: Tick::new(f.text("job")?, f.instant("at")?), attempt },
         trigger: f.parse("trig")?,
         node: f.text("node")?,
         fencing_token: f.parse_optional("tok")?,
-        state: f.parse("state")?,
+        state,
         reason: f.optional("reason").map(str::to_owned),
         claimed_at: f.instant("claimed")?,
         started_at: f.instant_optional("started")?,
         finished_at: f.instant_optional("finished")?,
-        lease_until: f.instant_optional("lease")?,
+        lease_until,
         exit_code: f.parse_optional("exit")?,
         output: f.text("out")?,
     })

@@ -78,7 +78,7 @@
 //!
 //! | key | type | holds |
 //! |-----|------|-------|
-//! | `{solocron}:run:<id>` | hash | one run record: `job at att trig node tok state reason claimed started finished lease exit out nonce` (`nonce`: the creating claim's, in decimal; `0` or absent: none) |
+//! | `{solocron}:run:<id>` | hash | one run record: `job at att trig node tok state reason claimed started finished lease exit out nonce` (`nonce`: the creating claim's, in decimal; `0` or absent: none; `lease`: the lease's end while `running`, the not-before while `waiting`, left as it was once ended) |
 //! | `{solocron}:hist` | sorted set | every record's `<id>`, scored by `scheduled_at` (history across jobs, pruning) |
 //! | `{solocron}:jhist:<job>` | sorted set | the job's record ids, scored by `scheduled_at` (history of one job) |
 //! | `{solocron}:expiry` | sorted set | ids of running runs and of waiting retries, scored by `lease_until` (a retry's not-before) ([`Store::expired`]) |

@@ -249,11 +249,11 @@ local function start_run(job, at, attempt, trigger, node, lease_ms, known_absent
 end
 
 -- Ends a running run for someone other than its owner (recovery, unlock), or a waiting
--- retry (recovery).
+-- retry (recovery). An ended record keeps its last `lease` (one command less a run):
+-- every reader of `lease` reads it only while the state is `running` or `waiting`.
 local function end_run(id, job, state, reason)
   local key = run_key(id)
   redis.call('HSET', key, 'state', state, 'reason', reason, 'finished', int(NOW))
-  redis.call('HDEL', key, 'lease')
   unindex_running(id, job)
 end
 
@@ -291,7 +291,6 @@ local function record_end(id, job, claimed, argv)
     table.insert(fields, int(tonumber(claimed) + tonumber(started_after)))
   end
   redis.call('HSET', key, unpack(fields))
-  redis.call('HDEL', key, 'lease')
   unindex_running(id, job)
 end
 
