@@ -61,6 +61,14 @@
 //! decided first, in the same call: [`TooEarly`](solocron_core::ClaimOutcome::TooEarly)
 //! with that clock, nothing written for it (no record, no fencing token taken).
 //!
+//! A batch claim and a batch of ends gather their writes to the prefix-wide keys (`hist`,
+//! `expiry`, `fences`, see below) and make them at the end of the call, one command per
+//! key, and read the batch's fences with one command: Redis's cost per command (lookup, ACL
+//! check, argument objects) is paid once per batch instead of once per run. Nothing in the
+//! call reads what it gathered, and the call is one atomic step, so no reader sees the
+//! difference; a call that fails part way still makes the writes it gathered, so a record
+//! it wrote is never left out of `expiry` (where recovery finds it).
+//!
 //! ## Keys
 //!
 //! Every key starts with the store's [`Prefix`] spelt as a key prefix,

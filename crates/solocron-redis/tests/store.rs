@@ -915,3 +915,29 @@ async fn pending_requests_and_prune_pass_over_other_namespaces_requests_across_p
     let all = store.pending_requests(10_000, &solocron_core::Namespaces::ALL).await.expect("pending_requests");
     assert_eq!(all.len(), 2500, "shipping's stayed");
 }
+
+/// A claim that fails part way (here a key of the wrong type for its second request)
+/// keeps what it wrote before whole: the first request's record is in the expiry index,
+/// so the run is recovered once its lease lapses, and its token is counted, so the job's
+/// next token is larger. (The claim gathers its index and fence writes, and makes them
+/// even when it fails; see `gathering` in prelude.lua.)
+#[tokio::test]
+async fn a_claim_failing_part_way_leaves_its_earlier_runs_indexed_and_their_tokens_counted() {
+    let Some(ns) = common::Namespace::new().await else { return };
+    let store = ns.migrated().await;
+    let mut conn = common::raw(&ns.url).await.expect("connect");
+    let running_set_of_b = format!("{}jrun:b", ns.prefix.redis_key_prefix());
+    let () =
+        redis::cmd("SET").arg(&running_set_of_b).arg("not a sorted set").query_async(&mut conn).await.expect("set");
+    let short = |job: &str| ClaimRequest { lease: Duration::from_millis(50), ..run(tick(job, 0), "a", false) };
+    let err = store.claim(&[short("a"), short("b")]).await.expect_err("the second request meets a wrong type");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let lapsed = store.expired(10, &solocron_core::Namespaces::ALL).await.expect("expired");
+    let ids: Vec<_> = lapsed.iter().map(|r| r.id.tick.job.as_str()).collect();
+    assert!(ids.contains(&"a"), "the run written before the failure is recoverable: {ids:?}");
+    let first = store.history(&HistoryQuery { job: Some("a".into()), ..Default::default() }).await.expect("history");
+    let next = won(&store, run(tick("a", 1), "a", false)).await;
+    assert!(next.fencing_token > first[0].fencing_token.expect("a token"), "{next:?} after {first:?}");
+}

@@ -41,7 +41,7 @@ end
 local function record_skip(job, at, trigger, node, reason)
   local id = run_id(job, at, 1)
   redis.call('HSET', run_key(id), 'job', job, 'at', at, 'att', '1', 'trig', trigger, 'node', node,
-    'state', 'skipped', 'reason', reason, 'claimed', int(NOW), 'finished', int(NOW), 'out', '')
+    'state', 'skipped', 'reason', reason, 'claimed', NOW_S, 'finished', NOW_S, 'out', '')
   index(id, job, at)
   return {'skipped', reason}
 end
@@ -59,7 +59,7 @@ local function regrant(job, at, node, lease_ms, nonce)
   local lease_until = int(NOW + tonumber(lease_ms))
   redis.call('HSET', key, 'lease', lease_until)
   -- Still in the job's running set: later 'exclusive' requests see it as running.
-  redis.call('ZADD', EXPIRY, lease_until, id)
+  zadd(EXPIRY, lease_until, id)
   return {'won', r[4], r[5], lease_until}
 end
 
@@ -69,7 +69,7 @@ local function claim_one(job, at, trigger, node, lease_ms, mode, reason, nonce, 
   -- A scheduled tick too far ahead of Redis's clock (the node's clock runs fast): refused
   -- with NOW before anything is read or written (no record, no token taken). Decided
   -- first, so a nonce's re-grant of such a tick is refused too; its tick is near in practice.
-  if trigger == 'schedule' and tonumber(at) > NOW + early_ms then return {'early', int(NOW)} end
+  if trigger == 'schedule' and tonumber(at) > NOW + early_ms then return {'early', NOW_S} end
   -- The tick's record is attempt 1; whatever it says, the tick is taken, unless this is
   -- the request that created it, asked again (checked only then: the common path, no
   -- record yet, costs one EXISTS as before).
@@ -115,14 +115,23 @@ handlers.claim = function(KEYS, ARGV)
   local mismatch = schema_mismatch()
   if mismatch then return redis.error_reply(mismatch) end
   remember()
-  local outcomes = {}
+  local count = tonumber(ARGV[2])
   local early_ms = tonumber(ARGV[3])
   local forgot = tonumber(redis.call('GET', FORGOT))
   local any_ctl = redis.call('SCARD', CTLS) > 0
-  for i = 0, tonumber(ARGV[2]) - 1 do
-    local b = 4 + i * 8
-    outcomes[i + 1] = joined(claim_one(ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5],
-      ARGV[b + 6], ARGV[b + 7], early_ms, forgot, any_ctl))
-  end
-  return outcomes
+  return gathering(function()
+    -- The fences of the jobs that may take a token, read at once.
+    local jobs = {}
+    for i = 0, count - 1 do
+      if ARGV[9 + i * 8] ~= 'skip' then jobs[#jobs + 1] = ARGV[4 + i * 8] end
+    end
+    read_fences(jobs)
+    local outcomes = {}
+    for i = 0, count - 1 do
+      local b = 4 + i * 8
+      outcomes[i + 1] = joined(claim_one(ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5],
+        ARGV[b + 6], ARGV[b + 7], early_ms, forgot, any_ctl))
+    end
+    return outcomes
+  end)
 end

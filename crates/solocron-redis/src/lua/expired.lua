@@ -6,7 +6,7 @@
 handlers.expired = function(KEYS, ARGV)
   local namespaces = namespaces_from(ARGV, 4)
   -- The job is the last part of the id: no record is read to filter.
-  local ids, bounded = scan(EXPIRY, '(' .. int(NOW), tonumber(ARGV[2]), tonumber(ARGV[3]), function(id)
+  local ids, bounded = scan(EXPIRY, '(' .. NOW_S, tonumber(ARGV[2]), tonumber(ARGV[3]), function(id)
     return serves(namespaces, (split_id(id)))
   end)
   return {bounded and 1 or 0, hashes(ids, run_key)}

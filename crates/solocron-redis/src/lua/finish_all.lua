@@ -8,16 +8,18 @@ handlers.finish_all = function(KEYS, ARGV)
   if not n or #ARGV ~= 2 + n * 10 then
     return redis.error_reply('finish_all: ' .. #ARGV .. ' arguments for ' .. tostring(ARGV[2]) .. ' ends')
   end
-  local flags, argv = {}, {ARGV[1]}
-  for i = 0, n - 1 do
-    for k = 1, 10 do argv[k + 1] = ARGV[2 + i * 10 + k] end
-    local id, claimed = held_run(argv)
-    if id then
-      record_end(id, argv[2], claimed, argv)
-      flags[i + 1] = '1'
-    else
-      flags[i + 1] = '0'
+  return gathering(function()
+    local flags, argv = {}, {ARGV[1]}
+    for i = 0, n - 1 do
+      for k = 1, 10 do argv[k + 1] = ARGV[2 + i * 10 + k] end
+      local id, claimed = held_run(argv)
+      if id then
+        record_end(id, argv[2], claimed, argv)
+        flags[i + 1] = '1'
+      else
+        flags[i + 1] = '0'
+      end
     end
-  end
-  return table.concat(flags)
+    return table.concat(flags)
+  end)
 end

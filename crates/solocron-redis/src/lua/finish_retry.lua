@@ -18,7 +18,7 @@ handlers.finish_retry = function(KEYS, ARGV)
   record_end(id, job, claimed, ARGV)
   local not_before = int(NOW + tonumber(ARGV[12]))
   redis.call('HSET', next_key, 'job', job, 'at', at, 'att', int(next_attempt), 'trig', 'retry', 'node', ARGV[5],
-    'state', 'waiting', 'claimed', int(NOW), 'lease', not_before, 'out', '', 'nonce', '0')
+    'state', 'waiting', 'claimed', NOW_S, 'lease', not_before, 'out', '', 'nonce', '0')
   index(next_id, job, at)
   redis.call('ZADD', EXPIRY, not_before, next_id)
   return 1

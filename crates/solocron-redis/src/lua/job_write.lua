@@ -8,7 +8,7 @@
 -- revisions beyond `kept` (of any job) with their entries in their job's index.
 local function append_revision(job, rev, spec, by, kept)
   local key = mrev_key(rev)
-  redis.call('HSET', key, 'job', job, 'rev', rev, 'by', by, 'at', int(NOW))
+  redis.call('HSET', key, 'job', job, 'rev', rev, 'by', by, 'at', NOW_S)
   if spec then redis.call('HSET', key, 'spec', spec) end
   redis.call('ZADD', MREVS, rev, rev)
   redis.call('ZADD', mjob_revs(job), rev, rev)
@@ -34,7 +34,7 @@ handlers.job_write = function(KEYS, ARGV)
   if spec and not current and redis.call('ZCARD', MJOBS) >= tonumber(ARGV[6]) then return {'full'} end
   local rev = int(redis.call('INCR', MREVSEQ))
   if spec then
-    redis.call('HSET', key, 'job', job, 'spec', spec, 'rev', rev, 'by', by, 'at', int(NOW))
+    redis.call('HSET', key, 'job', job, 'spec', spec, 'rev', rev, 'by', by, 'at', NOW_S)
     redis.call('ZADD', MJOBS, 0, job)
   else
     redis.call('DEL', key)

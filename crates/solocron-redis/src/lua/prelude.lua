@@ -14,18 +14,21 @@ local SCHEMA_VERSION = '1'
 
 -- Set by `begin` at the start of each call (a library's functions run one at a time, so
 -- one call's values are never seen by another).
-local P, NOW_US, NOW
+local P, NOW_US, NOW, NOW_S
 local EPOCH, SCHEMA, HIST, EXPIRY, FENCES, CTLS, REGS, REQ, REQBY, REQPEND
 local NODES, NODESEEN, ACTS, ACTSEQ
 local MJOBS, MREVS, MREVSEQ, FORGOT
 -- Whether this call found the layout version in place (see `remember`).
 local schema_found
+-- The writes this call gathers (see `gathering`), or nil: written at once.
+local gather
 
 local function begin(argv)
   P = argv[1]
   local clock = redis.call('TIME')
   NOW_US = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   NOW = math.floor(NOW_US / 1000)
+  NOW_S = string.format('%d', NOW)
   EPOCH, SCHEMA, FORGOT = P .. 'epoch', P .. 'schema', P .. 'forgot'
   HIST, EXPIRY, FENCES = P .. 'hist', P .. 'expiry', P .. 'fences'
   CTLS, REGS = P .. 'ctls', P .. 'regs'
@@ -34,6 +37,7 @@ local function begin(argv)
   ACTS, ACTSEQ = P .. 'acts', P .. 'actseq'
   MJOBS, MREVS, MREVSEQ = P .. 'mjobs', P .. 'mrevs', P .. 'mrevseq'
   schema_found = false
+  gather = nil
 end
 
 -- Method name -> function(KEYS, ARGV), added by each method's file.
@@ -95,7 +99,7 @@ end
 -- A run's id: "<scheduled_at ms>:<attempt, 10 digits>:<job>". The job comes last, so no
 -- job name can make two ids equal; the padded attempt makes ids of one tick sort by attempt.
 local function run_id(job, at, attempt)
-  return at .. ':' .. string.format('%010d', attempt) .. ':' .. job
+  return at .. ':' .. (attempt == 1 and '0000000001' or string.format('%010d', attempt)) .. ':' .. job
 end
 
 -- An instant (ms) as RunId's Display spells it: 2026-01-01T00:00:00.000Z (UTC; the civil
@@ -199,20 +203,93 @@ end
 local function remember(by_migrate)
   if schema_found then return end
   redis.call('SET', SCHEMA, SCHEMA_VERSION, 'NX')
-  redis.call('SET', EPOCH, int(NOW), 'NX')
-  if not by_migrate then redis.call('SET', FORGOT, int(NOW), 'NX') end
+  redis.call('SET', EPOCH, NOW_S, 'NX')
+  if not by_migrate then redis.call('SET', FORGOT, NOW_S, 'NX') end
 end
 
 -- Adds a new record to the history indexes; a record of the tick ends its manual request
 -- (only manual ticks have one: their instants never fall on a whole second).
+-- Members one command adds or removes at most, when gathered writes are made.
+local GATHERED_PER_COMMAND = 1000
+
+-- Adds `member` to the sorted set `key` with `score`, now, or at the end of the call when
+-- it gathers its writes.
+local function zadd(key, score, member)
+  if not gather then return redis.call('ZADD', key, score, member) end
+  assert(not gather.zrem[key], 'solocron: a call gathers adds and removes of one key')
+  local pairs_ = gather.zadd[key]
+  if not pairs_ then pairs_ = {}; gather.zadd[key] = pairs_ end
+  pairs_[#pairs_ + 1] = score
+  pairs_[#pairs_ + 1] = member
+end
+
+-- Removes `member` from the sorted set `key`, now or with the call's gathered writes.
+local function zrem(key, member)
+  if not gather then return redis.call('ZREM', key, member) end
+  assert(not gather.zadd[key], 'solocron: a call gathers adds and removes of one key')
+  local members = gather.zrem[key]
+  if not members then members = {}; gather.zrem[key] = members end
+  members[#members + 1] = member
+end
+
+-- Makes the gathered writes: one command per key and per GATHERED_PER_COMMAND members.
+local function flush(g)
+  for key, args in pairs(g.zadd) do
+    for first = 1, #args, 2 * GATHERED_PER_COMMAND do
+      redis.call('ZADD', key, unpack(args, first, math.min(first + 2 * GATHERED_PER_COMMAND - 1, #args)))
+    end
+  end
+  for key, members in pairs(g.zrem) do
+    for first = 1, #members, GATHERED_PER_COMMAND do
+      redis.call('ZREM', key, unpack(members, first, math.min(first + GATHERED_PER_COMMAND - 1, #members)))
+    end
+  end
+  local fences = {}
+  for job, token in pairs(g.fences_set) do
+    fences[#fences + 1] = job
+    fences[#fences + 1] = token
+  end
+  for first = 1, #fences, 2 * GATHERED_PER_COMMAND do
+    redis.call('HSET', FENCES, unpack(fences, first, math.min(first + 2 * GATHERED_PER_COMMAND - 1, #fences)))
+  end
+end
+
+-- Runs `fn` (which returns one value) with the writes to the prefix-wide indexes and the
+-- fences gathered, and makes them at its end, one command per key instead of one per run:
+-- a claim or a batch of ends of a thousand runs pays each command's own cost (lookup, ACL
+-- check, argument objects) once, not a thousand times. Only for a handler that never
+-- reads what it gathers (claim, finish_all). The gathered writes are made also when `fn`
+-- fails part way, so a record it wrote is never left out of its indexes (`expiry`: else
+-- a lapsed run would never be recovered).
+local function gathering(fn)
+  gather = {zadd = {}, zrem = {}, fences = {}, fences_set = {}}
+  local ok, result = pcall(fn)
+  local g = gather
+  gather = nil
+  flush(g)
+  if not ok then error(result, 0) end
+  return result
+end
+
+-- Reads the fences of `jobs` into the gathered call's cache (one HMGET per
+-- GATHERED_PER_COMMAND jobs, instead of an HGET per token taken).
+local function read_fences(jobs)
+  assert(gather, 'solocron: fences are read ahead only in a gathering call')
+  for first = 1, #jobs, GATHERED_PER_COMMAND do
+    local last = math.min(first + GATHERED_PER_COMMAND - 1, #jobs)
+    local values = redis.call('HMGET', FENCES, unpack(jobs, first, last))
+    for i = first, last do gather.fences[jobs[i]] = tonumber(values[i - first + 1]) or 0 end
+  end
+end
+
 local function index(id, job, at)
-  redis.call('ZADD', HIST, at, id)
+  zadd(HIST, at, id)
   redis.call('ZADD', job_hist(job), at, id)
   if tonumber(at) % 1000 ~= 0 then redis.call('ZREM', REQPEND, at .. ':' .. job) end
 end
 
 local function unindex_running(id, job)
-  redis.call('ZREM', EXPIRY, id)
+  zrem(EXPIRY, id)
   redis.call('ZREM', job_running(job), id)
 end
 
@@ -224,10 +301,19 @@ end
 -- missed the last increments), provided the clock did not go back by more than the outage
 -- lasted. The counter keeps tokens rising when the clock steps back on a server that lost
 -- nothing. Tokens stay below 2^53, exact in Lua's doubles, until the year 2255.
+-- A gathering call keeps the fences it read or took in `gather.fences`, and writes those it
+-- took at its end.
 local function next_token(job)
-  local token = math.max((tonumber(redis.call('HGET', FENCES, job)) or 0) + 1, NOW_US)
-  redis.call('HSET', FENCES, job, int(token))
-  return int(token)
+  local last = gather and gather.fences[job]
+  if last == nil then last = tonumber(redis.call('HGET', FENCES, job)) or 0 end
+  local token = int(math.max(last + 1, NOW_US))
+  if gather then
+    gather.fences[job] = tonumber(token)
+    gather.fences_set[job] = token
+  else
+    redis.call('HSET', FENCES, job, token)
+  end
+  return token
 end
 
 -- Creates attempt `attempt` of the tick as running for `node`, unless it exists;
@@ -240,12 +326,12 @@ local function start_run(job, at, attempt, trigger, node, lease_ms, known_absent
   local token = next_token(job)
   local lease_until = int(NOW + tonumber(lease_ms))
   redis.call('HSET', key, 'job', job, 'at', at, 'att', int(attempt), 'trig', trigger, 'node', node,
-    'tok', token, 'state', 'running', 'claimed', int(NOW), 'lease', lease_until, 'out', '',
+    'tok', token, 'state', 'running', 'claimed', NOW_S, 'lease', lease_until, 'out', '',
     'nonce', nonce or '0')
   index(id, job, at)
-  redis.call('ZADD', EXPIRY, lease_until, id)
+  zadd(EXPIRY, lease_until, id)
   redis.call('ZADD', job_running(job), at, id)
-  return {'won', token, int(NOW), lease_until}
+  return {'won', token, NOW_S, lease_until}
 end
 
 -- Ends a running run for someone other than its owner (recovery, unlock), or a waiting
@@ -253,7 +339,7 @@ end
 -- every reader of `lease` reads it only while the state is `running` or `waiting`.
 local function end_run(id, job, state, reason)
   local key = run_key(id)
-  redis.call('HSET', key, 'state', state, 'reason', reason, 'finished', int(NOW))
+  redis.call('HSET', key, 'state', state, 'reason', reason, 'finished', NOW_S)
   unindex_running(id, job)
 end
 
@@ -282,7 +368,7 @@ end
 -- indexes.
 local function record_end(id, job, claimed, argv)
   local key = run_key(id)
-  local fields = {'state', argv[7], 'finished', int(NOW), 'out', argv[10]}
+  local fields = {'state', argv[7], 'finished', NOW_S, 'out', argv[10]}
   local reason, exit_code, started_after = opt(argv[8]), opt(argv[9]), opt(argv[11])
   if reason then table.insert(fields, 'reason'); table.insert(fields, reason) end
   if exit_code then table.insert(fields, 'exit'); table.insert(fields, exit_code) end
@@ -300,9 +386,9 @@ end
 local function record_action(job, kind, by, reason, detail, kept)
   local id = string.format('%020d', redis.call('INCR', ACTSEQ))
   local key = act_key(id)
-  redis.call('HSET', key, 'job', job, 'kind', kind, 'by', by, 'at', int(NOW), 'detail', detail)
+  redis.call('HSET', key, 'job', job, 'kind', kind, 'by', by, 'at', NOW_S, 'detail', detail)
   if reason then redis.call('HSET', key, 'reason', reason) end
-  redis.call('ZADD', ACTS, int(NOW), id)
+  redis.call('ZADD', ACTS, NOW_S, id)
   local excess = redis.call('ZCARD', ACTS) - kept
   if excess > 0 then
     for _, old in ipairs(redis.call('ZRANGE', ACTS, 0, excess - 1)) do redis.call('DEL', act_key(old)) end

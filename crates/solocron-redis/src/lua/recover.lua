@@ -10,11 +10,11 @@
 local function start_waiting(id, job, at, node, lease_ms)
   local token = next_token(job)
   local lease_until = int(NOW + tonumber(lease_ms))
-  redis.call('HSET', run_key(id), 'state', 'running', 'node', node, 'tok', token, 'claimed', int(NOW),
+  redis.call('HSET', run_key(id), 'state', 'running', 'node', node, 'tok', token, 'claimed', NOW_S,
     'lease', lease_until)
   redis.call('ZADD', EXPIRY, lease_until, id)
   redis.call('ZADD', job_running(job), at, id)
-  return {'started', token, int(NOW), lease_until}
+  return {'started', token, NOW_S, lease_until}
 end
 
 handlers.recover = function(KEYS, ARGV)

@@ -65,10 +65,10 @@ handlers.register = function(KEYS, ARGV)
     local job = defs[b]
     local id = reg_id(job, node)
     local key = reg_key(id)
-    redis.call('HSETNX', key, 'first', int(NOW))
+    redis.call('HSETNX', key, 'first', NOW_S)
     redis.call('HSET', key, 'job', job, 'node', node, 'schedule', defs[b + 1], 'tz', defs[b + 2],
-      'hash', defs[b + 3], 'summary', defs[b + 4], 'last', int(NOW))
-    redis.call('ZADD', REGS, int(NOW), id)
+      'hash', defs[b + 3], 'summary', defs[b + 4], 'last', NOW_S)
+    redis.call('ZADD', REGS, NOW_S, id)
     if not indexed[id] and not listed[id] then added[#added + 1] = id end
     listed[id] = true
   end

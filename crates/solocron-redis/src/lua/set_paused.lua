@@ -5,7 +5,7 @@ handlers.set_paused = function(KEYS, ARGV)
   local key = ctl_key(job)
   local was_paused = redis.call('HGET', key, 'paused') == '1'
   if not (paused and was_paused and not reason) then
-    redis.call('HSET', key, 'job', job, 'paused', ARGV[3], 'by', by, 'at', int(NOW))
+    redis.call('HSET', key, 'job', job, 'paused', ARGV[3], 'by', by, 'at', NOW_S)
     if reason then redis.call('HSET', key, 'reason', reason) else redis.call('HDEL', key, 'reason') end
     redis.call('SADD', CTLS, job)
   end
