@@ -202,6 +202,46 @@ pub async fn overlap_skips_while_any_run_of_the_job_is_running_even_expired(f: &
     won(&store, run(tick("backup", 5), "b", LONG_LEASE, true)).await;
 }
 
+/// In one batch of many jobs (more than a store may look at together), an overlap check
+/// sees the runs that were running before the batch and those the batch itself started
+/// earlier, wherever they sit in it; the other jobs' ticks run.
+pub async fn a_batch_claim_checks_overlap_against_runs_from_before_and_from_the_batch(f: &impl StoreFactory) {
+    let store = f.open().await;
+    let job = |i: usize| format!("job-{i:03}");
+    let before = won(&store, run(tick(&job(150), 0), "a", LONG_LEASE, false)).await;
+    // 250 jobs' ticks at second 1, then job 7's and job 240's ticks at second 2.
+    let mut batch: Vec<ClaimRequest> = (0..250).map(|i| run(tick(&job(i), 1), "b", LONG_LEASE, true)).collect();
+    batch.push(run(tick(&job(7), 2), "b", LONG_LEASE, true));
+    batch.insert(3, run(tick(&job(240), 2), "b", LONG_LEASE, true));
+    let outcomes = store.claim(&batch).await.expect("claim");
+    // Job 240's tick at minute 2 comes before its tick at minute 1 in the batch: it runs,
+    // and the later one is the overlap.
+    let overlapped_in_batch = [tick(&job(7), 2), tick(&job(240), 1)];
+    let won_in_batch = |name: &str| {
+        batch.iter().zip(&outcomes).find_map(|(r, o)| match o {
+            ClaimOutcome::Won(lease) if r.tick.job == name => Some(lease.run.clone()),
+            _ => None,
+        })
+    };
+    for (request, outcome) in batch.iter().zip(&outcomes) {
+        let name = request.tick.job.as_str();
+        let previous = if name == job(150) {
+            Some(before.run.clone())
+        } else if overlapped_in_batch.contains(&request.tick) {
+            Some(won_in_batch(name).expect("the job's other tick of the batch ran"))
+        } else {
+            None
+        };
+        match (previous, outcome) {
+            (Some(previous), ClaimOutcome::Skipped { reason }) => {
+                assert_eq!(reason, &format!("overlap: previous run {previous} still running"), "{:?}", request.tick);
+            }
+            (None, ClaimOutcome::Won(lease)) => assert_eq!(lease.run.tick, request.tick),
+            (previous, other) => panic!("{:?} (previous run {previous:?}): {other:?}", request.tick),
+        }
+    }
+}
+
 /// A claim whose answer was lost, asked again with the same nonce by the same node, is won
 /// again while its record is still that claim's `running` attempt: the same run and token,
 /// the first `claimed_at`, a lease from the store's now (even after the first one lapsed,

@@ -43,46 +43,52 @@ local function record_skip(job, at, trigger, node, reason)
   redis.call('HSET', run_key(id), 'job', job, 'at', at, 'att', '1', 'trig', trigger, 'node', node,
     'state', 'skipped', 'reason', reason, 'claimed', NOW_S, 'finished', NOW_S, 'out', '')
   index(id, job, at)
-  return {'skipped', reason}
+  return 'skipped:' .. reason
 end
 
--- The tick's existing record granted again to a request that asks again for its own
--- claim (its answer may have been lost): attempt 1 still running, this node's, created
--- under this nonce. Nonces are compared as the decimal strings they are stored as: a u64
--- does not fit in Lua's doubles. The same token and claimed_at, a fresh lease by NOW (even
--- past a lapsed one: nobody recovered the run). {'won', ...} as start_run's, or nil.
-local function regrant(job, at, node, lease_ms, nonce)
-  local id = run_id(job, at, 1)
-  local key = run_key(id)
+-- The tick's existing record (`id` at `key`) granted again to a request that asks again
+-- for its own claim (its answer may have been lost): attempt 1 still running, this node's,
+-- created under this nonce. Nonces are compared as the decimal strings they are stored as:
+-- a u64 does not fit in Lua's doubles. The same token and claimed_at, a fresh lease by NOW
+-- (even past a lapsed one: nobody recovered the run). A 'won' outcome, or nil.
+local function regrant(id, key, node, lease_ms, nonce)
   local r = redis.call('HMGET', key, 'state', 'node', 'nonce', 'tok', 'claimed')
   if r[1] ~= 'running' or r[2] ~= node or r[3] ~= nonce then return nil end
-  local lease_until = int(NOW + tonumber(lease_ms))
+  local lease_until = lease_end(lease_ms)
   redis.call('HSET', key, 'lease', lease_until)
   -- Still in the job's running set: later 'exclusive' requests see it as running.
   zadd(EXPIRY, lease_until, id)
-  return {'won', r[4], r[5], lease_until}
+  return 'won:' .. r[4] .. ':' .. r[5] .. ':' .. lease_until
 end
 
+-- One request's outcome, its parts in one string joined by ':' (a reason, last, may hold
+-- colons): thousands of strings are cheaper to read than thousands of arrays.
 -- `any_ctl`: some job of the prefix has switches (CTLS is never emptied but with the
 -- prefix): when none has, no job is paused and the pause is not read per tick.
-local function claim_one(job, at, trigger, node, lease_ms, mode, reason, nonce, early_ms, forgot, any_ctl)
+-- `none_running`: no run of the job was running when the call began (see `idle_groups`);
+-- `started`: the jobs this call started a run of.
+local function claim_one(job, at, trigger, node, lease_ms, mode, reason, nonce, early_ms, forgot, any_ctl,
+                         none_running, started)
+  local at_ms = tonumber(at)
   -- A scheduled tick too far ahead of Redis's clock (the node's clock runs fast): refused
   -- with NOW before anything is read or written (no record, no token taken). Decided
   -- first, so a nonce's re-grant of such a tick is refused too; its tick is near in practice.
-  if trigger == 'schedule' and tonumber(at) > NOW + early_ms then return {'early', NOW_S} end
+  if trigger == 'schedule' and at_ms > NOW + early_ms then return 'early:' .. NOW_S end
   -- The tick's record is attempt 1; whatever it says, the tick is taken, unless this is
   -- the request that created it, asked again (checked only then: the common path, no
   -- record yet, costs one EXISTS as before).
-  if redis.call('EXISTS', run_key(run_id(job, at, 1))) == 1 then
+  local id = at .. ':0000000001:' .. job
+  local key = run_key(id)
+  if redis.call('EXISTS', key) == 1 then
     if mode ~= 'skip' and nonce ~= '0' then
-      return regrant(job, at, node, lease_ms, nonce) or {'taken'}
+      return regrant(id, key, node, lease_ms, nonce) or 'taken'
     end
-    return {'taken'}
+    return 'taken'
   end
   if mode == 'skip' then return record_skip(job, at, trigger, node, reason) end
   -- A tick before this Redis's memory began by forgetting (a restart without persistence)
   -- may have been claimed, and run, before: never run again, and said so in its record.
-  if forgot and trigger ~= 'manual' and tonumber(at) < forgot then
+  if forgot and trigger ~= 'manual' and at_ms < forgot then
     return record_skip(job, at, trigger, node,
       'the store forgot its data (Redis restarted without persistence?) after this tick; it may have run, so it is not run again')
   end
@@ -91,7 +97,7 @@ local function claim_one(job, at, trigger, node, lease_ms, mode, reason, nonce, 
     local why = paused_reason(job)
     if why then return record_skip(job, at, trigger, node, why) end
   end
-  if mode == 'exclusive' then
+  if mode == 'exclusive' and not (none_running and not started[job]) then
     -- The newest running run (highest tick, then attempt), its lease live or not.
     local running = redis.call('ZREVRANGE', job_running(job), 0, 0)[1]
     if running then
@@ -99,16 +105,28 @@ local function claim_one(job, at, trigger, node, lease_ms, mode, reason, nonce, 
     end
   end
   -- Checked absent at the top (and nothing above wrote it).
-  return start_run(job, at, 1, trigger, node, lease_ms, true, nonce)
+  local token, lease_until = start_run(job, at, 1, trigger, node, lease_ms, true, nonce, id, key)
+  started[job] = true
+  return 'won:' .. token .. ':' .. NOW_S .. ':' .. lease_until
 end
 
--- An outcome's parts in one string, joined by ':' (a reason, last, may hold colons):
--- thousands of strings are cheaper to read than thousands of arrays.
-local function joined(outcome)
-  for k, v in ipairs(outcome) do
-    if type(v) == 'number' then outcome[k] = int(v) end
+-- Requests asked about together by `idle_groups`.
+local GROUP = 100
+
+-- For each group of GROUP requests (group g: requests g * GROUP + 1 ...), true when no job
+-- of its 'exclusive' requests had a running run as the call began: one EXISTS of their
+-- running sets per group, instead of a ZREVRANGE per request (most jobs have none running
+-- when their next tick is claimed).
+local function idle_groups(ARGV, count)
+  local idle = {}
+  for g = 0, math.ceil(count / GROUP) - 1 do
+    local sets = {}
+    for i = g * GROUP, math.min(count, (g + 1) * GROUP) - 1 do
+      if ARGV[9 + i * 8] == 'exclusive' then sets[#sets + 1] = job_running(ARGV[4 + i * 8]) end
+    end
+    idle[g] = #sets == 0 or redis.call('EXISTS', unpack(sets)) == 0
   end
-  return table.concat(outcome, ':')
+  return idle
 end
 
 handlers.claim = function(KEYS, ARGV)
@@ -126,11 +144,12 @@ handlers.claim = function(KEYS, ARGV)
       if ARGV[9 + i * 8] ~= 'skip' then jobs[#jobs + 1] = ARGV[4 + i * 8] end
     end
     read_fences(jobs)
+    local idle, started = idle_groups(ARGV, count), {}
     local outcomes = {}
     for i = 0, count - 1 do
       local b = 4 + i * 8
-      outcomes[i + 1] = joined(claim_one(ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5],
-        ARGV[b + 6], ARGV[b + 7], early_ms, forgot, any_ctl))
+      outcomes[i + 1] = claim_one(ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5],
+        ARGV[b + 6], ARGV[b + 7], early_ms, forgot, any_ctl, idle[math.floor(i / GROUP)], started)
     end
     return outcomes
   end)

@@ -9,12 +9,13 @@ handlers.finish_all = function(KEYS, ARGV)
     return redis.error_reply('finish_all: ' .. #ARGV .. ' arguments for ' .. tostring(ARGV[2]) .. ' ends')
   end
   return gathering(function()
-    local flags, argv = {}, {ARGV[1]}
+    local flags = {}
     for i = 0, n - 1 do
-      for k = 1, 10 do argv[k + 1] = ARGV[2 + i * 10 + k] end
-      local id, claimed = held_run(argv)
+      -- This end's arguments, as `finish` has them from ARGV[2]: ARGV[o + 2] on.
+      local o = 1 + i * 10
+      local id, key, claimed = held_run(ARGV, o)
       if id then
-        record_end(id, argv[2], claimed, argv)
+        record_end(id, key, ARGV[o + 2], claimed, ARGV, o)
         flags[i + 1] = '1'
       else
         flags[i + 1] = '0'

@@ -5,7 +5,7 @@
 -- job's running set. 1 if recorded; 0 (nothing written) if the run is not this owner's
 -- running run.
 handlers.finish_retry = function(KEYS, ARGV)
-  local id, claimed = held_run(ARGV)
+  local id, key, claimed = held_run(ARGV, 0)
   if not id then return 0 end
   local job, at, next_attempt = ARGV[2], ARGV[3], tonumber(ARGV[4]) + 1
   local next_id = run_id(job, at, next_attempt)
@@ -15,7 +15,7 @@ handlers.finish_retry = function(KEYS, ARGV)
     return redis.error_reply('ERR solocron: run ' .. run_name(job, at, next_attempt) .. ' exists already while ' ..
       run_name(job, at, next_attempt - 1) .. ' is running')
   end
-  record_end(id, job, claimed, ARGV)
+  record_end(id, key, job, claimed, ARGV, 0)
   local not_before = int(NOW + tonumber(ARGV[12]))
   redis.call('HSET', next_key, 'job', job, 'at', at, 'att', int(next_attempt), 'trig', 'retry', 'node', ARGV[5],
     'state', 'waiting', 'claimed', NOW_S, 'lease', not_before, 'out', '', 'nonce', '0')

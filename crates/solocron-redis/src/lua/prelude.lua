@@ -22,6 +22,8 @@ local MJOBS, MREVS, MREVSEQ, FORGOT
 local schema_found
 -- The writes this call gathers (see `gathering`), or nil: written at once.
 local gather
+-- Lease ends of this call by lease length (see `lease_end`).
+local lease_ends
 
 local function begin(argv)
   P = argv[1]
@@ -38,6 +40,7 @@ local function begin(argv)
   MJOBS, MREVS, MREVSEQ = P .. 'mjobs', P .. 'mrevs', P .. 'mrevseq'
   schema_found = false
   gather = nil
+  lease_ends = {}
 end
 
 -- Method name -> function(KEYS, ARGV), added by each method's file.
@@ -89,6 +92,16 @@ local NODE_REGS_COMPLETE = ''
 -- Integers as exact decimal strings: Lua numbers are doubles, and tostring() would print
 -- 1.7953577417e+15 for a microsecond token. Every value stored or returned goes through this.
 local function int(n) return string.format('%d', n) end
+
+-- NOW plus `ms` (a decimal string), as a decimal string; computed once per length a call.
+local function lease_end(ms)
+  local found = lease_ends[ms]
+  if not found then
+    found = int(NOW + tonumber(ms))
+    lease_ends[ms] = found
+  end
+  return found
+end
 
 -- Optional arguments arrive as '' (none) or '=' followed by the value.
 local function opt(s)
@@ -306,9 +319,10 @@ end
 local function next_token(job)
   local last = gather and gather.fences[job]
   if last == nil then last = tonumber(redis.call('HGET', FENCES, job)) or 0 end
-  local token = int(math.max(last + 1, NOW_US))
+  local n = math.max(last + 1, NOW_US)
+  local token = int(n)
   if gather then
-    gather.fences[job] = tonumber(token)
+    gather.fences[job] = n
     gather.fences_set[job] = token
   else
     redis.call('HSET', FENCES, job, token)
@@ -316,22 +330,23 @@ local function next_token(job)
   return token
 end
 
--- Creates attempt `attempt` of the tick as running for `node`, unless it exists;
--- {'won', token, claimed_at, lease_until}, or nil. `nonce`: the claim's (decimal, '0' or
--- nil = none), kept so that the claim asked again is recognized (see claim.lua).
-local function start_run(job, at, attempt, trigger, node, lease_ms, known_absent, nonce)
-  local id = run_id(job, at, attempt)
-  local key = run_key(id)
+-- Creates attempt `attempt` of the tick as running for `node`, unless it exists: its token
+-- and lease end (claimed at NOW_S), or nil. `nonce`: the claim's (decimal, '0' or nil =
+-- none), kept so that the claim asked again is recognized (see claim.lua). `id` and
+-- `key`: the run's, when the caller has them.
+local function start_run(job, at, attempt, trigger, node, lease_ms, known_absent, nonce, id, key)
+  id = id or run_id(job, at, attempt)
+  key = key or run_key(id)
   if not known_absent and redis.call('EXISTS', key) == 1 then return nil end
   local token = next_token(job)
-  local lease_until = int(NOW + tonumber(lease_ms))
-  redis.call('HSET', key, 'job', job, 'at', at, 'att', int(attempt), 'trig', trigger, 'node', node,
-    'tok', token, 'state', 'running', 'claimed', NOW_S, 'lease', lease_until, 'out', '',
+  local lease_until = lease_end(lease_ms)
+  redis.call('HSET', key, 'job', job, 'at', at, 'att', attempt == 1 and '1' or int(attempt), 'trig', trigger,
+    'node', node, 'tok', token, 'state', 'running', 'claimed', NOW_S, 'lease', lease_until, 'out', '',
     'nonce', nonce or '0')
   index(id, job, at)
   zadd(EXPIRY, lease_until, id)
   redis.call('ZADD', job_running(job), at, id)
-  return {'won', token, NOW_S, lease_until}
+  return token, lease_until
 end
 
 -- Ends a running run for someone other than its owner (recovery, unlock), or a waiting
@@ -352,29 +367,31 @@ local function due(key)
   return nil
 end
 
--- The run ARGV[2..6] (job, scheduled_at, attempt, owner, token) names, if it is that
--- owner's running run under that token: its id and its `claimed` instant; else nil.
--- Reads only. No expiry check: a run whose lease lapsed but that nobody recovered records
--- its true end.
-local function held_run(argv)
-  local id = run_id(argv[2], argv[3], tonumber(argv[4]))
-  local r = redis.call('HMGET', run_key(id), 'state', 'node', 'tok', 'claimed')
-  if r[1] ~= 'running' or r[2] ~= argv[5] or r[3] ~= argv[6] then return nil end
-  return id, r[4]
+-- The run ARGV[o+2..o+6] (job, scheduled_at, attempt, owner, token; `o`: where one end's
+-- arguments start in a batch, 0 for one end) names, if it is that owner's running run
+-- under that token: its id, key and `claimed` instant; else nil. Reads only. No expiry
+-- check: a run whose lease lapsed but that nobody recovered records its true end.
+local function held_run(argv, o)
+  local attempt = argv[o + 4]
+  local id = argv[o + 3] .. ':' .. (attempt == '1' and '0000000001' or string.format('%010d', tonumber(attempt))) ..
+    ':' .. argv[o + 2]
+  local key = run_key(id)
+  local r = redis.call('HMGET', key, 'state', 'node', 'tok', 'claimed')
+  if r[1] ~= 'running' or r[2] ~= argv[o + 5] or r[3] ~= argv[o + 6] then return nil end
+  return id, key, r[4]
 end
 
--- Records the owner's end ARGV[7..11] (state, reason?, exit code?, output, started after
--- ms?) on the held run `id` of `job` claimed at `claimed`, and takes it out of the running
--- indexes.
-local function record_end(id, job, claimed, argv)
-  local key = run_key(id)
-  local fields = {'state', argv[7], 'finished', NOW_S, 'out', argv[10]}
-  local reason, exit_code, started_after = opt(argv[8]), opt(argv[9]), opt(argv[11])
-  if reason then table.insert(fields, 'reason'); table.insert(fields, reason) end
-  if exit_code then table.insert(fields, 'exit'); table.insert(fields, exit_code) end
+-- Records the owner's end ARGV[o+7..o+11] (state, reason?, exit code?, output, started
+-- after ms?) on the held run `id` (at `key`) of `job` claimed at `claimed`, and takes it
+-- out of the running indexes.
+local function record_end(id, key, job, claimed, argv, o)
+  local fields = {'state', argv[o + 7], 'finished', NOW_S, 'out', argv[o + 10]}
+  local n = 6
+  local reason, exit_code, started_after = opt(argv[o + 8]), opt(argv[o + 9]), opt(argv[o + 11])
+  if reason then fields[n + 1], fields[n + 2], n = 'reason', reason, n + 2 end
+  if exit_code then fields[n + 1], fields[n + 2], n = 'exit', exit_code, n + 2 end
   if started_after then
-    table.insert(fields, 'started')
-    table.insert(fields, int(tonumber(claimed) + tonumber(started_after)))
+    fields[n + 1], fields[n + 2] = 'started', int(tonumber(claimed) + tonumber(started_after))
   end
   redis.call('HSET', key, unpack(fields))
   unindex_running(id, job)

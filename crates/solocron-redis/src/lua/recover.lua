@@ -32,5 +32,7 @@ handlers.recover = function(KEYS, ARGV)
   local next_attempt = attempt + 1
   if redis.call('EXISTS', run_key(run_id(job, at, next_attempt))) == 1 then return {'not_needed'} end
   end_run(id, job, 'lost', 'lease expired; retried as attempt ' .. int(next_attempt) .. ' by ' .. node)
-  return start_run(job, at, next_attempt, 'retry', node, ARGV[7])
+  local token, lease_until = start_run(job, at, next_attempt, 'retry', node, ARGV[7])
+  if not token then return {'not_needed'} end
+  return {'won', token, NOW_S, lease_until}
 end
