@@ -148,6 +148,7 @@ macro_rules! conformance_tests {
             a_skip_claim_records_the_tick_skipped_with_its_reason_only_if_absent,
             overlap_skips_while_any_run_of_the_job_is_running_even_expired,
             a_batch_claim_checks_overlap_against_runs_from_before_and_from_the_batch,
+            a_batch_of_distinct_jobs_answers_every_kind_of_request_as_one_claim_would,
             a_claim_asked_again_with_its_nonce_is_won_again_only_while_its_run_is_untouched,
             a_scheduled_claim_too_far_ahead_of_the_store_clock_is_refused_and_writes_nothing,
             taken_ticks_answers_exactly_the_ticks_a_claim_would_find_taken,

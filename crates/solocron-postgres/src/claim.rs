@@ -1,6 +1,8 @@
-//! Claims: one call of the server-side `{p}claim` function per batch (a batch of one
-//! calls `{p}claim_one`, see `claim_one.rs`). Each function first refuses, by the server's
-//! clock, the scheduled requests made too early (`too-early`, see the schema's version 11).
+//! Claims: one call of the server-side `{p}claim_set` function per batch (a batch of one
+//! calls `{p}claim_one`, see `claim_one.rs`). `{p}claim_set` decides a batch of distinct
+//! jobs in a few set-based statements and leaves the rest to `{p}claim`, one request at a
+//! time (see the schema's version 12). Each function first refuses, by the server's clock,
+//! the scheduled requests made too early (`too-early`, see the schema's version 11).
 
 use solocron_core::{ClaimOutcome, ClaimRequest, StoreError};
 use sqlx::postgres::PgRow;
@@ -10,11 +12,6 @@ use crate::claim_one::claim_one;
 use crate::error::{retrying, Res};
 use crate::records::{outcomes, Batch};
 use crate::PgStore;
-
-/// The smallest batch claimed by `{p}claim_taken_first` (ticks found taken answered before
-/// any lock; see the schema): a herd's chunks, which other nodes may have claimed already.
-/// Shorter batches skip its extra read, which costs a one-tick claim a third of its time.
-const TAKEN_FIRST_MIN: usize = 256;
 
 /// Claims `requests` in one call (one round trip, one transaction), retried when it loses
 /// a conflict.
@@ -30,11 +27,7 @@ async fn claim_once(store: &PgStore, batch: &Batch<'_>, requests: &[ClaimRequest
     if let [_] = requests {
         return claim_one(store, batch, requests).await;
     }
-    let sql = if requests.len() >= TAKEN_FIRST_MIN {
-        store.sql(crate::records::claim_query!("claim_taken_first"))
-    } else {
-        store.sql(crate::records::claim_query!("claim"))
-    };
+    let sql = store.sql(crate::records::claim_query!("claim_set"));
     let rows = batch.send(&store.pool, &sql).await?;
     Ok(outcomes(requests, &rows)?)
 }

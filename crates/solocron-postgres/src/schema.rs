@@ -13,7 +13,7 @@ use crate::error::{retrying, Res};
 use crate::PgStore;
 
 /// The schema version this crate writes and understands.
-pub(crate) const SCHEMA_VERSION: i32 = 11;
+pub(crate) const SCHEMA_VERSION: i32 = 12;
 
 /// The store's "now" in SQL: the server clock, in integer milliseconds since the epoch.
 /// `now()` is the start of the current transaction, so one statement (or one transaction)
@@ -23,7 +23,7 @@ pub(crate) const NOW_MS: &str = "floor(extract(epoch FROM now()) * 1000)::bigint
 /// The migrations, by the version each one brings the schema to. Later versions append
 /// here; a released step is never edited.
 pub(crate) const MIGRATIONS: &[(i32, &[&str])] =
-    &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6), (7, V7), (8, V8), (9, V9), (10, V10), (11, V11)];
+    &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6), (7, V7), (8, V8), (9, V9), (10, V10), (11, V11), (12, V12)];
 
 const V1: &[&str] = &[
     r#"CREATE TABLE IF NOT EXISTS {p}runs (
@@ -1124,6 +1124,104 @@ BEGIN
 END
 $claim$"#;
 
+/// Version 12: `{p}claim_set`, the claim of a batch in a few set-based statements where it
+/// can ([`CLAIM_SET_FUNCTION`]). Builds of version 11 keep calling `{p}claim` and
+/// `{p}claim_taken_first`, unchanged, beside it.
+const V12: &[&str] = &[CLAIM_SET_FUNCTION];
+
+/// A batch claim with the answers of [`CLAIM_FUNCTION_V11`] in a few statements instead of
+/// one or more per request, for a batch in which no job appears twice (one tick per job:
+/// a node's batch of an instant). Its requests are then independent of one another (pause,
+/// overlap, the tick's record and the token are all per job), so one snapshot can decide
+/// them all: the server's clock is read (`too-early` as in `{p}claim`), the fence rows of
+/// the requests that may win are locked in sorted order with one token reserved each, the
+/// clock is read again once they are held, and one `INSERT … SELECT … WHERE NOT EXISTS
+/// (pause) AND NOT EXISTS (overlap) ON CONFLICT DO NOTHING` writes every run that wins.
+/// A request not too early whose tick has a record is `taken` (unless it carries a nonce
+/// and may be its own claim asked again); every other request that did not win (too
+/// early, a skip, paused, overlapping, a nonce's grant again) is decided by `{p}claim`,
+/// with the same answers as before, in the same transaction. A batch of one, or one in
+/// which a job appears twice, goes to `{p}claim` whole. The token reserved for a request
+/// that does not win goes unused (tokens only need to grow).
+const CLAIM_SET_FUNCTION: &str = r#"
+CREATE OR REPLACE FUNCTION {p}claim_set(
+    p_jobs TEXT[], p_ticks BIGINT[], p_triggers TEXT[], p_nodes TEXT[],
+    p_leases BIGINT[], p_modes TEXT[], p_reasons TEXT[], p_nonces BIGINT[])
+RETURNS TABLE (o_index INTEGER, o_outcome TEXT, o_reason TEXT, o_token BIGINT,
+               o_claimed_at BIGINT, o_lease_until BIGINT)
+LANGUAGE plpgsql VOLATILE AS $claim$
+DECLARE
+    v_asked_at BIGINT;
+    v_now BIGINT;
+    v_tokens BIGINT[];
+    v_won INTEGER[];
+    v_taken INTEGER[];
+    v_rest INTEGER[];
+BEGIN
+    IF coalesce(cardinality(p_jobs), 0) < 2
+       OR (SELECT count(DISTINCT j) FROM unnest(p_jobs) AS j) < cardinality(p_jobs) THEN
+        RETURN QUERY SELECT * FROM {p}claim(p_jobs, p_ticks, p_triggers, p_nodes, p_leases, p_modes, p_reasons,
+                                            p_nonces);
+        RETURN;
+    END IF;
+    v_asked_at := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    -- One token for each request that may win (not a skip, not too early), its job's fence
+    -- row locked: all of them in one upsert, in sorted order.
+    WITH reserved AS (
+        INSERT INTO {p}fences AS f (job, token)
+            SELECT q.j, 1 FROM unnest(p_jobs, p_triggers, p_ticks, p_modes) AS q(j, t, s, m)
+            WHERE q.m <> 'skip' AND NOT (q.t = 'schedule' AND q.s > v_asked_at + 500)
+            ORDER BY q.j
+            ON CONFLICT (job) DO UPDATE SET token = f.token + 1
+            RETURNING f.job, f.token)
+    SELECT array_agg(reserved.token ORDER BY u.i) INTO v_tokens
+        FROM unnest(p_jobs) WITH ORDINALITY AS u(j, i) LEFT JOIN reserved ON reserved.job = u.j;
+    -- Read once the locks are held, as in `{p}claim`.
+    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    WITH inserted AS (
+        INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, token, state, claimed_at,
+                             lease_until, nonce)
+            SELECT q.j, q.s, 1, q.t, q.n, v_tokens[q.i], 'running', v_now, v_now + q.l, nullif(q.nc, 0)
+            FROM unnest(p_jobs, p_ticks, p_triggers, p_nodes, p_leases, p_modes, p_nonces)
+                 WITH ORDINALITY AS q(j, s, t, n, l, m, nc, i)
+            WHERE v_tokens[q.i] IS NOT NULL
+              AND (q.t = 'manual' OR NOT EXISTS (SELECT 1 FROM {p}jobs WHERE job = q.j AND paused))
+              AND (q.m <> 'run-unless-running'
+                   OR NOT EXISTS (SELECT 1 FROM {p}runs WHERE job = q.j AND state = 'running'))
+            ON CONFLICT (job, scheduled_at, attempt) DO NOTHING
+            RETURNING job)
+    SELECT array_agg(u.i::integer) INTO v_won
+        FROM unnest(p_jobs) WITH ORDINALITY AS u(j, i) JOIN inserted ON inserted.job = u.j;
+    v_won := coalesce(v_won, '{}');
+    -- Taken: not too early, the tick has a record, and not a request that may be granted
+    -- again (a nonce, not a skip): `{p}claim` decides those.
+    v_taken := ARRAY(
+        SELECT i FROM generate_subscripts(p_jobs, 1) AS i
+        WHERE NOT (p_triggers[i] = 'schedule' AND p_ticks[i] > v_asked_at + 500)
+          AND NOT (p_nonces[i] <> 0 AND p_modes[i] <> 'skip')
+          AND EXISTS (SELECT 1 FROM {p}runs r
+                      WHERE r.job = p_jobs[i] AND r.scheduled_at = p_ticks[i] AND r.attempt = 1)
+        EXCEPT SELECT unnest(v_won));
+    v_rest := ARRAY(
+        SELECT i FROM generate_subscripts(p_jobs, 1) AS i
+        EXCEPT SELECT unnest(v_won) EXCEPT SELECT unnest(v_taken)
+        ORDER BY 1);
+    RETURN QUERY
+    WITH pending AS (SELECT u.i, u.k FROM unnest(v_rest) WITH ORDINALITY AS u(i, k))
+    SELECT v_rest[d.o_index], d.o_outcome, d.o_reason, d.o_token, d.o_claimed_at, d.o_lease_until
+    FROM {p}claim(
+        ARRAY(SELECT p_jobs[i] FROM pending ORDER BY k), ARRAY(SELECT p_ticks[i] FROM pending ORDER BY k),
+        ARRAY(SELECT p_triggers[i] FROM pending ORDER BY k), ARRAY(SELECT p_nodes[i] FROM pending ORDER BY k),
+        ARRAY(SELECT p_leases[i] FROM pending ORDER BY k), ARRAY(SELECT p_modes[i] FROM pending ORDER BY k),
+        ARRAY(SELECT p_reasons[i] FROM pending ORDER BY k), ARRAY(SELECT p_nonces[i] FROM pending ORDER BY k)) AS d
+    UNION ALL
+    SELECT w.i, 'won', NULL, v_tokens[w.i], v_now, v_now + p_leases[w.i] FROM unnest(v_won) AS w(i)
+    UNION ALL
+    SELECT t.i, 'taken', NULL, NULL, NULL, NULL FROM unnest(v_taken) AS t(i)
+    ORDER BY 1;
+END
+$claim$"#;
+
 /// A statement template with the prefix and the clock filled in.
 pub(crate) fn fill(template: &str, prefix: &str) -> String {
     template.replace("{p}", prefix).replace("{now}", NOW_MS)
@@ -1145,7 +1243,7 @@ const TABLES: [&str; 11] = [
 ];
 
 /// The functions the migrations create, dropped by [`uninstall`].
-const FUNCTIONS: [&str; 3] = ["claim_taken_first", "claim_one", "claim"];
+const FUNCTIONS: [&str; 4] = ["claim_set", "claim_taken_first", "claim_one", "claim"];
 
 /// Creates or upgrades the schema, in one transaction.
 pub(crate) async fn migrate(store: &PgStore) -> Result<(), StoreError> {
@@ -1354,7 +1452,8 @@ mod tests {
         .fetch_all(&store.pool)
         .await
         .expect("functions");
-        let expected = ["claim", "claim_one", "claim_taken_first"].map(|f| (format!("{}{f}", store.tables), 8));
+        let expected =
+            ["claim", "claim_one", "claim_set", "claim_taken_first"].map(|f| (format!("{}{f}", store.tables), 8));
         assert_eq!(functions, expected);
         let without: i64 = sqlx::query_scalar(&store.sql("SELECT count(*) FROM {p}runs WHERE nonce IS NULL"))
             .fetch_one(&store.pool)
@@ -1397,7 +1496,7 @@ mod tests {
         let now = store.now().await.expect("now");
         assert!(matches!(store.claim(&[far("early", now)]).await.expect("claim")[..], [ClaimOutcome::Won(_)]));
 
-        migrate(&store).await.expect("migrate to version 11");
+        migrate_to(&store, 11).await.expect("migrate to version 11");
         assert_eq!(functions(&store).await, before, "replaced in place");
         let old_call =
             "SELECT o_outcome, o_claimed_at FROM {p}claim_one('early', $1, 'schedule', 'a', 60000, 'run', '', 0)";
@@ -1413,5 +1512,58 @@ mod tests {
             .await
             .expect("the fence");
         assert_eq!(token, 1, "the refused claims left the counter alone");
+    }
+
+    /// A schema of version 11 is brought to version 12 in place: its claim functions stay
+    /// (the same functions, so builds of version 11 keep claiming) and `claim_set` is
+    /// added; a batch claimed by a build of version 11 and the same jobs' next batch
+    /// claimed by this one give each job's tokens in order, and find the other's ticks taken.
+    #[tokio::test]
+    async fn a_version_11_schema_gains_the_set_claim_beside_its_functions() {
+        let Some(ns) = Namespace::<Postgres>::new().await else { return };
+        let store = ns.store().await;
+        migrate_to(&store, 11).await.expect("migrate to version 11");
+        let before = functions(&store).await;
+        let batch = |minute: i64| -> Vec<ClaimRequest> {
+            (0..3)
+                .map(|j| ClaimRequest {
+                    tick: Tick::new(
+                        format!("job-{j}"),
+                        backup(0, 0).tick.scheduled_at + chrono::Duration::minutes(minute),
+                    ),
+                    ..backup(0, 0)
+                })
+                .collect()
+        };
+        let tokens = |outcomes: Vec<ClaimOutcome>| -> Vec<u64> {
+            outcomes
+                .into_iter()
+                .map(|o| match o {
+                    ClaimOutcome::Won(lease) => lease.fencing_token,
+                    other => panic!("expected Won, got {other:?}"),
+                })
+                .collect()
+        };
+        let first = batch(0);
+        let rows = crate::records::Batch::new(&first)
+            .expect("a batch")
+            .send(&store.pool, &store.sql(crate::records::claim_query!("claim")))
+            .await
+            .expect("a claim of version 11");
+        let old = tokens(crate::records::outcomes(&first, &rows).expect("outcomes"));
+
+        migrate(&store).await.expect("migrate to version 12");
+        let after = functions(&store).await;
+        assert_eq!(after.iter().filter(|f| !f.0.ends_with("claim_set")).cloned().collect::<Vec<_>>(), before);
+        assert_eq!(after.len(), before.len() + 1, "claim_set added: {after:?}");
+        for (j, (old, new)) in old.iter().zip(tokens(store.claim(&batch(1)).await.expect("claim"))).enumerate() {
+            assert!(new > *old, "job-{j}: {old} then {new}");
+        }
+        let old_call = "SELECT o_outcome FROM {p}claim_taken_first($1, $2, $3, $4, $5, $6, $7, $8)";
+        let requests = batch(1);
+        let b = crate::records::Batch::new(&requests).expect("a batch");
+        let rows = b.send(&store.pool, &store.sql(old_call)).await.expect("a call of version 11");
+        let outcomes: Vec<String> = rows.iter().map(|r| sqlx::Row::get(r, 0)).collect();
+        assert_eq!(outcomes, ["taken"; 3]);
     }
 }

@@ -330,7 +330,7 @@ async fn a_version_5_schema_gets_the_nodes_and_actions_tables() {
     assert!(store.heartbeat(&beat).await.is_err(), "version 5 has no nodes table");
     store.migrate().await.expect("migrate from version 5");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 11);
+    assert_eq!(version, CURRENT as i32);
     assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
     store.heartbeat(&beat).await.unwrap();
     assert_eq!(store.nodes().await.unwrap().len(), 1);
@@ -360,7 +360,7 @@ async fn a_version_6_schema_gets_the_managed_jobs_tables() {
     assert!(store.put_job("sync", spec, "ann", None).await.is_err(), "version 6 has no managed jobs");
     store.migrate().await.expect("migrate from version 6");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 11);
+    assert_eq!(version, CURRENT as i32);
     assert_eq!(store.controls().await.unwrap()[0].reason.as_deref(), Some("disk"), "the switches survive");
     assert_eq!(store.managed_version().await.unwrap(), 0);
     let mut watch = store.request_watch().expect("a watch");
@@ -377,7 +377,7 @@ async fn a_version_6_schema_gets_the_managed_jobs_tables() {
 }
 
 /// A schema of version 1 (before `{p}claim_taken_first`, the job in the index by instant,
-/// the claim function of fewer statements and `{p}claim_one`) is brought to the current
+/// the claim function of fewer statements, `{p}claim_one` and `{p}claim_set`) is brought to the current
 /// version by `migrate`, and large batches and single ticks are claimed on it.
 #[tokio::test]
 async fn a_version_1_schema_is_migrated_to_the_current_version() {
@@ -386,6 +386,7 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
     let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
     let p = &ns.prefix.table_prefix();
     for sql in [
+        format!("DROP FUNCTION {p}claim_set"),
         format!("DROP FUNCTION {p}claim_taken_first"),
         format!("DROP FUNCTION {p}claim_one"),
         format!("DROP INDEX {p}runs_scheduled_job"),
@@ -397,12 +398,12 @@ async fn a_version_1_schema_is_migrated_to_the_current_version() {
     }
     let batch: Vec<ClaimRequest> =
         (0..300).map(|job| run(tick(&format!("job-{job:03}"), 0), "a", LONG_LEASE, false)).collect();
-    assert!(store.claim(&batch).await.is_err(), "the function of version 2 is missing");
+    assert!(store.claim(&batch).await.is_err(), "the function of version 12 is missing");
     let one = [run(tick("job-one", 0), "a", LONG_LEASE, false)];
     assert!(store.claim(&one).await.is_err(), "the function of version 5 is missing");
     store.migrate().await.expect("migrate from version 1");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 11);
+    assert_eq!(version, CURRENT as i32);
     let claim: String = sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = $1")
         .bind(format!("{p}claim"))
         .fetch_one(&pool)
@@ -765,7 +766,7 @@ async fn a_version_8_schema_gets_the_registry_index_by_node() {
     }
     store.migrate().await.expect("migrate from version 8");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 11);
+    assert_eq!(version, CURRENT as i32);
     let indexes: Vec<String> =
         sqlx::query_scalar("SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY indexname")
             .bind(format!("{p}registry"))
@@ -790,7 +791,7 @@ async fn a_version_9_schema_gets_the_index_of_waiting_retries() {
     }
     store.migrate().await.expect("migrate from version 9");
     let version: i32 = sqlx::query_scalar(&format!("SELECT version FROM {p}schema")).fetch_one(&pool).await.unwrap();
-    assert_eq!(version, 11);
+    assert_eq!(version, CURRENT as i32);
     let definition: String = sqlx::query_scalar("SELECT indexdef::text FROM pg_indexes WHERE indexname = $1")
         .bind(format!("{p}runs_waiting"))
         .fetch_one(&pool)
@@ -954,7 +955,7 @@ async fn an_unmigrated_prefix_is_an_invalid_store_not_an_outage() {
 }
 
 /// The schema version this build writes (the crate's `SCHEMA_VERSION`).
-const CURRENT: u32 = 11;
+const CURRENT: u32 = 12;
 
 /// `schema` on a fresh prefix says Missing and creates nothing (a second look still finds
 /// nothing: no schema table, no other object of the prefix).

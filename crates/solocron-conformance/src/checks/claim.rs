@@ -242,6 +242,59 @@ pub async fn a_batch_claim_checks_overlap_against_runs_from_before_and_from_the_
     }
 }
 
+/// A batch in which every job appears once (a node's batch of an instant) answers every
+/// kind of request as a claim of that request alone would: a free tick is won; a taken
+/// tick is taken, also for a skip; a paused job's tick is skipped naming the pause, but a
+/// manual run of it wins; a tick of a job with a run from before is skipped for overlap;
+/// a skip is recorded; a scheduled tick too far ahead is refused (stores with a clock);
+/// a claim asked again with its nonce is won again with its first token.
+pub async fn a_batch_of_distinct_jobs_answers_every_kind_of_request_as_one_claim_would(f: &impl StoreFactory) {
+    let store = f.open().await;
+    let taken = won(&store, run(tick("taken", 0), "a", LONG_LEASE, false)).await;
+    won(&store, run(tick("taken-skip", 0), "a", LONG_LEASE, false)).await;
+    let running = won(&store, run(tick("overlap", 0), "a", LONG_LEASE, false)).await;
+    let asked = ClaimRequest { nonce: 7, ..run(tick("nonce", 0), "a", LONG_LEASE, false) };
+    let first_grant = won(&store, asked.clone()).await;
+    store.set_paused("paused", true, "ann", Some("disk")).await.expect("pause");
+    store.set_paused("manual", true, "ann", None).await.expect("pause");
+    let far = Tick::new("early", now(&store).await + chrono::Duration::seconds(60));
+    let far =
+        Tick::new("early", chrono::DateTime::from_timestamp_millis(far.scheduled_at.timestamp_millis()).expect("ms"));
+    let batch = vec![
+        run(tick("free-a", 1), "b", LONG_LEASE, true),
+        run(tick("taken", 0), "b", LONG_LEASE, true),
+        skip(tick("taken-skip", 0), "b", "missed"),
+        run(tick("paused", 1), "b", LONG_LEASE, true),
+        ClaimRequest { trigger: Trigger::Manual, ..run(tick("manual", 1), "b", LONG_LEASE, true) },
+        run(tick("overlap", 1), "b", LONG_LEASE, true),
+        skip(tick("skipped", 1), "b", "missed by 2h"),
+        run(far.clone(), "b", LONG_LEASE, true),
+        asked.clone(),
+        run(tick("free-b", 1), "b", LONG_LEASE, false),
+    ];
+    let outcomes = store.claim(&batch).await.expect("claim");
+    assert_in_request_order(&batch, &outcomes);
+    let [free_a, taken_o, taken_skip, paused, manual, overlap, skipped, early, again, free_b] = &outcomes[..] else {
+        panic!("one outcome per request: {outcomes:?}")
+    };
+    assert!(matches!(free_a, ClaimOutcome::Won(_)) && matches!(free_b, ClaimOutcome::Won(_)), "{outcomes:?}");
+    assert_eq!((taken_o, taken_skip), (&ClaimOutcome::Taken, &ClaimOutcome::Taken));
+    assert_eq!(*paused, ClaimOutcome::Skipped { reason: "paused by ann: disk".into() });
+    assert!(matches!(manual, ClaimOutcome::Won(_)), "a manual run ignores the pause: {manual:?}");
+    let expected = format!("overlap: previous run {} still running", running.run);
+    assert_eq!(*overlap, ClaimOutcome::Skipped { reason: expected });
+    assert_eq!(*skipped, ClaimOutcome::Skipped { reason: "missed by 2h".into() });
+    if f.has_clock() {
+        assert!(matches!(early, ClaimOutcome::TooEarly { .. }), "{early:?}");
+        assert!(all(&store).await.iter().all(|r| r.id.tick != far), "a refused tick has no record");
+    } else {
+        assert!(matches!(early, ClaimOutcome::Won(_)), "{early:?}");
+    }
+    let ClaimOutcome::Won(again) = again else { panic!("asked again with its nonce: {again:?}") };
+    assert_eq!((&again.run, again.fencing_token), (&first_grant.run, first_grant.fencing_token));
+    assert_eq!(find(&store, &taken.run).await.node, "a", "the taken tick's record stands");
+}
+
 /// A claim whose answer was lost, asked again with the same nonce by the same node, is won
 /// again while its record is still that claim's `running` attempt: the same run and token,
 /// the first `claimed_at`, a lease from the store's now (even after the first one lapsed,
