@@ -33,6 +33,13 @@
 //!   round trip, one transaction; a batch of one tick calls its one-tick twin, which takes
 //!   scalars instead of arrays); every other method is one statement or one transaction.
 //!   A step that loses a deadlock or serialization conflict is retried a few times.
+//! - **A batch of distinct jobs is claimed set-wise.** Where every job of a batch appears
+//!   once (a node's batch of an instant), its requests cannot affect one another, so
+//!   `{p}claim_set` decides them in a few statements for the whole batch (the fence rows
+//!   locked in sorted order with one token each, one insert of every winner, one read of
+//!   the taken ticks) and leaves only the others (paused, overlapping, too early, skips,
+//!   claims asked again) to `{p}claim`'s request-by-request decision, in the same
+//!   transaction, with the same answers.
 //! - **A failure retry waits in the table.** [`Store::finish_for_retry`] is one statement:
 //!   the end, exactly as `finish` records it, and, only if that matched, the tick's next
 //!   attempt as `waiting` (trigger `retry`, the same node, no token, `lease_until` its
@@ -62,7 +69,8 @@
 //! written in the transaction of the action), `{p}managed` (jobs defined in the
 //! store), `{p}job_revisions` (every change of one), `{p}managed_version` (the store-wide
 //! revision counter, whose row lock orders their writers) and `{p}schema` (the version);
-//! the functions `{p}claim`, `{p}claim_one` and `{p}claim_taken_first`; the notification
+//! the functions `{p}claim_set`, `{p}claim`, `{p}claim_one` and `{p}claim_taken_first`
+//! (which builds before schema version 12 call); the notification
 //! channel `{p}requests` (run requests and managed job changes). [`Store::migrate`]
 //! creates them; [`Store::uninstall`] drops them.
 //!
@@ -73,7 +81,7 @@
 //! - `url.rs`: the URL into connection options.
 //! - `schema.rs`: the versioned migrations (tables, indexes, claim functions), `migrate`,
 //!   `schema` and `uninstall`.
-//! - `claim.rs`: the claim of a batch, one call of `{p}claim` (or `{p}claim_taken_first`).
+//! - `claim.rs`: the claim of a batch, one call of `{p}claim_set`.
 //! - `claim_one.rs`: the claim of one tick, one call of `{p}claim_one`.
 //! - `runs.rs`: a held run after its claim: renew, finish (one or a batch, or for a retry),
 //!   expiry, recovery (of expired runs and due retries).

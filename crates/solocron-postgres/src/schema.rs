@@ -1137,7 +1137,8 @@ const V12: &[&str] = &[CLAIM_SET_FUNCTION];
 /// the requests that may win are locked in sorted order with one token reserved each, the
 /// clock is read again once they are held, and one `INSERT … SELECT … WHERE NOT EXISTS
 /// (pause) AND NOT EXISTS (overlap) ON CONFLICT DO NOTHING` writes every run that wins.
-/// A request not too early whose tick has a record is `taken` (unless it carries a nonce
+/// When every request won (the common batch) that is the answer. Otherwise, of the others,
+/// a request not too early whose tick has a record is `taken` (unless it carries a nonce
 /// and may be its own claim asked again); every other request that did not win (too
 /// early, a skip, paused, overlapping, a nonce's grant again) is decided by `{p}claim`,
 /// with the same answers as before, in the same transaction. A batch of one, or one in
@@ -1193,19 +1194,21 @@ BEGIN
     SELECT array_agg(u.i::integer) INTO v_won
         FROM unnest(p_jobs) WITH ORDINALITY AS u(j, i) JOIN inserted ON inserted.job = u.j;
     v_won := coalesce(v_won, '{}');
+    IF cardinality(v_won) = cardinality(p_jobs) THEN
+        RETURN QUERY SELECT w.i, 'won'::text, NULL::text, v_tokens[w.i], v_now, v_now + p_leases[w.i]
+            FROM unnest(v_won) AS w(i) ORDER BY 1;
+        RETURN;
+    END IF;
+    v_rest := ARRAY(SELECT i FROM generate_subscripts(p_jobs, 1) AS i EXCEPT SELECT unnest(v_won));
     -- Taken: not too early, the tick has a record, and not a request that may be granted
     -- again (a nonce, not a skip): `{p}claim` decides those.
     v_taken := ARRAY(
-        SELECT i FROM generate_subscripts(p_jobs, 1) AS i
+        SELECT i FROM unnest(v_rest) AS i
         WHERE NOT (p_triggers[i] = 'schedule' AND p_ticks[i] > v_asked_at + 500)
           AND NOT (p_nonces[i] <> 0 AND p_modes[i] <> 'skip')
           AND EXISTS (SELECT 1 FROM {p}runs r
-                      WHERE r.job = p_jobs[i] AND r.scheduled_at = p_ticks[i] AND r.attempt = 1)
-        EXCEPT SELECT unnest(v_won));
-    v_rest := ARRAY(
-        SELECT i FROM generate_subscripts(p_jobs, 1) AS i
-        EXCEPT SELECT unnest(v_won) EXCEPT SELECT unnest(v_taken)
-        ORDER BY 1);
+                      WHERE r.job = p_jobs[i] AND r.scheduled_at = p_ticks[i] AND r.attempt = 1));
+    v_rest := ARRAY(SELECT i FROM unnest(v_rest) AS i EXCEPT SELECT unnest(v_taken) ORDER BY 1);
     RETURN QUERY
     WITH pending AS (SELECT u.i, u.k FROM unnest(v_rest) WITH ORDINALITY AS u(i, k))
     SELECT v_rest[d.o_index], d.o_outcome, d.o_reason, d.o_token, d.o_claimed_at, d.o_lease_until
