@@ -220,8 +220,6 @@ local function remember(by_migrate)
   if not by_migrate then redis.call('SET', FORGOT, NOW_S, 'NX') end
 end
 
--- Adds a new record to the history indexes; a record of the tick ends its manual request
--- (only manual ticks have one: their instants never fall on a whole second).
 -- Members one command adds or removes at most, when gathered writes are made.
 local GATHERED_PER_COMMAND = 1000
 
@@ -295,6 +293,8 @@ local function read_fences(jobs)
   end
 end
 
+-- Adds a new record to the history indexes; a record of the tick ends its manual request
+-- (only manual ticks have one: their instants never fall on a whole second).
 local function index(id, job, at)
   zadd(HIST, at, id)
   redis.call('ZADD', job_hist(job), at, id)
