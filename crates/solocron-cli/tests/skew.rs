@@ -27,13 +27,18 @@ use solocron_conformance::server::{ServerUrl, MYSQL, POSTGRES, REDIS};
 const RUN_FOR: Duration = Duration::from_secs(24);
 /// (node, its clock's offset) for libfaketime.
 const NODES: [(&str, &str); 3] = [("slow", "-2s"), ("exact", "+0s"), ("fast", "+2s")];
-/// How late a start may be, at the 99th percentile, by the real clock: the issue asks
-/// for 20 ms on an idle machine; this leaves room for a loaded 2-core CI host, where a
-/// tick's first-ranked node may claim too late and another node starts it as a backup
-/// (`BACKUP_AFTER`, 100 ms, plus a claim: ~115 ms; twice in 27 ticks in one CI run on
-/// etcd), and still fails by far for a node that follows its own clock (2 s early, or 2 s
-/// late).
-const LATENESS_P99_MAX_MS: f64 = 250.0;
+/// How late a start may be by the real clock, but for one: the issue asks for 20 ms on an
+/// idle machine; this leaves room for a loaded 2-core CI host, where a tick's first-ranked
+/// node may claim too late and another node starts it as a backup (`BACKUP_AFTER`, 100 ms,
+/// plus a claim: ~115 ms; twice in 27 ticks in one CI run on etcd), and still fails by far
+/// for a node that follows its own clock (2 s early, or 2 s late on the third of the ticks
+/// it wins).
+const LATENESS_MAX_MS: f64 = 250.0;
+/// How late the one start beyond [`LATENESS_MAX_MS`] may be. Over ~27 ticks a 99th
+/// percentile is the latest start, and one CI run on a host busy with a second CI run
+/// started its first tick 405 ms late (every node stalled at the fleet's start); a node
+/// following its own clock would still be 2 s late.
+const LATENESS_ONE_MAX_MS: f64 = 1000.0;
 
 /// libfaketime's library, where Debian puts it.
 fn libfaketime() -> PathBuf {
@@ -119,10 +124,11 @@ command = ["/usr/bin/env", "-u", "LD_PRELOAD", "-u", "FAKETIME", "/bin/sh", "-c"
         p(1.0)
     );
     let late: Vec<_> = starts.iter().filter(|(tick, _, real)| (*real - *tick).num_milliseconds() > 50).collect();
+    let beyond = late_ms.iter().filter(|&&l| l > LATENESS_MAX_MS).count();
     assert!(
-        p(0.99) <= LATENESS_P99_MAX_MS,
-        "{kind}: p99 start lateness {:.1} ms: {late_ms:?}; late: {late:?}",
-        p(0.99)
+        beyond <= 1 && p(1.0) <= LATENESS_ONE_MAX_MS,
+        "{kind}: {beyond} starts later than {LATENESS_MAX_MS} ms, the latest {:.1} ms: {late_ms:?}; late: {late:?}",
+        p(1.0)
     );
     assert!(
         per_node.get("fast").copied().unwrap_or(0) < per_tick.len(),
