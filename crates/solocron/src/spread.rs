@@ -5,7 +5,8 @@
 //! Every node ranks, for each tick, the live nodes that carry the tick's job by rendezvous
 //! hashing (highest random weight: a hash of the node and the tick), and claims the ticks
 //! it ranks first at the claim lead, as before. The others it claims [`BACKUP_AFTER`] past
-//! their instant: by then their first-ranked node has won them (the backup finds them
+//! their instant (after a herd, once its own claims are done and half as long again:
+//! [`backup_wait`]): by then their first-ranked node has won them (the backup finds them
 //! taken; it asks the store which are taken first and claims only the others), unless that
 //! node is slow, stalled or gone, and then the backup wins. So the
 //! store's claim still decides every tick (nothing here decides who may run one), and a
@@ -31,6 +32,21 @@ use solocron_core::Tick;
 /// a punctual node's claim takes, short enough that a tick whose first node died runs
 /// nearly on time.
 pub(crate) const BACKUP_AFTER: Duration = Duration::from_millis(100);
+/// Most a node waits, past [`BACKUP_AFTER`], for the others to finish claiming a herd
+/// (see [`backup_wait`]).
+const BACKUP_HERD_WAIT_MAX: Duration = Duration::from_secs(2);
+
+/// How long this node waits, from the end of its own claims of a round, before it claims
+/// that round's backups whose earliest instant is `until_after` away (zero if past): at
+/// least [`BACKUP_AFTER`] past that instant, and at least half as long as its own claims
+/// took (`own_claim`), up to [`BACKUP_HERD_WAIT_MAX`]. Every node claims its share of a
+/// herd at the same lead and the shares are alike, so the others' claims take about as
+/// long as this node's: asking the store which ticks are taken while they are still being
+/// claimed (100,000 at once take seconds) finds most of them free, and the backups then
+/// contend with their owners for the same ticks, slowing the herd they back up.
+pub(crate) fn backup_wait(until_after: Duration, own_claim: Duration) -> Duration {
+    until_after.max((own_claim / 2).min(BACKUP_HERD_WAIT_MAX))
+}
 /// Most jobs whose carriers are remembered (the registry of a large fleet); jobs beyond
 /// are ranked among the live nodes the registry does not know.
 const JOBS_REMEMBERED_MAX: usize = 100_000;
@@ -333,5 +349,17 @@ mod tests {
         assert!(!c.carries("listed-only", 1, a) && !c.carries("listed-only", 1, b));
         // Unless its heartbeat says it carries more than the registry showed of it.
         assert!(c.carries("listed-only", 2, a) && c.carries(&names[0], 2, b));
+    }
+
+    #[test]
+    fn backups_wait_past_their_instant_and_for_half_of_a_long_own_claim_within_a_bound() {
+        let ms = Duration::from_millis;
+        // A punctual round: a few ms of own claims leave the wait past the instant as it is.
+        assert_eq!(backup_wait(ms(95), ms(4)), ms(95));
+        // A herd whose own claims took 3 s: the others get half as long again.
+        assert_eq!(backup_wait(ms(0), ms(3_000)), ms(1_500));
+        assert_eq!(backup_wait(ms(1_600), ms(3_000)), ms(1_600));
+        // Never more than the bound, however long the own claims took.
+        assert_eq!(backup_wait(ms(0), Duration::from_secs(60)), BACKUP_HERD_WAIT_MAX);
     }
 }

@@ -23,7 +23,7 @@ use crate::job::Job;
 use crate::jobset::JobSet;
 use crate::lead::{Lead, CLAIM_AHEAD_MAX};
 use crate::metrics::{self, StoreOp};
-use crate::spread::BACKUP_AFTER;
+use crate::spread::{backup_wait, BACKUP_AFTER};
 use crate::store_clock::SAMPLES_AT_START;
 use solocron_os::wallclock::ClockSteps;
 
@@ -349,8 +349,9 @@ async fn claim_due(
     let claim_took = sent.elapsed();
     if let Some(earliest) = backup.iter().map(|(_, r)| r.tick.scheduled_at).min() {
         let at = earliest + chrono::Duration::from_std(BACKUP_AFTER).expect("small");
+        let wait = backup_wait((at - e.now()).to_std().unwrap_or_default(), claim_took);
         tokio::select! {
-            _ = tokio::time::sleep((at - e.now()).to_std().unwrap_or_default()) => {
+            _ = tokio::time::sleep(wait) => {
                 let backup = still_free(e, backup).await;
                 result.merge(e.claim_and_start(set, backup, round.horizon.timestamp_millis()).await);
             }
