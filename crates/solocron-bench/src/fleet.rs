@@ -60,6 +60,9 @@ pub fn spawn(a: &NodeArgs, lines: Option<mpsc::Sender<String>>) -> Proc {
     if let Some(journal) = &a.journal {
         cmd.args(["--journal", journal]);
     }
+    for schedule in &a.side_schedule {
+        cmd.args(["--side-schedule", schedule]);
+    }
     cmd.stdout(if lines.is_some() { Stdio::piped() } else { Stdio::null() });
     let mut child = cmd.spawn().expect("spawn a node");
     if let (Some(tx), Some(out)) = (lines, child.stdout.take()) {

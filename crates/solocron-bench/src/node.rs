@@ -27,6 +27,10 @@ pub struct NodeArgs {
     pub jobs: usize,
     #[arg(long)]
     pub schedule: String,
+    /// Also a job on this schedule (`s0`, `s1`, … in order; repeated), beside the
+    /// `--jobs`: how late a herd of those makes the node's other ticks.
+    #[arg(long)]
+    pub side_schedule: Vec<String>,
     /// handler | command | sleep
     #[arg(long, default_value = "handler")]
     pub mode: String,
@@ -54,8 +58,8 @@ type Starts = Arc<Mutex<Vec<(String, i64, i64, u32)>>>;
 /// Where each start is also written at once, when the node keeps a journal.
 type Journal = Option<Arc<std::fs::File>>;
 
-fn job(i: usize, a: &NodeArgs, starts: &Starts, journal: &Journal) -> anyhow::Result<Job> {
-    let schedule = Schedule::parse(&a.schedule, "UTC")?;
+fn job(name: String, schedule: &str, a: &NodeArgs, starts: &Starts, journal: &Journal) -> anyhow::Result<Job> {
+    let schedule = Schedule::parse(schedule, "UTC")?;
     let lease = Duration::from_millis(a.lease_ms);
     let policy = JobPolicy {
         lease,
@@ -64,7 +68,6 @@ fn job(i: usize, a: &NodeArgs, starts: &Starts, journal: &Journal) -> anyhow::Re
         on_crash: if a.retry { OnCrash::Retry } else { OnCrash::Abandon },
         ..JobPolicy::default()
     };
-    let name = format!("j{i}");
     let job = match a.mode.as_str() {
         "command" => Job::new(name, schedule, Command::new(["/bin/date", "+%s%N"]).expect("argv")),
         mode => {
@@ -135,7 +138,10 @@ pub async fn run(a: NodeArgs) -> anyhow::Result<()> {
         .shutdown_grace(Duration::from_secs(2))
         .max_concurrent_runs(a.jobs.max(1024));
     for i in 0..a.jobs {
-        b = b.job(job(i, &a, &starts, &journal)?);
+        b = b.job(job(format!("j{i}"), &a.schedule, &a, &starts, &journal)?);
+    }
+    for (i, schedule) in a.side_schedule.iter().enumerate() {
+        b = b.job(job(format!("s{i}"), schedule, &a, &starts, &journal)?);
     }
     let scheduler = b.build()?;
     let shutdown = CancellationToken::new();

@@ -50,6 +50,7 @@ pub fn node_args(url: &str, prefix: &Prefix, id: &str, dir: &std::path::Path) ->
         node_id: id.to_owned(),
         jobs: 1,
         schedule: "* * * * * *".into(),
+        side_schedule: Vec::new(),
         mode: "handler".into(),
         seconds: 10,
         lease_ms: 30_000,
@@ -194,9 +195,32 @@ impl std::fmt::Display for Missed {
 
 impl std::error::Error for Missed {}
 
-/// One thundering herd: `jobs` jobs due at one instant, `nodes` processes racing.
-/// Returns (time until all started ms, claim calls per tick per node, all calls per tick per node, peak RSS MiB).
-pub fn herd(c: &Ctx, jobs: usize, nodes: usize) -> anyhow::Result<(f64, f64, f64, f64)> {
+/// Jobs due each second after a big herd's instant on each node ([`herd`]'s
+/// `side_jobs`), for [`SIDE_WINDOW_S`] seconds.
+const SIDE_JOBS: usize = 10;
+/// The seconds after the herd's instant with side jobs due (1 … this).
+const SIDE_WINDOW_S: i64 = 5;
+
+/// What one herd measured.
+pub struct Herd {
+    /// From the instant until every tick started, ms.
+    pub last: f64,
+    /// Claim calls per tick per node (the busiest node).
+    pub claims: f64,
+    /// All store calls per tick per node (the busiest node).
+    pub calls: f64,
+    /// Peak RSS of the largest node, MiB.
+    pub rss: f64,
+    /// The latest start of the side jobs' ticks, ms after their own instant (none without
+    /// side jobs).
+    pub side_late: Option<f64>,
+}
+
+/// One thundering herd: `jobs` jobs due at one instant, `nodes` processes racing; with
+/// `side_jobs`, each node also carries [`SIDE_JOBS`] jobs due at each of the
+/// [`SIDE_WINDOW_S`] seconds after it, whose ticks should start on time however long the
+/// herd takes (their few calls count in the calls per tick).
+pub fn herd(c: &Ctx, jobs: usize, nodes: usize, side_jobs: bool) -> anyhow::Result<Herd> {
     let (url, prefix) = fresh(&c.store, &c.dir, "herd");
     let lead = 4 + (jobs * nodes.max(1) / 3000) as i64;
     let seconds = (lead + 3 + (jobs / 3000) as i64) as u64;
@@ -206,6 +230,11 @@ pub fn herd(c: &Ctx, jobs: usize, nodes: usize) -> anyhow::Result<(f64, f64, f64
             let mut a = node_args(&url, &prefix, &format!("h{n}"), &c.dir);
             a.jobs = jobs;
             a.schedule = once_at(at);
+            if side_jobs {
+                a.side_schedule = (1..=SIDE_WINDOW_S)
+                    .flat_map(|s| std::iter::repeat_n(once_at(at + chrono::Duration::seconds(s)), SIDE_JOBS))
+                    .collect();
+            }
             a.seconds = seconds;
             spawn(&a, None)
         })
@@ -220,8 +249,9 @@ pub fn herd(c: &Ctx, jobs: usize, nodes: usize) -> anyhow::Result<(f64, f64, f64
     if reps.len() != nodes {
         return Err(Missed(format!("only {} of {nodes} nodes reported", reps.len())).into());
     }
-    let all = starts(&reps);
+    let (all, side): (Vec<_>, Vec<_>) = starts(&reps).into_iter().partition(|s| s.0.starts_with('j'));
     let ran = exactly_once(&all, &format!("herd {jobs} jobs × {nodes} nodes"))?;
+    exactly_once(&side, &format!("the jobs due every second beside a herd of {jobs} × {nodes}"))?;
     if ran != jobs {
         // Not a duplicate: nodes that were not ready by the instant (start-up of many big
         // nodes on 2 cores) do not run a tick that is already past with catchup = 0.
@@ -232,10 +262,20 @@ pub fn herd(c: &Ctx, jobs: usize, nodes: usize) -> anyhow::Result<(f64, f64, f64
         unended == 0,
         "herd {jobs} jobs × {nodes} nodes: {unended} runs still `running` after their nodes drained (ends not recorded)"
     );
-    let last = all.iter().map(|s| s.2).max().unwrap_or(0) as f64 / 1000.0 - at.timestamp_millis() as f64;
+    let at_ms = at.timestamp_millis();
+    let last = all.iter().map(|s| s.2).max().unwrap_or(0) as f64 / 1000.0 - at_ms as f64;
+    if side_jobs {
+        let want = SIDE_JOBS * SIDE_WINDOW_S as usize;
+        anyhow::ensure!(
+            side.len() == want,
+            "beside a herd of {jobs} × {nodes}: {} of {want} side ticks ran",
+            side.len()
+        );
+    }
+    let side_late = side_jobs.then(|| side.iter().map(|s| s.2 as f64 / 1000.0 - s.1 as f64).fold(0.0, f64::max));
     let per = |k: &str| reps.iter().map(|r| r[k].as_f64().unwrap_or(0.0) / jobs as f64).fold(0.0, f64::max);
     let rss = reps.iter().map(|r| r["rss_hwm_kb"].as_f64().unwrap_or(0.0)).fold(0.0, f64::max) / 1024.0;
-    Ok((last, per("claims"), per("calls"), rss))
+    Ok(Herd { last, claims: per("claims"), calls: per("calls"), rss, side_late })
 }
 
 /// How many runs of the namespace are still `running`.
@@ -255,11 +295,11 @@ pub fn thundering_herd(c: &Ctx) -> anyhow::Result<String> {
     let mut rows = vec![];
     let (mut t, mut cl, mut ca) = (vec![], vec![], vec![]);
     for _ in 0..c.rounds {
-        match herd(c, jobs, nodes) {
-            Ok((a, b, d, _)) => {
-                t.push(a);
-                cl.push(b);
-                ca.push(d);
+        match herd(c, jobs, nodes, false) {
+            Ok(h) => {
+                t.push(h.last);
+                cl.push(h.claims);
+                ca.push(h.calls);
             }
             Err(e) if e.is::<Missed>() => println!("herd round not measured: {e}"),
             Err(e) => return Err(e),
@@ -575,9 +615,19 @@ pub fn growth(c: &Ctx) -> anyhow::Result<String> {
     let cells = if c.cells.is_empty() { growth_cells(c.quick) } else { c.cells.clone() };
     let mut rows = vec![];
     for (j, n) in cells {
-        let mut row = match herd(c, j, n) {
-            Ok((t, cl, ca, rss)) => vec![fmt(t), format!("{cl:.4}"), format!("{ca:.4}"), fmt(rss)],
-            Err(e) if e.is::<Missed>() => vec![format!("not measured: {e}"), "-".into(), "-".into(), "-".into()],
+        // Only beside the big herds: a small one's calls per tick would count the side jobs'.
+        let side = j >= GROWTH_SIDE_JOBS_FROM;
+        let mut row = match herd(c, j, n, side) {
+            Ok(h) => vec![
+                fmt(h.last),
+                h.side_late.map_or("—".into(), fmt),
+                format!("{:.4}", h.claims),
+                format!("{:.4}", h.calls),
+                fmt(h.rss),
+            ],
+            Err(e) if e.is::<Missed>() => {
+                vec![format!("not measured: {e}"), "-".into(), "-".into(), "-".into(), "-".into()]
+            }
             Err(e) => return Err(e),
         };
         row.splice(0..0, [j.to_string(), n.to_string()]);
@@ -591,6 +641,7 @@ pub fn growth(c: &Ctx) -> anyhow::Result<String> {
                 "jobs",
                 "nodes",
                 "instant → all started (ms)",
+                "side jobs (10 due each of the 5 s after): latest start (ms late)",
                 "claim calls/tick/node",
                 "all calls/tick/node",
                 "peak RSS per node (MiB)",
@@ -600,6 +651,10 @@ pub fn growth(c: &Ctx) -> anyhow::Result<String> {
         )
     ))
 }
+
+/// The smallest herd of `growth` beside which each node carries side jobs (see [`herd`]):
+/// a herd whose claims take long enough to delay them, and whose calls outnumber theirs.
+const GROWTH_SIDE_JOBS_FROM: usize = 100_000;
 
 /// Every growth cell: 100 … 100,000 jobs × 1, 3, 10 nodes, but for 100,000 × 10.
 fn growth_cells(quick: bool) -> Vec<(usize, usize)> {

@@ -12,7 +12,6 @@
 
 mod common;
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -107,21 +106,6 @@ command = ["/bin/sh", "-c", "echo $SOLOCRON_SCHEDULED_AT >> $DIR/pulse.txt"]
 "#,
         LEASE.as_secs()
     )
-}
-
-/// A fault proxy in front of the server of `store` (a `[store]` body from
-/// [`server_store`]), and the same body with its URL pointing at the proxy.
-fn proxied(store: &str) -> (FaultProxy, String) {
-    let url = store.lines().find_map(|l| l.strip_prefix("url = \"")).and_then(|l| l.strip_suffix('"'));
-    let mut url = url::Url::parse(url.expect("a url line")).expect("a valid store URL");
-    let host = url.host_str().expect("a server URL has a host").to_owned();
-    let port = url.port().expect("the test servers' URLs name their port");
-    let target: SocketAddr = (host.as_str(), port).to_socket_addrs().unwrap().next().expect("an address");
-    let proxy = FaultProxy::start(target).unwrap();
-    url.set_host(Some("127.0.0.1")).unwrap();
-    url.set_port(Some(proxy.port())).unwrap();
-    let body = store.lines().map(|l| if l.starts_with("url = ") { format!("url = \"{url}\"") } else { l.to_owned() });
-    (proxy, body.collect::<Vec<_>>().join("\n"))
 }
 
 /// A fleet on `store` whose nodes have `jobs`, and `n1.toml` for the node behind a proxy:

@@ -14,6 +14,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use common::*;
 use nix::sys::signal::Signal;
+use solocron_conformance::proxy::Mode;
 use solocron_conformance::server::{ServerUrl, POSTGRES};
 
 const JOBS: usize = 30;
@@ -23,12 +24,19 @@ const WARM_UP: Duration = Duration::from_secs(8);
 const MEASURE: Duration = Duration::from_secs(10);
 /// The busiest node's share of the runs with three nodes (a third each, give or take).
 const SHARE_MAX: f64 = 0.45;
+/// From stopping n2 until n1's store connections are refused, and for how long (both well
+/// within n2's heartbeat's staleness: n1 keeps ranking it).
+const CUT_AFTER: Duration = Duration::from_millis(1500);
+const CUT: Duration = Duration::from_secs(3);
+/// From the heal until the records are read.
+const AFTER_HEAL: Duration = Duration::from_secs(6);
 
 fn jobs() -> String {
     (0..JOBS)
         .map(|j| {
             format!(
                 "[[jobs]]\nname = \"job-{j}\"\nschedule = \"* * * * * *\"\nlease = \"5s\"\n\
+                 catchup = \"1m\"\nmisfire = \"skip\"\n\
                  command = [\"/bin/sh\", \"-c\", \"echo $SOLOCRON_JOB $SOLOCRON_SCHEDULED_AT $SOLOCRON_NODE_ID >> $DIR/runs.txt\"]\n"
             )
         })
@@ -93,6 +101,12 @@ fn spread_and_failover(store: Option<&str>, kind: &str) {
 
     // Nothing missed: every job's every tick from the warm-up to the end has a record (a
     // run the killed node had in progress is recorded by recovery), and ran at most once.
+    let missing = missing(&f, before_from, after_to);
+    assert!(missing.is_empty(), "{kind}: ticks with no record: {missing:?}");
+}
+
+/// The ticks of every job in `[from, to)` (whole seconds) with no record in the store.
+fn missing(f: &Fleet, from: DateTime<Utc>, to: DateTime<Utc>) -> Vec<String> {
     let records: BTreeSet<(String, DateTime<Utc>)> = (0..JOBS)
         .flat_map(|j| {
             let job = format!("job-{j}");
@@ -101,8 +115,8 @@ fn spread_and_failover(store: Option<&str>, kind: &str) {
                 .map(move |r| (job.clone(), r["scheduled_at"].as_str().unwrap().parse().unwrap()))
         })
         .collect();
-    let first = DateTime::from_timestamp(before_from.timestamp() + 1, 0).unwrap();
-    let last = DateTime::from_timestamp(after_to.timestamp(), 0).unwrap();
+    let first = DateTime::from_timestamp(from.timestamp() + 1, 0).unwrap();
+    let last = DateTime::from_timestamp(to.timestamp(), 0).unwrap();
     let mut missing = Vec::new();
     for j in 0..JOBS {
         let mut t = first;
@@ -113,7 +127,7 @@ fn spread_and_failover(store: Option<&str>, kind: &str) {
             t += chrono::Duration::seconds(1);
         }
     }
-    assert!(missing.is_empty(), "{kind}: ticks with no record: {missing:?}");
+    missing
 }
 
 #[test]
@@ -126,4 +140,41 @@ fn postgres_ticks_are_spread_over_the_nodes_and_a_killed_nodes_share_moves_to_th
     let server: ServerUrl = POSTGRES;
     let Some(store) = server_store(server) else { return };
     spread_and_failover(Some(&store), server.name);
+}
+
+/// A backup claim that fails is made again: n2 is stopped (SIGSTOP), so it looks alive
+/// until its heartbeat is stale and n1 claims the ticks ranked to n2 only as backups, past
+/// their instant; then n1's store connections are refused for a while, so those backup
+/// claims fail. Every tick must still end with a record (run late, or recorded skipped by
+/// the misfire policy once past the tolerance), none dropped because its claim was a
+/// backup's.
+#[test]
+fn postgres_a_backup_claim_that_fails_while_the_store_is_cut_off_is_made_again() {
+    let server: ServerUrl = POSTGRES;
+    let Some(store) = server_store(server) else { return };
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut f = Fleet::on(Some(&store), &jobs());
+    let (proxy, via_proxy) = proxied(&store);
+    let n1 = std::fs::read_to_string(f.config()).unwrap().replace(&store, &via_proxy);
+    std::fs::write(f.path("n1.toml"), n1).unwrap();
+    f.start_with("n1", &f.path("n1.toml"));
+    f.start("n2");
+    std::thread::sleep(WARM_UP);
+    let stopped_at = Utc::now();
+    f.signal(1, Signal::SIGSTOP);
+    std::thread::sleep(CUT_AFTER);
+    proxy.set_mode(Mode::Refuse);
+    std::thread::sleep(CUT);
+    proxy.set_mode(Mode::Pass);
+    let healed_at = Utc::now();
+    // Past the cut's ticks: n1 claims them again as soon as it reaches the store, and
+    // records their ends within seconds.
+    std::thread::sleep(AFTER_HEAL);
+    f.signal(1, Signal::SIGKILL);
+    f.stop_all();
+    let ran_by_n1 = runs(&f).into_iter().filter(|((_, t), nodes)| *t > stopped_at && nodes == &["n1"]).count();
+    assert!(ran_by_n1 > 0, "n1 ran ticks after n2 stopped");
+    // From a second after n2 stopped (its share is then n1's backups) to past the heal.
+    let missing = missing(&f, stopped_at + chrono::Duration::seconds(1), healed_at + chrono::Duration::seconds(2));
+    assert!(missing.is_empty(), "ticks with no record after a cut: {missing:?}\nn1's log:\n{}", f.log("n1"));
 }

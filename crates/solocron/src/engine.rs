@@ -349,16 +349,6 @@ pub(crate) struct RoundResult {
     pub(crate) too_early: HashMap<usize, chrono::DateTime<chrono::Utc>>,
 }
 
-impl RoundResult {
-    /// Adds what another round (of the same jobs) left undone.
-    pub(crate) fn merge(&mut self, other: RoundResult) {
-        self.failed.extend(other.failed);
-        for (i, at) in other.too_early {
-            self.too_early.entry(i).and_modify(|t| *t = (*t).min(at)).or_insert(at);
-        }
-    }
-}
-
 /// The chunks of at most `max` requests that a round's batch (the job of each request, in
 /// order) is claimed in, in the order this node claims them. When no job has requests in
 /// two chunks, each node starts at a different chunk (a hash of its id and the round), so

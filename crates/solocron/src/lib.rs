@@ -18,6 +18,7 @@
 
 mod alerts;
 mod backoff;
+mod backups;
 mod batches;
 mod catchup;
 mod command;

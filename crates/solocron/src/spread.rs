@@ -6,7 +6,7 @@
 //! hashing (highest random weight: a hash of the node and the tick), and claims the ticks
 //! it ranks first at the claim lead, as before. The others it claims [`BACKUP_AFTER`] past
 //! their instant (after a herd, once its own claims are done and half as long again:
-//! [`backup_wait`]): by then their first-ranked node has won them (the backup finds them
+//! [`backup_wait`]), off the timer loop (`backups.rs`): by then their first-ranked node has won them (the backup finds them
 //! taken; it asks the store which are taken first and claims only the others), unless that
 //! node is slow, stalled or gone, and then the backup wins. So the
 //! store's claim still decides every tick (nothing here decides who may run one), and a

@@ -11,19 +11,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{plan_due, ClaimMode, ClaimRequest, HistoryQuery, Overlap, Tick, Trigger, LATE_TOLERANCE};
+use solocron_core::{plan_due, ClaimMode, HistoryQuery, Overlap, Tick, Trigger, LATE_TOLERANCE};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
+use crate::backups::{Backups, Claims, Undo};
 use crate::catchup::{self, Sequence};
 use crate::engine::{counted, Engine};
 use crate::job::Job;
 use crate::jobset::JobSet;
 use crate::lead::{Lead, CLAIM_AHEAD_MAX};
 use crate::metrics::{self, StoreOp};
-use crate::spread::{backup_wait, BACKUP_AFTER};
 use crate::store_clock::SAMPLES_AT_START;
 use solocron_os::wallclock::ClockSteps;
 
@@ -62,7 +62,7 @@ struct Round {
 #[derive(Default)]
 struct Plan {
     /// Claims of this round (each with its job's index), in order.
-    claims: Vec<(usize, ClaimRequest)>,
+    claims: Claims,
     /// Jobs whose ticks run one after the other instead.
     catch_ups: Vec<(usize, Sequence)>,
 }
@@ -75,6 +75,13 @@ pub(crate) async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
     let mut backoff = Backoff::store();
     let mut lead = Lead::new(Instant::now());
     while !shutdown.is_cancelled() {
+        while let Some(undo) = timer.backups.ended() {
+            timer.undo(undo);
+        }
+        if timer.backups.full() {
+            let undo = timer.backups.next().await;
+            timer.undo(undo);
+        }
         let now = e.now();
         // The list's `changed` (awaited in `sleep`) marks it seen: compare the lists instead.
         let current = timer.list.borrow_and_update().clone();
@@ -88,7 +95,9 @@ pub(crate) async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
             timer.sleep(round.horizon, shutdown).await;
             continue;
         }
-        let (failed, claim_took) = claim_due(e, &timer.set, &due, &mut timer.cursors, round, shutdown).await;
+        let set = timer.set.clone();
+        let (failed, claim_took) =
+            claim_due(e, &set, &due, &mut timer.cursors, &mut timer.backups, round, shutdown).await;
         if failed.is_empty() {
             lead.observe(Instant::now(), claim_took);
             backoff.reset();
@@ -101,6 +110,7 @@ pub(crate) async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
             }
         }
     }
+    timer.backups.finish().await;
 }
 
 /// The heap of next fire instants and each job's cursor, over one job list; a new list
@@ -115,6 +125,8 @@ struct Timer {
     cursors: Vec<Cursor>,
     /// The kernel's notice of wall clock steps, when the clock is the system's.
     steps: Option<ClockSteps>,
+    /// Rounds whose backups are being claimed.
+    backups: Backups,
 }
 
 /// When each job of `set` came to be, as far as the store knows, for a job with a
@@ -212,7 +224,8 @@ impl Timer {
             None
         };
         metrics::jobs(set.len());
-        let mut timer = Timer { started, set, list, heap: BinaryHeap::new(), cursors, steps };
+        let mut timer =
+            Timer { started, set, list, heap: BinaryHeap::new(), cursors, steps, backups: Backups::default() };
         timer.fill_heap();
         timer
     }
@@ -279,8 +292,29 @@ impl Timer {
                     }
                 }
             }
+            undo = self.backups.next() => self.undo(undo),
             _ = shutdown.cancelled() => {}
         }
+    }
+
+    /// Takes back what a round's backups left to do (see `backups.rs`): each job's cursor
+    /// goes back to just before the tick to plan again, and the heap is filled again so
+    /// that tick is due at once. Jobs are found by name when the list changed since.
+    fn undo(&mut self, undo: Undo) {
+        if undo.jobs.is_empty() {
+            return;
+        }
+        for (i, from, failed) in undo.jobs {
+            let here =
+                if Arc::ptr_eq(&undo.set, &self.set) { Some(i) } else { self.set.index(undo.set.jobs[i].name()) };
+            let Some(j) = here else { continue };
+            let cursor = &mut self.cursors[j];
+            cursor.handled = cursor.handled.min(from - chrono::Duration::milliseconds(1));
+            if failed {
+                cursor.healthy = Some(false);
+            }
+        }
+        self.fill_heap();
     }
 
     /// Puts the round's jobs back on the heap: at their next tick, or, where the claim
@@ -310,14 +344,16 @@ async fn calibrate(e: &Engine) {
 }
 
 /// Plans and claims the ticks of `due` jobs up to the round's horizon: the ticks this node
-/// ranks first at once, the others as a backup past their instant (`spread.rs`). Returns
-/// the jobs whose claim failed (store unavailable): their cursor stays, so nothing is
-/// lost; and how long the claim of this node's own ticks took (what the lead adapts to).
+/// ranks first at once, the others as a backup past their instant, in a task of
+/// `backups` (`spread.rs`, `backups.rs`). Returns the jobs whose claim failed (store
+/// unavailable): their cursor stays, so nothing is lost; and how long the claim of this
+/// node's own ticks took (what the lead adapts to).
 async fn claim_due(
     e: &Arc<Engine>,
-    set: &JobSet,
+    set: &Arc<JobSet>,
     due: &[usize],
     cursors: &mut [Cursor],
+    backups: &mut Backups,
     round: Round,
     shutdown: &CancellationToken,
 ) -> (HashSet<usize>, Duration) {
@@ -345,20 +381,9 @@ async fn claim_due(
     }
     let (first, backup) = spread(e, plan.claims);
     let sent = Instant::now();
-    let mut result = e.claim_and_start(set, first, round.horizon.timestamp_millis()).await;
+    let result = e.claim_and_start(set, first, round.horizon.timestamp_millis()).await;
     let claim_took = sent.elapsed();
-    if let Some(earliest) = backup.iter().map(|(_, r)| r.tick.scheduled_at).min() {
-        let at = earliest + chrono::Duration::from_std(BACKUP_AFTER).expect("small");
-        let wait = backup_wait((at - e.now()).to_std().unwrap_or_default(), claim_took);
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {
-                let backup = still_free(e, backup).await;
-                result.merge(e.claim_and_start(set, backup, round.horizon.timestamp_millis()).await);
-            }
-            // Shutting down: the ticks are the other nodes'.
-            _ = shutdown.cancelled() => {}
-        }
-    }
+    backups.spawn(e, set, backup, claim_took, round.horizon.timestamp_millis(), shutdown);
     let failed = result.failed;
     for &i in due {
         if !failed.contains(&i) {
@@ -383,35 +408,10 @@ async fn claim_due(
 
 /// The claims this node makes first and those it makes as a backup: each job's by its
 /// earliest tick in the round, so a job's ticks stay together, claimed oldest first.
-type Claims = Vec<(usize, ClaimRequest)>;
 fn spread(e: &Engine, claims: Claims) -> (Claims, Claims) {
     let ranking = e.spread.ranking();
     let mut firsts: HashMap<usize, bool> = HashMap::new();
     claims.into_iter().partition(|(i, r)| *firsts.entry(*i).or_insert_with(|| ranking.is_first(&r.tick)))
-}
-
-/// The backups whose ticks are still free: the store is asked which are taken (their
-/// first-ranked node won them, as it does unless it is slow or gone), in chunks, and only
-/// the others are claimed. Asking costs the store a lookup per tick where a claim that
-/// finds its tick taken costs it more, and it is the common case. A tick this node's own
-/// claim of went unanswered is kept (its claim, asked again, is granted again); a chunk
-/// the store cannot answer is kept whole (claimed, as before).
-async fn still_free(e: &Engine, backup: Claims) -> Claims {
-    let mut keep = Vec::with_capacity(backup.len());
-    for chunk in backup.chunks(solocron_core::CLAIM_BATCH_MAX) {
-        let ticks: Vec<Tick> = chunk.iter().map(|(_, r)| r.tick.clone()).collect();
-        let taken: HashSet<Tick> = match counted(StoreOp::Claim, e.store.taken_ticks(&ticks)).await {
-            Ok(Some(taken)) => taken.into_iter().collect(),
-            Ok(None) => return backup,
-            Err(err) => {
-                tracing::debug!(error = %err, "cannot ask which backups are taken; claiming them");
-                HashSet::new()
-            }
-        };
-        keep.extend(chunk.iter().map(|(_, r)| !taken.contains(&r.tick) || e.unanswered.contains(&r.tick)));
-    }
-    debug_assert_eq!(keep.len(), backup.len());
-    backup.into_iter().zip(keep).filter_map(|(claim, kept)| kept.then_some(claim)).collect()
 }
 
 /// Adds what `job` (index `i` of the list) asks for in this round to `plan`: its on-time

@@ -2,6 +2,7 @@
 //! in a test directory, or a fresh prefix on a test server.
 #![allow(dead_code)]
 
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, PoisonError};
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
+use solocron_conformance::proxy::FaultProxy;
 use solocron_conformance::server::{self, ServerUrl};
 use solocron_conformance::server_unreachable;
 use solocron_stores::{OpenError, Prefix, StoreError};
@@ -331,4 +333,19 @@ pub fn read_http_request(stream: &std::net::TcpStream) -> (String, std::collecti
     let mut body = vec![0u8; len];
     reader.read_exact(&mut body).unwrap();
     (path, headers, body)
+}
+
+/// A fault proxy in front of the server of `store` (a `[store]` body from
+/// [`server_store`]), and the same body with its URL pointing at the proxy.
+pub fn proxied(store: &str) -> (FaultProxy, String) {
+    let url = store.lines().find_map(|l| l.strip_prefix("url = \"")).and_then(|l| l.strip_suffix('"'));
+    let mut url = url::Url::parse(url.expect("a url line")).expect("a valid store URL");
+    let host = url.host_str().expect("a server URL has a host").to_owned();
+    let port = url.port().expect("the test servers' URLs name their port");
+    let target: SocketAddr = (host.as_str(), port).to_socket_addrs().unwrap().next().expect("an address");
+    let proxy = FaultProxy::start(target).unwrap();
+    url.set_host(Some("127.0.0.1")).unwrap();
+    url.set_port(Some(proxy.port())).unwrap();
+    let body = store.lines().map(|l| if l.starts_with("url = ") { format!("url = \"{url}\"") } else { l.to_owned() });
+    (proxy, body.collect::<Vec<_>>().join("\n"))
 }

@@ -1,0 +1,187 @@
+//! A round's backups (the ticks this node ranks behind another node, `spread.rs`), claimed
+//! off the timer loop: a task per round waits past their instant ([`backup_wait`]), asks
+//! the store which are still free and claims those, while the timer goes on planning and
+//! claiming the next rounds on time. After a herd the wait lasts up to seconds; held in the
+//! timer loop, it made every other job's next ticks of this node late by as much.
+//!
+//! What a task could not claim (the store unavailable) or was refused as too early comes
+//! back to the timer as an [`Undo`]: the job's cursor goes back to just before the tick,
+//! so it is planned again, as an own claim that failed would be; a later tick of the job
+//! already claimed since is then found taken. Nothing is lost, nothing runs twice (the
+//! store's claim decides).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use solocron_core::{ClaimRequest, Tick};
+use tokio::task::{JoinError, JoinSet};
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{counted, Engine};
+use crate::jobset::JobSet;
+use crate::metrics::StoreOp;
+use crate::spread::{backup_wait, BACKUP_AFTER};
+
+/// Claims of one round, each with its job's index in the round's list.
+pub(crate) type Claims = Vec<(usize, ClaimRequest)>;
+
+/// Most rounds whose backups are waited for or claimed at once; past it, the timer waits
+/// for one of them to end before its next round. Rounds come at most every few hundred
+/// milliseconds, so a few cover a herd's wait ([`backup_wait`], at most seconds).
+const BACKUP_ROUNDS_MAX: usize = 8;
+
+/// What one round's backups left to do again: for each job (by its index in `set`), the
+/// earliest tick to plan again, and whether its claim failed (the store unavailable: the
+/// job's next round is not on time) rather than being refused as too early.
+#[derive(Debug)]
+pub(crate) struct Undo {
+    /// The job list the round was planned on.
+    pub(crate) set: Arc<JobSet>,
+    pub(crate) jobs: Vec<(usize, DateTime<Utc>, bool)>,
+}
+
+/// The rounds whose backups are under way.
+#[derive(Default)]
+pub(crate) struct Backups {
+    tasks: JoinSet<Undo>,
+}
+
+impl Backups {
+    /// Starts claiming a round's `backup` claims on list `set`: waiting past the earliest
+    /// tick's instant (and after a long `own_claim`, half as long again), then claiming
+    /// those still free, up to the round's `horizon` (ms). Ends at once on `shutdown`
+    /// while waiting (the ticks are the other nodes'). At most [`BACKUP_ROUNDS_MAX`] are
+    /// under way: see [`Backups::full`].
+    pub(crate) fn spawn(
+        &mut self,
+        e: &Arc<Engine>,
+        set: &Arc<JobSet>,
+        backup: Claims,
+        own_claim: Duration,
+        horizon: i64,
+        shutdown: &CancellationToken,
+    ) {
+        assert!(!self.full(), "the timer waits for a round's backups before starting more");
+        let Some(earliest) = backup.iter().map(|(_, r)| r.tick.scheduled_at).min() else { return };
+        let at = earliest + chrono::Duration::from_std(BACKUP_AFTER).expect("small");
+        let wait = backup_wait((at - e.now()).to_std().unwrap_or_default(), own_claim);
+        let (e, set, shutdown) = (e.clone(), set.clone(), shutdown.clone());
+        self.tasks.spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.cancelled() => return Undo { set, jobs: Vec::new() },
+            }
+            let earliest = earliest_by_job(&backup);
+            let backup = still_free(&e, backup).await;
+            let result = e.claim_and_start(&set, backup, horizon).await;
+            let jobs = undo(&earliest, &result.failed, &result.too_early);
+            Undo { set, jobs }
+        });
+    }
+
+    /// Whether [`BACKUP_ROUNDS_MAX`] rounds are under way: the timer waits for one
+    /// ([`Backups::next`]) before its next round.
+    pub(crate) fn full(&self) -> bool {
+        self.tasks.len() >= BACKUP_ROUNDS_MAX
+    }
+
+    /// A round that ended, if one has.
+    pub(crate) fn ended(&mut self) -> Option<Undo> {
+        self.tasks.try_join_next().map(joined)
+    }
+
+    /// The next round to end; pending forever while none is under way (for a `select!`).
+    pub(crate) async fn next(&mut self) -> Undo {
+        match self.tasks.join_next().await {
+            Some(done) => joined(done),
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Waits for every round under way to end (each ends at once while waiting, once
+    /// `shutdown` is cancelled): no claim is made after the timer stops.
+    pub(crate) async fn finish(&mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// A task's end: a panic goes on (a bug, as in the timer itself).
+fn joined(done: Result<Undo, JoinError>) -> Undo {
+    match done {
+        Ok(undo) => undo,
+        Err(err) => std::panic::resume_unwind(err.into_panic()),
+    }
+}
+
+/// Each job's earliest tick among `claims`.
+fn earliest_by_job(claims: &Claims) -> HashMap<usize, DateTime<Utc>> {
+    let mut earliest: HashMap<usize, DateTime<Utc>> = HashMap::new();
+    for (i, r) in claims {
+        let at = r.tick.scheduled_at;
+        earliest.entry(*i).and_modify(|t| *t = (*t).min(at)).or_insert(at);
+    }
+    earliest
+}
+
+/// The ticks to plan again: a failed job's from its earliest backup tick (`earliest`), a
+/// job's refused as too early from that tick, whichever is earlier; sorted by job.
+fn undo(
+    earliest: &HashMap<usize, DateTime<Utc>>,
+    failed: &HashSet<usize>,
+    too_early: &HashMap<usize, DateTime<Utc>>,
+) -> Vec<(usize, DateTime<Utc>, bool)> {
+    let mut jobs: Vec<(usize, DateTime<Utc>, bool)> =
+        failed.iter().map(|i| (*i, earliest.get(i).copied().expect("a failed job had a backup claim"), true)).collect();
+    for (&i, &at) in too_early {
+        match jobs.iter_mut().find(|(j, _, _)| *j == i) {
+            Some((_, from, _)) => *from = (*from).min(at),
+            None => jobs.push((i, at, false)),
+        }
+    }
+    jobs.sort_unstable_by_key(|(i, _, _)| *i);
+    jobs
+}
+
+/// The backups whose ticks are still free: the store is asked which are taken (their
+/// first-ranked node won them, as it does unless it is slow or gone), in chunks, and only
+/// the others are claimed. Asking costs the store a lookup per tick where a claim that
+/// finds its tick taken costs it more, and it is the common case. A tick this node's own
+/// claim of went unanswered is kept (its claim, asked again, is granted again); a chunk
+/// the store cannot answer is kept whole (claimed, as before).
+async fn still_free(e: &Engine, backup: Claims) -> Claims {
+    let mut keep = Vec::with_capacity(backup.len());
+    for chunk in backup.chunks(solocron_core::CLAIM_BATCH_MAX) {
+        let ticks: Vec<Tick> = chunk.iter().map(|(_, r)| r.tick.clone()).collect();
+        let taken: HashSet<Tick> = match counted(StoreOp::Claim, e.store.taken_ticks(&ticks)).await {
+            Ok(Some(taken)) => taken.into_iter().collect(),
+            Ok(None) => return backup,
+            Err(err) => {
+                tracing::debug!(error = %err, "cannot ask which backups are taken; claiming them");
+                HashSet::new()
+            }
+        };
+        keep.extend(chunk.iter().map(|(_, r)| !taken.contains(&r.tick) || e.unanswered.contains(&r.tick)));
+    }
+    debug_assert_eq!(keep.len(), backup.len());
+    backup.into_iter().zip(keep).filter_map(|(claim, kept)| kept.then_some(claim)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(s, 0).unwrap()
+    }
+
+    #[test]
+    fn a_failed_backup_is_planned_again_from_its_earliest_tick_and_a_too_early_one_from_its_own() {
+        let earliest = HashMap::from([(1, t(10)), (2, t(20)), (3, t(30))]);
+        let failed = HashSet::from([1, 3]);
+        let too_early = HashMap::from([(2, t(25)), (3, t(5))]);
+        assert_eq!(undo(&earliest, &failed, &too_early), vec![(1, t(10), true), (2, t(25), false), (3, t(5), true)]);
+        assert!(undo(&earliest, &HashSet::new(), &HashMap::new()).is_empty());
+    }
+}
