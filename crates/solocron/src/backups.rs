@@ -70,8 +70,9 @@ impl Backups {
         let (e, set, shutdown) = (e.clone(), set.clone(), shutdown.clone());
         self.tasks.spawn(async move {
             tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
+                biased;
                 _ = shutdown.cancelled() => return Undo { set, jobs: Vec::new() },
+                _ = tokio::time::sleep(wait) => {}
             }
             let earliest = earliest_by_job(&backup);
             let backup = still_free(&e, backup).await;

@@ -32,8 +32,8 @@ pub(crate) type Queue = VecDeque<(DateTime<Utc>, Trigger)>;
 const QUEUED_MAX: usize = 10_000;
 
 /// Starts a catch-up sequence of `job`, or, if one is already under way on this node,
-/// queues `ticks` behind it (ticks that came due, and were missed, while it ran: after a
-/// long outage the timer hands them over here instead of dropping them).
+/// queues `ticks` in it, in order (ticks that came due, and were missed, while it ran:
+/// after a long outage the timer hands them over here instead of dropping them).
 pub(crate) fn spawn(e: &Arc<Engine>, job: Arc<Job>, ticks: Sequence) {
     {
         let mut sequences = e.catching_up.lock().expect("not poisoned");
@@ -42,9 +42,7 @@ pub(crate) fn spawn(e: &Arc<Engine>, job: Arc<Job>, ticks: Sequence) {
             if ticks.len() > room {
                 tracing::warn!(job = %job.name(), ticks = ticks.len() - room, "catch-up queue full; the newest missed ticks are not run");
             }
-            let newer: Vec<_> =
-                ticks.into_iter().filter(|(t, _)| queue.back().is_none_or(|(last, _)| t > last)).collect();
-            queue.extend(newer.into_iter().take(room));
+            queue_in_order(queue, ticks, room);
             return;
         }
         sequences.insert(job.name().to_owned(), ticks.into_iter().take(QUEUED_MAX).collect());
@@ -54,6 +52,23 @@ pub(crate) fn spawn(e: &Arc<Engine>, job: Arc<Job>, ticks: Sequence) {
         let _guard = CatchingUp(engine.clone(), job.name().to_owned());
         run_sequence(&engine, &job).await
     });
+}
+
+/// Adds `ticks` to a sequence's `queue` (oldest first), in order, each once, at most
+/// `room` of them: a tick older than the queue's newest is one handed back after a failed
+/// claim (`backups.rs`), never to be dropped for being old.
+fn queue_in_order(queue: &mut Queue, ticks: Sequence, room: usize) {
+    let mut added = 0;
+    for (t, trigger) in ticks {
+        if added == room {
+            break;
+        }
+        if let Err(at) = queue.binary_search_by_key(&t, |(q, _)| *q) {
+            queue.insert(at, (t, trigger));
+            added += 1;
+        }
+    }
+    debug_assert!(queue.iter().zip(queue.iter().skip(1)).all(|(a, b)| a.0 < b.0));
 }
 
 /// The next tick of `job`'s sequence; when none is left, the sequence is over (under the
@@ -173,5 +188,27 @@ impl Drop for CatchingUp {
         if let Ok(mut sequences) = self.0.catching_up.lock() {
             sequences.remove(&self.1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(s, 0).unwrap()
+    }
+
+    #[test]
+    fn ticks_join_a_sequences_queue_in_order_once_and_an_older_one_is_not_dropped() {
+        let mut queue: Queue = [(t(10), Trigger::Catchup), (t(20), Trigger::Catchup)].into();
+        let handed = vec![(t(5), Trigger::Schedule), (t(20), Trigger::Schedule), (t(30), Trigger::Schedule)];
+        queue_in_order(&mut queue, handed, 10);
+        let times: Vec<_> = queue.iter().map(|(at, _)| *at).collect();
+        assert_eq!(times, [t(5), t(10), t(20), t(30)]);
+        assert_eq!(queue[2].1, Trigger::Catchup, "a tick already queued keeps its place and trigger");
+        queue_in_order(&mut queue, vec![(t(1), Trigger::Schedule), (t(40), Trigger::Schedule)], 1);
+        assert_eq!(queue.len(), 5, "at most `room` added");
+        assert_eq!(queue[0].0, t(1));
     }
 }

@@ -204,9 +204,9 @@ impl Engine {
         }
         // A refused request keeps its nonce: asked again in time, an earlier try that did
         // commit is still granted again.
-        self.unanswered.answered(
-            requests.iter().zip(&outcomes).filter(|(_, o)| !matches!(o, ClaimOutcome::TooEarly { .. })).map(|(r, _)| r),
-        );
+        let refused = |o: &ClaimOutcome| matches!(o, ClaimOutcome::TooEarly { .. });
+        self.unanswered.answered(requests.iter().zip(&outcomes).filter(|(_, o)| !refused(o)).map(|(r, _)| r));
+        self.unanswered.release(requests.iter().zip(&outcomes).filter(|(_, o)| refused(o)).map(|(r, _)| r));
         Ok(outcomes)
     }
 

@@ -82,6 +82,14 @@ pub(crate) async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
             let undo = timer.backups.next().await;
             timer.undo(undo);
         }
+        if timer.settle_undone() {
+            // A backup claim failed (store unavailable): its job is due again at once; the
+            // backoff paces it, as it does a failed round's.
+            tokio::select! {
+                _ = backoff.wait() => {}
+                _ = shutdown.cancelled() => {}
+            }
+        }
         let now = e.now();
         // The list's `changed` (awaited in `sleep`) marks it seen: compare the lists instead.
         let current = timer.list.borrow_and_update().clone();
@@ -127,6 +135,17 @@ struct Timer {
     steps: Option<ClockSteps>,
     /// Rounds whose backups are being claimed.
     backups: Backups,
+    /// What their ends took back since the heap was last filled.
+    undone: Undone,
+}
+
+/// What [`Timer::undo`]s did since [`Timer::settle_undone`].
+#[derive(Debug, Default)]
+struct Undone {
+    /// A cursor moved back.
+    moved: bool,
+    /// A backup claim failed.
+    failed: bool,
 }
 
 /// When each job of `set` came to be, as far as the store knows, for a job with a
@@ -224,8 +243,16 @@ impl Timer {
             None
         };
         metrics::jobs(set.len());
-        let mut timer =
-            Timer { started, set, list, heap: BinaryHeap::new(), cursors, steps, backups: Backups::default() };
+        let mut timer = Timer {
+            started,
+            set,
+            list,
+            heap: BinaryHeap::new(),
+            cursors,
+            steps,
+            backups: Backups::default(),
+            undone: Undone::default(),
+        };
         timer.fill_heap();
         timer
     }
@@ -298,23 +325,39 @@ impl Timer {
     }
 
     /// Takes back what a round's backups left to do (see `backups.rs`): each job's cursor
-    /// goes back to just before the tick to plan again, and the heap is filled again so
-    /// that tick is due at once. Jobs are found by name when the list changed since.
+    /// goes back to just before the tick to plan again ([`Timer::settle_undone`] then makes
+    /// it due). When the list changed since, a job is found by name, and only if its
+    /// definition is the same (a changed job goes on from its cursor, as `adopt` says).
     fn undo(&mut self, undo: Undo) {
-        if undo.jobs.is_empty() {
-            return;
-        }
         for (i, from, failed) in undo.jobs {
-            let here =
-                if Arc::ptr_eq(&undo.set, &self.set) { Some(i) } else { self.set.index(undo.set.jobs[i].name()) };
+            let here = if Arc::ptr_eq(&undo.set, &self.set) {
+                Some(i)
+            } else {
+                let old = &undo.set.jobs[i];
+                self.set.index(old.name()).filter(|&j| {
+                    let now = &self.set.jobs[j];
+                    Arc::ptr_eq(now, old) || now.definition() == old.definition()
+                })
+            };
             let Some(j) = here else { continue };
             let cursor = &mut self.cursors[j];
             cursor.handled = cursor.handled.min(from - chrono::Duration::milliseconds(1));
             if failed {
                 cursor.healthy = Some(false);
             }
+            self.undone.moved = true;
+            self.undone.failed |= failed;
         }
-        self.fill_heap();
+    }
+
+    /// After [`Timer::undo`]s: fills the heap again, once, if a cursor moved back (its tick
+    /// is due at once); returns whether a backup claim failed.
+    fn settle_undone(&mut self) -> bool {
+        let undone = std::mem::take(&mut self.undone);
+        if undone.moved {
+            self.fill_heap();
+        }
+        undone.failed
     }
 
     /// Puts the round's jobs back on the heap: at their next tick, or, where the claim

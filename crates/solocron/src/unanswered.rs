@@ -9,7 +9,10 @@
 //! same nonce, and the store answers `Won` again if the record is still that claim's
 //! running attempt. A nonce is reused only for a tick whose claim went unanswered, so a
 //! tick this node knows it won is never granted to it twice; a restarted node has none of
-//! its predecessor's nonces, so a run that died with it is recovered, not re-run.
+//! its predecessor's nonces, so a run that died with it is recovered, not re-run. And it
+//! is lent to one request at a time ([`UnansweredClaims::nonce`]): two requests of this
+//! node for one tick in flight at once (a backup's and a catch-up's) would both be
+//! granted it, and run it twice; the second gets a new nonce, and finds the tick taken.
 //!
 //! Bounded: at most [`UNANSWERED_MAX`] ticks, each kept at most [`UNANSWERED_KEPT`] (past
 //! that, the tick is no longer on time, so nobody asks for it again to run it).
@@ -34,6 +37,8 @@ pub(crate) const UNANSWERED_KEPT: Duration = Duration::from_secs(LATE_TOLERANCE.
 struct Unanswered {
     nonce: u64,
     first_sent: Instant,
+    /// Lent to a request not answered yet (see [`UnansweredClaims::nonce`]).
+    lent: bool,
 }
 
 /// The ticks whose claim went unanswered, by tick.
@@ -46,10 +51,13 @@ pub(crate) struct UnansweredClaims {
 }
 
 impl UnansweredClaims {
-    /// The nonce for a request for `tick`: the unanswered claim's, or a new one.
+    /// The nonce for a request for `tick`: the unanswered claim's, lent to this request
+    /// until its claim is answered ([`answered`](Self::answered)) or fails again
+    /// ([`failed`](Self::failed)); else (none, or lent already) a new one.
     pub(crate) fn nonce(&self, tick: &Tick) -> u64 {
         if self.any.load(Ordering::Acquire) {
-            if let Some(u) = self.lock().get(tick) {
+            if let Some(u) = self.lock().get_mut(tick).filter(|u| !u.lent) {
+                u.lent = true;
                 return u.nonce;
             }
         }
@@ -68,7 +76,8 @@ impl UnansweredClaims {
     }
 
     /// Remembers `requests`, sent at `sent`, as unanswered (a request already remembered
-    /// keeps its first try's instant). Forgets what is older than [`UNANSWERED_KEPT`].
+    /// keeps its first try's instant, and its nonce is free to lend again). Forgets what is
+    /// older than [`UNANSWERED_KEPT`].
     pub(crate) fn failed(&self, requests: &[ClaimRequest], sent: Instant) {
         let mut ticks = self.lock();
         ticks.retain(|_, u| sent.saturating_duration_since(u.first_sent) < UNANSWERED_KEPT);
@@ -78,7 +87,11 @@ impl UnansweredClaims {
                 not_kept += 1;
                 continue;
             }
-            ticks.entry(req.tick.clone()).or_insert(Unanswered { nonce: req.nonce, first_sent: sent });
+            let u =
+                ticks.entry(req.tick.clone()).or_insert(Unanswered { nonce: req.nonce, first_sent: sent, lent: false });
+            if u.nonce == req.nonce {
+                u.lent = false;
+            }
         }
         if not_kept > 0 {
             tracing::warn!(
@@ -99,6 +112,20 @@ impl UnansweredClaims {
             ticks.remove(&req.tick);
         }
         self.any.store(!ticks.is_empty(), Ordering::Release);
+    }
+
+    /// Frees the nonces `requests` were lent (their claim was refused, not answered: the
+    /// tick stays unanswered, and the next request for it carries the nonce again).
+    pub(crate) fn release<'a>(&self, requests: impl IntoIterator<Item = &'a ClaimRequest>) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
+        let mut ticks = self.lock();
+        for req in requests {
+            if let Some(u) = ticks.get_mut(&req.tick).filter(|u| u.nonce == req.nonce) {
+                u.lent = false;
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Tick, Unanswered>> {
@@ -142,7 +169,11 @@ mod tests {
         assert_eq!(claims.nonce(&a), na, "asked again with its nonce");
         tokio::time::advance(StdDuration::from_secs(1)).await;
         claims.failed(&[request(&a, na)], Instant::now());
-        assert_eq!(claims.get(&a), Some(Unanswered { nonce: na, first_sent: first }), "the first try's instant");
+        assert_eq!(
+            claims.get(&a),
+            Some(Unanswered { nonce: na, first_sent: first, lent: false }),
+            "the first try's instant"
+        );
         assert_eq!(claims.get(&b), None);
         claims.answered(&[request(&a, na)]);
         assert_eq!(claims.get(&a), None, "answered: forgotten");
@@ -154,6 +185,26 @@ mod tests {
         claims.failed(&[request(&b, 6)], Instant::now());
         assert_eq!(claims.get(&a), None, "too old: forgotten");
         assert_eq!(claims.get(&b).map(|u| u.nonce), Some(6));
+    }
+
+    #[test]
+    fn an_unanswered_nonce_is_lent_to_one_request_at_a_time() {
+        let claims = UnansweredClaims::default();
+        let a = tick(0);
+        let na = claims.nonce(&a);
+        claims.failed(&[request(&a, na)], Instant::now());
+        assert_eq!(claims.nonce(&a), na, "the first request asked again carries it");
+        let other = claims.nonce(&a);
+        assert_ne!(other, na, "a second request while the first is in flight gets a new nonce");
+        assert!(claims.contains(&a), "still remembered while lent");
+        // The second request fails too: the first's nonce stays the one remembered, and stays lent.
+        claims.failed(&[request(&a, other)], Instant::now());
+        assert_ne!(claims.nonce(&a), na);
+        // The first fails again: its nonce is free to lend again.
+        claims.failed(&[request(&a, na)], Instant::now());
+        assert_eq!(claims.nonce(&a), na);
+        claims.answered(&[request(&a, na)]);
+        assert!(!claims.contains(&a));
     }
 
     #[test]
