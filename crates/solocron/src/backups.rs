@@ -104,7 +104,9 @@ impl Backups {
     /// Waits for every round under way to end (each ends at once while waiting, once
     /// `shutdown` is cancelled): no claim is made after the timer stops.
     pub(crate) async fn finish(&mut self) {
-        while self.tasks.join_next().await.is_some() {}
+        while let Some(done) = self.tasks.join_next().await {
+            joined(done);
+        }
     }
 }
 

@@ -24,7 +24,7 @@ use crate::metrics::{self, StoreOp};
 
 /// Batches in flight at once, of all kinds together: enough to keep a pooled store busy,
 /// few enough that a burst leaves connections for claims and recovery (PostgreSQL and
-/// MySQL pools hold 8, SQLite's 4).
+/// MySQL pools hold 8; SQLite's 2, whose writes take turns on the file's lock anyway).
 const BATCHES_IN_FLIGHT: usize = 3;
 /// Longest a batch may take before its items are answered with an error (their owners retry
 /// while their leases allow); shorter when every item's caller gives up sooner.
