@@ -52,8 +52,9 @@ impl Backups {
     /// Starts claiming a round's `backup` claims on list `set`: waiting past the earliest
     /// tick's instant (and after a long `own_claim`, half as long again), then claiming
     /// those still free, up to the round's `horizon` (ms). Ends at once on `shutdown`
-    /// while waiting (the ticks are the other nodes'). At most [`BACKUP_ROUNDS_MAX`] are
-    /// under way: see [`Backups::full`].
+    /// while waiting or asking which are free (the ticks are the other nodes'); a claim
+    /// already sent is answered and its runs started, as the timer's own. At most
+    /// [`BACKUP_ROUNDS_MAX`] are under way: see [`Backups::full`].
     pub(crate) fn spawn(
         &mut self,
         e: &Arc<Engine>,
@@ -75,7 +76,16 @@ impl Backups {
                 _ = tokio::time::sleep(wait) => {}
             }
             let earliest = earliest_by_job(&backup);
-            let backup = still_free(&e, backup).await;
+            // Asking which are free only reads: cut short by shutdown like the wait. The
+            // claim is not (its answer must not be dropped), but not made once it began.
+            let backup = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Undo { set, jobs: Vec::new() },
+                backup = still_free(&e, backup) => backup,
+            };
+            if shutdown.is_cancelled() {
+                return Undo { set, jobs: Vec::new() };
+            }
             let result = e.claim_and_start(&set, backup, horizon).await;
             let jobs = undo(&earliest, &result.failed, &result.too_early);
             Undo { set, jobs }

@@ -205,7 +205,7 @@ impl Engine {
         // A refused request keeps its nonce: asked again in time, an earlier try that did
         // commit is still granted again.
         let refused = |o: &ClaimOutcome| matches!(o, ClaimOutcome::TooEarly { .. });
-        self.unanswered.answered(requests.iter().zip(&outcomes).filter(|(_, o)| !refused(o)).map(|(r, _)| r));
+        self.unanswered.answered(requests.iter().zip(&outcomes).filter(|(_, o)| !refused(o)));
         self.unanswered.release(requests.iter().zip(&outcomes).filter(|(_, o)| refused(o)).map(|(r, _)| r));
         Ok(outcomes)
     }

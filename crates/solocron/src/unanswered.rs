@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use solocron_core::{ClaimRequest, Tick, LATE_TOLERANCE};
+use solocron_core::{ClaimOutcome, ClaimRequest, Tick, LATE_TOLERANCE};
 use tokio::time::Instant;
 
 /// Most unanswered ticks remembered; a claim failing beyond that is not remembered (its
@@ -102,14 +102,22 @@ impl UnansweredClaims {
         self.any.store(!ticks.is_empty(), Ordering::Release);
     }
 
-    /// Forgets the ticks of `requests`, which got their answer.
-    pub(crate) fn answered<'a>(&self, requests: impl IntoIterator<Item = &'a ClaimRequest>) {
+    /// Forgets the ticks of `answers` (each request with the store's answer), unless the
+    /// answer says nothing of the unanswered claim: `Taken` for a request that did not carry
+    /// its nonce (a second request, made while the nonce was lent, finds the very record
+    /// the lost answer was about; forgotten then, this node's recovery would end the run its
+    /// own request still in flight is to be granted again). Every other answer settles the
+    /// tick: won or skipped by this request, or taken as seen by the nonce's own request.
+    pub(crate) fn answered<'a>(&self, answers: impl IntoIterator<Item = (&'a ClaimRequest, &'a ClaimOutcome)>) {
         if !self.any.load(Ordering::Acquire) {
             return;
         }
         let mut ticks = self.lock();
-        for req in requests {
-            ticks.remove(&req.tick);
+        for (req, outcome) in answers {
+            let unsettled = |u: &Unanswered| matches!(outcome, ClaimOutcome::Taken) && u.nonce != req.nonce;
+            if ticks.get(&req.tick).is_some_and(|u| !unsettled(u)) {
+                ticks.remove(&req.tick);
+            }
         }
         self.any.store(!ticks.is_empty(), Ordering::Release);
     }
@@ -175,7 +183,7 @@ mod tests {
             "the first try's instant"
         );
         assert_eq!(claims.get(&b), None);
-        claims.answered(&[request(&a, na)]);
+        claims.answered([(&request(&a, na), &ClaimOutcome::Taken)]);
         assert_eq!(claims.get(&a), None, "answered: forgotten");
         assert_ne!(claims.nonce(&a), na);
 
@@ -203,8 +211,28 @@ mod tests {
         // The first fails again: its nonce is free to lend again.
         claims.failed(&[request(&a, na)], Instant::now());
         assert_eq!(claims.nonce(&a), na);
-        claims.answered(&[request(&a, na)]);
+        claims.answered([(&request(&a, na), &ClaimOutcome::Taken)]);
         assert!(!claims.contains(&a));
+    }
+
+    #[test]
+    fn a_tick_is_forgotten_only_on_an_answer_about_its_unanswered_claim() {
+        let claims = UnansweredClaims::default();
+        let a = tick(0);
+        let na = claims.nonce(&a);
+        claims.failed(&[request(&a, na)], Instant::now());
+        assert_eq!(claims.nonce(&a), na, "lent to the first request asked again");
+        let other = claims.nonce(&a);
+        claims.answered([(&request(&a, other), &ClaimOutcome::Taken)]);
+        assert!(claims.contains(&a), "taken, seen by a request without its nonce: maybe by the lost claim itself");
+        claims.failed(&[request(&a, na)], Instant::now());
+        claims.answered([(&request(&a, other), &ClaimOutcome::Skipped { reason: "paused".into() })]);
+        assert!(!claims.contains(&a), "recorded skipped by the second request: the lost claim never committed");
+        let na = claims.nonce(&a);
+        claims.failed(&[request(&a, na)], Instant::now());
+        assert_eq!(claims.nonce(&a), na);
+        claims.answered([(&request(&a, na), &ClaimOutcome::Taken)]);
+        assert!(!claims.contains(&a), "taken, seen by the nonce's own request: another node has it");
     }
 
     #[test]
