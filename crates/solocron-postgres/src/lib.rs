@@ -70,7 +70,8 @@
 //! store), `{p}job_revisions` (every change of one), `{p}managed_version` (the store-wide
 //! revision counter, whose row lock orders their writers) and `{p}schema` (the version);
 //! the functions `{p}claim_set`, `{p}claim`, `{p}claim_one` and `{p}claim_taken_first`
-//! (which builds before schema version 12 call); the notification
+//! (which builds before schema version 12 call), `{p}finish_all` and `{p}renew_all` (a
+//! batch's runs found by their key, whatever the statistics say); the notification
 //! channel `{p}requests` (run requests and managed job changes). [`Store::migrate`]
 //! creates them; [`Store::uninstall`] drops them.
 //!
@@ -79,12 +80,14 @@
 //! - `lib.rs`: the store type, [`PgStore::connect`] and the [`Store`] impl, which only
 //!   delegates to the files below.
 //! - `url.rs`: the URL into connection options.
-//! - `schema.rs`: the versioned migrations (tables, indexes, claim functions), `migrate`,
+//! - `schema.rs`: the versioned migrations (tables, indexes, claim, end and renewal
+//!   functions), `migrate`,
 //!   `schema` and `uninstall`.
 //! - `claim.rs`: the claim of a batch, one call of `{p}claim_set`.
 //! - `claim_one.rs`: the claim of one tick, one call of `{p}claim_one`.
 //! - `runs.rs`: a held run after its claim: renew, finish (one or a batch, or for a retry),
-//!   expiry, recovery (of expired runs and due retries).
+//!   expiry, recovery (of expired runs and due retries). A run is found by its key, never
+//!   by reading the running runs' partial indexes (see the schema's `BY_KEY`).
 //! - `admin.rs`: what operators and housekeeping read and change: history and its counts
 //!   by state, the clock, registrations, pauses, manual requests, unlock, prune.
 //! - `fleet.rs`: node heartbeats (one upsert each), and the audit log, appended inside the

@@ -15,12 +15,15 @@ use crate::error::{retrying, step, Res};
 use crate::records::{attempt_param, get, in_namespaces, instant, millis, page, record, token, RUN_COLUMNS};
 use crate::PgStore;
 
-/// Extends a live lease held by its owner; one `UPDATE`.
+/// Extends a live lease held by its owner; one `UPDATE`. Here and wherever a run is found
+/// by its key, its state is checked `IS NOT DISTINCT FROM 'running'`, so that the planner
+/// finds it by the key and never by reading the partial indexes of running runs (see
+/// `schema::BY_KEY`).
 pub(crate) async fn renew(store: &PgStore, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
     let sql = store.sql(
         "UPDATE {p}runs SET lease_until = {now} + $1
          WHERE job = $2 AND scheduled_at = $3 AND attempt = $4 AND node = $5 AND token = $6
-           AND state = 'running' AND lease_until > {now}",
+           AND state IS NOT DISTINCT FROM 'running' AND lease_until > {now}",
     );
     let changed =
         solocron_sql::bind_lease(sqlx::query(&sql).bind(millis(length)?), lease, attempt_param(lease.run.attempt)?)?
@@ -43,21 +46,10 @@ pub(crate) async fn finish_all(store: &PgStore, endings: &[Ending]) -> Result<Ve
     if endings.is_empty() {
         return Ok(Vec::new());
     }
-    // One statement for the batch: an `UPDATE` joined to the ends as arrays, answering
-    // the positions of the runs it ended. No expiry check: a run whose lease lapsed but
-    // that nobody recovered yet still records its true end. `claimed_at + NULL` is NULL:
-    // never started.
-    let sql = store.sql(
-        "UPDATE {p}runs AS r SET state = e.state, reason = e.reason, exit_code = e.exit_code,
-            output = e.output, finished_at = {now}, lease_until = NULL,
-            started_at = r.claimed_at + e.started_after
-         FROM unnest($1::int[], $2::text[], $3::bigint[], $4::int[], $5::text[], $6::bigint[],
-                     $7::text[], $8::text[], $9::int[], $10::text[], $11::bigint[])
-           AS e(i, job, scheduled_at, attempt, node, token, state, reason, exit_code, output, started_after)
-         WHERE r.job = e.job AND r.scheduled_at = e.scheduled_at AND r.attempt = e.attempt
-           AND r.node = e.node AND r.token = e.token AND r.state = 'running'
-         RETURNING e.i",
-    );
+    // One call for the batch: the function's `UPDATE` finds each run by its key, joined to
+    // the ends as arrays, and answers the positions of the runs it ended. No expiry check: a
+    // run whose lease lapsed but that nobody recovered yet still records its true end.
+    let sql = store.sql("SELECT * FROM {p}finish_all($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)");
     let ends: Vec<Cow<'_, RunEnd>> = endings.iter().map(|e| storable(&e.end)).collect();
     let mut cols = FinishColumns::with_capacity(endings.len());
     for (i, (e, end)) in endings.iter().zip(&ends).enumerate() {
@@ -100,7 +92,7 @@ pub(crate) async fn finish_for_retry(
              UPDATE {p}runs SET state = $1, reason = $2, exit_code = $3, output = $4,
                 finished_at = {now}, lease_until = NULL, started_at = claimed_at + $5
              WHERE job = $6 AND scheduled_at = $7 AND attempt = $8 AND node = $9 AND token = $10
-               AND state = 'running'
+               AND state IS NOT DISTINCT FROM 'running'
              RETURNING job, scheduled_at, node),
            waiting AS (
              INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, state, claimed_at, lease_until)
@@ -130,18 +122,11 @@ pub(crate) async fn renew_all(store: &PgStore, renewals: &[Renewal]) -> Result<V
     if renewals.is_empty() {
         return Ok(Vec::new());
     }
-    // One statement for the batch, as in `finish_all`: `renew`'s `UPDATE` joined to the
-    // renewals as arrays. A lease sent twice in one batch (a renewal re-sent while the
-    // first was queued) updates its row once and returns one position: the answer for
-    // each position is whether its lease was extended, by that row's key.
-    let sql = store.sql(
-        "UPDATE {p}runs AS r SET lease_until = {now} + e.length
-         FROM unnest($1::int[], $2::text[], $3::bigint[], $4::int[], $5::text[], $6::bigint[], $7::bigint[])
-           AS e(i, job, scheduled_at, attempt, node, token, length)
-         WHERE r.job = e.job AND r.scheduled_at = e.scheduled_at AND r.attempt = e.attempt
-           AND r.node = e.node AND r.token = e.token AND r.state = 'running' AND r.lease_until > {now}
-         RETURNING e.i",
-    );
+    // One call for the batch, as in `finish_all`: `renew`'s `UPDATE` joined to the renewals
+    // as arrays. A lease sent twice in one batch (a renewal re-sent while the first was
+    // queued) updates its row once and returns one position: the answer for each position
+    // is whether its lease was extended, by that row's key.
+    let sql = store.sql("SELECT * FROM {p}renew_all($1, $2, $3, $4, $5, $6, $7)");
     let mut cols = LeaseColumns::with_capacity(renewals.len());
     let mut length = Vec::with_capacity(renewals.len());
     for (i, r) in renewals.iter().enumerate() {
