@@ -71,7 +71,8 @@
 //! revision counter, whose row lock orders their writers) and `{p}schema` (the version);
 //! the functions `{p}claim_set`, `{p}claim`, `{p}claim_one` and `{p}claim_taken_first`
 //! (which builds before schema version 12 call), `{p}finish_all` and `{p}renew_all` (a
-//! batch's runs found by their key, whatever the statistics say); the notification
+//! batch's runs found by their key, whatever the statistics say: no statement that looks
+//! a run up by key or job reads every running run); the notification
 //! channel `{p}requests` (run requests and managed job changes). [`Store::migrate`]
 //! creates them; [`Store::uninstall`] drops them.
 //!
