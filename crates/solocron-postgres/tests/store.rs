@@ -458,6 +458,19 @@ async fn a_run_of_a_fresh_herd_is_looked_up_by_an_exact_index() {
     pool.close().await;
 }
 
+/// The entries each index of the runs table (prefix `p`) returned to scans so far in the
+/// transaction on `conn`: what a call in it read, however the planner chose to.
+async fn runs_index_entries_read(conn: &mut sqlx::PgConnection, p: &str) -> Vec<(String, i64)> {
+    sqlx::query_as(
+        "SELECT c.relname::text, pg_stat_get_xact_tuples_returned(c.oid) FROM pg_index AS i
+           JOIN pg_class AS c ON c.oid = i.indexrelid WHERE i.indrelid = $1::regclass ORDER BY 1",
+    )
+    .bind(format!("{p}runs"))
+    .fetch_all(conn)
+    .await
+    .unwrap()
+}
+
 /// A batch of ends or renewals finds each run by its key, whatever the statistics believe
 /// and however many runs are running: here the table was analyzed when none ran (as
 /// autovacuum does at a quiet moment) and 2,000 run now. Left to itself the planner read
@@ -519,14 +532,7 @@ async fn a_batch_of_ends_or_renewals_reads_only_its_own_runs_however_many_are_ru
             .bind(&tokens);
         let query = if what == "renew_all" { query.bind(vec![60_000_i64; 10]) } else { query };
         let done = query.fetch_all(&mut *tx).await.unwrap();
-        let read: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT c.relname::text, pg_stat_get_xact_tuples_returned(c.oid) FROM pg_index AS i
-               JOIN pg_class AS c ON c.oid = i.indexrelid WHERE i.indrelid = $1::regclass ORDER BY 1",
-        )
-        .bind(format!("{p}runs"))
-        .fetch_all(&mut *tx)
-        .await
-        .unwrap();
+        let read = runs_index_entries_read(&mut tx, p).await;
         tx.commit().await.unwrap();
         reads.push((what, done.len(), read));
     }
@@ -571,14 +577,7 @@ async fn a_claims_overlap_check_reads_only_its_own_jobs_runs_however_many_are_ru
     for sql in &calls {
         let mut tx = pool.begin().await.unwrap();
         let outcomes: Vec<String> = sqlx::query_scalar(sql).bind(&jobs).bind(at).fetch_all(&mut *tx).await.unwrap();
-        let read: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT c.relname::text, pg_stat_get_xact_tuples_returned(c.oid) FROM pg_index AS i
-               JOIN pg_class AS c ON c.oid = i.indexrelid WHERE i.indrelid = $1::regclass ORDER BY 1",
-        )
-        .bind(format!("{p}runs"))
-        .fetch_all(&mut *tx)
-        .await
-        .unwrap();
+        let read = runs_index_entries_read(&mut tx, p).await;
         tx.commit().await.unwrap();
         reads.push((outcomes, read));
     }
