@@ -6,6 +6,8 @@
 //! [`Prefix`](solocron_core::Prefix): letters, digits and `_` only, so safe to splice) and
 //! `{now}` for the server clock in milliseconds.
 
+use std::borrow::Cow;
+
 use solocron_core::{SchemaState, StoreError, CLAIM_EARLY_MAX};
 use sqlx::PgConnection;
 
@@ -915,7 +917,7 @@ BEGIN
                     WHERE (p_triggers[i] = 'manual'
                            OR NOT EXISTS (SELECT 1 FROM {p}jobs WHERE job = p_jobs[i] AND paused))
                       AND (p_modes[i] <> 'run-unless-running'
-                           OR (SELECT 1 FROM {p}runs WHERE job = p_jobs[i] AND state = 'running' LIMIT 1) IS NULL)
+                           OR NOT EXISTS (SELECT 1 FROM {p}runs WHERE job = p_jobs[i] AND state = 'running'))
                     ON CONFLICT (job, scheduled_at, attempt) DO NOTHING;
                 IF FOUND THEN
                     o_outcome := 'won'; o_token := v_tokens[i];
@@ -1027,7 +1029,7 @@ BEGIN
                 WHERE (p_trigger = 'manual'
                        OR NOT EXISTS (SELECT 1 FROM {p}jobs WHERE job = p_job AND paused))
                   AND (p_mode <> 'run-unless-running'
-                       OR (SELECT 1 FROM {p}runs WHERE job = p_job AND state = 'running' LIMIT 1) IS NULL)
+                       OR NOT EXISTS (SELECT 1 FROM {p}runs WHERE job = p_job AND state = 'running'))
                 ON CONFLICT (job, scheduled_at, attempt) DO NOTHING;
             IF FOUND THEN
                 o_outcome := 'won'; o_token := v_token;
@@ -1145,11 +1147,12 @@ const V12: &[&str] = &[CLAIM_SET_FUNCTION];
 /// Version 13: no statement that looks runs up by job or by key reads every running run,
 /// whatever the statistics say (see [`BY_KEY`]). `{p}finish_all` and `{p}renew_all`, a
 /// batch of ends or of lease renewals as one `UPDATE` that finds each run by its key
-/// ([`FINISH_ALL_FUNCTION`], [`RENEW_ALL_FUNCTION`]); the claim functions again, as their
-/// texts are now (the same arguments and answers), whose overlap check is a subquery per
-/// request; and `{p}runs_expiry` only for statements that bound the lease (its predicate
-/// adds `lease_until IS NOT NULL`), rebuilt inside the migration's transaction (one scan
-/// of the table). Builds of version 12 keep working beside it.
+/// ([`FINISH_ALL_FUNCTION`], [`RENEW_ALL_FUNCTION`]); the claim functions of versions 11
+/// and 12 again, their overlap check made a subquery per request by [`overlap_by_job`]
+/// (the same arguments and answers); and `{p}runs_expiry` only for statements that bound
+/// the lease (its predicate adds `lease_until IS NOT NULL`), rebuilt inside the
+/// migration's transaction (one scan of the table). Builds of version 12 keep working
+/// beside it.
 const V13: &[&str] = &[
     FINISH_ALL_FUNCTION,
     RENEW_ALL_FUNCTION,
@@ -1271,10 +1274,8 @@ BEGIN
                  WITH ORDINALITY AS q(j, s, t, n, l, m, nc, i)
             WHERE v_tokens[q.i] IS NOT NULL
               AND (q.t = 'manual' OR NOT EXISTS (SELECT 1 FROM {p}jobs WHERE job = q.j AND paused))
-              -- A subquery per request, never a join (see `BY_KEY`): the job's running
-              -- runs looked up in `{p}runs_running`, not every running run read.
               AND (q.m <> 'run-unless-running'
-                   OR (SELECT 1 FROM {p}runs WHERE job = q.j AND state = 'running' LIMIT 1) IS NULL)
+                   OR NOT EXISTS (SELECT 1 FROM {p}runs WHERE job = q.j AND state = 'running'))
             ON CONFLICT (job, scheduled_at, attempt) DO NOTHING
             RETURNING job)
     SELECT array_agg(u.i::integer) INTO v_won
@@ -1310,6 +1311,25 @@ BEGIN
     ORDER BY 1;
 END
 $claim$"#;
+
+/// The first version whose statements [`overlap_by_job`] rewrites.
+const OVERLAP_BY_JOB_FROM: i32 = 13;
+
+/// `template` (a released claim function) with its overlap check, a `NOT EXISTS` the
+/// planner makes a join that reads every running run, written as a subquery per request
+/// instead (see [`BY_KEY`]); any other statement unchanged. The released texts stay as
+/// they were, as their versions ran them.
+fn overlap_by_job(template: &str) -> Cow<'_, str> {
+    let mut text = Cow::Borrowed(template);
+    for job in ["q.j", "p_jobs[i]", "p_job"] {
+        let join = format!("NOT EXISTS (SELECT 1 FROM {{p}}runs WHERE job = {job} AND state = 'running')");
+        if text.contains(&join) {
+            let probe = format!("(SELECT 1 FROM {{p}}runs WHERE job = {job} AND state = 'running' LIMIT 1) IS NULL");
+            text = Cow::Owned(text.replace(&join, &probe));
+        }
+    }
+    text
+}
 
 /// A statement template with the prefix and the clock filled in.
 pub(crate) fn fill(template: &str, prefix: &str) -> String {
@@ -1387,7 +1407,9 @@ async fn migrate_locked(store: &PgStore, conn: &mut PgConnection, target: i32) -
     }
     for (step, statements) in MIGRATIONS.iter().filter(|(step, _)| (version + 1..=target).contains(step)) {
         for statement in *statements {
-            sqlx::query(&store.sql(statement)).execute(&mut *conn).await?;
+            let template =
+                if *step >= OVERLAP_BY_JOB_FROM { overlap_by_job(statement) } else { Cow::Borrowed(*statement) };
+            sqlx::query(&store.sql(&template)).execute(&mut *conn).await?;
         }
         sqlx::query(&store.sql("DELETE FROM {p}schema")).execute(&mut *conn).await?;
         sqlx::query(&store.sql("INSERT INTO {p}schema (version) VALUES ($1)")).bind(step).execute(&mut *conn).await?;
@@ -1458,6 +1480,17 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// Version 13's claim functions: the released texts, each overlap check rewritten once.
+    #[test]
+    fn version_13_makes_every_claim_functions_overlap_check_a_subquery_per_request() {
+        for function in [CLAIM_SET_FUNCTION, CLAIM_FUNCTION_V11, CLAIM_ONE_FUNCTION_V11] {
+            let rewritten = overlap_by_job(function);
+            assert!(!rewritten.contains("NOT EXISTS (SELECT 1 FROM {p}runs"), "{rewritten}");
+            assert_eq!(rewritten.matches("state = 'running' LIMIT 1) IS NULL").count(), 1, "{rewritten}");
+        }
+        assert!(matches!(overlap_by_job(FINISH_ALL_FUNCTION), Cow::Borrowed(_)), "other statements unchanged");
+    }
 
     /// The test server as `tests/common` describes it, which unit tests cannot reach.
     struct Postgres;
