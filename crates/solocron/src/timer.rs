@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::backups::{Backups, Claims, Undo};
-use crate::catchup::{self, Sequence};
+use crate::catchup::{self, Queued, Sequence};
 use crate::engine::{counted, Engine};
 use crate::job::Job;
 use crate::jobset::JobSet;
@@ -481,16 +481,19 @@ fn plan_job(e: &Engine, job: &Job, i: usize, cursor: Cursor, round: Round, run_s
     for (t, reason) in due.record_skipped {
         plan.claims.push((i, e.request(job, Tick::new(job.name(), t), Trigger::Catchup, ClaimMode::Skip { reason })));
     }
-    // Several late ticks of one job (after an outage or a stall) did not overlap one another
-    // when they came due: with overlap = skip they run one after the other, like a
-    // catch-up, instead of all but the first being recorded as overlapping.
-    let queued_late = due.on_time.len() > 1 && job.policy().overlap == Overlap::Skip && !sequence_active;
-    if !due.catch_up.is_empty() || queued_late {
-        // Missed runs go first, oldest first; this pass's on-time ticks queue behind them,
-        // so the overlap policy sees them in schedule order.
-        let mut seq: Sequence = due.catch_up.into_iter().map(|t| (t, Trigger::Catchup)).collect();
-        seq.extend(due.on_time.into_iter().map(|t| (t, Trigger::Schedule)));
-        plan.catch_ups.push((i, seq));
+    // With overlap = skip, the policy must see a job's ticks in schedule order: several late
+    // ticks (after an outage or a stall) did not overlap one another when they came due, so
+    // they run one after the other, like a catch-up, instead of all but the first being
+    // recorded as overlapping; and while a sequence is under way, on-time ticks join it
+    // (claimed beside it, one would run before older ticks still queued, or be the run
+    // that an older one is recorded as overlapping).
+    let in_order = job.policy().overlap == Overlap::Skip && (due.on_time.len() > 1 || sequence_active);
+    if !due.catch_up.is_empty() || (in_order && !due.on_time.is_empty()) {
+        // Missed runs go first, oldest first; this pass's on-time ticks queue behind them.
+        let missed = due.catch_up.into_iter().map(|at| Queued { at, trigger: Trigger::Catchup, on_time: false });
+        let on_time =
+            due.on_time.into_iter().map(|at| Queued { at, trigger: Trigger::Schedule, on_time: at > round.now });
+        plan.catch_ups.push((i, missed.chain(on_time).collect()));
         return;
     }
     for t in due.on_time {

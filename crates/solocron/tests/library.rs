@@ -388,6 +388,50 @@ async fn a_catch_up_sequence_that_reaches_a_tick_claimed_ahead_waits_for_its_ins
     );
 }
 
+/// With overlap = skip, a job's ticks are claimed in schedule order on a node: the on-time
+/// ticks that come due while its catch-up sequence is still working through missed and
+/// late ticks (slowly: every store call takes 100 ms) join that sequence, instead of being
+/// claimed beside it, where one would run before the older ticks or make the latest
+/// missed tick be recorded as overlapping it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_time_ticks_that_come_during_a_catch_up_run_after_its_older_ticks_never_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let inner = store(&dir).await;
+    let seen: Seen = Arc::default();
+    let policy = JobPolicy {
+        misfire: solocron_core::Misfire::Once,
+        catchup: Duration::from_secs(16),
+        max_catchup: 3,
+        ..JobPolicy::default()
+    };
+    let job = recording_job("ordered", "* * * * * *", seen.clone(), policy);
+    let started = Utc::now();
+    known_since(inner.as_ref(), "ordered", started - chrono::Duration::seconds(15)).await;
+    let store = Arc::new(Distant { call: Duration::from_millis(100), ..Distant::new(inner.clone()) });
+    let node = Scheduler::builder(store).node_id("n").job(job).build().unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(node.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    shutdown.cancel();
+    task.await.unwrap();
+    let h = inner.history(&HistoryQuery { job: Some("ordered".into()), ..HistoryQuery::default() }).await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    // The handlers started in schedule order (`seen` is in the order they started).
+    let order: Vec<_> = seen.iter().map(|s| s.0).collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "runs out of schedule order: {order:?}\n{h:#?}");
+    // The latest missed tick ran (misfire = once), and every late one after it.
+    let missed_ran =
+        h.iter().filter(|r| r.trigger == solocron_core::Trigger::Catchup && r.state == RunState::Succeeded);
+    assert_eq!(missed_ran.count(), 1, "{h:#?}");
+    let late = |r: &&RunRecord| r.trigger == solocron_core::Trigger::Schedule && r.id.tick.scheduled_at < started;
+    assert!(h.iter().filter(late).count() >= 8, "{h:#?}");
+    assert!(h.iter().filter(late).all(|r| r.state == RunState::Succeeded), "{h:#?}");
+    // The sequence outlasted at least one on-time tick (the case under test).
+    let on_time = h.iter().filter(|r| r.id.tick.scheduled_at > started).min_by_key(|r| r.id.tick.scheduled_at);
+    let last_late = h.iter().filter(late).map(|r| r.claimed_at).max().unwrap();
+    assert!(on_time.is_some_and(|r| r.id.tick.scheduled_at < last_late), "{h:#?}");
+}
+
 /// A store far away: every call waits `DISTANT_CALL` before it goes through (a remote store
 /// under load, or a link with a long round trip), so that ends recorded one call each queue
 /// behind each other. It refuses (as `Invalid`, like a value the store cannot hold) any
