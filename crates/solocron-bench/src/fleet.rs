@@ -48,6 +48,7 @@ pub fn spawn(a: &NodeArgs, lines: Option<mpsc::Sender<String>>) -> Proc {
         .args(["--store", &a.store, "--prefix", a.prefix.as_str(), "--node-id", &a.node_id])
         .args(["--jobs", &a.jobs.to_string(), "--schedule", &a.schedule, "--mode", &a.mode])
         .args(["--seconds", &a.seconds.to_string(), "--lease-ms", &a.lease_ms.to_string(), "--report", &a.report])
+        .args(["--overlap", a.overlap.as_str()])
         .env("RUST_LOG", "error")
         .stdin(Stdio::null())
         .stderr(Stdio::null());

@@ -47,6 +47,10 @@ struct Cli {
     /// The directory each run's new file goes to [default: `benchmarks/` of this workspace].
     #[arg(long)]
     out_dir: Option<std::path::PathBuf>,
+    /// The jobs' overlap policy on the benchmark's nodes: `skip`, the product's default
+    /// (each claim also looks for a running run of its job), or `allow` (no such look).
+    #[arg(long, default_value = "skip")]
+    overlap: solocron_core::Overlap,
     /// Scenarios to run.
     #[arg(value_enum)]
     scenarios: Vec<Scenario>,
@@ -85,6 +89,7 @@ fn main() -> anyhow::Result<()> {
         quick: cli.quick,
         rounds: cli.rounds.unwrap_or(if cli.quick { 1 } else { 3 }),
         cells: cli.cells.clone(),
+        overlap: cli.overlap,
     };
     let wanted =
         |s: Scenario| cli.scenarios.is_empty() || cli.scenarios.contains(&Scenario::All) || cli.scenarios.contains(&s);

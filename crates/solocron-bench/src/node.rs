@@ -38,6 +38,8 @@ pub struct NodeArgs {
     pub seconds: u64,
     #[arg(long, default_value_t = 30_000)]
     pub lease_ms: u64,
+    #[arg(long, default_value = "skip")]
+    pub overlap: Overlap,
     #[arg(long)]
     pub retry: bool,
     /// Print `START job attempt node` on stdout when a run starts (failover).
@@ -64,7 +66,7 @@ fn job(name: String, schedule: &str, a: &NodeArgs, starts: &Starts, journal: &Jo
     let policy = JobPolicy {
         lease,
         kill_grace: JobPolicy::default_kill_grace(lease),
-        overlap: Overlap::Allow,
+        overlap: a.overlap,
         on_crash: if a.retry { OnCrash::Retry } else { OnCrash::Abandon },
         ..JobPolicy::default()
     };

@@ -22,6 +22,8 @@ pub struct Ctx {
     pub rounds: usize,
     /// The (jobs, nodes) cells `growth` measures; empty: all of them.
     pub cells: Vec<(usize, usize)>,
+    /// The jobs' overlap policy on every node.
+    pub overlap: solocron_core::Overlap,
 }
 
 /// The most jobs of a `--cells` cell: a node holds every job in memory (about 2–4 KiB each).
@@ -42,8 +44,9 @@ pub fn parse_cell(s: &str) -> Result<(usize, usize), String> {
     Ok((j, n))
 }
 
-/// A node of one job due every second for 10 s, reporting to a file in `dir`.
-pub fn node_args(url: &str, prefix: &Prefix, id: &str, dir: &std::path::Path) -> NodeArgs {
+/// A node of one job due every second for 10 s, with the run's overlap policy, reporting
+/// to a file in the run's directory.
+pub fn node_args(c: &Ctx, url: &str, prefix: &Prefix, id: &str) -> NodeArgs {
     NodeArgs {
         store: url.to_owned(),
         prefix: prefix.clone(),
@@ -54,10 +57,11 @@ pub fn node_args(url: &str, prefix: &Prefix, id: &str, dir: &std::path::Path) ->
         mode: "handler".into(),
         seconds: 10,
         lease_ms: 30_000,
+        overlap: c.overlap,
         retry: false,
         announce: false,
         journal: None,
-        report: dir.join(format!("{id}-{prefix}.json")).display().to_string(),
+        report: c.dir.join(format!("{id}-{prefix}.json")).display().to_string(),
     }
 }
 
@@ -227,7 +231,7 @@ pub fn herd(c: &Ctx, jobs: usize, nodes: usize, side_jobs: bool) -> anyhow::Resu
     let at = instant_in(lead);
     let procs: Vec<_> = (0..nodes)
         .map(|n| {
-            let mut a = node_args(&url, &prefix, &format!("h{n}"), &c.dir);
+            let mut a = node_args(c, &url, &prefix, &format!("h{n}"));
             a.jobs = jobs;
             a.schedule = once_at(at);
             if side_jobs {
@@ -351,7 +355,7 @@ pub fn lateness(c: &Ctx) -> anyhow::Result<String> {
         let begin = Utc::now().timestamp_millis() + 2500;
         let procs: Vec<_> = (0..3)
             .map(|n| {
-                let mut a = node_args(&url, &prefix, &format!("l{n}"), &c.dir);
+                let mut a = node_args(c, &url, &prefix, &format!("l{n}"));
                 a.jobs = jobs;
                 a.mode = mode.into();
                 a.seconds = secs + 3;
@@ -455,7 +459,7 @@ pub fn idle(c: &Ctx) -> anyhow::Result<String> {
     let mut rows = vec![];
     for &jobs in counts {
         let (url, prefix) = fresh(&c.store, &c.dir, "idle");
-        let mut a = node_args(&url, &prefix, "idle", &c.dir);
+        let mut a = node_args(c, &url, &prefix, "idle");
         a.jobs = jobs;
         a.schedule = FAR.into();
         a.seconds = settle_max(jobs) + measure + 5;
@@ -579,7 +583,7 @@ pub fn failover(c: &Ctx) -> anyhow::Result<String> {
         let (tx, rx) = mpsc::channel();
         let mut procs: Vec<_> = (0..3)
             .map(|n| {
-                let mut a = node_args(&url, &prefix, &format!("f{round}n{n}"), &c.dir);
+                let mut a = node_args(c, &url, &prefix, &format!("f{round}n{n}"));
                 a.mode = "sleep".into();
                 a.schedule = once_at(at);
                 a.lease_ms = 3000;

@@ -92,7 +92,9 @@ pub fn spread(c: &Ctx) -> anyhow::Result<String> {
          Lateness: handler start minus the tick's instant. Per-tick costs: a node's calls over \
          every tick the fleet ran while it lived. Backups: ticks started at least {backup} ms \
          late, claimed by a node that did not rank first for them (after a kill: the killed \
-         node's ticks, until the survivors see its heartbeats stop).",
+         node's ticks, until the survivors see its heartbeats stop). Recorded skipped: with \
+         `overlap = skip`, a job whose run the killed node held skips its ticks until that \
+         run's lease expires.",
         table(
             &[
                 "round",
@@ -118,6 +120,7 @@ pub fn spread(c: &Ctx) -> anyhow::Result<String> {
                 "backups after the kill (last at)",
                 "killed node's claimed ticks never started",
                 "killed node's started ticks, end not recorded",
+                "ticks recorded skipped",
             ],
             &killed
         ),
@@ -139,7 +142,7 @@ fn fleet(c: &Ctx, url: &str, prefix: &Prefix, jobs: usize, end_ms: i64, journal:
     (0..NODES)
         .map(|n| {
             let id = format!("s{n}");
-            let mut a = node_args(url, prefix, &id, &c.dir);
+            let mut a = node_args(c, url, prefix, &id);
             a.jobs = jobs;
             a.seconds = seconds;
             a.lease_ms = LEASE_MS;
@@ -408,6 +411,7 @@ fn kill_round(c: &Ctx, sz: &Sizes, round: usize) -> anyhow::Result<Vec<String>> 
         format!("{} ({last_backup})", backups.len()),
         fate.claimed_not_started.describe(killed),
         fate.started_not_ended.describe(killed),
+        fate.skipped.to_string(),
     ])
 }
 
@@ -523,7 +527,10 @@ struct Fates {
     claimed_not_started: Recovered,
     /// Started by the killed node, whose end was never recorded.
     started_not_ended: Recovered,
-    /// Neither started nor recorded as the killed node's (with the record's state, if any).
+    /// Recorded skipped, never started: with overlap = skip, the ticks of a job whose run
+    /// the killed node held, until that run's lease expired (the policy's answer).
+    skipped: usize,
+    /// Neither started nor recorded (with the record's state, if any).
     missed: Vec<(String, i64, Option<RunState>)>,
 }
 
@@ -544,6 +551,7 @@ fn fates(all: &[Start], victim: (&str, &[Start]), records: &Records, jobs: usize
             (true, Some(state)) if by_victim.contains(&key) => f.started_not_ended.add(state, at),
             (true, _) => {}
             (false, Some(state)) => f.claimed_not_started.add(state, at),
+            (false, None) if record.is_some_and(|r| r.0 == RunState::Skipped) => f.skipped += 1,
             (false, None) => f.missed.push((job, at, record.map(|r| r.0))),
         }
     }

@@ -70,24 +70,7 @@ impl Backups {
         let wait = backup_wait((at - e.now()).to_std().unwrap_or_default(), own_claim);
         let (e, set, shutdown) = (e.clone(), set.clone(), shutdown.clone());
         self.tasks.spawn(async move {
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return Undo { set, jobs: Vec::new() },
-                _ = tokio::time::sleep(wait) => {}
-            }
-            let earliest = earliest_by_job(&backup);
-            // Asking which are free only reads: cut short by shutdown like the wait. The
-            // claim is not (its answer must not be dropped), but not made once it began.
-            let backup = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return Undo { set, jobs: Vec::new() },
-                backup = still_free(&e, backup) => backup,
-            };
-            if shutdown.is_cancelled() {
-                return Undo { set, jobs: Vec::new() };
-            }
-            let result = e.claim_and_start(&set, backup, horizon).await;
-            let jobs = undo(&earliest, &result.failed, &result.too_early);
+            let jobs = claim_backups(&e, &set, backup, wait, horizon, &shutdown).await;
             Undo { set, jobs }
         });
     }
@@ -118,6 +101,36 @@ impl Backups {
             joined(done);
         }
     }
+}
+
+/// A round's backup claims, made after `wait` on list `set`: what the timer must plan
+/// again (see [`Undo`]); nothing once `shutdown` began.
+async fn claim_backups(
+    e: &Arc<Engine>,
+    set: &Arc<JobSet>,
+    backup: Claims,
+    wait: Duration,
+    horizon: i64,
+    shutdown: &CancellationToken,
+) -> Vec<(usize, DateTime<Utc>, bool)> {
+    tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => return Vec::new(),
+        _ = tokio::time::sleep(wait) => {}
+    }
+    let earliest = earliest_by_job(&backup);
+    // Asking which are free only reads: cut short by shutdown like the wait. The claim is
+    // not (its answer must not be dropped), but not made once it began.
+    let backup = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => return Vec::new(),
+        backup = still_free(e, backup) => backup,
+    };
+    if shutdown.is_cancelled() {
+        return Vec::new();
+    }
+    let result = e.claim_and_start(set, backup, horizon).await;
+    undo(&earliest, &result.failed, &result.too_early)
 }
 
 /// A task's end: a panic goes on (a bug, as in the timer itself).
