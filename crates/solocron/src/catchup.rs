@@ -1,7 +1,7 @@
 //! Catch-up: missed ticks of one job (and late ticks queued behind them) run one after the
 //! other, oldest first, each claimed just before it runs, at most one sequence per job on
-//! this node. While a sequence is under way, its job's on-time ticks join it (overlap =
-//! skip), so that the job's ticks are claimed in schedule order.
+//! this node. While one is under way, the timer records the job's on-time ticks skipped
+//! (overlap = skip: the job is busy), never claims them to run beside it.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -23,27 +23,14 @@ const IDLE_POLL: Duration = Duration::from_millis(200);
 /// taken as "not idle", whatever it holds).
 const RUNNING_LOOKED_AT_MAX: usize = 16;
 
-/// One tick of a sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Queued {
-    /// The tick's instant.
-    pub(crate) at: DateTime<Utc>,
-    pub(crate) trigger: Trigger,
-    /// Queued before its instant. With overlap = skip, such a tick waits for the job to be
-    /// idle only until its instant, then is claimed whatever runs: a run still going then
-    /// makes it skipped, as the policy says for a tick that comes while the job runs. A
-    /// missed or late tick waits as long as the job runs (it did not overlap anything when
-    /// it came due: the node was not claiming).
-    pub(crate) on_time: bool,
-}
-
 /// Ticks of one job to claim and run in sequence, oldest first.
-pub(crate) type Sequence = Vec<Queued>;
+pub(crate) type Sequence = Vec<(DateTime<Utc>, Trigger)>;
 
 /// The ticks a job's sequence under way has still to run, oldest first.
-pub(crate) type Queue = VecDeque<Queued>;
+pub(crate) type Queue = VecDeque<(DateTime<Utc>, Trigger)>;
 
-/// Most ticks one job's sequence holds; beyond it, newly missed ticks are recorded skipped.
+/// Most ticks one job's sequence holds; beyond it, newly missed ticks are not run (a
+/// warning says how many) and not recorded.
 const QUEUED_MAX: usize = 10_000;
 
 /// Starts a catch-up sequence of `job`, or, if one is already under way on this node,
@@ -74,21 +61,21 @@ pub(crate) fn spawn(e: &Arc<Engine>, job: Arc<Job>, ticks: Sequence) {
 /// claim (`backups.rs`), never to be dropped for being old.
 fn queue_in_order(queue: &mut Queue, ticks: Sequence, room: usize) {
     let mut added = 0;
-    for tick in ticks {
+    for (t, trigger) in ticks {
         if added == room {
             break;
         }
-        if let Err(at) = queue.binary_search_by_key(&tick.at, |q| q.at) {
-            queue.insert(at, tick);
+        if let Err(at) = queue.binary_search_by_key(&t, |(q, _)| *q) {
+            queue.insert(at, (t, trigger));
             added += 1;
         }
     }
-    debug_assert!(queue.iter().zip(queue.iter().skip(1)).all(|(a, b)| a.at < b.at));
+    debug_assert!(queue.iter().zip(queue.iter().skip(1)).all(|(a, b)| a.0 < b.0));
 }
 
 /// The next tick of `job`'s sequence; when none is left, the sequence is over (under the
 /// same lock, so a tick queued by [`spawn`] is never left behind).
-fn next_tick(e: &Engine, job: &str) -> Option<Queued> {
+fn next_tick(e: &Engine, job: &str) -> Option<(DateTime<Utc>, Trigger)> {
     let mut sequences = e.catching_up.lock().expect("not poisoned");
     let next = sequences.get_mut(job)?.pop_front();
     if next.is_none() {
@@ -98,7 +85,7 @@ fn next_tick(e: &Engine, job: &str) -> Option<Queued> {
 }
 
 async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>) {
-    while let Some(Queued { at, trigger, on_time }) = next_tick(e, job.name()) {
+    while let Some((t, trigger)) = next_tick(e, job.name()) {
         if e.interrupt.is_cancelled() || e.tracker.is_closed() {
             break;
         }
@@ -117,11 +104,10 @@ async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>) {
         // overlap = skip, a tick claimed while another node's catch-up run is in progress
         // would be recorded skipped; waiting for the job to be idle first makes the fleet's
         // catch-up sequences run one tick at a time instead.
-        let until = on_time.then_some(at);
-        if job.policy().overlap == Overlap::Skip && !wait_until_idle(e, job.name(), until).await {
+        if job.policy().overlap == Overlap::Skip && !wait_until_idle(e, job.name()).await {
             break;
         }
-        let req = e.run_request(job, Tick::new(job.name(), at), trigger);
+        let req = e.run_request(job, Tick::new(job.name(), t), trigger);
         let Some((outcome, sent, received)) = claim_in_time(e, &req).await else { break };
         match outcome {
             // The sequence may end with this round's on-time ticks, claimed ahead: the run
@@ -136,9 +122,8 @@ async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>) {
 }
 
 /// Waits until no run of `job` is running anywhere, but this node's own claims whose
-/// answer was lost (the sequence asks for those again itself), or until the instant
-/// `until`, if any, has come (by the node's clock); false on shutdown.
-async fn wait_until_idle(e: &Engine, job: &str, until: Option<DateTime<Utc>>) -> bool {
+/// answer was lost (the sequence asks for those again itself); false on shutdown.
+async fn wait_until_idle(e: &Engine, job: &str) -> bool {
     let q = HistoryQuery {
         job: Some(job.to_owned()),
         state: Some(RunState::Running),
@@ -152,11 +137,7 @@ async fn wait_until_idle(e: &Engine, job: &str, until: Option<DateTime<Utc>>) ->
             Ok(_) => {}
             Err(err) => tracing::debug!(error = %err, "cannot tell whether the job is running"),
         }
-        let left = until.map(|u| (u - e.now()).to_std().unwrap_or_default());
-        if left.is_some_and(|l| l.is_zero()) {
-            return true;
-        }
-        tokio::time::sleep(left.map_or(IDLE_POLL, |l| l.min(IDLE_POLL))).await;
+        tokio::time::sleep(IDLE_POLL).await;
     }
     false
 }
@@ -222,15 +203,14 @@ mod tests {
 
     #[test]
     fn ticks_join_a_sequences_queue_in_order_once_and_an_older_one_is_not_dropped() {
-        let q = |s, trigger| Queued { at: t(s), trigger, on_time: false };
-        let mut queue: Queue = [q(10, Trigger::Catchup), q(20, Trigger::Catchup)].into();
-        let handed = vec![q(5, Trigger::Schedule), q(20, Trigger::Schedule), q(30, Trigger::Schedule)];
+        let mut queue: Queue = [(t(10), Trigger::Catchup), (t(20), Trigger::Catchup)].into();
+        let handed = vec![(t(5), Trigger::Schedule), (t(20), Trigger::Schedule), (t(30), Trigger::Schedule)];
         queue_in_order(&mut queue, handed, 10);
-        let times: Vec<_> = queue.iter().map(|q| q.at).collect();
+        let times: Vec<_> = queue.iter().map(|(at, _)| *at).collect();
         assert_eq!(times, [t(5), t(10), t(20), t(30)]);
-        assert_eq!(queue[2].trigger, Trigger::Catchup, "a tick already queued keeps its place and trigger");
-        queue_in_order(&mut queue, vec![q(1, Trigger::Schedule), q(40, Trigger::Schedule)], 1);
+        assert_eq!(queue[2].1, Trigger::Catchup, "a tick already queued keeps its place and trigger");
+        queue_in_order(&mut queue, vec![(t(1), Trigger::Schedule), (t(40), Trigger::Schedule)], 1);
         assert_eq!(queue.len(), 5, "at most `room` added");
-        assert_eq!(queue[0].at, t(1));
+        assert_eq!(queue[0].0, t(1));
     }
 }

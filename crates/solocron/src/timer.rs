@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::backups::{Backups, Claims, Undo};
-use crate::catchup::{self, Queued, Sequence};
+use crate::catchup::{self, Sequence};
 use crate::engine::{counted, Engine};
 use crate::job::Job;
 use crate::jobset::JobSet;
@@ -457,6 +457,9 @@ fn spread(e: &Engine, claims: Claims) -> (Claims, Claims) {
     claims.into_iter().partition(|(i, r)| *firsts.entry(*i).or_insert_with(|| ranking.is_first(&r.tick)))
 }
 
+/// Why an on-time tick of a job catching up on this node is recorded skipped.
+const CATCHING_UP: &str = "overlap: a catch-up of this job is under way";
+
 /// Adds what `job` (index `i` of the list) asks for in this round to `plan`: its on-time
 /// ticks to claim (while this node has `run_slots`), its missed ticks to record skipped, or
 /// a catch-up sequence.
@@ -467,7 +470,7 @@ fn plan_job(e: &Engine, job: &Job, i: usize, cursor: Cursor, round: Round, run_s
         Some(false) => tolerance_start,
         None => tolerance_start.min(round.started),
     };
-    let due = plan_due(job.schedule(), job.policy(), cursor.handled, round.horizon, late_from);
+    let mut due = plan_due(job.schedule(), job.policy(), cursor.handled, round.horizon, late_from);
     if due.not_examined > 0 {
         tracing::warn!(job = %job.name(), ticks = due.not_examined, "missed ticks beyond max_catchup were not examined");
     }
@@ -481,19 +484,27 @@ fn plan_job(e: &Engine, job: &Job, i: usize, cursor: Cursor, round: Round, run_s
     for (t, reason) in due.record_skipped {
         plan.claims.push((i, e.request(job, Tick::new(job.name(), t), Trigger::Catchup, ClaimMode::Skip { reason })));
     }
-    // With overlap = skip, the policy must see a job's ticks in schedule order: several late
-    // ticks (after an outage or a stall) did not overlap one another when they came due, so
-    // they run one after the other, like a catch-up, instead of all but the first being
-    // recorded as overlapping; and while a sequence is under way, on-time ticks join it
-    // (claimed beside it, one would run before older ticks still queued, or be the run
-    // that an older one is recorded as overlapping).
-    let in_order = job.policy().overlap == Overlap::Skip && (due.on_time.len() > 1 || sequence_active);
-    if !due.catch_up.is_empty() || (in_order && !due.on_time.is_empty()) {
-        // Missed runs go first, oldest first; this pass's on-time ticks queue behind them.
-        let missed = due.catch_up.into_iter().map(|at| Queued { at, trigger: Trigger::Catchup, on_time: false });
-        let on_time =
-            due.on_time.into_iter().map(|at| Queued { at, trigger: Trigger::Schedule, on_time: at > round.now });
-        plan.catch_ups.push((i, missed.chain(on_time).collect()));
+    // With overlap = skip, a job whose catch-up sequence is under way on this node is busy
+    // (running a tick of it, or about to): its on-time ticks are recorded skipped, as ticks
+    // that come while it runs. Claimed to run beside the sequence, one could run before
+    // older ticks still queued, or be the run an older one is recorded as overlapping.
+    if sequence_active && job.policy().overlap == Overlap::Skip {
+        for t in std::mem::take(&mut due.on_time) {
+            let reason = CATCHING_UP.to_owned();
+            plan.claims
+                .push((i, e.request(job, Tick::new(job.name(), t), Trigger::Schedule, ClaimMode::Skip { reason })));
+        }
+    }
+    // Several late ticks of one job (after an outage or a stall) did not overlap one another
+    // when they came due: with overlap = skip they run one after the other, like a
+    // catch-up, instead of all but the first being recorded as overlapping.
+    let queued_late = due.on_time.len() > 1 && job.policy().overlap == Overlap::Skip && !sequence_active;
+    if !due.catch_up.is_empty() || queued_late {
+        // Missed runs go first, oldest first; this pass's on-time ticks queue behind them,
+        // so the overlap policy sees them in schedule order.
+        let mut seq: Sequence = due.catch_up.into_iter().map(|t| (t, Trigger::Catchup)).collect();
+        seq.extend(due.on_time.into_iter().map(|t| (t, Trigger::Schedule)));
+        plan.catch_ups.push((i, seq));
         return;
     }
     for t in due.on_time {
