@@ -1,7 +1,9 @@
 //! Catch-up: missed ticks of one job (and late ticks queued behind them) run one after the
 //! other, oldest first, each claimed just before it runs, at most one sequence per job on
 //! this node. While one is under way, the timer records the job's on-time ticks skipped
-//! (overlap = skip: the job is busy), never claims them to run beside it.
+//! (overlap = skip: the job is busy), never claims them to run beside it. Other nodes know
+//! nothing of it: one that ranks first for an on-time tick claims it to run, and may win
+//! it between two runs of the sequence, before older ticks still queued here.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -180,12 +180,14 @@ impl SkipKind {
 }
 
 /// What a claim that came back skipped with `reason` counts as. A skip the engine asked for
-/// ([`ClaimMode::Skip`]) is the misfire policy's record of a missed tick; otherwise the
+/// ([`ClaimMode::Skip`]) is the misfire policy's record of a missed tick, or an overlap
+/// with this node's catch-up of the job; otherwise the
 /// store skipped a run, and its reason's opening words (shared by every store, checked by
 /// the conformance suite) say why.
 pub(crate) fn skip_outcome(mode: &ClaimMode, reason: &str) -> Outcome {
     match mode {
         ClaimMode::Skip { reason: asked } if asked.starts_with("missed") => Outcome::Missed,
+        ClaimMode::Skip { reason: asked } if asked.starts_with("overlap") => Outcome::Skipped(SkipKind::Overlap),
         ClaimMode::Skip { .. } => Outcome::Skipped(SkipKind::Other),
         ClaimMode::Run { .. } if reason.starts_with("overlap") => Outcome::Skipped(SkipKind::Overlap),
         ClaimMode::Run { .. } if reason.starts_with("paused") => Outcome::Skipped(SkipKind::Paused),
@@ -346,6 +348,11 @@ mod tests {
         assert_eq!(skip_outcome(&run, "something new"), Outcome::Skipped(SkipKind::Other));
         let missed = ClaimMode::Skip { reason: "missed (misfire = skip)".into() };
         assert_eq!(skip_outcome(&missed, "missed (misfire = skip)"), Outcome::Missed);
+        let busy = ClaimMode::Skip { reason: "overlap: a catch-up of this job is under way".into() };
+        assert_eq!(
+            skip_outcome(&busy, "overlap: a catch-up of this job is under way"),
+            Outcome::Skipped(SkipKind::Overlap)
+        );
         let other = ClaimMode::Skip { reason: "asked".into() };
         assert_eq!(skip_outcome(&other, "asked"), Outcome::Skipped(SkipKind::Other));
     }

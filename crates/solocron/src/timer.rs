@@ -487,12 +487,18 @@ fn plan_job(e: &Engine, job: &Job, i: usize, cursor: Cursor, round: Round, run_s
     // With overlap = skip, a job whose catch-up sequence is under way on this node is busy
     // (running a tick of it, or about to): its on-time ticks are recorded skipped, as ticks
     // that come while it runs. Claimed to run beside the sequence, one could run before
-    // older ticks still queued, or be the run an older one is recorded as overlapping.
+    // older ticks still queued, or be the run an older one is recorded as overlapping. A
+    // tick whose earlier claim went unanswered is asked for as it was (to run: the store
+    // grants it again only so).
     if sequence_active && job.policy().overlap == Overlap::Skip {
         for t in std::mem::take(&mut due.on_time) {
-            let reason = CATCHING_UP.to_owned();
-            plan.claims
-                .push((i, e.request(job, Tick::new(job.name(), t), Trigger::Schedule, ClaimMode::Skip { reason })));
+            let tick = Tick::new(job.name(), t);
+            let request = if e.unanswered.contains(&tick) {
+                e.run_request(job, tick, Trigger::Schedule)
+            } else {
+                e.request(job, tick, Trigger::Schedule, ClaimMode::Skip { reason: CATCHING_UP.to_owned() })
+            };
+            plan.claims.push((i, request));
         }
     }
     // Several late ticks of one job (after an outage or a stall) did not overlap one another

@@ -413,8 +413,14 @@ async fn on_time_ticks_that_come_during_a_catch_up_are_skipped_and_never_run_bef
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(node.run(shutdown.clone()));
     let query = HistoryQuery { job: Some("ordered".into()), ..HistoryQuery::default() };
-    let ran_on_time =
-        |h: &[RunRecord]| h.iter().any(|r| r.id.tick.scheduled_at > started && r.state == RunState::Succeeded);
+    // Done once an on-time tick after every one skipped for the catch-up has run: the
+    // sequence is over and on-time ticks run again.
+    let catching_up =
+        |r: &RunRecord| r.state == RunState::Skipped && r.reason.as_deref().is_some_and(|w| w.contains("catch-up"));
+    let ran_on_time = |h: &[RunRecord]| {
+        let last_skipped = h.iter().filter(|r| catching_up(r)).map(|r| r.id.tick.scheduled_at).max();
+        last_skipped.is_some_and(|s| h.iter().any(|r| r.id.tick.scheduled_at > s && r.state == RunState::Succeeded))
+    };
     let mut h = Vec::new();
     for _ in 0..120 {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -434,16 +440,14 @@ async fn on_time_ticks_that_come_during_a_catch_up_are_skipped_and_never_run_bef
         h.iter().filter(|r| r.trigger == solocron_core::Trigger::Catchup && r.state == RunState::Succeeded);
     assert_eq!(missed_ran.count(), 1, "{h:#?}");
     let late = |r: &&RunRecord| r.trigger == solocron_core::Trigger::Schedule && r.id.tick.scheduled_at < started;
-    assert!(h.iter().filter(late).count() >= 8, "{h:#?}");
+    assert!(h.iter().filter(late).count() >= 4, "{h:#?}");
     assert!(h.iter().filter(late).all(|r| r.state == RunState::Succeeded), "{h:#?}");
     // The sequence outlasted on-time ticks (the case under test): those were recorded
     // skipped as the catch-up's, before the sequence's last claim.
     let last_late = h.iter().filter(late).map(|r| r.claimed_at).max().unwrap();
     let during: Vec<_> = h.iter().filter(|r| r.id.tick.scheduled_at > started && r.claimed_at < last_late).collect();
     assert!(!during.is_empty(), "{h:#?}");
-    let catching_up =
-        |r: &&&RunRecord| r.state == RunState::Skipped && r.reason.as_deref().is_some_and(|w| w.contains("catch-up"));
-    assert!(during.iter().all(|r| catching_up(&r)), "{during:#?}");
+    assert!(during.iter().all(|r| catching_up(r)), "{during:#?}");
 }
 
 /// A store far away: every call waits `DISTANT_CALL` before it goes through (a remote store
