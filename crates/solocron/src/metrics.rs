@@ -180,10 +180,9 @@ impl SkipKind {
 }
 
 /// What a claim that came back skipped with `reason` counts as. A skip the engine asked for
-/// ([`ClaimMode::Skip`]) is the misfire policy's record of a missed tick, or an overlap
-/// with this node's catch-up of the job; otherwise the
-/// store skipped a run, and its reason's opening words (shared by every store, checked by
-/// the conformance suite) say why.
+/// ([`ClaimMode::Skip`]) is the misfire policy's record of a missed tick, or an overlap with
+/// this node's catch-up of the job; otherwise the store skipped a run, and its reason's
+/// opening words (shared by every store, checked by the conformance suite) say why.
 pub(crate) fn skip_outcome(mode: &ClaimMode, reason: &str) -> Outcome {
     match mode {
         ClaimMode::Skip { reason: asked } if asked.starts_with("missed") => Outcome::Missed,

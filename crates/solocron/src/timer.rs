@@ -461,8 +461,8 @@ fn spread(e: &Engine, claims: Claims) -> (Claims, Claims) {
 const CATCHING_UP: &str = "overlap: a catch-up of this job is under way";
 
 /// Adds what `job` (index `i` of the list) asks for in this round to `plan`: its on-time
-/// ticks to claim (while this node has `run_slots`), its missed ticks to record skipped, or
-/// a catch-up sequence.
+/// ticks to claim (while this node has `run_slots`; to record skipped while the job catches
+/// up here), its missed ticks to record skipped, or a catch-up sequence.
 fn plan_job(e: &Engine, job: &Job, i: usize, cursor: Cursor, round: Round, run_slots: &mut usize, plan: &mut Plan) {
     let tolerance_start = round.now - chrono::Duration::from_std(LATE_TOLERANCE).expect("small");
     let late_from = match cursor.healthy {
