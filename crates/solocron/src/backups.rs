@@ -7,15 +7,17 @@
 //! What a task could not claim (the store unavailable) or was refused as too early comes
 //! back to the timer as an [`Undo`]: the job's cursor goes back to just before the tick,
 //! so it is planned again, as an own claim that failed would be; a later tick of the job
-//! already claimed since is then found taken. Nothing is lost, nothing runs twice (the
-//! store's claim decides).
+//! already claimed since is then found taken. So does a tick that, once the task is about
+//! to claim it, is past the late tolerance: it goes through its job's misfire policy
+//! instead of running that late. Nothing is lost, nothing runs twice (the store's claim
+//! decides).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{ClaimRequest, Tick};
+use solocron_core::{ClaimMode, ClaimRequest, Tick};
 use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 
@@ -129,8 +131,37 @@ async fn claim_backups(
     if shutdown.is_cancelled() {
         return Vec::new();
     }
-    let result = e.claim_and_start(set, backup, horizon).await;
+    let runs = backup.iter().filter(|(_, r)| matches!(r.mode, ClaimMode::Run { .. }));
+    let (backup, stale) = match runs.map(|(_, r)| r.tick.scheduled_at).min() {
+        Some(oldest) => past_tolerance(backup, e.late_from(oldest).await),
+        None => (backup, HashSet::new()),
+    };
+    let mut result = e.claim_and_start(set, backup, horizon).await;
+    result.failed.extend(stale);
     undo(&earliest, &result.failed, &result.too_early)
+}
+
+/// Splits off the backups to run whose tick is older than `late_from` (the late tolerance)
+/// now that they are about to be claimed: waiting past their instant, then asking which
+/// are free, against a slow or unavailable store, may have taken seconds. Claimed, they
+/// would run as late ticks past the tolerance; given back to the timer instead (as
+/// failed: the store was slow), they go through their job's misfire policy, like any tick
+/// found that late, an unanswered one too (with its nonce: misfire = all is granted the
+/// lost claim again; a skip leaves it to recovery). Returns the backups to claim and the
+/// jobs of the others.
+fn past_tolerance(backup: Claims, late_from: DateTime<Utc>) -> (Claims, HashSet<usize>) {
+    let mut stale = HashSet::new();
+    let keep = backup
+        .into_iter()
+        .filter(|(i, r)| {
+            let late = matches!(r.mode, ClaimMode::Run { .. }) && r.tick.scheduled_at < late_from;
+            if late {
+                stale.insert(*i);
+            }
+            !late
+        })
+        .collect();
+    (keep, stale)
 }
 
 /// A task's end: a panic goes on (a bug, as in the timer itself).
@@ -209,5 +240,28 @@ mod tests {
         let too_early = HashMap::from([(2, t(25)), (3, t(5))]);
         assert_eq!(undo(&earliest, &failed, &too_early), vec![(1, t(10), true), (2, t(25), false), (3, t(5), true)]);
         assert!(undo(&earliest, &HashSet::new(), &HashMap::new()).is_empty());
+    }
+
+    fn claim(job: usize, at: i64, mode: ClaimMode) -> (usize, ClaimRequest) {
+        let tick = Tick::new(format!("j{job}"), t(at));
+        let trigger = solocron_core::Trigger::Schedule;
+        (job, ClaimRequest { tick, trigger, node: "n".into(), lease: Duration::from_secs(30), mode, nonce: 7 })
+    }
+
+    #[test]
+    fn a_backup_to_run_past_the_late_tolerance_goes_back_to_the_timer_and_a_skip_is_recorded() {
+        let run = ClaimMode::Run { skip_if_running: true };
+        let skip = ClaimMode::Skip { reason: "missed".into() };
+        let backup = vec![
+            claim(1, 5, run.clone()),
+            claim(1, 15, run.clone()),
+            claim(2, 5, skip),
+            claim(4, 9, run.clone()),
+            claim(5, 10, run),
+        ];
+        let (kept, stale) = past_tolerance(backup, t(10));
+        let kept: Vec<(usize, i64)> = kept.iter().map(|(i, r)| (*i, r.tick.scheduled_at.timestamp())).collect();
+        assert_eq!(kept, vec![(1, 15), (2, 5), (5, 10)], "a skip is recorded however late");
+        assert_eq!(stale, HashSet::from([1, 4]));
     }
 }

@@ -1,6 +1,7 @@
 //! Catch-up: missed ticks of one job (and late ticks queued behind them) run one after the
 //! other, oldest first, each claimed just before it runs, at most one sequence per job on
-//! this node. While one is under way, the timer records the job's on-time ticks skipped
+//! this node. A late tick that a sequence held by an outage reaches past the late
+//! tolerance is missed by then, and follows the misfire policy. While one is under way, the timer records the job's on-time ticks skipped
 //! (overlap = skip: the job is busy), never claims them to run beside it. Other nodes know
 //! nothing of it: one that ranks first for an on-time tick claims it to run, and may win
 //! it between two runs of the sequence, before older ticks still queued here.
@@ -10,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{ClaimOutcome, ClaimRequest, HistoryQuery, Overlap, RunRecord, RunState, Tick, Trigger};
+use solocron_core::{
+    ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, Misfire, Overlap, RunRecord, RunState, Tick, Trigger,
+};
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
@@ -87,6 +90,9 @@ fn next_tick(e: &Engine, job: &str) -> Option<(DateTime<Utc>, Trigger)> {
 }
 
 async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>) {
+    // Whether a store call of the sequence failed: from then on, its queued late ticks are
+    // judged again as they are reached ([`reached`]).
+    let mut held = false;
     while let Some((t, trigger)) = next_tick(e, job.name()) {
         if e.interrupt.is_cancelled() || e.tracker.is_closed() {
             break;
@@ -106,16 +112,15 @@ async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>) {
         // overlap = skip, a tick claimed while another node's catch-up run is in progress
         // would be recorded skipped; waiting for the job to be idle first makes the fleet's
         // catch-up sequences run one tick at a time instead.
-        if job.policy().overlap == Overlap::Skip && !wait_until_idle(e, job.name()).await {
+        if job.policy().overlap == Overlap::Skip && !wait_until_idle(e, job.name(), &mut held).await {
             break;
         }
-        let req = e.run_request(job, Tick::new(job.name(), t), trigger);
-        let Some((outcome, sent, received)) = claim_in_time(e, &req).await else { break };
+        let Some((req, outcome, sent, received)) = claim_reached(e, job, t, trigger, &mut held).await else { break };
         match outcome {
             // The sequence may end with this round's on-time ticks, claimed ahead: the run
             // waits for its instant like any other.
             ClaimOutcome::Won(lease) => {
-                let run = e.claimed(job.clone(), lease, trigger, sent, received);
+                let run = e.claimed(job.clone(), lease, req.trigger, sent, received);
                 let _ = e.start(run, e.interrupt.clone()).await;
             }
             other => e.on_claimed(job, &req, other, sent, received),
@@ -123,9 +128,53 @@ async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>) {
     }
 }
 
+/// How the sequence asks for a tick it reached.
+#[derive(Debug, PartialEq, Eq)]
+enum Reached {
+    /// As it was queued.
+    AsQueued,
+    /// As a missed tick: run as a catch-up (`None`), or recorded skipped for this reason.
+    Missed(Option<&'static str>),
+}
+
+/// A tick queued on time (`Schedule`) that a sequence held by the store's outage reaches
+/// older than `late_from` is missed by now: it goes through the job's misfire policy as
+/// the timer's missed ticks do, never runs as a scheduled tick that late. (A sequence
+/// that only waited for its own runs runs its late ticks as queued: that wait is what
+/// queuing them promised.) Misfire = once runs it only if the next queued tick is not
+/// missed too (`next_missed`): the latest of a stretch of missed ticks.
+fn past_tolerance(
+    job: &Job,
+    t: DateTime<Utc>,
+    trigger: Trigger,
+    late_from: DateTime<Utc>,
+    next_missed: impl FnOnce() -> bool,
+) -> Reached {
+    if trigger != Trigger::Schedule || t >= late_from {
+        return Reached::AsQueued;
+    }
+    match job.policy().misfire {
+        Misfire::All => Reached::Missed(None),
+        Misfire::Once if !next_missed() => Reached::Missed(None),
+        Misfire::Once => Reached::Missed(Some(
+            "missed: its catch-up sequence reached it past the late tolerance; only the latest missed tick runs (misfire = once)",
+        )),
+        Misfire::Skip => {
+            Reached::Missed(Some("missed: its catch-up sequence reached it past the late tolerance (misfire = skip)"))
+        }
+    }
+}
+
+/// Whether the next tick queued in `job`'s sequence is older than `late_from`.
+fn next_before(e: &Engine, job: &str, late_from: DateTime<Utc>) -> bool {
+    let sequences = e.catching_up.lock().expect("not poisoned");
+    sequences.get(job).and_then(|q| q.front()).is_some_and(|(t, _)| *t < late_from)
+}
+
 /// Waits until no run of `job` is running anywhere, but this node's own claims whose
-/// answer was lost (the sequence asks for those again itself); false on shutdown.
-async fn wait_until_idle(e: &Engine, job: &str) -> bool {
+/// answer was lost (the sequence asks for those again itself); false on shutdown. Sets
+/// `held` when the store does not answer.
+async fn wait_until_idle(e: &Engine, job: &str, held: &mut bool) -> bool {
     let q = HistoryQuery {
         job: Some(job.to_owned()),
         state: Some(RunState::Running),
@@ -137,51 +186,79 @@ async fn wait_until_idle(e: &Engine, job: &str) -> bool {
         match counted(StoreOp::History, e.store.history(&q)).await {
             Ok(running) if running.len() < RUNNING_LOOKED_AT_MAX && running.iter().all(ours_unanswered) => return true,
             Ok(_) => {}
-            Err(err) => tracing::debug!(error = %err, "cannot tell whether the job is running"),
+            Err(err) => {
+                *held = true;
+                tracing::debug!(error = %err, "cannot tell whether the job is running");
+            }
         }
         tokio::time::sleep(IDLE_POLL).await;
     }
     false
 }
 
-/// [`claim_one`], asked again at the tick's instant (by the clock the refusal corrected)
-/// for as long as the store refuses it as too early: a late tick of the sequence is a
-/// scheduled one, and this node's clock may have run ahead of the store's. `None` on
+/// Claims tick `t` of `job`, reached by the sequence (queued with `trigger`): as queued, or,
+/// once a store call of the sequence failed (`held`, set here too), as [`reached`] says at
+/// each try. Retried while the store is unavailable, and asked again at the tick's instant
+/// (by the clock the refusal corrected) while the store refuses it as too early: a late
+/// tick of the sequence is a scheduled one, and this node's clock may have run ahead of
+/// the store's. The request with its answer and when it was sent and answered; `None` on
 /// shutdown.
-async fn claim_in_time(e: &Engine, req: &ClaimRequest) -> Option<(ClaimOutcome, Instant, Instant)> {
-    loop {
-        let (outcome, sent) = claim_one(e, req).await?;
+async fn claim_reached(
+    e: &Engine,
+    job: &Job,
+    t: DateTime<Utc>,
+    trigger: Trigger,
+    held: &mut bool,
+) -> Option<(ClaimRequest, ClaimOutcome, Instant, Instant)> {
+    let mut backoff = Backoff::store();
+    while !e.tracker.is_closed() {
+        let req = if *held {
+            reached(e, job, t, trigger).await
+        } else {
+            e.run_request(job, Tick::new(job.name(), t), trigger)
+        };
+        let sent = Instant::now();
+        let outcome = match e.claim(std::slice::from_ref(&req)).await {
+            Ok(mut outcomes) => outcomes.pop().expect("the engine checks one outcome per request"),
+            Err(err) => {
+                *held = true;
+                tracing::warn!(error = %err, "catch-up claim failed; retrying");
+                backoff.wait().await;
+                continue;
+            }
+        };
         let received = Instant::now();
         if !matches!(outcome, ClaimOutcome::TooEarly { .. }) {
-            return Some((outcome, sent, received));
+            return Some((req, outcome, sent, received));
         }
         // At least a little: the corrected estimate may still say the instant has passed.
-        let wait = (req.tick.scheduled_at - e.now()).to_std().unwrap_or_default().max(TOO_EARLY_PAUSE);
+        let wait = (t - e.now()).to_std().unwrap_or_default().max(TOO_EARLY_PAUSE);
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = e.interrupt.cancelled() => return None,
         }
-        if e.tracker.is_closed() {
-            return None;
-        }
     }
+    None
 }
 
 /// The least wait before a tick refused as too early is asked for again.
 const TOO_EARLY_PAUSE: Duration = Duration::from_millis(20);
 
-/// One claim, retried while the store is unavailable; `None` on shutdown.
-async fn claim_one(e: &Engine, req: &ClaimRequest) -> Option<(ClaimOutcome, Instant)> {
-    let mut backoff = Backoff::store();
-    while !e.tracker.is_closed() {
-        let sent = Instant::now();
-        match e.claim(std::slice::from_ref(req)).await {
-            Ok(mut o) => return o.pop().map(|o| (o, sent)),
-            Err(err) => tracing::warn!(error = %err, "catch-up claim failed; retrying"),
-        }
-        backoff.wait().await;
+/// The request for tick `t` of `job` now: as queued, or as a missed tick by the misfire
+/// policy ([`past_tolerance`]).
+async fn reached(e: &Engine, job: &Job, t: DateTime<Utc>, trigger: Trigger) -> ClaimRequest {
+    let tick = Tick::new(job.name(), t);
+    if trigger != Trigger::Schedule {
+        return e.run_request(job, tick, trigger);
     }
-    None
+    let late_from = e.late_from(t).await;
+    match past_tolerance(job, t, trigger, late_from, || next_before(e, job.name(), late_from)) {
+        Reached::AsQueued => e.run_request(job, tick, trigger),
+        Reached::Missed(None) => e.run_request(job, tick, Trigger::Catchup),
+        Reached::Missed(Some(reason)) => {
+            e.request(job, tick, Trigger::Catchup, ClaimMode::Skip { reason: reason.to_owned() })
+        }
+    }
 }
 
 /// Marks a job's catch-up sequence as over when dropped (even by a panic).
@@ -214,5 +291,26 @@ mod tests {
         queue_in_order(&mut queue, vec![(t(1), Trigger::Schedule), (t(40), Trigger::Schedule)], 1);
         assert_eq!(queue.len(), 5, "at most `room` added");
         assert_eq!(queue[0].0, t(1));
+    }
+
+    #[test]
+    fn a_scheduled_tick_reached_past_the_tolerance_follows_misfire_and_once_runs_only_the_latest() {
+        let job = |misfire| {
+            let schedule = solocron_core::Schedule::parse("* * * * * *", "UTC").unwrap();
+            let policy = solocron_core::JobPolicy { misfire, ..Default::default() };
+            Job::new("j", schedule, crate::handler_fn(|_| async { Ok(()) })).with_policy(policy)
+        };
+        let (all, once, skip) = (job(Misfire::All), job(Misfire::Once), job(Misfire::Skip));
+        let late_from = t(100);
+        let never = || -> bool { panic!("only misfire = once looks at the next tick") };
+        assert_eq!(past_tolerance(&skip, t(100), Trigger::Schedule, late_from, never), Reached::AsQueued);
+        assert_eq!(past_tolerance(&skip, t(50), Trigger::Catchup, late_from, never), Reached::AsQueued);
+        assert_eq!(past_tolerance(&all, t(99), Trigger::Schedule, late_from, never), Reached::Missed(None));
+        assert!(matches!(past_tolerance(&skip, t(99), Trigger::Schedule, late_from, never), Reached::Missed(Some(_))));
+        assert_eq!(past_tolerance(&once, t(98), Trigger::Schedule, late_from, || false), Reached::Missed(None));
+        assert!(matches!(
+            past_tolerance(&once, t(98), Trigger::Schedule, late_from, || true),
+            Reached::Missed(Some(_))
+        ));
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use solocron_core::{
     ClaimMode, ClaimOutcome, ClaimRequest, Clock, Lease, Overlap, RunId, RunState, Store, StoreError, Tick, Trigger,
-    CLAIM_BATCH_MAX,
+    CLAIM_BATCH_MAX, LATE_TOLERANCE,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -118,6 +118,28 @@ impl Engine {
     /// its estimate of the offset (see `store_clock.rs`).
     pub(crate) fn now(&self) -> chrono::DateTime<chrono::Utc> {
         self.store_clock.now(self.clock.as_ref())
+    }
+
+    /// The instant before which ticks are missed, no longer late ([`LATE_TOLERANCE`] before
+    /// now), to judge ticks (the oldest at `oldest`) about to be claimed well after they
+    /// were planned. By [`Engine::now`]; when that says `oldest` is missed, by the store's
+    /// own clock, read once: a wall clock that jumped ahead since the last sample would make
+    /// on-time ticks look missed (the reading corrects the estimate, as a refusal does). By
+    /// the estimate alone while the store does not answer.
+    pub(crate) async fn late_from(&self, oldest: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+        let tolerance = chrono::Duration::from_std(LATE_TOLERANCE).expect("small");
+        let estimate = self.now() - tolerance;
+        if oldest >= estimate {
+            return estimate;
+        }
+        let (before, sent) = (self.clock.now(), Instant::now());
+        match counted(StoreOp::Now, self.store.now()).await {
+            Ok(store_now) => {
+                self.store_clock.observe_step(before, sent.elapsed(), store_now);
+                store_now - tolerance
+            }
+            Err(_) => estimate,
+        }
     }
 
     /// Reads the store's clock once, to keep [`Engine::now`] close to it; a failure is

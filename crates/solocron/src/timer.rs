@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{plan_due, ClaimMode, HistoryQuery, Overlap, Tick, Trigger, LATE_TOLERANCE};
+use solocron_core::{plan_due, ClaimMode, HistoryQuery, Overlap, Tick, Trigger, JOBS_ASKED_MAX, LATE_TOLERANCE};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -161,13 +161,16 @@ async fn births(e: &Engine, set: &JobSet, started: DateTime<Utc>) -> Vec<DateTim
     if looking_back.is_empty() {
         return vec![epoch; set.len()];
     }
-    let registered = match counted(StoreOp::Register, e.store.registrations_of(&looking_back)).await {
-        Ok(r) => r,
-        Err(err) => {
-            tracing::warn!(error = %err, "cannot read the job registry; catching up without regard to when jobs were added");
-            return vec![epoch; set.len()];
+    let mut registered = Vec::new();
+    for names in looking_back.chunks(JOBS_ASKED_MAX) {
+        match counted(StoreOp::Register, e.store.registrations_of(names)).await {
+            Ok(r) => registered.extend(r),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read the job registry; catching up without regard to when jobs were added");
+                return vec![epoch; set.len()];
+            }
         }
-    };
+    }
     // A registration made as this node (or the fleet with it) started says nothing of the
     // past: its own, most likely, written a moment ago.
     let before_start = started - chrono::Duration::seconds(2);

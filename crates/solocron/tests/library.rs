@@ -471,6 +471,10 @@ struct Distant {
     lose_claim_answers: AtomicUsize,
     /// The store's clock, when not the host's (a test's frozen instant).
     clock: Option<Arc<dyn Clock>>,
+    /// How much longer asking which ticks are taken takes, for the first `slow_taken`
+    /// calls.
+    taken_delay: Duration,
+    slow_taken: AtomicUsize,
 }
 
 const DISTANT_CALL: Duration = Duration::from_millis(20);
@@ -487,6 +491,8 @@ impl Distant {
             hang_renewals: std::sync::atomic::AtomicBool::new(false),
             lose_claim_answers: AtomicUsize::new(0),
             clock: None,
+            taken_delay: Duration::ZERO,
+            slow_taken: AtomicUsize::new(0),
         }
     }
 
@@ -536,6 +542,12 @@ macro_rules! distant {
                     Some(clock) => Ok(clock.now()),
                     None => self.inner.now().await,
                 }
+            }
+            async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
+                let slow = self.slow_taken.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+                let slow = if slow.is_ok() { self.taken_delay } else { Duration::ZERO };
+                tokio::time::sleep(self.call + slow).await;
+                self.inner.taken_ticks(ticks).await
             }
             async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
                 self.renew_calls.fetch_add(1, Ordering::SeqCst);
@@ -685,6 +697,76 @@ async fn an_end_the_store_refuses_fails_only_itself_not_its_batch() {
     assert_eq!(ran, JOBS, "every job ran once");
     assert_eq!(states.get("succeeded"), Some(&(JOBS - 1)), "every other run recorded its end: {states:?}");
     assert_eq!(states.get("running").or(states.get("abandoned")), Some(&1), "{states:?}");
+}
+
+/// A herd of 6,000 jobs due at one instant on node `b`, beside a node that beats but claims
+/// nothing (`ghost`): `b` claims the ticks it ranks first at once, and the ghost's (about
+/// 3,000, three chunks) as backups once it has asked which are still free. The store takes
+/// 4.5 s to answer each of those three questions, so the backups are past the late
+/// tolerance by the time `b` would claim them: they follow their misfire policy (skip,
+/// with a catch-up window: recorded skipped), none runs that late, and every tick has one
+/// record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backups_past_the_late_tolerance_when_claimed_follow_misfire_instead_of_running_late() {
+    const JOBS: usize = 6_000;
+    let dir = tempfile::tempdir().unwrap();
+    let slow = Distant { taken_delay: Duration::from_millis(4_500), ..Distant::new(store(&dir).await) };
+    slow.slow_taken.store(3, Ordering::SeqCst);
+    let store = Arc::new(slow);
+    let ghost = solocron_core::NodeBeat { node: "ghost".into(), version: "t".into(), jobs: JOBS as u32, running: 0 };
+    store.heartbeat(&ghost).await.unwrap();
+    let beats = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                store.heartbeat(&ghost).await.unwrap();
+            }
+        })
+    };
+    let at = Utc::now() + chrono::Duration::seconds(5);
+    let expr = format!("{} {} {} * * *", at.format("%S"), at.format("%M"), at.format("%H"));
+    let mut builder = Scheduler::builder(store.clone()).node_id("b").max_concurrent_runs(JOBS);
+    for i in 0..JOBS {
+        let handler = handler_fn(|_ctx: RunContext| async { Ok(()) });
+        // A catch-up window, so that missed ticks are examined (and recorded skipped).
+        let policy =
+            JobPolicy { lease: Duration::from_secs(30), catchup: Duration::from_secs(60), ..JobPolicy::default() };
+        builder = builder
+            .job(Job::new(format!("job-{i:04}"), Schedule::parse(&expr, "UTC").unwrap(), handler).with_policy(policy));
+    }
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(builder.build().unwrap().run(shutdown.clone()));
+    let query = HistoryQuery { limit: JOBS + 10, ..Default::default() };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(45);
+    let mut settled = false;
+    while !settled && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let all = store.history(&query).await.unwrap();
+        settled = all.len() == JOBS && all.iter().all(|r| r.state != RunState::Running);
+    }
+    shutdown.cancel();
+    task.await.unwrap();
+    beats.abort();
+    let all = store.history(&query).await.unwrap();
+    let mut states: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &all {
+        *states.entry(r.state.to_string()).or_default() += 1;
+    }
+    assert!(settled, "every tick has an ended record: {states:?}");
+    let mut ticks: Vec<&str> = all.iter().map(|r| r.id.tick.job.as_str()).collect();
+    ticks.sort_unstable();
+    ticks.dedup();
+    assert_eq!(ticks.len(), JOBS, "one record a tick: {states:?}");
+    let latest =
+        all.iter().filter_map(|r| r.started_at.map(|s| s - r.id.tick.scheduled_at)).max().expect("b ran its own ticks");
+    assert!(
+        latest < chrono::Duration::from_std(solocron_core::LATE_TOLERANCE).unwrap(),
+        "a run started {latest} after its tick, past the late tolerance: {states:?}"
+    );
+    let skipped = states.get("skipped").copied().unwrap_or(0);
+    assert!(skipped >= JOBS / 4, "the ghost's ticks were recorded skipped (misfire), not run late: {states:?}");
+    assert_eq!(states.get("succeeded").copied().unwrap_or(0) + skipped, JOBS, "{states:?}");
 }
 
 /// A job whose one tick falls 3 s from now, on one node over `distant`, with a 10 s lease
