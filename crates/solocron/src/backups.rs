@@ -115,29 +115,43 @@ async fn claim_backups(
     horizon: i64,
     shutdown: &CancellationToken,
 ) -> Vec<(usize, DateTime<Utc>, bool)> {
+    // Requests not sent give back the nonces of unanswered claims they were lent.
+    let not_sent = |claims: &Claims| e.unanswered.release(claims.iter().map(|(_, r)| r));
     tokio::select! {
         biased;
-        _ = shutdown.cancelled() => return Vec::new(),
+        _ = shutdown.cancelled() => {
+            not_sent(&backup);
+            return Vec::new();
+        }
         _ = tokio::time::sleep(wait) => {}
     }
     let earliest = earliest_by_job(&backup);
     // Asking which are free only reads: cut short by shutdown like the wait. The claim is
     // not (its answer must not be dropped), but not made once it began.
-    let backup = tokio::select! {
+    let unanswered: Claims = backup.iter().filter(|(_, r)| e.unanswered.contains(&r.tick)).cloned().collect();
+    let (backup, maybe_ours) = tokio::select! {
         biased;
-        _ = shutdown.cancelled() => return Vec::new(),
-        backup = still_free(e, backup) => backup,
+        _ = shutdown.cancelled() => {
+            not_sent(&unanswered);
+            return Vec::new();
+        }
+        free = still_free(e, backup) => free,
+    };
+    let oldest =
+        backup.iter().filter(|(_, r)| matches!(r.mode, ClaimMode::Run { .. })).map(|(_, r)| r.tick.scheduled_at).min();
+    let late_from = match oldest {
+        Some(oldest) => e.late_from(oldest).await,
+        None => DateTime::<Utc>::MIN_UTC,
     };
     if shutdown.is_cancelled() {
+        not_sent(&backup);
         return Vec::new();
     }
-    let runs = backup.iter().filter(|(_, r)| matches!(r.mode, ClaimMode::Run { .. }));
-    let (backup, stale) = match runs.map(|(_, r)| r.tick.scheduled_at).min() {
-        Some(oldest) => past_tolerance(backup, e.late_from(oldest).await),
-        None => (backup, HashSet::new()),
-    };
+    let exempt = |i: usize, r: &ClaimRequest| maybe_ours.contains(&r.tick) || set.jobs[i].policy().catchup.is_zero();
+    let (backup, stale) = past_tolerance(backup, late_from, exempt);
+    not_sent(&stale);
     let mut result = e.claim_and_start(set, backup, horizon).await;
-    result.failed.extend(stale);
+    result.failed.extend(stale.iter().map(|(i, _)| *i));
     undo(&earliest, &result.failed, &result.too_early)
 }
 
@@ -146,22 +160,18 @@ async fn claim_backups(
 /// are free, against a slow or unavailable store, may have taken seconds. Claimed, they
 /// would run as late ticks past the tolerance; given back to the timer instead (as
 /// failed: the store was slow), they go through their job's misfire policy, like any tick
-/// found that late, an unanswered one too (with its nonce: misfire = all is granted the
-/// lost claim again; a skip leaves it to recovery). Returns the backups to claim and the
-/// jobs of the others.
-fn past_tolerance(backup: Claims, late_from: DateTime<Utc>) -> (Claims, HashSet<usize>) {
-    let mut stale = HashSet::new();
-    let keep = backup
-        .into_iter()
-        .filter(|(i, r)| {
-            let late = matches!(r.mode, ClaimMode::Run { .. }) && r.tick.scheduled_at < late_from;
-            if late {
-                stale.insert(*i);
-            }
-            !late
-        })
-        .collect();
-    (keep, stale)
+/// found that late. Not those `exempt` says may not be: one whose unanswered claim may
+/// have committed in time (asked again, it is granted again), and one of a job without a
+/// catch-up window (the timer would not examine it again: it runs late, not lost
+/// unrecorded). Returns the backups to claim and the others.
+fn past_tolerance(
+    backup: Claims,
+    late_from: DateTime<Utc>,
+    exempt: impl Fn(usize, &ClaimRequest) -> bool,
+) -> (Claims, Claims) {
+    backup.into_iter().partition(|(i, r)| {
+        !matches!(r.mode, ClaimMode::Run { .. }) || r.tick.scheduled_at >= late_from || exempt(*i, r)
+    })
 }
 
 /// A task's end: a panic goes on (a bug, as in the timer itself).
@@ -206,23 +216,37 @@ fn undo(
 /// the others are claimed. Asking costs the store a lookup per tick where a claim that
 /// finds its tick taken costs it more, and it is the common case. A tick this node's own
 /// claim of went unanswered is kept (its claim, asked again, is granted again); a chunk
-/// the store cannot answer is kept whole (claimed, as before).
-async fn still_free(e: &Engine, backup: Claims) -> Claims {
+/// the store cannot answer is kept whole (claimed, as before). Also returns the kept ticks
+/// whose unanswered claim may have committed: taken, or the store could not tell.
+async fn still_free(e: &Engine, backup: Claims) -> (Claims, HashSet<Tick>) {
     let mut keep = Vec::with_capacity(backup.len());
+    let mut maybe_ours = HashSet::new();
     for chunk in backup.chunks(solocron_core::CLAIM_BATCH_MAX) {
         let ticks: Vec<Tick> = chunk.iter().map(|(_, r)| r.tick.clone()).collect();
-        let taken: HashSet<Tick> = match counted(StoreOp::Claim, e.store.taken_ticks(&ticks)).await {
-            Ok(Some(taken)) => taken.into_iter().collect(),
-            Ok(None) => return backup,
+        let taken: Option<HashSet<Tick>> = match counted(StoreOp::Claim, e.store.taken_ticks(&ticks)).await {
+            Ok(Some(taken)) => Some(taken.into_iter().collect()),
+            Ok(None) => break,
             Err(err) => {
                 tracing::debug!(error = %err, "cannot ask which backups are taken; claiming them");
-                HashSet::new()
+                None
             }
         };
-        keep.extend(chunk.iter().map(|(_, r)| !taken.contains(&r.tick) || e.unanswered.contains(&r.tick)));
+        for (_, r) in chunk {
+            let unanswered = e.unanswered.contains(&r.tick);
+            let is_taken = taken.as_ref().is_some_and(|t| t.contains(&r.tick));
+            if unanswered && (is_taken || taken.is_none()) {
+                maybe_ours.insert(r.tick.clone());
+            }
+            keep.push(unanswered || !is_taken);
+        }
     }
-    debug_assert_eq!(keep.len(), backup.len());
-    backup.into_iter().zip(keep).filter_map(|(claim, kept)| kept.then_some(claim)).collect()
+    if keep.len() < backup.len() {
+        // The store cannot tell (`Ok(None)` is the same for every chunk): all are claimed.
+        let ours = backup.iter().filter(|(_, r)| e.unanswered.contains(&r.tick)).map(|(_, r)| r.tick.clone());
+        let ours = ours.collect();
+        return (backup, ours);
+    }
+    (backup.into_iter().zip(keep).filter_map(|(claim, kept)| kept.then_some(claim)).collect(), maybe_ours)
 }
 
 #[cfg(test)]
@@ -249,19 +273,23 @@ mod tests {
     }
 
     #[test]
-    fn a_backup_to_run_past_the_late_tolerance_goes_back_to_the_timer_and_a_skip_is_recorded() {
+    fn a_backup_to_run_past_the_late_tolerance_goes_back_to_the_timer_unless_exempt_and_a_skip_is_recorded() {
         let run = ClaimMode::Run { skip_if_running: true };
         let skip = ClaimMode::Skip { reason: "missed".into() };
         let backup = vec![
             claim(1, 5, run.clone()),
             claim(1, 15, run.clone()),
             claim(2, 5, skip),
+            claim(3, 6, run.clone()),
             claim(4, 9, run.clone()),
             claim(5, 10, run),
         ];
-        let (kept, stale) = past_tolerance(backup, t(10));
-        let kept: Vec<(usize, i64)> = kept.iter().map(|(i, r)| (*i, r.tick.scheduled_at.timestamp())).collect();
-        assert_eq!(kept, vec![(1, 15), (2, 5), (5, 10)], "a skip is recorded however late");
-        assert_eq!(stale, HashSet::from([1, 4]));
+        let exempt = |i: usize, _: &ClaimRequest| i == 3;
+        let (kept, stale) = past_tolerance(backup, t(10), exempt);
+        let at = |claims: &Claims| -> Vec<(usize, i64)> {
+            claims.iter().map(|(i, r)| (*i, r.tick.scheduled_at.timestamp())).collect()
+        };
+        assert_eq!(at(&kept), vec![(1, 15), (2, 5), (3, 6), (5, 10)], "a skip is recorded however late");
+        assert_eq!(at(&stale), vec![(1, 5), (4, 9)]);
     }
 }

@@ -245,13 +245,21 @@ async fn claim_reached(
 const TOO_EARLY_PAUSE: Duration = Duration::from_millis(20);
 
 /// The request for tick `t` of `job` now: as queued, or as a missed tick by the misfire
-/// policy ([`past_tolerance`]).
+/// policy ([`past_tolerance`]) if its job has a catch-up window and no claim of it by this
+/// node may have committed.
 async fn reached(e: &Engine, job: &Job, t: DateTime<Utc>, trigger: Trigger) -> ClaimRequest {
     let tick = Tick::new(job.name(), t);
-    if trigger != Trigger::Schedule {
+    // A job without a catch-up window: the timer would not examine a missed tick at all; it
+    // runs late rather than being lost unrecorded.
+    if trigger != Trigger::Schedule || job.policy().catchup.is_zero() {
         return e.run_request(job, tick, trigger);
     }
     let late_from = e.late_from(t).await;
+    // An unanswered claim that may have committed in time is asked for again as it was
+    // (only a claim to run is granted again).
+    if t < late_from && e.may_have_committed(&tick).await {
+        return e.run_request(job, tick, trigger);
+    }
     match past_tolerance(job, t, trigger, late_from, || next_before(e, job.name(), late_from)) {
         Reached::AsQueued => e.run_request(job, tick, trigger),
         Reached::Missed(None) => e.run_request(job, tick, Trigger::Catchup),

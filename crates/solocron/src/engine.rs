@@ -142,6 +142,18 @@ impl Engine {
         }
     }
 
+    /// Whether this node's claim of `tick` went unanswered and may have committed: the
+    /// tick has a record, or the store cannot tell.
+    pub(crate) async fn may_have_committed(&self, tick: &Tick) -> bool {
+        if !self.unanswered.contains(tick) {
+            return false;
+        }
+        match counted(StoreOp::Claim, self.store.taken_ticks(std::slice::from_ref(tick))).await {
+            Ok(Some(taken)) => !taken.is_empty(),
+            Ok(None) | Err(_) => true,
+        }
+    }
+
     /// Reads the store's clock once, to keep [`Engine::now`] close to it; a failure is
     /// counted and leaves the estimate as it was.
     pub(crate) async fn sample_store_clock(&self) -> Result<(), StoreError> {
