@@ -217,7 +217,10 @@ fn undo(
 /// finds its tick taken costs it more, and it is the common case. A tick this node's own
 /// claim of went unanswered is kept (its claim, asked again, is granted again); a chunk
 /// the store cannot answer is kept whole (claimed, as before). Also returns the kept ticks
-/// whose unanswered claim may have committed: taken, or the store could not tell.
+/// whose unanswered claim may have committed: taken, or every unanswered one if the store
+/// cannot tell at all (`Ok(None)`). Not when asking failed: the store is down, and the
+/// claims it left unanswered most likely never reached it (a pool that found no
+/// connection).
 async fn still_free(e: &Engine, backup: Claims) -> (Claims, HashSet<Tick>) {
     let mut keep = Vec::with_capacity(backup.len());
     let mut maybe_ours = HashSet::new();
@@ -234,7 +237,7 @@ async fn still_free(e: &Engine, backup: Claims) -> (Claims, HashSet<Tick>) {
         for (_, r) in chunk {
             let unanswered = e.unanswered.contains(&r.tick);
             let is_taken = taken.as_ref().is_some_and(|t| t.contains(&r.tick));
-            if unanswered && (is_taken || taken.is_none()) {
+            if unanswered && is_taken {
                 maybe_ours.insert(r.tick.clone());
             }
             keep.push(unanswered || !is_taken);

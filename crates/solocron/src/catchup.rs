@@ -1,7 +1,7 @@
 //! Catch-up: missed ticks of one job (and late ticks queued behind them) run one after the
 //! other, oldest first, each claimed just before it runs, at most one sequence per job on
-//! this node. A late tick that a sequence held by an outage reaches past the late
-//! tolerance is missed by then, and follows the misfire policy. While one is under way, the timer records the job's on-time ticks skipped
+//! this node. A late tick that a sequence held by the store (down or as slow) reaches well
+//! past the late tolerance is missed by then, and follows the misfire policy. While one is under way, the timer records the job's on-time ticks skipped
 //! (overlap = skip: the job is busy), never claims them to run beside it. Other nodes know
 //! nothing of it: one that ranks first for an on-time tick claims it to run, and may win
 //! it between two runs of the sequence, before older ticks still queued here.
@@ -90,9 +90,9 @@ fn next_tick(e: &Engine, job: &str) -> Option<(DateTime<Utc>, Trigger)> {
 }
 
 async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>) {
-    // Whether a store call of the sequence failed: from then on, its queued late ticks are
-    // judged again as they are reached ([`reached`]).
-    let mut held = false;
+    // How long the sequence waited for its own runs: a late tick queued behind them is
+    // that much later by the time it is reached, as queuing it promised ([`reached`]).
+    let mut waited = Duration::ZERO;
     while let Some((t, trigger)) = next_tick(e, job.name()) {
         if e.interrupt.is_cancelled() || e.tracker.is_closed() {
             break;
@@ -112,16 +112,18 @@ async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>) {
         // overlap = skip, a tick claimed while another node's catch-up run is in progress
         // would be recorded skipped; waiting for the job to be idle first makes the fleet's
         // catch-up sequences run one tick at a time instead.
-        if job.policy().overlap == Overlap::Skip && !wait_until_idle(e, job.name(), &mut held).await {
+        if job.policy().overlap == Overlap::Skip && !wait_until_idle(e, job.name()).await {
             break;
         }
-        let Some((req, outcome, sent, received)) = claim_reached(e, job, t, trigger, &mut held).await else { break };
+        let Some((req, outcome, sent, received)) = claim_reached(e, job, t, trigger, waited).await else { break };
         match outcome {
             // The sequence may end with this round's on-time ticks, claimed ahead: the run
             // waits for its instant like any other.
             ClaimOutcome::Won(lease) => {
                 let run = e.claimed(job.clone(), lease, req.trigger, sent, received);
+                let started = Instant::now();
                 let _ = e.start(run, e.interrupt.clone()).await;
+                waited += started.elapsed();
             }
             other => e.on_claimed(job, &req, other, sent, received),
         }
@@ -137,9 +139,9 @@ enum Reached {
     Missed(Option<&'static str>),
 }
 
-/// A tick queued on time (`Schedule`) that a sequence held by the store's outage reaches
-/// older than `late_from` is missed by now: it goes through the job's misfire policy as
-/// the timer's missed ticks do, never runs as a scheduled tick that late. (A sequence
+/// A tick queued on time (`Schedule`) that a sequence reaches older than `late_from` (by
+/// its lateness as [`reached`] judges it) is missed by now: it goes through the job's misfire
+/// policy as the timer's missed ticks do, never runs as a scheduled tick that late. (A sequence
 /// that only waited for its own runs runs its late ticks as queued: that wait is what
 /// queuing them promised.) Misfire = once runs it only if the next queued tick is not
 /// missed too (`next_missed`): the latest of a stretch of missed ticks.
@@ -165,16 +167,15 @@ fn past_tolerance(
     }
 }
 
-/// Whether the next tick queued in `job`'s sequence is older than `late_from`.
-fn next_before(e: &Engine, job: &str, late_from: DateTime<Utc>) -> bool {
+/// The next tick queued in `job`'s sequence.
+fn next_queued(e: &Engine, job: &str) -> Option<DateTime<Utc>> {
     let sequences = e.catching_up.lock().expect("not poisoned");
-    sequences.get(job).and_then(|q| q.front()).is_some_and(|(t, _)| *t < late_from)
+    sequences.get(job).and_then(|q| q.front()).map(|(t, _)| *t)
 }
 
 /// Waits until no run of `job` is running anywhere, but this node's own claims whose
-/// answer was lost (the sequence asks for those again itself); false on shutdown. Sets
-/// `held` when the store does not answer.
-async fn wait_until_idle(e: &Engine, job: &str, held: &mut bool) -> bool {
+/// answer was lost (the sequence asks for those again itself); false on shutdown.
+async fn wait_until_idle(e: &Engine, job: &str) -> bool {
     let q = HistoryQuery {
         job: Some(job.to_owned()),
         state: Some(RunState::Running),
@@ -186,42 +187,33 @@ async fn wait_until_idle(e: &Engine, job: &str, held: &mut bool) -> bool {
         match counted(StoreOp::History, e.store.history(&q)).await {
             Ok(running) if running.len() < RUNNING_LOOKED_AT_MAX && running.iter().all(ours_unanswered) => return true,
             Ok(_) => {}
-            Err(err) => {
-                *held = true;
-                tracing::debug!(error = %err, "cannot tell whether the job is running");
-            }
+            Err(err) => tracing::debug!(error = %err, "cannot tell whether the job is running"),
         }
         tokio::time::sleep(IDLE_POLL).await;
     }
     false
 }
 
-/// Claims tick `t` of `job`, reached by the sequence (queued with `trigger`): as queued, or,
-/// once a store call of the sequence failed (`held`, set here too), as [`reached`] says at
-/// each try. Retried while the store is unavailable, and asked again at the tick's instant
-/// (by the clock the refusal corrected) while the store refuses it as too early: a late
-/// tick of the sequence is a scheduled one, and this node's clock may have run ahead of
-/// the store's. The request with its answer and when it was sent and answered; `None` on
-/// shutdown.
+/// Claims tick `t` of `job`, reached by the sequence (queued with `trigger`, after the
+/// sequence `waited` for its own runs), asked for as [`reached`] says at each try: retried
+/// while the store is unavailable, and asked again at the tick's instant (by the clock the
+/// refusal corrected) while the store refuses it as too early: a late tick of the sequence
+/// is a scheduled one, and this node's clock may have run ahead of the store's. The
+/// request with its answer and when it was sent and answered; `None` on shutdown.
 async fn claim_reached(
     e: &Engine,
     job: &Job,
     t: DateTime<Utc>,
     trigger: Trigger,
-    held: &mut bool,
+    waited: Duration,
 ) -> Option<(ClaimRequest, ClaimOutcome, Instant, Instant)> {
     let mut backoff = Backoff::store();
     while !e.tracker.is_closed() {
-        let req = if *held {
-            reached(e, job, t, trigger).await
-        } else {
-            e.run_request(job, Tick::new(job.name(), t), trigger)
-        };
+        let req = reached(e, job, t, trigger, waited).await;
         let sent = Instant::now();
         let outcome = match e.claim(std::slice::from_ref(&req)).await {
             Ok(mut outcomes) => outcomes.pop().expect("the engine checks one outcome per request"),
             Err(err) => {
-                *held = true;
                 tracing::warn!(error = %err, "catch-up claim failed; retrying");
                 backoff.wait().await;
                 continue;
@@ -241,26 +233,35 @@ async fn claim_reached(
     None
 }
 
+/// What a sequence's own claims may add to a queued tick's lateness while it goes on as it
+/// should (each takes milliseconds); a store that holds it longer makes its ticks missed.
+const SEQUENCE_SLACK: Duration = Duration::from_secs(1);
+
 /// The least wait before a tick refused as too early is asked for again.
 const TOO_EARLY_PAUSE: Duration = Duration::from_millis(20);
 
 /// The request for tick `t` of `job` now: as queued, or as a missed tick by the misfire
 /// policy ([`past_tolerance`]) if its job has a catch-up window and no claim of it by this
-/// node may have committed.
-async fn reached(e: &Engine, job: &Job, t: DateTime<Utc>, trigger: Trigger) -> ClaimRequest {
+/// node may have committed. A tick is judged by its lateness less what the sequence
+/// `waited` for its own runs and less [`SEQUENCE_SLACK`]: a sequence going on as it should
+/// never reaches one missed; one held by the store (down, or as slow) does.
+async fn reached(e: &Engine, job: &Job, t: DateTime<Utc>, trigger: Trigger, waited: Duration) -> ClaimRequest {
     let tick = Tick::new(job.name(), t);
     // A job without a catch-up window: the timer would not examine a missed tick at all; it
     // runs late rather than being lost unrecorded.
     if trigger != Trigger::Schedule || job.policy().catchup.is_zero() {
         return e.run_request(job, tick, trigger);
     }
-    let late_from = e.late_from(t).await;
+    let slack = chrono::Duration::from_std(waited + SEQUENCE_SLACK).unwrap_or(chrono::Duration::MAX);
+    let judged = |t: DateTime<Utc>| t.checked_add_signed(slack).unwrap_or(DateTime::<Utc>::MAX_UTC);
+    let late_from = e.late_from(judged(t)).await;
     // An unanswered claim that may have committed in time is asked for again as it was
     // (only a claim to run is granted again).
-    if t < late_from && e.may_have_committed(&tick).await {
+    if judged(t) < late_from && e.may_have_committed(&tick).await {
         return e.run_request(job, tick, trigger);
     }
-    match past_tolerance(job, t, trigger, late_from, || next_before(e, job.name(), late_from)) {
+    let next_missed = || next_queued(e, job.name()).is_some_and(|next| judged(next) < late_from);
+    match past_tolerance(job, judged(t), trigger, late_from, next_missed) {
         Reached::AsQueued => e.run_request(job, tick, trigger),
         Reached::Missed(None) => e.run_request(job, tick, Trigger::Catchup),
         Reached::Missed(Some(reason)) => {

@@ -138,19 +138,22 @@ impl Engine {
                 self.store_clock.observe_step(before, sent.elapsed(), store_now);
                 store_now - tolerance
             }
-            Err(_) => estimate,
+            // Now, not before the read: it may have taken the store call's bound.
+            Err(_) => self.now() - tolerance,
         }
     }
 
     /// Whether this node's claim of `tick` went unanswered and may have committed: the
-    /// tick has a record, or the store cannot tell.
+    /// tick has a record, or the store cannot tell (`Ok(None)`). Not when asking fails: the
+    /// store is down, and what it left unanswered most likely never reached it.
     pub(crate) async fn may_have_committed(&self, tick: &Tick) -> bool {
         if !self.unanswered.contains(tick) {
             return false;
         }
         match counted(StoreOp::Claim, self.store.taken_ticks(std::slice::from_ref(tick))).await {
             Ok(Some(taken)) => !taken.is_empty(),
-            Ok(None) | Err(_) => true,
+            Ok(None) => true,
+            Err(_) => false,
         }
     }
 

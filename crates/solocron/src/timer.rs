@@ -104,13 +104,13 @@ pub(crate) async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
             continue;
         }
         let set = timer.set.clone();
-        let (failed, claim_took) =
+        let (failed, asked, claim_took) =
             claim_due(e, &set, &due, &mut timer.cursors, &mut timer.backups, round, shutdown).await;
         if failed.is_empty() {
             lead.observe(Instant::now(), claim_took);
             backoff.reset();
         }
-        timer.reschedule(&due, &failed, now);
+        timer.reschedule(&due, &failed, &asked, now);
         if !failed.is_empty() {
             tokio::select! {
                 _ = backoff.wait() => {}
@@ -364,11 +364,16 @@ impl Timer {
     }
 
     /// Puts the round's jobs back on the heap: at their next tick, or, where the claim
-    /// failed, at once (the backoff paces the retry) with their cursor unmoved.
-    fn reschedule(&mut self, due: &[usize], failed: &HashSet<usize>, now: DateTime<Utc>) {
+    /// failed, at once (the backoff paces the retry) with their cursor unmoved. A job's
+    /// health is what its claim said: failed, or answered (`asked`); a job this node made
+    /// no claim of in the round (its ticks went to backups or a sequence) keeps its own,
+    /// so an outage is not taken for a healthy store by a round that never asked it.
+    fn reschedule(&mut self, due: &[usize], failed: &HashSet<usize>, asked: &HashSet<usize>, now: DateTime<Utc>) {
         for &i in due {
             let ok = !failed.contains(&i);
-            self.cursors[i].healthy = Some(ok);
+            if !ok || asked.contains(&i) {
+                self.cursors[i].healthy = Some(ok);
+            }
             let after = if ok { self.cursors[i].handled } else { now };
             if let Some(next) = self.set.jobs[i].schedule().next_after(after) {
                 self.heap.push(Reverse((if ok { next } else { now }, i)));
@@ -392,8 +397,9 @@ async fn calibrate(e: &Engine) {
 /// Plans and claims the ticks of `due` jobs up to the round's horizon: the ticks this node
 /// ranks first at once, the others as a backup past their instant, in a task of
 /// `backups` (`spread.rs`, `backups.rs`). Returns the jobs whose claim failed (store
-/// unavailable): their cursor stays, so nothing is lost; and how long the claim of this
-/// node's own ticks took (what the lead adapts to).
+/// unavailable): their cursor stays, so nothing is lost; the jobs this node claimed ticks
+/// of itself (not only backups); and how long the claim of this node's own ticks took
+/// (what the lead adapts to).
 async fn claim_due(
     e: &Arc<Engine>,
     set: &Arc<JobSet>,
@@ -402,7 +408,7 @@ async fn claim_due(
     backups: &mut Backups,
     round: Round,
     shutdown: &CancellationToken,
-) -> (HashSet<usize>, Duration) {
+) -> (HashSet<usize>, HashSet<usize>, Duration) {
     debug_assert!(round.now <= round.horizon);
     debug_assert!((round.horizon - round.now).to_std().is_ok_and(|d| d <= CLAIM_AHEAD_MAX));
     // After failed claims the store may have restarted and forgotten (Redis without
@@ -417,7 +423,7 @@ async fn claim_due(
                 }
             }
             Ok(None) => {}
-            Err(_) => return (due.iter().copied().collect(), Duration::ZERO),
+            Err(_) => return (due.iter().copied().collect(), HashSet::new(), Duration::ZERO),
         }
     }
     let mut plan = Plan::default();
@@ -426,6 +432,7 @@ async fn claim_due(
         plan_job(e, &set.jobs[i], i, cursors[i], round, &mut run_slots, &mut plan);
     }
     let (first, backup) = spread(e, plan.claims);
+    let asked: HashSet<usize> = first.iter().map(|(i, _)| *i).collect();
     let sent = Instant::now();
     let result = e.claim_and_start(set, first, round.horizon.timestamp_millis()).await;
     let claim_took = sent.elapsed();
@@ -449,7 +456,7 @@ async fn claim_due(
             catchup::spawn(e, set.jobs[i].clone(), ticks);
         }
     }
-    (failed, claim_took)
+    (failed, asked, claim_took)
 }
 
 /// The claims this node makes first and those it makes as a backup: each job's by its
