@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{ClaimMode, ClaimRequest, Tick};
+use solocron_core::{ClaimMode, ClaimRequest, Tick, LATE_TOLERANCE};
 use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 
@@ -147,7 +147,14 @@ async fn claim_backups(
         not_sent(&backup);
         return Vec::new();
     }
-    let exempt = |i: usize, r: &ClaimRequest| maybe_ours.contains(&r.tick) || set.jobs[i].policy().catchup.is_zero();
+    // A tick with less than the late tolerance left of its job's catch-up window (none, by
+    // default) may be out of it when the timer plans it again: claimed, not handed back.
+    let now = e.now();
+    let window_closing = |i: usize, r: &ClaimRequest| {
+        let catchup = chrono::Duration::from_std(set.jobs[i].policy().catchup).unwrap_or(chrono::Duration::MAX);
+        r.tick.scheduled_at.checked_add_signed(catchup).is_none_or(|end| end < now + tolerance())
+    };
+    let exempt = |i: usize, r: &ClaimRequest| maybe_ours.contains(&r.tick) || window_closing(i, r);
     let (backup, stale) = past_tolerance(backup, late_from, exempt);
     not_sent(&stale);
     let mut result = e.claim_and_start(set, backup, horizon).await;
@@ -161,9 +168,9 @@ async fn claim_backups(
 /// would run as late ticks past the tolerance; given back to the timer instead (as
 /// failed: the store was slow), they go through their job's misfire policy, like any tick
 /// found that late. Not those `exempt` says may not be: one whose unanswered claim may
-/// have committed in time (asked again, it is granted again), and one of a job without a
-/// catch-up window (the timer would not examine it again: it runs late, not lost
-/// unrecorded). Returns the backups to claim and the others.
+/// have committed in time (asked again, it is granted again), and one its job's catch-up
+/// window is about to leave behind (none by default: the timer would not examine it
+/// again; it runs late, not lost unrecorded). Returns the backups to claim and the others.
 fn past_tolerance(
     backup: Claims,
     late_from: DateTime<Utc>,
@@ -172,6 +179,11 @@ fn past_tolerance(
     backup.into_iter().partition(|(i, r)| {
         !matches!(r.mode, ClaimMode::Run { .. }) || r.tick.scheduled_at >= late_from || exempt(*i, r)
     })
+}
+
+/// [`LATE_TOLERANCE`] as a span of wall-clock time.
+fn tolerance() -> chrono::Duration {
+    chrono::Duration::from_std(LATE_TOLERANCE).expect("small")
 }
 
 /// A task's end: a panic goes on (a bug, as in the timer itself).

@@ -244,7 +244,8 @@ const TOO_EARLY_PAUSE: Duration = Duration::from_millis(20);
 /// policy ([`past_tolerance`]) if its job has a catch-up window and no claim of it by this
 /// node may have committed. A tick is judged by its lateness less what the sequence
 /// `waited` for its own runs and less [`SEQUENCE_SLACK`]: a sequence going on as it should
-/// never reaches one missed; one held by the store (down, or as slow) does.
+/// never reaches one missed; one held by the store (down, or as slow) does. (A run's wait
+/// includes recording its end: a store down then excuses up to that run's lease.)
 async fn reached(e: &Engine, job: &Job, t: DateTime<Utc>, trigger: Trigger, waited: Duration) -> ClaimRequest {
     let tick = Tick::new(job.name(), t);
     // A job without a catch-up window: the timer would not examine a missed tick at all; it

@@ -41,8 +41,9 @@ const DUE_JOBS_PER_ROUND_MAX: usize = 10_000;
 struct Cursor {
     /// The last instant already handled.
     handled: DateTime<Utc>,
-    /// Did the job's last claim round succeed? Only then are ticks since `handled` late
-    /// rather than missed (a slow round is not an outage). `None` until the job's first
+    /// Did the job's last claim round succeed, as far as it asked the store (a round that
+    /// claimed nothing itself says nothing; a failed or too late backup says no)? Only then
+    /// are ticks since `handled` late rather than missed (a slow round is not an outage). `None` until the job's first
     /// claim round: ticks that came due after this node started are late, not missed, even
     /// when the first rounds of a huge start (10,000 jobs per round) take a while.
     healthy: Option<bool>,
@@ -364,14 +365,16 @@ impl Timer {
     }
 
     /// Puts the round's jobs back on the heap: at their next tick, or, where the claim
-    /// failed, at once (the backoff paces the retry) with their cursor unmoved. A job's
-    /// health is what its claim said: failed, or answered (`asked`); a job this node made
-    /// no claim of in the round (its ticks went to backups or a sequence) keeps its own,
-    /// so an outage is not taken for a healthy store by a round that never asked it.
+    /// failed, at once (the backoff paces the retry) with their cursor unmoved. A job whose
+    /// claim failed is unhealthy; the others are healthy if the store answered a claim of
+    /// the round (`asked`: the jobs this node claimed ticks of), else keep their health: a
+    /// round whose ticks all went to backups or sequences never asked the store, and must
+    /// not take an outage for a healthy store.
     fn reschedule(&mut self, due: &[usize], failed: &HashSet<usize>, asked: &HashSet<usize>, now: DateTime<Utc>) {
+        let answered = asked.iter().any(|i| !failed.contains(i));
         for &i in due {
             let ok = !failed.contains(&i);
-            if !ok || asked.contains(&i) {
+            if !ok || answered {
                 self.cursors[i].healthy = Some(ok);
             }
             let after = if ok { self.cursors[i].handled } else { now };
