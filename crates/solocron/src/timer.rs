@@ -42,10 +42,11 @@ struct Cursor {
     /// The last instant already handled.
     handled: DateTime<Utc>,
     /// Did the job's last claim round succeed, as far as it asked the store (a round that
-    /// claimed nothing itself says nothing; a failed or too late backup says no)? Only then
-    /// are ticks since `handled` late rather than missed (a slow round is not an outage). `None` until the job's first
-    /// claim round: ticks that came due after this node started are late, not missed, even
-    /// when the first rounds of a huge start (10,000 jobs per round) take a while.
+    /// asked nothing says nothing; a failed or too late backup says no)? Only then are
+    /// ticks since `handled` late rather than missed (a slow round is not an outage). `None`
+    /// until the job's first claim round: ticks that came due after this node started are
+    /// late, not missed, even when the first rounds of a huge start (10,000 jobs per round)
+    /// take a while.
     healthy: Option<bool>,
 }
 
