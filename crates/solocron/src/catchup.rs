@@ -1,8 +1,9 @@
 //! Catch-up: missed ticks of one job (and late ticks queued behind them) run one after the
 //! other, oldest first, each claimed just before it runs, at most one sequence per job on
 //! this node. A late tick that a sequence held by the store (down or as slow) reaches well
-//! past the late tolerance is missed by then, and follows the misfire policy. While one is under way, the timer records the job's on-time ticks skipped
-//! (overlap = skip: the job is busy), never claims them to run beside it. Other nodes know
+//! past the late tolerance is missed by then, and follows the misfire policy. While one is
+//! under way, the timer records the job's on-time ticks skipped (overlap = skip: the job
+//! is busy), never claims them to run beside it. Other nodes know
 //! nothing of it: one that ranks first for an on-time tick claims it to run, and may win
 //! it between two runs of the sequence, before older ticks still queued here.
 
@@ -140,11 +141,11 @@ enum Reached {
 }
 
 /// A tick queued on time (`Schedule`) that a sequence reaches older than `late_from` (by
-/// its lateness as [`reached`] judges it) is missed by now: it goes through the job's misfire
-/// policy as the timer's missed ticks do, never runs as a scheduled tick that late. (A sequence
-/// that only waited for its own runs runs its late ticks as queued: that wait is what
-/// queuing them promised.) Misfire = once runs it only if the next queued tick is not
-/// missed too (`next_missed`): the latest of a stretch of missed ticks.
+/// its lateness as [`reached`] judges it) is missed by now: it goes through the job's
+/// misfire policy as the timer's missed ticks do, never runs as a scheduled tick that late.
+/// (A sequence that only waited for its own runs runs its late ticks as queued: that wait
+/// is what queuing them promised.) Misfire = once runs it only if the next queued tick is
+/// not missed too (`next_missed`): the latest of a stretch of missed ticks.
 fn past_tolerance(
     job: &Job,
     t: DateTime<Utc>,
