@@ -17,11 +17,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{ClaimMode, ClaimRequest, Tick, LATE_TOLERANCE};
+use solocron_core::{ClaimMode, ClaimRequest, Tick};
 use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{counted, Engine};
+use crate::engine::{counted, late_tolerance, Engine};
 use crate::jobset::JobSet;
 use crate::metrics::StoreOp;
 use crate::spread::{backup_wait, BACKUP_AFTER};
@@ -152,7 +152,7 @@ async fn claim_backups(
     let now = e.now();
     let window_closing = |i: usize, r: &ClaimRequest| {
         let catchup = chrono::Duration::from_std(set.jobs[i].policy().catchup).unwrap_or(chrono::Duration::MAX);
-        r.tick.scheduled_at.checked_add_signed(catchup).is_none_or(|end| end < now + tolerance())
+        r.tick.scheduled_at.checked_add_signed(catchup).is_none_or(|end| end < now + late_tolerance())
     };
     let exempt = |i: usize, r: &ClaimRequest| maybe_ours.contains(&r.tick) || window_closing(i, r);
     let (backup, stale) = past_tolerance(backup, late_from, exempt);
@@ -179,11 +179,6 @@ fn past_tolerance(
     backup.into_iter().partition(|(i, r)| {
         !matches!(r.mode, ClaimMode::Run { .. }) || r.tick.scheduled_at >= late_from || exempt(*i, r)
     })
-}
-
-/// [`LATE_TOLERANCE`] as a span of wall-clock time.
-fn tolerance() -> chrono::Duration {
-    chrono::Duration::from_std(LATE_TOLERANCE).expect("small")
 }
 
 /// A task's end: a panic goes on (a bug, as in the timer itself).

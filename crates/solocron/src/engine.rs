@@ -127,7 +127,7 @@ impl Engine {
     /// on-time ticks look missed (the reading corrects the estimate, as a refusal does). By
     /// the estimate alone while the store does not answer.
     pub(crate) async fn late_from(&self, oldest: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
-        let tolerance = chrono::Duration::from_std(LATE_TOLERANCE).expect("small");
+        let tolerance = late_tolerance();
         let estimate = self.now() - tolerance;
         if oldest >= estimate {
             return estimate;
@@ -268,6 +268,7 @@ impl Engine {
             let sent = Instant::now();
             match self.claim(chunk).await {
                 Ok(outcomes) => {
+                    result.answered = true;
                     let received = Instant::now();
                     answered.extend(
                         chunk_jobs.iter().zip(chunk).zip(outcomes).map(|((i, req), o)| (*i, req, o, sent, received)),
@@ -384,6 +385,8 @@ pub(crate) struct RoundResult {
     /// Jobs with a tick the store refused as claimed too early, and the earliest such tick:
     /// due again at its instant, by the clock the refusal corrected.
     pub(crate) too_early: HashMap<usize, chrono::DateTime<chrono::Utc>>,
+    /// Whether the store answered a chunk of the round.
+    pub(crate) answered: bool,
 }
 
 /// The chunks of at most `max` requests that a round's batch (the job of each request, in
@@ -436,6 +439,11 @@ pub(crate) fn claim_timeout(requests: &[ClaimRequest], asked_again: bool) -> Dur
     } else {
         (shortest / 3).min(STORE_CALL_TIMEOUT)
     }
+}
+
+/// [`LATE_TOLERANCE`] as a span of wall-clock time.
+pub(crate) fn late_tolerance() -> chrono::Duration {
+    chrono::Duration::from_std(LATE_TOLERANCE).expect("small")
 }
 
 /// A store call bounded by [`STORE_CALL_TIMEOUT`]; a hung connection counts as unavailable.

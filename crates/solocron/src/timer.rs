@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{plan_due, ClaimMode, HistoryQuery, Overlap, Tick, Trigger, JOBS_ASKED_MAX, LATE_TOLERANCE};
+use solocron_core::{plan_due, ClaimMode, HistoryQuery, Overlap, Tick, Trigger, JOBS_ASKED_MAX};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::backups::{Backups, Claims, Undo};
 use crate::catchup::{self, Sequence};
-use crate::engine::{counted, Engine};
+use crate::engine::{counted, late_tolerance, Engine};
 use crate::job::Job;
 use crate::jobset::JobSet;
 use crate::lead::{Lead, CLAIM_AHEAD_MAX};
@@ -106,13 +106,13 @@ pub(crate) async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
             continue;
         }
         let set = timer.set.clone();
-        let (failed, asked, claim_took) =
+        let (failed, answered, claim_took) =
             claim_due(e, &set, &due, &mut timer.cursors, &mut timer.backups, round, shutdown).await;
         if failed.is_empty() {
             lead.observe(Instant::now(), claim_took);
             backoff.reset();
         }
-        timer.reschedule(&due, &failed, &asked, now);
+        timer.reschedule(&due, &failed, answered, now);
         if !failed.is_empty() {
             tokio::select! {
                 _ = backoff.wait() => {}
@@ -367,12 +367,10 @@ impl Timer {
 
     /// Puts the round's jobs back on the heap: at their next tick, or, where the claim
     /// failed, at once (the backoff paces the retry) with their cursor unmoved. A job whose
-    /// claim failed is unhealthy; the others are healthy if the store answered a claim of
-    /// the round (`asked`: the jobs this node claimed ticks of), else keep their health: a
-    /// round whose ticks all went to backups or sequences never asked the store, and must
-    /// not take an outage for a healthy store.
-    fn reschedule(&mut self, due: &[usize], failed: &HashSet<usize>, asked: &HashSet<usize>, now: DateTime<Utc>) {
-        let answered = asked.iter().any(|i| !failed.contains(i));
+    /// claim failed is unhealthy; the others are healthy if the store `answered` a claim of
+    /// the round, else keep their health: a round whose ticks all went to backups or
+    /// sequences never asked the store, and must not take an outage for a healthy store.
+    fn reschedule(&mut self, due: &[usize], failed: &HashSet<usize>, answered: bool, now: DateTime<Utc>) {
         for &i in due {
             let ok = !failed.contains(&i);
             if !ok || answered {
@@ -401,9 +399,8 @@ async fn calibrate(e: &Engine) {
 /// Plans and claims the ticks of `due` jobs up to the round's horizon: the ticks this node
 /// ranks first at once, the others as a backup past their instant, in a task of
 /// `backups` (`spread.rs`, `backups.rs`). Returns the jobs whose claim failed (store
-/// unavailable): their cursor stays, so nothing is lost; the jobs this node claimed ticks
-/// of itself (not only backups); and how long the claim of this node's own ticks took
-/// (what the lead adapts to).
+/// unavailable): their cursor stays, so nothing is lost; whether the store answered a
+/// claim of this node's own ticks; and how long that claim took (what the lead adapts to).
 async fn claim_due(
     e: &Arc<Engine>,
     set: &Arc<JobSet>,
@@ -412,7 +409,7 @@ async fn claim_due(
     backups: &mut Backups,
     round: Round,
     shutdown: &CancellationToken,
-) -> (HashSet<usize>, HashSet<usize>, Duration) {
+) -> (HashSet<usize>, bool, Duration) {
     debug_assert!(round.now <= round.horizon);
     debug_assert!((round.horizon - round.now).to_std().is_ok_and(|d| d <= CLAIM_AHEAD_MAX));
     // After failed claims the store may have restarted and forgotten (Redis without
@@ -427,7 +424,7 @@ async fn claim_due(
                 }
             }
             Ok(None) => {}
-            Err(_) => return (due.iter().copied().collect(), HashSet::new(), Duration::ZERO),
+            Err(_) => return (due.iter().copied().collect(), false, Duration::ZERO),
         }
     }
     let mut plan = Plan::default();
@@ -436,7 +433,6 @@ async fn claim_due(
         plan_job(e, &set.jobs[i], i, cursors[i], round, &mut run_slots, &mut plan);
     }
     let (first, backup) = spread(e, plan.claims);
-    let asked: HashSet<usize> = first.iter().map(|(i, _)| *i).collect();
     let sent = Instant::now();
     let result = e.claim_and_start(set, first, round.horizon.timestamp_millis()).await;
     let claim_took = sent.elapsed();
@@ -460,7 +456,7 @@ async fn claim_due(
             catchup::spawn(e, set.jobs[i].clone(), ticks);
         }
     }
-    (failed, asked, claim_took)
+    (failed, result.answered, claim_took)
 }
 
 /// The claims this node makes first and those it makes as a backup: each job's by its
@@ -478,7 +474,7 @@ const CATCHING_UP: &str = "overlap: a catch-up of this job is under way";
 /// ticks to claim (while this node has `run_slots`; to record skipped while the job catches
 /// up here), its missed ticks to record skipped, or a catch-up sequence.
 fn plan_job(e: &Engine, job: &Job, i: usize, cursor: Cursor, round: Round, run_slots: &mut usize, plan: &mut Plan) {
-    let tolerance_start = round.now - chrono::Duration::from_std(LATE_TOLERANCE).expect("small");
+    let tolerance_start = round.now - late_tolerance();
     let late_from = match cursor.healthy {
         Some(true) => cursor.handled.min(tolerance_start),
         Some(false) => tolerance_start,
