@@ -168,7 +168,8 @@ async fn work<K: Kind>(mut rx: mpsc::Receiver<Queued<K::Item>>, store: Arc<dyn S
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
         // Items that arrived while waiting for the slot join this batch; those nobody
         // waits for any more are left out, if this kind leaves them.
-        let mut batch = vec![first];
+        let mut batch = Vec::with_capacity((1 + rx.len()).min(K::BATCH_MAX));
+        batch.push(first);
         while batch.len() < K::BATCH_MAX {
             match rx.try_recv() {
                 Ok(next) => batch.push(next),

@@ -61,7 +61,6 @@ struct Round {
 }
 
 /// What a round asks the store for.
-#[derive(Default)]
 struct Plan {
     /// Claims of this round (each with its job's index), in order.
     claims: Claims,
@@ -427,7 +426,8 @@ async fn claim_due(
             Err(_) => return (due.iter().copied().collect(), false, Duration::ZERO),
         }
     }
-    let mut plan = Plan::default();
+    // Nearly always one claim per due job: made at that size, not grown claim by claim.
+    let mut plan = Plan { claims: Vec::with_capacity(due.len()), catch_ups: Vec::new() };
     let mut run_slots = e.max_concurrent_runs.saturating_sub(e.in_flight());
     for &i in due {
         plan_job(e, &set.jobs[i], i, cursors[i], round, &mut run_slots, &mut plan);
@@ -463,8 +463,19 @@ async fn claim_due(
 /// earliest tick in the round, so a job's ticks stay together, claimed oldest first.
 fn spread(e: &Engine, claims: Claims) -> (Claims, Claims) {
     let ranking = e.spread.ranking();
-    let mut firsts: HashMap<usize, bool> = HashMap::new();
-    claims.into_iter().partition(|(i, r)| *firsts.entry(*i).or_insert_with(|| ranking.is_first(&r.tick)))
+    let (mut first, mut backup) = (Vec::with_capacity(claims.len()), Vec::with_capacity(claims.len()));
+    // A job's claims are next to one another (`plan_job` adds them in one go): its first
+    // one decides for all.
+    let mut job: Option<(usize, bool)> = None;
+    for (i, r) in claims {
+        let mine = match job {
+            Some((j, mine)) if j == i => mine,
+            _ => ranking.is_first(&r.tick),
+        };
+        job = Some((i, mine));
+        if mine { &mut first } else { &mut backup }.push((i, r));
+    }
+    (first, backup)
 }
 
 /// Why an on-time tick of a job catching up on this node is recorded skipped.
