@@ -131,6 +131,18 @@ pub struct RawCpu {
     pub batched_us: f64,
     /// Inserts made in batches.
     pub batched_ops: usize,
+    /// PostgreSQL's write-ahead log per insert in batches, bytes (see [`wal_position`]);
+    /// none on other stores.
+    pub batched_wal: Option<f64>,
+}
+
+/// Where PostgreSQL's write-ahead log stands, in bytes since it began: what a window wrote
+/// is the difference of two readings. Unlike CPU time on a shared machine, it does not
+/// depend on what else runs there (only on what the server wrote, its background work
+/// included).
+pub async fn wal_position(pool: &sqlx::PgPool) -> anyhow::Result<u64> {
+    let at: i64 = sqlx::query_scalar("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint").fetch_one(pool).await?;
+    Ok(u64::try_from(at)?)
 }
 
 /// Measures the raw insert-if-absent of the store at `url` in its own table or keys of
@@ -168,6 +180,11 @@ async fn raw_phases(
     }
     let single = Sample::take(names).since(&before);
     let single_ops = keys.len();
+    let wal_pool = if let Raw::Postgres(pool, _) = raw { Some(pool) } else { None };
+    let wal_before = match wal_pool {
+        Some(pool) => Some(wal_position(pool).await?),
+        None => None,
+    };
     let before = Sample::take(names);
     let t0 = Instant::now();
     let mut batches = 0;
@@ -179,12 +196,19 @@ async fn raw_phases(
     }
     let batched = Sample::take(names).since(&before);
     let batched_ops = batches * RAW_BATCH;
+    let batched_wal = match (wal_pool, wal_before) {
+        (Some(pool), Some(from)) => {
+            Some(wal_position(pool).await?.saturating_sub(from) as f64 / batched_ops.max(1) as f64)
+        }
+        _ => None,
+    };
     let per_op = |ms: u64, ops: usize| ms as f64 * 1000.0 / ops.max(1) as f64;
     let out = RawCpu {
         single_us: per_op(single.ms, single_ops),
         single_ops,
         batched_us: per_op(batched.ms, batched_ops),
         batched_ops,
+        batched_wal,
     };
     Ok((out, keys))
 }

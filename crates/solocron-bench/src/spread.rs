@@ -17,7 +17,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use solocron_core::{HistoryQuery, Prefix, RunState, HEARTBEAT_EVERY, RECORDS_PAGE_MAX};
 
-use crate::cpu::{raw_cpu, server_names, RawCpu, Sample, Usage, RAW_BATCH};
+use crate::cpu::{raw_cpu, server_names, wal_position, RawCpu, Sample, Usage, RAW_BATCH};
 use crate::fleet::{cpu_ms, fresh, reports, spawn, Proc};
 use crate::raw::cleanup;
 use crate::scenarios::{exactly_once, node_args, starts, Ctx};
@@ -169,8 +169,12 @@ fn even_round(c: &Ctx, sz: &Sizes, round: usize) -> anyhow::Result<(Vec<String>,
     let raw = if servers.is_empty() { None } else { Some(block(raw_cpu(&url, &prefix, servers, sz.raw_phase))?) };
     let begin = settled_instant();
     let end = begin + sz.window_s * 1000;
+    let wal = if url.starts_with("postgres") { Some(block(sqlx::PgPool::connect(&url))?) } else { None };
     let procs = fleet(c, &url, &prefix, sz.jobs, end, false);
-    let used = window_cpu(&procs, servers, begin, end);
+    let used = window_cpu(&procs, servers, wal.as_ref(), begin, end);
+    if let Some(pool) = wal {
+        block(pool.close());
+    }
     let reps = reports(procs, Duration::from_secs((end - begin) as u64 / 1000 + 90));
     block(cleanup(&url, &prefix));
     anyhow::ensure!(reps.len() == NODES, "spread: only {} of {NODES} nodes reported", reps.len());
@@ -212,17 +216,23 @@ struct WindowCpu {
     nodes: HashMap<String, u64>,
     /// The server's; none without a server (SQLite).
     store: Option<Usage>,
+    /// PostgreSQL's write-ahead log written, bytes; none on other stores.
+    wal: Option<u64>,
 }
 
-/// Reads the nodes' and the server's CPU at `begin` and at `end` (ms, waiting for each).
-fn window_cpu(procs: &[Proc], servers: &[&str], begin: i64, end: i64) -> WindowCpu {
+/// Reads the nodes' and the server's CPU at `begin` and at `end` (ms, waiting for each),
+/// and where PostgreSQL's log stands, over `wal` (a pool to it; none on other stores).
+fn window_cpu(procs: &[Proc], servers: &[&str], wal: Option<&sqlx::PgPool>, begin: i64, end: i64) -> WindowCpu {
     let nodes_ms = || -> HashMap<String, u64> { procs.iter().map(|p| (p.id.clone(), cpu_ms(p.child.id()))).collect() };
+    // A failed reading leaves the figure out rather than the round.
+    let wal_at = || wal.and_then(|pool| block(wal_position(pool)).ok());
     sleep_until(begin);
-    let (nodes0, store0) = (nodes_ms(), Sample::take(servers));
+    let (nodes0, store0, wal0) = (nodes_ms(), Sample::take(servers), wal_at());
     sleep_until(end);
-    let (nodes1, store1) = (nodes_ms(), Sample::take(servers));
+    let (nodes1, store1, wal1) = (nodes_ms(), Sample::take(servers), wal_at());
     let nodes = nodes1.iter().map(|(id, ms)| (id.clone(), ms.saturating_sub(nodes0[id]))).collect();
-    WindowCpu { nodes, store: (!servers.is_empty()).then(|| store1.since(&store0)) }
+    let wal = wal0.zip(wal1).map(|(from, to)| to.saturating_sub(from));
+    WindowCpu { nodes, store: (!servers.is_empty()).then(|| store1.since(&store0)), wal }
 }
 
 /// Sleeps until `at_ms` (wall clock), if it is ahead.
@@ -243,6 +253,8 @@ struct Cpu {
     store: Option<(f64, Usage)>,
     /// The raw baseline; none on SQLite.
     raw: Option<RawCpu>,
+    /// PostgreSQL's log written per tick run in the window, bytes; none on other stores.
+    wal: Option<f64>,
 }
 
 impl Cpu {
@@ -255,12 +267,18 @@ impl Cpu {
             fleet: us(runs.iter().map(|(n, _)| node_ms(n)).sum(), runs.iter().map(|r| r.1).sum()),
             store: used.store.map(|u| (us(u.ms, ticks), u)),
             raw,
+            wal: used.wal.map(|bytes| bytes as f64 / ticks.max(1) as f64),
         }
     }
 
     /// Store CPU per tick over the raw batched insert's per op.
     fn ratio(&self) -> Option<f64> {
         Some(self.store?.0 / self.raw?.batched_us)
+    }
+
+    /// PostgreSQL's log per tick over the raw batched insert's per op.
+    fn wal_ratio(&self) -> Option<f64> {
+        Some(self.wal? / self.raw?.batched_wal?)
     }
 }
 
@@ -280,6 +298,7 @@ fn cpu_table(rounds: &[Cpu]) -> String {
             "raw one at a time: store CPU per op",
             &format!("raw batched ×{RAW_BATCH}: store CPU per op"),
             "store per tick / raw batched",
+            "PostgreSQL's WAL per tick / raw batched",
             "target",
         ],
         &rows,
@@ -299,6 +318,10 @@ fn cpu_row(round: usize, c: &Cpu) -> Vec<String> {
         c.raw.map_or_else(na, |r| format!("{} µs ({} ops)", fmt(r.single_us), r.single_ops)),
         c.raw.map_or_else(na, |r| format!("{} µs ({} ops)", fmt(r.batched_us), r.batched_ops)),
         c.ratio().map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}")),
+        match (c.wal, c.raw.and_then(|r| r.batched_wal), c.wal_ratio()) {
+            (Some(tick), Some(raw), Some(x)) => format!("{} B / {} B = {x:.2}", fmt(tick), fmt(raw)),
+            _ => "n/a".to_owned(),
+        },
         CPU_TARGET.into(),
     ]
 }
@@ -330,6 +353,7 @@ fn cpu_medians(rounds: &[Cpu]) -> Vec<String> {
         col(|c| c.raw.map(|r| r.single_us), " µs"),
         col(|c| c.raw.map(|r| r.batched_us), " µs"),
         col(Cpu::ratio, ""),
+        col(Cpu::wal_ratio, ""),
         CPU_TARGET.into(),
     ]
 }
@@ -349,7 +373,11 @@ fn cpu_note(raw_phase: Duration) -> String {
          then for at most {phase} s in batches of {RAW_BATCH} (PostgreSQL one `INSERT … SELECT \
          unnest($1) ON CONFLICT DO NOTHING`, MariaDB one multi-row `INSERT IGNORE`, Redis one pipeline \
          of `SET NX PX`, etcd `Txn`s of 128 create-if-absent, 4 in flight, as its claim's chunks). The \
-         ratio is to the batched raw insert, as a node claims a second's ticks in one call.",
+         ratio is to the batched raw insert, as a node claims a second's ticks in one call. \
+         PostgreSQL's WAL: the bytes its write-ahead log grew by over the window (`pg_current_wal_lsn`, \
+         its background work included) per tick run, and over the raw batched phase per insert: \
+         what the server wrote, which, unlike CPU time on a shared machine, does not depend on \
+         what else runs there.",
         phase = raw_phase.as_secs_f64(),
     )
 }
