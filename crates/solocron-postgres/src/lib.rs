@@ -62,15 +62,13 @@
 //!
 //! Everything is named from a [`Prefix`] (`solocron` by default, so tables `solocron_runs`,
 //! ...), which lets solocron live in an application's own database, and several fleets in
-//! one: tables `{p}runs` (every attempt of every tick), `{p}fences` (the per-job fencing
-//! counters of schema versions before 14, kept for builds of version 13 in a fleet being
-//! upgraded), `{p}jobs` (pauses), `{p}registry` (which node
+//! one: tables `{p}runs` (every attempt of every tick), `{p}fences` (per-job fencing
+//! counters, also the claim's per-job locks), `{p}jobs` (pauses), `{p}registry` (which node
 //! runs which job), `{p}requests` (manual run requests), `{p}nodes` (each node's last
 //! heartbeat, by the server's clock), `{p}actions` (the audit log of operators' actions,
 //! written in the transaction of the action), `{p}managed` (jobs defined in the
 //! store), `{p}job_revisions` (every change of one), `{p}managed_version` (the store-wide
 //! revision counter, whose row lock orders their writers) and `{p}schema` (the version);
-//! the sequence `{p}tokens` (every fencing token, drawn under the job's advisory lock);
 //! the functions `{p}claim_set`, `{p}claim`, `{p}claim_one` and `{p}claim_taken_first`
 //! (which builds before schema version 12 call), `{p}finish_all` and `{p}renew_all` (a
 //! batch's runs found by their key, whatever the statistics say: no statement that looks

@@ -13,7 +13,7 @@ use sqlx::PgConnection;
 
 use crate::error::{retrying, step, Res};
 use crate::records::{attempt_param, get, in_namespaces, instant, millis, page, record, token, RUN_COLUMNS};
-use crate::{schema, PgStore};
+use crate::PgStore;
 
 /// Extends a live lease held by its owner; one `UPDATE`. Here and wherever a run is found
 /// by its key, its state is checked `IS NOT DISTINCT FROM 'running'`, so that the planner
@@ -348,12 +348,16 @@ async fn start_waiting(
     })
 }
 
-/// The job's next fencing token, from the sequence claims draw from, under the job's lock
-/// (see the schema's version 14), held until the transaction on `conn` ends.
+/// The job's next fencing token, from the counter claims use (created if absent); the
+/// counter's row stays locked until the transaction on `conn` ends.
 async fn next_token(store: &PgStore, conn: &mut PgConnection, job: &str) -> Res<i64> {
-    // The lock is taken in the subquery, before the outer row draws its token.
-    let sql = schema::with_locks("SELECT nextval('{p}tokens') FROM (SELECT {lock:$1::text}) AS l");
-    Ok(sqlx::query_scalar(&store.sql(&sql)).bind(job).fetch_one(conn).await?)
+    Ok(sqlx::query_scalar(&store.sql(
+        "INSERT INTO {p}fences (job, token) VALUES ($1, 1)
+         ON CONFLICT (job) DO UPDATE SET token = {p}fences.token + 1 RETURNING token",
+    ))
+    .bind(job)
+    .fetch_one(conn)
+    .await?)
 }
 
 /// `end` as PostgreSQL can store it: `text` cannot hold a NUL byte (a command's output may

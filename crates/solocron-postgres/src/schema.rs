@@ -15,7 +15,7 @@ use crate::error::{retrying, Res};
 use crate::PgStore;
 
 /// The schema version this crate writes and understands.
-pub(crate) const SCHEMA_VERSION: i32 = 14;
+pub(crate) const SCHEMA_VERSION: i32 = 13;
 
 /// The store's "now" in SQL: the server clock, in integer milliseconds since the epoch.
 /// `now()` is the start of the current transaction, so one statement (or one transaction)
@@ -38,7 +38,6 @@ pub(crate) const MIGRATIONS: &[(i32, &[&str])] = &[
     (11, V11),
     (12, V12),
     (13, V13),
-    (14, V14),
 ];
 
 const V1: &[&str] = &[
@@ -1164,48 +1163,6 @@ const V13: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS {p}runs_expiry ON {p}runs (lease_until) WHERE state = 'running' AND lease_until IS NOT NULL",
 ];
 
-/// Version 14: fencing tokens from one store-wide sequence, `{p}tokens`, each taken under
-/// its job's transaction-scoped advisory lock ([`JOB_LOCK`]), instead of a row of
-/// `{p}fences` updated per claim. Tokens only need to grow per job: a job's claims hold its
-/// lock from before their token is drawn until they commit, so a later claim of the job
-/// draws a larger one. A lock writes nothing; the sequence writes its log once every 32
-/// values; a fence row's update was a heap write and its WAL per claim, and left a dead row
-/// for vacuum. The sequence starts above every token the fences gave. The claim functions
-/// are version 13's, their tokens drawn this way by [`tokens_by_sequence`] (the same
-/// arguments and answers), so builds of version 13 calling them take tokens and locks the
-/// new way too. Their retries take a token with their own statement, an upsert of
-/// `{p}fences`: a trigger ([`FENCE_TOKEN_FUNCTION`]) makes it take the job's lock and a
-/// token from the sequence, so a fleet in the middle of an upgrade keeps one order of
-/// tokens and one lock per job.
-const V14: &[&str] = &[
-    "CREATE SEQUENCE IF NOT EXISTS {p}tokens AS BIGINT",
-    "SELECT setval('{p}tokens', coalesce((SELECT max(token) FROM {p}fences), 0) + 1, false)",
-    FENCE_TOKEN_FUNCTION,
-    "DROP TRIGGER IF EXISTS {p}fence_token ON {p}fences",
-    "CREATE TRIGGER {p}fence_token BEFORE INSERT OR UPDATE ON {p}fences FOR EACH ROW EXECUTE FUNCTION {p}fence_token()",
-    CLAIM_SET_FUNCTION,
-    CLAIM_FUNCTION_V11,
-    CLAIM_ONE_FUNCTION_V11,
-];
-
-/// The advisory lock that a claim or retry of a job holds until its transaction ends,
-/// keyed by the job's name hashed with the prefix (`{job}` is an SQL expression). Two jobs
-/// whose keys collide, or two installs with the same prefix in different schemas sharing
-/// a job name, only take turns. A batch takes its jobs' locks in the order of their keys,
-/// so two batches never wait for each other in a cycle.
-pub(crate) const JOB_LOCK: &str = "pg_advisory_xact_lock(hashtextextended('solocron job {p}' || {job}, 0))";
-
-/// The trigger of version 14 on `{p}fences`: a row written there (by a build of version
-/// 13 taking a retry's token) takes its job's lock and gets its token from `{p}tokens`.
-const FENCE_TOKEN_FUNCTION: &str = r#"
-CREATE OR REPLACE FUNCTION {p}fence_token() RETURNS trigger LANGUAGE plpgsql AS $fence$
-BEGIN
-    PERFORM {lock:NEW.job};
-    NEW.token := nextval('{p}tokens');
-    RETURN NEW;
-END
-$fence$"#;
-
 /// The one plan a batch's `UPDATE` of runs by their key may take, whatever the statistics
 /// say: for each item of the batch, its run looked up by the primary key (a nested loop).
 /// Left to itself the planner often preferred to read every running run, from the partial
@@ -1377,76 +1334,6 @@ fn overlap_by_job(template: &str) -> Cow<'_, str> {
     text
 }
 
-/// The first version whose claim functions [`tokens_by_sequence`] rewrites.
-const TOKENS_BY_SEQUENCE_FROM: i32 = 14;
-
-/// Where version 13's claim functions took tokens from `{p}fences`, each span (from its
-/// first line to its last) and what version 14 does instead: lock the jobs of the requests
-/// that may win in the order of their keys, then draw a token for each, in the order of
-/// the requests (a job asked twice in a batch gets its tokens in that order).
-const FENCE_SPANS: [(&str, &str, &str); 4] = [
-    (
-        "        INSERT INTO {p}fences AS f (job, token) VALUES (p_jobs[1], 1)",
-        "RETURNING ARRAY[f.token] INTO v_tokens;",
-        "        PERFORM {lock:p_jobs[1]};
-        v_tokens := ARRAY[nextval('{p}tokens')];",
-    ),
-    (
-        "        WITH requests AS (",
-        "FROM requests LEFT JOIN reserved ON reserved.job = requests.j;",
-        "        PERFORM {lock:l.j} FROM (
-            SELECT DISTINCT q.j, hashtextextended('solocron job {p}' || q.j, 0) AS k
-            FROM unnest(p_jobs, p_triggers, p_ticks) AS q(j, t, s)
-            WHERE NOT (q.t = 'schedule' AND q.s > v_asked_at + 500) ORDER BY k) AS l;
-        v_tokens := ARRAY(
-            SELECT CASE WHEN NOT (q.t = 'schedule' AND q.s > v_asked_at + 500) THEN nextval('{p}tokens') END
-            FROM unnest(p_jobs, p_triggers, p_ticks) WITH ORDINALITY AS q(j, t, s, i) ORDER BY q.i);",
-    ),
-    (
-        "    INSERT INTO {p}fences AS f (job, token) VALUES (p_job, 1)",
-        "RETURNING f.token INTO v_token;",
-        "    PERFORM {lock:p_job};
-    v_token := nextval('{p}tokens');",
-    ),
-    (
-        "    -- One token for each request that may win (not a skip, not too early), its job's fence",
-        "FROM unnest(p_jobs) WITH ORDINALITY AS u(j, i) LEFT JOIN reserved ON reserved.job = u.j;",
-        "    -- A token for each request that may win (not a skip, not too early), its job locked.
-    PERFORM {lock:l.j} FROM (
-        SELECT DISTINCT q.j, hashtextextended('solocron job {p}' || q.j, 0) AS k
-        FROM unnest(p_jobs, p_triggers, p_ticks, p_modes) AS q(j, t, s, m)
-        WHERE q.m <> 'skip' AND NOT (q.t = 'schedule' AND q.s > v_asked_at + 500) ORDER BY k) AS l;
-    v_tokens := ARRAY(
-        SELECT CASE WHEN q.m <> 'skip' AND NOT (q.t = 'schedule' AND q.s > v_asked_at + 500)
-                    THEN nextval('{p}tokens') END
-        FROM unnest(p_jobs, p_triggers, p_ticks, p_modes) WITH ORDINALITY AS q(j, t, s, m, i) ORDER BY q.i);",
-    ),
-];
-
-/// `template` (a claim function of version 13) with its tokens drawn from `{p}tokens` under
-/// the job's lock (see [`V14`]) instead of from `{p}fences`; any other statement unchanged.
-fn tokens_by_sequence(template: &str) -> Cow<'_, str> {
-    let mut text = Cow::Borrowed(template);
-    for (first, last, instead) in FENCE_SPANS {
-        let Some(start) = text.find(first) else { continue };
-        let end = start + text[start..].find(last).expect("a fence span ends") + last.len();
-        text = Cow::Owned(format!("{}{instead}{}", &text[..start], &text[end..]));
-    }
-    text
-}
-
-/// `template` with each `{lock:JOB}` written as the lock of the job that the SQL
-/// expression `JOB` names ([`JOB_LOCK`]).
-pub(crate) fn with_locks(template: &str) -> Cow<'_, str> {
-    let mut text = Cow::Borrowed(template);
-    while let Some(start) = text.find("{lock:") {
-        let end = start + text[start..].find('}').expect("a lock's expression ends");
-        let lock = JOB_LOCK.replace("{job}", &text[start + "{lock:".len()..end]);
-        text = Cow::Owned(format!("{}{lock}{}", &text[..start], &text[end + 1..]));
-    }
-    text
-}
-
 /// A statement template with the prefix and the clock filled in.
 pub(crate) fn fill(template: &str, prefix: &str) -> String {
     template.replace("{p}", prefix).replace("{now}", NOW_MS)
@@ -1468,11 +1355,7 @@ const TABLES: [&str; 11] = [
 ];
 
 /// The functions the migrations create, dropped by [`uninstall`].
-const FUNCTIONS: [&str; 7] =
-    ["renew_all", "finish_all", "claim_set", "claim_taken_first", "claim_one", "claim", "fence_token"];
-
-/// The sequences the migrations create, dropped by [`uninstall`].
-const SEQUENCES: [&str; 1] = ["tokens"];
+const FUNCTIONS: [&str; 6] = ["renew_all", "finish_all", "claim_set", "claim_taken_first", "claim_one", "claim"];
 
 /// Creates or upgrades the schema, in one transaction.
 pub(crate) async fn migrate(store: &PgStore) -> Result<(), StoreError> {
@@ -1507,20 +1390,6 @@ async fn lock_schema(store: &PgStore, conn: &mut PgConnection) -> Res<()> {
     Ok(())
 }
 
-/// A statement of migration `step` as it runs: rewritten by the later steps that change
-/// texts released before them ([`overlap_by_job`], [`tokens_by_sequence`]), locks written
-/// out ([`with_locks`]).
-fn released(step: i32, statement: &str) -> String {
-    let mut text = Cow::Borrowed(statement);
-    if step >= OVERLAP_BY_JOB_FROM {
-        text = Cow::Owned(overlap_by_job(&text).into_owned());
-    }
-    if step >= TOKENS_BY_SEQUENCE_FROM {
-        text = Cow::Owned(tokens_by_sequence(&text).into_owned());
-    }
-    with_locks(&text).into_owned()
-}
-
 /// Applies the migrations the schema lacks, up to version `target`; `conn` is in a
 /// transaction holding the migration lock.
 async fn migrate_locked(store: &PgStore, conn: &mut PgConnection, target: i32) -> Res<()> {
@@ -1541,7 +1410,9 @@ async fn migrate_locked(store: &PgStore, conn: &mut PgConnection, target: i32) -
     }
     for (step, statements) in MIGRATIONS.iter().filter(|(step, _)| (version + 1..=target).contains(step)) {
         for statement in *statements {
-            let template = released(*step, statement).replace("{by_key}", BY_KEY);
+            let template =
+                if *step >= OVERLAP_BY_JOB_FROM { overlap_by_job(statement) } else { Cow::Borrowed(*statement) };
+            let template = template.replace("{by_key}", BY_KEY);
             sqlx::query(&store.sql(&template)).execute(&mut *conn).await?;
         }
         sqlx::query(&store.sql("DELETE FROM {p}schema")).execute(&mut *conn).await?;
@@ -1588,7 +1459,6 @@ pub(crate) async fn uninstall(store: &PgStore) -> Result<(), StoreError> {
     let tables = TABLES.map(|t| format!("{}{t}", store.tables)).join(", ");
     let mut statements = vec![format!("DROP TABLE IF EXISTS {tables}")];
     statements.extend(FUNCTIONS.map(|f| format!("DROP FUNCTION IF EXISTS {}{f}", store.tables)));
-    statements.extend(SEQUENCES.map(|q| format!("DROP SEQUENCE IF EXISTS {}{q}", store.tables)));
     retrying("uninstall", || async {
         let mut tx = store.pool.begin().await?;
         lock_schema(store, &mut tx).await?;
@@ -1626,26 +1496,6 @@ mod tests {
         assert!(matches!(overlap_by_job(FINISH_ALL_FUNCTION), Cow::Borrowed(_)), "other statements unchanged");
     }
 
-    /// Version 14's claim functions: version 13's, each token drawn from the sequence under
-    /// the job's lock, `{p}fences` neither read nor written.
-    #[test]
-    fn version_14_draws_every_claim_functions_tokens_from_the_sequence() {
-        for function in [CLAIM_SET_FUNCTION, CLAIM_FUNCTION_V11, CLAIM_ONE_FUNCTION_V11] {
-            let rewritten = released(14, function);
-            assert!(!rewritten.contains("fences"), "{rewritten}");
-            assert!(!rewritten.contains("{lock:"), "{rewritten}");
-            assert!(rewritten.contains("nextval('{p}tokens')"), "{rewritten}");
-            assert!(rewritten.contains("pg_advisory_xact_lock(hashtextextended('solocron job {p}' || "), "{rewritten}");
-            assert_eq!(released(13, function).matches("{p}fences").count(), rewritten.matches("PERFORM").count());
-        }
-        assert_eq!(released(14, FINISH_ALL_FUNCTION), FINISH_ALL_FUNCTION, "other statements unchanged");
-        assert_eq!(
-            with_locks("SELECT {lock:$1}, {lock:x.j}"),
-            "SELECT pg_advisory_xact_lock(hashtextextended('solocron job {p}' || $1, 0)), \
-             pg_advisory_xact_lock(hashtextextended('solocron job {p}' || x.j, 0))"
-        );
-    }
-
     /// The test server as `tests/common` describes it, which unit tests cannot reach.
     struct Postgres;
 
@@ -1667,10 +1517,7 @@ mod tests {
                    AND left(tablename, length($1)) = $1
                  UNION
                  SELECT proname::text FROM pg_proc WHERE pronamespace = current_schema()::regnamespace
-                   AND left(proname, length($1)) = $1
-                 UNION
-                 SELECT sequencename::text FROM pg_sequences WHERE schemaname = current_schema()
-                   AND left(sequencename, length($1)) = $1",
+                   AND left(proname, length($1)) = $1",
             )
             .bind(root)
             .fetch_all(&pool)
@@ -1733,7 +1580,7 @@ mod tests {
         .expect("functions");
         let expected = [("claim", 8), ("claim_one", 8), ("claim_set", 8), ("claim_taken_first", 8)]
             .into_iter()
-            .chain([("fence_token", 0), ("finish_all", 11), ("renew_all", 7)])
+            .chain([("finish_all", 11), ("renew_all", 7)])
             .map(|(f, args)| (format!("{}{f}", store.tables), args))
             .collect::<Vec<_>>();
         assert_eq!(functions, expected);
@@ -1847,51 +1694,5 @@ mod tests {
         let rows = b.send(&store.pool, &store.sql(old_call)).await.expect("a call of version 11");
         let outcomes: Vec<String> = rows.iter().map(|r| sqlx::Row::get(r, 0)).collect();
         assert_eq!(outcomes, ["taken"; 3]);
-    }
-
-    /// A schema of version 13 is brought to version 14 in place: claims draw tokens from the
-    /// sequence, above every token the fences gave, and write no fence; a retry's token
-    /// taken by a build of version 13 (its upsert of `{p}fences`) comes from the same
-    /// sequence under the same lock, so a claim of the job waits for that retry's
-    /// transaction and gets a larger token.
-    #[tokio::test]
-    async fn a_version_13_schema_draws_tokens_from_one_sequence_and_one_lock_per_job() {
-        let Some(ns) = Namespace::<Postgres>::new().await else { return };
-        let store = ns.store().await;
-        migrate_to(&store, 13).await.expect("migrate to version 13");
-        let before = won(&store, backup(0, 0)).await;
-        let old_fence: i64 = sqlx::query_scalar(&store.sql("SELECT token FROM {p}fences WHERE job = 'backup'"))
-            .fetch_one(&store.pool)
-            .await
-            .expect("the fence");
-        assert_eq!(old_fence as u64, before);
-
-        migrate(&store).await.expect("migrate to the current version");
-        let claimed = won(&store, backup(1, 0)).await;
-        assert!(claimed > before, "{before} then {claimed}");
-        let fresh = ClaimRequest { tick: Tick::new("fresh", backup(0, 0).tick.scheduled_at), ..backup(0, 0) };
-        let fresh_token = won(&store, fresh).await;
-        assert!(fresh_token > claimed, "tokens come from one sequence: {claimed} then {fresh_token}");
-        let fences: Vec<(String, i64)> = sqlx::query_as(&store.sql("SELECT job, token FROM {p}fences ORDER BY job"))
-            .fetch_all(&store.pool)
-            .await
-            .expect("fences");
-        assert_eq!(fences, [("backup".to_owned(), old_fence)], "claims of version 14 write no fence");
-
-        let mut retry = store.pool.begin().await.expect("a transaction");
-        let old_next_token = "INSERT INTO {p}fences (job, token) VALUES ($1, 1)
-            ON CONFLICT (job) DO UPDATE SET token = {p}fences.token + 1 RETURNING token";
-        let retried: i64 =
-            sqlx::query_scalar(&store.sql(old_next_token)).bind("backup").fetch_one(&mut *retry).await.expect("token");
-        assert!(retried as u64 > fresh_token, "{fresh_token} then the retry's {retried}");
-        let waiting = tokio::spawn({
-            let store = store.clone();
-            async move { won(&store, backup(2, 0)).await }
-        });
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!waiting.is_finished(), "a claim of the job waits for the retry's transaction");
-        retry.commit().await.expect("commit");
-        let after = waiting.await.expect("the claim");
-        assert!(after > retried as u64, "the retry's {retried} then the claim's {after}");
     }
 }

@@ -116,7 +116,7 @@ async fn a_batch_of_1000_ticks_over_100_jobs_is_won_in_one_call_with_tokens_risi
         let ClaimOutcome::Won(lease) = outcome else { panic!("{request:?}: {outcome:?}") };
         assert_eq!(lease.run, RunId { tick: request.tick.clone(), attempt: 1 }, "outcomes in request order");
         let previous = last_token.insert(request.tick.job.clone(), lease.fencing_token).unwrap_or(0);
-        assert!(lease.fencing_token > previous, "{}: tokens rise per job", lease.run);
+        assert_eq!(lease.fencing_token, previous + 1, "{}", lease.run);
     }
     let again = store.claim(&batch).await.unwrap();
     assert!(again.iter().all(|o| *o == ClaimOutcome::Taken));
@@ -243,23 +243,19 @@ fn tick_ahead(job: &str, now: DateTime<Utc>, ahead_ms: i64) -> Tick {
     Tick::new(job, at)
 }
 
-/// How many fencing tokens the prefix's claims and retries have drawn (the store-wide
-/// sequence's last value).
-async fn drawn(ns: &Namespace) -> i64 {
+/// The fencing counter of `job` (`None`: never claimed).
+async fn fence(ns: &Namespace, job: &str) -> Option<i64> {
     let pool = sqlx::PgPool::connect(&ns.url).await.unwrap();
-    let sql = format!(
-        "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {}tokens",
-        ns.prefix.table_prefix()
-    );
-    let drawn = sqlx::query_scalar(&sql).fetch_one(&pool).await.unwrap();
+    let sql = format!("SELECT token FROM {}fences WHERE job = $1", ns.prefix.table_prefix());
+    let token = sqlx::query_scalar(&sql).bind(job).fetch_optional(&pool).await.unwrap();
     pool.close().await;
-    drawn
+    token
 }
 
 /// A scheduled request a minute ahead of the server's clock is refused by every claim
 /// function (the one-tick one, a short batch, a large batch with and without ticks taken),
 /// before anything else: even when its tick has a record (a manual claim's), and without a
-/// fencing token drawn. The other requests of a batch
+/// fencing token reserved (its job's counter is untouched). The other requests of a batch
 /// are decided as usual; other triggers are never refused.
 #[tokio::test]
 async fn a_claim_too_early_is_refused_by_every_claim_function_and_reserves_no_token() {
@@ -274,7 +270,7 @@ async fn a_claim_too_early_is_refused_by_every_claim_function_and_reserves_no_to
 
     let outcomes = store.claim(&[far("early")]).await.unwrap();
     assert!(refused(&outcomes[0]), "{outcomes:?}");
-    assert_eq!(drawn(&ns).await, 0, "a refused claim drew no token");
+    assert_eq!(fence(&ns, "early").await, None, "a refused claim locked or reserved nothing");
     let manual = ClaimRequest { trigger: Trigger::Manual, ..far("early") };
     assert_eq!(won(&store, manual).await.fencing_token, 1);
     let outcomes = store.claim(&[far("early")]).await.unwrap();
@@ -288,9 +284,9 @@ async fn a_claim_too_early_is_refused_by_every_claim_function_and_reserves_no_to
     for k in [1, 2, 4] {
         assert!(matches!(&outcomes[k], ClaimOutcome::Won(_)), "request {k}: {outcomes:?}");
     }
-    let tokens: Vec<u64> =
-        [1, 2, 4].map(|k| if let ClaimOutcome::Won(lease) = &outcomes[k] { lease.fencing_token } else { 0 }).into();
-    assert_eq!(tokens, [2, 3, 4], "no token drawn for the refused requests");
+    let ClaimOutcome::Won(lease) = &outcomes[2] else { unreachable!() };
+    assert_eq!(lease.fencing_token, 2, "no token reserved for the refused request of its job");
+    assert_eq!(fence(&ns, "fresh").await, None);
 
     let mut large: Vec<ClaimRequest> =
         (0..300).map(|job| run(tick(&format!("job-{job:03}"), 0), "a", LONG_LEASE, false)).collect();
@@ -298,9 +294,6 @@ async fn a_claim_too_early_is_refused_by_every_claim_function_and_reserves_no_to
     large[7] = far("fresh");
     for round in ["every tick open", "every tick but the refused taken"] {
         let outcomes = store.claim(&large).await.unwrap();
-        if round == "every tick open" {
-            assert_eq!(drawn(&ns).await, 4 + 298, "no token drawn for the refused requests");
-        }
         for (k, outcome) in outcomes.iter().enumerate() {
             match k {
                 5 | 7 => assert!(refused(outcome), "{round}: {k}: {outcome:?}"),
@@ -309,6 +302,7 @@ async fn a_claim_too_early_is_refused_by_every_claim_function_and_reserves_no_to
             }
         }
     }
+    assert_eq!((fence(&ns, "early").await, fence(&ns, "fresh").await), (Some(2), None));
     let ticks: Vec<Tick> = store
         .history(&HistoryQuery { limit: 1000, ..HistoryQuery::default() })
         .await
@@ -673,8 +667,7 @@ async fn an_expired_run_is_recovered_once_and_only_after_expiry() {
     assert_eq!(retried.len(), 1, "{outcomes:?}");
     assert_eq!(outcomes.iter().filter(|o| **o == RecoverOutcome::NotNeeded).count(), 3);
     let next = retried[0];
-    assert_eq!((next.run.attempt, next.owner.as_str()), (2, "b"));
-    assert!(next.fencing_token > doomed.fencing_token, "after every token drawn before: {next:?}");
+    assert_eq!((next.run.attempt, next.fencing_token, next.owner.as_str()), (2, 2, "b"));
     let old = find(&store, &lease.run).await;
     assert_eq!(old.state, RunState::Lost);
     assert_eq!(old.reason.as_deref(), Some("lease expired; retried as attempt 2 by b"));
@@ -987,7 +980,7 @@ async fn prune_keeps_waiting_retries() {
     tokio::time::sleep(Duration::from_millis(5)).await;
     let start = RecoverAction::Retry { node: "b".into(), lease: LONG_LEASE };
     let RecoverOutcome::Retried(second) = store.recover(&next, &start).await.unwrap() else { panic!("not started") };
-    assert!(second.fencing_token > first.fencing_token);
+    assert_eq!(second.fencing_token, first.fencing_token + 1);
     assert!(store.finish(&second, &succeeded("")).await.unwrap());
     assert_eq!(store.prune(day, 10, &solocron_core::Namespaces::ALL).await.unwrap(), 1);
     assert!(store.history(&HistoryQuery::default()).await.unwrap().is_empty());
@@ -1094,7 +1087,7 @@ async fn an_unmigrated_prefix_is_an_invalid_store_not_an_outage() {
 }
 
 /// The schema version this build writes (the crate's `SCHEMA_VERSION`).
-const CURRENT: u32 = 14;
+const CURRENT: u32 = 13;
 
 /// `schema` on a fresh prefix says Missing and creates nothing (a second look still finds
 /// nothing: no schema table, no other object of the prefix).

@@ -31,10 +31,7 @@ impl TestServer for Postgres {
                AND left(tablename, length($1)) = $1
              UNION
              SELECT proname::text FROM pg_proc WHERE pronamespace = current_schema()::regnamespace
-               AND left(proname, length($1)) = $1
-             UNION
-             SELECT sequencename::text FROM pg_sequences WHERE schemaname = current_schema()
-               AND left(sequencename, length($1)) = $1",
+               AND left(proname, length($1)) = $1",
         )
         .bind(root)
         .fetch_all(&pool)
