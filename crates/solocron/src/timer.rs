@@ -463,17 +463,24 @@ async fn claim_due(
 /// earliest tick in the round, so a job's ticks stay together, claimed oldest first.
 fn spread(e: &Engine, claims: Claims) -> (Claims, Claims) {
     let ranking = e.spread.ranking();
-    let (mut first, mut backup) = (Vec::with_capacity(claims.len()), Vec::with_capacity(claims.len()));
     // A job's claims are next to one another (`plan_job` adds them in one go): its first
     // one decides for all.
     let mut job: Option<(usize, bool)> = None;
-    for (i, r) in claims {
-        let mine = match job {
-            Some((j, mine)) if j == i => mine,
-            _ => ranking.is_first(&r.tick),
-        };
-        job = Some((i, mine));
-        if mine { &mut first } else { &mut backup }.push((i, r));
+    let mine: Vec<bool> = claims
+        .iter()
+        .map(|(i, r)| {
+            let mine = match job {
+                Some((j, mine)) if j == *i => mine,
+                _ => ranking.is_first(&r.tick),
+            };
+            job = Some((*i, mine));
+            mine
+        })
+        .collect();
+    let firsts = mine.iter().filter(|m| **m).count();
+    let (mut first, mut backup) = (Vec::with_capacity(firsts), Vec::with_capacity(claims.len() - firsts));
+    for (claim, mine) in claims.into_iter().zip(mine) {
+        if mine { &mut first } else { &mut backup }.push(claim);
     }
     (first, backup)
 }
