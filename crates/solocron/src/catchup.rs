@@ -21,6 +21,7 @@ use crate::backoff::Backoff;
 use crate::engine::{counted, Engine};
 use crate::job::Job;
 use crate::metrics::StoreOp;
+use crate::runner::Claimed;
 
 /// How often a catch-up sequence looks whether the job is still running elsewhere.
 const IDLE_POLL: Duration = Duration::from_millis(200);
@@ -91,8 +92,10 @@ fn next_tick(e: &Engine, job: &str) -> Option<(DateTime<Utc>, Trigger)> {
 }
 
 async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>) {
-    // How long the sequence waited for its own runs: a late tick queued behind them is
-    // that much later by the time it is reached, as queuing it promised ([`reached`]).
+    // How long the sequence waited for its own runs' handlers: a late tick queued behind
+    // them is that much later by the time it is reached, as queuing it promised
+    // ([`reached`]). Recording a run's end is not counted: a store slow or down then
+    // holds the sequence, which is what makes a tick missed.
     let mut waited = Duration::ZERO;
     while let Some((t, trigger)) = next_tick(e, job.name()) {
         if e.interrupt.is_cancelled() || e.tracker.is_closed() {
@@ -121,10 +124,17 @@ async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>) {
             // The sequence may end with this round's on-time ticks, claimed ahead: the run
             // waits for its instant like any other.
             ClaimOutcome::Won(lease) => {
-                let run = e.claimed(job.clone(), lease, req.trigger, sent, received);
+                let (handler_over, over) = tokio::sync::oneshot::channel();
+                let run = Claimed {
+                    handler_over: Some(handler_over),
+                    ..e.claimed(job.clone(), lease, req.trigger, sent, received)
+                };
                 let started = Instant::now();
-                let _ = e.start(run, e.interrupt.clone()).await;
+                let ended = e.start(run, e.interrupt.clone());
+                // Dropped, never sent: an error is the signal.
+                let _ = over.await;
                 waited += started.elapsed();
+                let _ = ended.await;
             }
             other => e.on_claimed(job, &req, other, sent, received),
         }
@@ -245,8 +255,8 @@ const TOO_EARLY_PAUSE: Duration = Duration::from_millis(20);
 /// policy ([`past_tolerance`]) if its job has a catch-up window and no claim of it by this
 /// node may have committed. A tick is judged by its lateness less what the sequence
 /// `waited` for its own runs and less [`SEQUENCE_SLACK`]: a sequence going on as it should
-/// never reaches one missed; one held by the store (down, or as slow) does. (A run's wait
-/// includes recording its end: a store down then excuses up to that run's lease.)
+/// never reaches one missed; one held by the store (down, or as slow) does, whether in
+/// its claims or in recording its runs' ends.
 async fn reached(e: &Engine, job: &Job, t: DateTime<Utc>, trigger: Trigger, waited: Duration) -> ClaimRequest {
     let tick = Tick::new(job.name(), t);
     // A job without a catch-up window: the timer would not examine a missed tick at all; it

@@ -357,7 +357,7 @@ impl Engine {
         // The instant on the monotonic clock (by the estimate), which may not reach back to
         // an old tick's: what start lateness is measured from.
         let due = behind.to_std().map_or(Some(now + wait_by_estimate), |late| now.checked_sub(late));
-        Claimed { job, lease, trigger, sent, regranted_after, start_at, due }
+        Claimed { job, lease, trigger, sent, regranted_after, start_at, due, handler_over: None }
     }
 
     /// The one door through which every claimed run starts: counted as in flight, tracked

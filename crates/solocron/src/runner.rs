@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use solocron_core::{output_tail, Ending, JobPolicy, Lease, Renewal, RunEnd, RunState, StoreError, Trigger};
+use tokio::sync::oneshot;
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -40,6 +41,10 @@ pub(crate) struct Claimed {
     /// The tick's instant on the monotonic clock (by this node's wall clock at the claim),
     /// if that clock reaches back to it: how late a scheduled start was is measured from it.
     pub(crate) due: Option<Instant>,
+    /// Dropped once the handler is over (or will not start), before the end is recorded:
+    /// a catch-up sequence times its own runs by it, not by how long the store took to
+    /// record their ends.
+    pub(crate) handler_over: Option<oneshot::Sender<()>>,
 }
 
 /// Extra time, beyond the job's kill grace, that a stopped handler gets before it is dropped
@@ -145,7 +150,7 @@ type PendingRenewal = Pin<Box<dyn Future<Output = (Instant, Option<Result<bool, 
 /// grace is over).
 pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: CancellationToken) {
     let batches = &e.batches;
-    let Claimed { job, lease, trigger, sent: claim_sent, regranted_after, start_at, due } = run;
+    let Claimed { job, lease, trigger, sent: claim_sent, regranted_after, start_at, due, handler_over } = run;
     let policy = job.policy().clone();
     let cancel = CancellationToken::new();
     let ctx = RunContext {
@@ -178,6 +183,7 @@ pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: Cancellati
     let (renewals, ends) = (&batches.renewals, &batches.ends);
     if Instant::now() >= hb.next_renew && !matches!(hb.beat(renewals).await, Beat::Renewed) {
         // The claim's answer came so late that the lease may be gone: never start unsure.
+        drop(handler_over);
         let end = RunEnd {
             state: RunState::Lost,
             reason: Some("the claim's answer came too late to trust the lease; job not started".into()),
@@ -199,6 +205,7 @@ pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: Cancellati
     let handler = job.handler();
     let task = tokio::spawn(async move { handler.run(ctx).await });
     let (outcome, stop) = supervise(task, &mut hb, renewals, &policy, started, &cancel, &interrupt).await;
+    drop(handler_over);
     let end = end_of(outcome, stop, regranted_after + (started - claim_sent));
     let next_tick = job.next_tick_after(hb.lease.run.tick.scheduled_at);
     let plan = retry::plan(&policy, next_tick, &hb.lease.run, &end, e.now(), fastrand::f64());

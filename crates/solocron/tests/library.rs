@@ -450,6 +450,64 @@ async fn on_time_ticks_that_come_during_a_catch_up_are_skipped_and_never_run_bef
     assert!(during.iter().all(|r| catching_up(r)), "{during:#?}");
 }
 
+/// A catch-up sequence whose first runs' ends take the store 5 s each to record (slow, or
+/// down and back, after each handler ended) is held by the store, not by its own runs: a
+/// late tick it reaches past the late tolerance because of that follows misfire (once: the
+/// latest of a stretch runs as a catch-up, the others are recorded skipped), never runs as
+/// a scheduled tick that late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_sequence_held_by_slow_end_records_judges_its_late_ticks_missed() {
+    let dir = tempfile::tempdir().unwrap();
+    let inner = store(&dir).await;
+    let seen: Seen = Arc::default();
+    let policy =
+        JobPolicy { misfire: solocron_core::Misfire::Once, catchup: Duration::from_secs(60), ..JobPolicy::default() };
+    let job = recording_job("held", "* * * * * *", seen, policy);
+    let started = Utc::now();
+    // Missed ticks 12 and 11 s ago (past the 10 s tolerance), late ones queued behind them.
+    known_since(inner.as_ref(), "held", started - chrono::Duration::seconds(12)).await;
+    let slow = Distant { finish_delay: Duration::from_secs(5), ..Distant::new(inner.clone()) };
+    slow.slow_finishes.store(2, Ordering::SeqCst);
+    let node = Scheduler::builder(Arc::new(slow)).node_id("n").job(job).build().unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(node.run(shutdown.clone()));
+    let query = HistoryQuery { job: Some("held".into()), limit: 1_000, ..HistoryQuery::default() };
+    // Over once a tick due after the start ran on time: the sequence is done.
+    let on_time = |r: &RunRecord| {
+        r.id.tick.scheduled_at > started
+            && r.state == RunState::Succeeded
+            && r.claimed_at - r.id.tick.scheduled_at < chrono::Duration::seconds(1)
+    };
+    let mut h = Vec::new();
+    for _ in 0..160 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        h = inner.history(&query).await.unwrap();
+        if h.iter().any(on_time) {
+            break;
+        }
+    }
+    shutdown.cancel();
+    task.await.unwrap();
+    assert!(h.iter().any(on_time), "no on-time tick ran after the catch-up within 40 s: {h:#?}");
+    let tolerance = chrono::Duration::from_std(solocron_core::LATE_TOLERANCE).unwrap();
+    let slack = chrono::Duration::seconds(2);
+    let late_scheduled: Vec<_> = h
+        .iter()
+        .filter(|r| {
+            r.trigger == solocron_core::Trigger::Schedule && r.claimed_at - r.id.tick.scheduled_at > tolerance + slack
+        })
+        .collect();
+    assert!(late_scheduled.is_empty(), "scheduled ticks claimed past the late tolerance: {late_scheduled:#?}");
+    let judged_missed = |r: &&RunRecord| {
+        r.state == RunState::Skipped
+            && r.reason.as_deref().is_some_and(|w| w.contains("reached it past the late tolerance"))
+    };
+    assert!(h.iter().filter(judged_missed).count() >= 2, "late ticks the sequence reached past the tolerance: {h:#?}");
+    let mut ticks: Vec<_> = h.iter().map(|r| r.id.tick.scheduled_at).collect();
+    ticks.dedup();
+    assert_eq!(ticks.len(), h.len(), "one record a tick");
+}
+
 /// A store far away: every call waits `DISTANT_CALL` before it goes through (a remote store
 /// under load, or a link with a long round trip), so that ends recorded one call each queue
 /// behind each other. It refuses (as `Invalid`, like a value the store cannot hold) any
@@ -475,6 +533,9 @@ struct Distant {
     /// calls.
     taken_delay: Duration,
     slow_taken: AtomicUsize,
+    /// How much longer recording ends takes, for the first `slow_finishes` calls.
+    finish_delay: Duration,
+    slow_finishes: AtomicUsize,
 }
 
 const DISTANT_CALL: Duration = Duration::from_millis(20);
@@ -493,7 +554,15 @@ impl Distant {
             clock: None,
             taken_delay: Duration::ZERO,
             slow_taken: AtomicUsize::new(0),
+            finish_delay: Duration::ZERO,
+            slow_finishes: AtomicUsize::new(0),
         }
+    }
+
+    /// `call`, and `finish_delay` more for the first `slow_finishes` calls that record ends.
+    async fn wait_to_finish(&self) {
+        let slow = self.slow_finishes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        tokio::time::sleep(self.call + if slow.is_ok() { self.finish_delay } else { Duration::ZERO }).await;
     }
 
     async fn hang_if_partitioned(&self) {
@@ -518,12 +587,12 @@ macro_rules! distant {
                 self.inner.describe()
             }
             async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-                tokio::time::sleep(self.call).await;
+                self.wait_to_finish().await;
                 self.refuses(end)?;
                 self.inner.finish(lease, end).await
             }
             async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-                tokio::time::sleep(self.call).await;
+                self.wait_to_finish().await;
                 endings.iter().try_for_each(|e| self.refuses(&e.end))?;
                 self.inner.finish_all(endings).await
             }
