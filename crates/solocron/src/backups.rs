@@ -8,9 +8,9 @@
 //! back to the timer as an [`Undo`]: the job's cursor goes back to just before the tick,
 //! so it is planned again, as an own claim that failed would be; a later tick of the job
 //! already claimed since is then found taken. So does a tick that, once the task is about
-//! to claim it, is past the late tolerance: it goes through its job's misfire policy
-//! instead of running that late. Nothing is lost, nothing runs twice (the store's claim
-//! decides).
+//! to claim it, is past the late tolerance (the store was slow, not down: the timer does
+//! not back off for it): it goes through its job's misfire policy instead of running that
+//! late. Nothing is lost, nothing runs twice (the store's claim decides).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -35,13 +35,25 @@ pub(crate) type Claims = Vec<(usize, ClaimRequest)>;
 const BACKUP_ROUNDS_MAX: usize = 8;
 
 /// What one round's backups left to do again: for each job (by its index in `set`), the
-/// earliest tick to plan again, and whether its claim failed (the store unavailable: the
-/// job's next round is not on time) rather than being refused as too early.
+/// earliest tick to plan again, and why.
 #[derive(Debug)]
 pub(crate) struct Undo {
     /// The job list the round was planned on.
     pub(crate) set: Arc<JobSet>,
-    pub(crate) jobs: Vec<(usize, DateTime<Utc>, bool)>,
+    pub(crate) jobs: Vec<(usize, DateTime<Utc>, Again)>,
+}
+
+/// Why a job's backup tick is planned again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Again {
+    /// Its claim failed (the store unavailable): the job is unhealthy (its next round is
+    /// not on time) and the timer backs off before claiming again.
+    Failed,
+    /// Not sent: past the late tolerance when it was about to be (the store was slow).
+    /// The job is unhealthy, so misfire decides; the store answers, so no backoff.
+    Stale,
+    /// Refused as claimed too early: due again at its instant.
+    TooEarly,
 }
 
 /// The rounds whose backups are under way.
@@ -114,7 +126,7 @@ async fn claim_backups(
     wait: Duration,
     horizon: i64,
     shutdown: &CancellationToken,
-) -> Vec<(usize, DateTime<Utc>, bool)> {
+) -> Vec<(usize, DateTime<Utc>, Again)> {
     // Requests not sent give back the nonces of unanswered claims they were lent.
     let not_sent = |claims: &Claims| e.unanswered.release(claims.iter().map(|(_, r)| r));
     tokio::select! {
@@ -157,9 +169,9 @@ async fn claim_backups(
     let exempt = |i: usize, r: &ClaimRequest| maybe_ours.contains(&r.tick) || window_closing(i, r);
     let (backup, stale) = past_tolerance(backup, late_from, exempt);
     not_sent(&stale);
-    let mut result = e.claim_and_start(set, backup, horizon).await;
-    result.failed.extend(stale.iter().map(|(i, _)| *i));
-    undo(&earliest, &result.failed, &result.too_early)
+    let result = e.claim_and_start(set, backup, horizon).await;
+    let stale: HashSet<usize> = stale.iter().map(|(i, _)| *i).collect();
+    undo(&earliest, &result.failed, &stale, &result.too_early)
 }
 
 /// Splits off the backups to run whose tick is older than `late_from` (the late tolerance)
@@ -199,19 +211,22 @@ fn earliest_by_job(claims: &Claims) -> HashMap<usize, DateTime<Utc>> {
     earliest
 }
 
-/// The ticks to plan again: a failed job's from its earliest backup tick (`earliest`), a
-/// job's refused as too early from that tick, whichever is earlier; sorted by job.
+/// The ticks to plan again: a failed or stale job's from its earliest backup tick
+/// (`earliest`; failed says why if both), a job's refused as too early from that tick,
+/// whichever is earlier; sorted by job.
 fn undo(
     earliest: &HashMap<usize, DateTime<Utc>>,
     failed: &HashSet<usize>,
+    stale: &HashSet<usize>,
     too_early: &HashMap<usize, DateTime<Utc>>,
-) -> Vec<(usize, DateTime<Utc>, bool)> {
-    let mut jobs: Vec<(usize, DateTime<Utc>, bool)> =
-        failed.iter().map(|i| (*i, earliest.get(i).copied().expect("a failed job had a backup claim"), true)).collect();
+) -> Vec<(usize, DateTime<Utc>, Again)> {
+    let from = |i: &usize| earliest.get(i).copied().expect("a job handed back had a backup claim");
+    let mut jobs: Vec<(usize, DateTime<Utc>, Again)> = failed.iter().map(|i| (*i, from(i), Again::Failed)).collect();
+    jobs.extend(stale.difference(failed).map(|i| (*i, from(i), Again::Stale)));
     for (&i, &at) in too_early {
         match jobs.iter_mut().find(|(j, _, _)| *j == i) {
             Some((_, from, _)) => *from = (*from).min(at),
-            None => jobs.push((i, at, false)),
+            None => jobs.push((i, at, Again::TooEarly)),
         }
     }
     jobs.sort_unstable_by_key(|(i, _, _)| *i);
@@ -268,12 +283,21 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_backup_is_planned_again_from_its_earliest_tick_and_a_too_early_one_from_its_own() {
-        let earliest = HashMap::from([(1, t(10)), (2, t(20)), (3, t(30))]);
+    fn a_failed_or_stale_backup_is_planned_again_from_its_earliest_tick_and_a_too_early_one_from_its_own() {
+        let earliest = HashMap::from([(1, t(10)), (2, t(20)), (3, t(30)), (4, t(40))]);
         let failed = HashSet::from([1, 3]);
+        let stale = HashSet::from([3, 4]);
         let too_early = HashMap::from([(2, t(25)), (3, t(5))]);
-        assert_eq!(undo(&earliest, &failed, &too_early), vec![(1, t(10), true), (2, t(25), false), (3, t(5), true)]);
-        assert!(undo(&earliest, &HashSet::new(), &HashMap::new()).is_empty());
+        assert_eq!(
+            undo(&earliest, &failed, &stale, &too_early),
+            vec![
+                (1, t(10), Again::Failed),
+                (2, t(25), Again::TooEarly),
+                (3, t(5), Again::Failed),
+                (4, t(40), Again::Stale)
+            ]
+        );
+        assert!(undo(&earliest, &HashSet::new(), &HashSet::new(), &HashMap::new()).is_empty());
     }
 
     fn claim(job: usize, at: i64, mode: ClaimMode) -> (usize, ClaimRequest) {

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::backups::{Backups, Claims, Undo};
+use crate::backups::{Again, Backups, Claims, Undo};
 use crate::catchup::{self, Sequence};
 use crate::engine::{counted, late_tolerance, Engine};
 use crate::job::Job;
@@ -333,7 +333,7 @@ impl Timer {
     /// it due). When the list changed since, a job is found by name, and only if its
     /// definition is the same (a changed job goes on from its cursor, as `adopt` says).
     fn undo(&mut self, undo: Undo) {
-        for (i, from, failed) in undo.jobs {
+        for (i, from, again) in undo.jobs {
             let here = if Arc::ptr_eq(&undo.set, &self.set) {
                 Some(i)
             } else {
@@ -346,11 +346,11 @@ impl Timer {
             let Some(j) = here else { continue };
             let cursor = &mut self.cursors[j];
             cursor.handled = cursor.handled.min(from - chrono::Duration::milliseconds(1));
-            if failed {
+            if again != Again::TooEarly {
                 cursor.healthy = Some(false);
             }
             self.undone.moved = true;
-            self.undone.failed |= failed;
+            self.undone.failed |= again == Again::Failed;
         }
     }
 
