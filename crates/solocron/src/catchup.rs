@@ -56,11 +56,9 @@ pub(crate) fn spawn(e: &Arc<Engine>, job: Arc<Job>, ticks: Sequence) {
         }
         sequences.insert(job.name().to_owned(), ticks.into_iter().take(QUEUED_MAX).collect());
     }
-    let engine = e.clone();
-    e.tracker.spawn(async move {
-        let _guard = CatchingUp(engine.clone(), job.name().to_owned());
-        run_sequence(&engine, &job).await
-    });
+    // Made before the task, so that a task dropped unpolled still ends the sequence.
+    let mut sequence = CatchingUp { engine: e.clone(), job: job.name().to_owned(), over: false };
+    e.tracker.spawn(async move { run_sequence(&mut sequence, &job).await });
 }
 
 /// Adds `ticks` to a sequence's `queue` (oldest first), in order, each once, at most
@@ -80,24 +78,14 @@ fn queue_in_order(queue: &mut Queue, ticks: Sequence, room: usize) {
     debug_assert!(queue.iter().zip(queue.iter().skip(1)).all(|(a, b)| a.0 < b.0));
 }
 
-/// The next tick of `job`'s sequence; when none is left, the sequence is over (under the
-/// same lock, so a tick queued by [`spawn`] is never left behind).
-fn next_tick(e: &Engine, job: &str) -> Option<(DateTime<Utc>, Trigger)> {
-    let mut sequences = e.catching_up.lock().expect("not poisoned");
-    let next = sequences.get_mut(job)?.pop_front();
-    if next.is_none() {
-        sequences.remove(job);
-    }
-    next
-}
-
-async fn run_sequence(e: &Arc<Engine>, job: &Arc<Job>) {
+async fn run_sequence(sequence: &mut CatchingUp, job: &Arc<Job>) {
+    let e = &sequence.engine.clone();
     // How long the sequence waited for its own runs' handlers: a late tick queued behind
     // them is that much later by the time it is reached, as queuing it promised
     // ([`reached`]). Recording a run's end is not counted: a store slow or down then
     // holds the sequence, which is what makes a tick missed.
     let mut waited = Duration::ZERO;
-    while let Some((t, trigger)) = next_tick(e, job.name()) {
+    while let Some((t, trigger)) = sequence.next_tick() {
         if e.interrupt.is_cancelled() || e.tracker.is_closed() {
             break;
         }
@@ -282,13 +270,38 @@ async fn reached(e: &Engine, job: &Job, t: DateTime<Utc>, trigger: Trigger, wait
     }
 }
 
-/// Marks a job's catch-up sequence as over when dropped (even by a panic).
-struct CatchingUp(Arc<Engine>, String);
+/// A job's catch-up sequence under way: its queue is the engine's until the sequence is
+/// over, by running out of ticks or by being dropped (cut short, or by a panic).
+struct CatchingUp {
+    engine: Arc<Engine>,
+    job: String,
+    /// The queue ran out and was removed: what is under the job's name now is a new
+    /// sequence's ([`spawn`] starts one as soon as this one is over), not to be removed.
+    over: bool,
+}
+
+impl CatchingUp {
+    /// The next tick of the sequence; when none is left, the sequence is over (under the
+    /// same lock, so a tick queued by [`spawn`] is never left behind).
+    fn next_tick(&mut self) -> Option<(DateTime<Utc>, Trigger)> {
+        assert!(!self.over, "an ended sequence takes no more ticks");
+        let mut sequences = self.engine.catching_up.lock().expect("not poisoned");
+        let next = sequences.get_mut(&self.job).and_then(VecDeque::pop_front);
+        if next.is_none() {
+            sequences.remove(&self.job);
+            self.over = true;
+        }
+        next
+    }
+}
 
 impl Drop for CatchingUp {
     fn drop(&mut self) {
-        if let Ok(mut sequences) = self.0.catching_up.lock() {
-            sequences.remove(&self.1);
+        if self.over {
+            return;
+        }
+        if let Ok(mut sequences) = self.engine.catching_up.lock() {
+            sequences.remove(&self.job);
         }
     }
 }
@@ -299,6 +312,43 @@ mod tests {
 
     fn t(s: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(s, 0).unwrap()
+    }
+
+    /// A sequence that ran out of ticks is over at once: the timer may start the job's
+    /// next sequence before the ended one's task is gone, and the ended one, dropped
+    /// then, must leave the new one's queue in place (its ticks would never run).
+    #[tokio::test]
+    async fn a_sequence_that_ran_out_leaves_the_next_sequence_of_its_job_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/s.db", dir.path().display());
+        let store = solocron_sqlite::SqliteStore::connect(&url, &solocron_core::Prefix::default()).await.unwrap();
+        let namespaces = solocron_core::Namespaces::default();
+        let set = crate::jobset::JobSet::new(Vec::new(), &namespaces, None).unwrap();
+        let engine = Arc::new(Engine::new(crate::engine::Parts {
+            store: Arc::new(store),
+            node: "n".into(),
+            clock: Arc::new(crate::scheduler::SystemClock),
+            system_clock: true,
+            jobs: crate::jobset::Jobs::new(set, namespaces, None),
+            history_retention: None,
+            shutdown_grace: Duration::from_secs(1),
+            max_concurrent_runs: 1,
+            recovery_interval: Duration::from_secs(1),
+            alerts: crate::alerts::Alerts::new(Vec::new()),
+        }));
+        let queued = |e: &Engine| e.catching_up.lock().unwrap().get("j").map(VecDeque::len);
+        engine.catching_up.lock().unwrap().insert("j".into(), [(t(1), Trigger::Catchup)].into());
+        let mut first = CatchingUp { engine: engine.clone(), job: "j".into(), over: false };
+        assert_eq!(first.next_tick(), Some((t(1), Trigger::Catchup)));
+        assert_eq!(first.next_tick(), None);
+        assert_eq!(queued(&engine), None, "the sequence is over as soon as it ran out");
+        engine.catching_up.lock().unwrap().insert("j".into(), [(t(2), Trigger::Catchup)].into());
+        drop(first);
+        assert_eq!(queued(&engine), Some(1), "the next sequence's queue stays");
+        // A sequence cut short (shutdown, the job removed) ends with its guard.
+        let cut = CatchingUp { engine: engine.clone(), job: "j".into(), over: false };
+        drop(cut);
+        assert_eq!(queued(&engine), None);
     }
 
     #[test]
