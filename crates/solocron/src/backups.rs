@@ -178,7 +178,7 @@ async fn claim_backups(
 /// now that they are about to be claimed: waiting past their instant, then asking which
 /// are free, against a slow or unavailable store, may have taken seconds. Claimed, they
 /// would run as late ticks past the tolerance; given back to the timer instead (as
-/// failed: the store was slow), they go through their job's misfire policy, like any tick
+/// [`Again::Stale`]: the store was slow), they go through their job's misfire policy, like any tick
 /// found that late. Not those `exempt` says may not be: one whose unanswered claim may
 /// have committed in time (asked again, it is granted again), and one its job's catch-up
 /// window is about to leave behind (none by default: the timer would not examine it

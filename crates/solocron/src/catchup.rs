@@ -80,12 +80,14 @@ fn queue_in_order(queue: &mut Queue, ticks: Sequence, room: usize) {
 
 async fn run_sequence(sequence: &mut CatchingUp, job: &Arc<Job>) {
     let e = &sequence.engine.clone();
-    // How long the sequence waited for its own runs' handlers: a late tick queued behind
-    // them is that much later by the time it is reached, as queuing it promised
-    // ([`reached`]). Recording a run's end is not counted: a store slow or down then
-    // holds the sequence, which is what makes a tick missed.
+    // How long the sequence waited for its own runs' handlers, and for each step's store
+    // calls up to [`STEP_SLACK`]: a late tick queued behind them is that much later by the
+    // time it is reached, as queuing it promised ([`reached`]). A store slow or down beyond
+    // that (in a claim, or recording a run's end) holds the sequence: what makes a tick
+    // missed.
     let mut waited = Duration::ZERO;
     while let Some((t, trigger)) = sequence.next_tick() {
+        let step = Instant::now();
         if e.interrupt.is_cancelled() || e.tracker.is_closed() {
             break;
         }
@@ -108,7 +110,7 @@ async fn run_sequence(sequence: &mut CatchingUp, job: &Arc<Job>) {
             break;
         }
         let Some((req, outcome, sent, received)) = claim_reached(e, job, t, trigger, waited).await else { break };
-        match outcome {
+        let handler = match outcome {
             // The sequence may end with this round's on-time ticks, claimed ahead: the run
             // waits for its instant like any other.
             ClaimOutcome::Won(lease) => {
@@ -117,15 +119,18 @@ async fn run_sequence(sequence: &mut CatchingUp, job: &Arc<Job>) {
                     handler_over: Some(handler_over),
                     ..e.claimed(job.clone(), lease, req.trigger, sent, received)
                 };
-                let started = Instant::now();
                 let ended = e.start(run, e.interrupt.clone());
-                // Dropped, never sent: an error is the signal.
-                let _ = over.await;
-                waited += started.elapsed();
+                // Dropped unsent when the handler never started.
+                let handler = over.await.unwrap_or_default();
                 let _ = ended.await;
+                handler
             }
-            other => e.on_claimed(job, &req, other, sent, received),
-        }
+            other => {
+                e.on_claimed(job, &req, other, sent, received);
+                Duration::ZERO
+            }
+        };
+        waited += handler + step.elapsed().saturating_sub(handler).min(STEP_SLACK);
     }
 }
 
@@ -232,9 +237,16 @@ async fn claim_reached(
     None
 }
 
-/// What a sequence's own claims may add to a queued tick's lateness while it goes on as it
-/// should (each takes milliseconds); a store that holds it longer makes its ticks missed.
+/// What a sequence's step in progress may add to a queued tick's lateness while it goes on
+/// as it should (its calls take milliseconds); a store that holds it longer makes its ticks
+/// missed.
 const SEQUENCE_SLACK: Duration = Duration::from_secs(1);
+
+/// What each step of a sequence (its look at whether the job is idle, its claim and, for a
+/// run, its start and the recording of its end) is excused besides the run's handler: a
+/// long sequence on a store as it should be never gets late by the sum of its steps' round
+/// trips; a step the store holds longer makes the rest count.
+const STEP_SLACK: Duration = Duration::from_millis(100);
 
 /// The least wait before a tick refused as too early is asked for again.
 const TOO_EARLY_PAUSE: Duration = Duration::from_millis(20);
@@ -242,9 +254,10 @@ const TOO_EARLY_PAUSE: Duration = Duration::from_millis(20);
 /// The request for tick `t` of `job` now: as queued, or as a missed tick by the misfire
 /// policy ([`past_tolerance`]) if its job has a catch-up window and no claim of it by this
 /// node may have committed. A tick is judged by its lateness less what the sequence
-/// `waited` for its own runs and less [`SEQUENCE_SLACK`]: a sequence going on as it should
-/// never reaches one missed; one held by the store (down, or as slow) does, whether in
-/// its claims or in recording its runs' ends.
+/// `waited` for its own runs' handlers and steps (each step up to [`STEP_SLACK`]) and less
+/// [`SEQUENCE_SLACK`]: a sequence going on as it should never reaches one missed; one held
+/// by the store (down, or as slow) does, whether in its claims or in recording its runs'
+/// ends.
 async fn reached(e: &Engine, job: &Job, t: DateTime<Utc>, trigger: Trigger, waited: Duration) -> ClaimRequest {
     let tick = Tick::new(job.name(), t);
     // A job without a catch-up window: the timer would not examine a missed tick at all; it

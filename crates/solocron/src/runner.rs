@@ -41,10 +41,10 @@ pub(crate) struct Claimed {
     /// The tick's instant on the monotonic clock (by this node's wall clock at the claim),
     /// if that clock reaches back to it: how late a scheduled start was is measured from it.
     pub(crate) due: Option<Instant>,
-    /// Dropped once the handler is over (or will not start), before the end is recorded:
-    /// a catch-up sequence times its own runs by it, not by how long the store took to
-    /// record their ends.
-    pub(crate) handler_over: Option<oneshot::Sender<()>>,
+    /// Told how long the handler ran, once it is over and before the end is recorded
+    /// (dropped unsent if it never starts): a catch-up sequence excuses its runs' handlers
+    /// by it, not the store's time to confirm their leases or record their ends.
+    pub(crate) handler_over: Option<oneshot::Sender<Duration>>,
 }
 
 /// Extra time, beyond the job's kill grace, that a stopped handler gets before it is dropped
@@ -203,9 +203,12 @@ pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: Cancellati
         metrics::start_lateness(Instant::now().saturating_duration_since(due));
     }
     let handler = job.handler();
+    let spawned = Instant::now();
     let task = tokio::spawn(async move { handler.run(ctx).await });
     let (outcome, stop) = supervise(task, &mut hb, renewals, &policy, started, &cancel, &interrupt).await;
-    drop(handler_over);
+    if let Some(over) = handler_over {
+        let _ = over.send(spawned.elapsed());
+    }
     let end = end_of(outcome, stop, regranted_after + (started - claim_sent));
     let next_tick = job.next_tick_after(hb.lease.run.tick.scheduled_at);
     let plan = retry::plan(&policy, next_tick, &hb.lease.run, &end, e.now(), fastrand::f64());
