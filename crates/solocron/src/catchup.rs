@@ -7,7 +7,7 @@
 //! nothing of it: one that ranks first for an on-time tick claims it to run, and may win
 //! it between two runs of the sequence, before older ticks still queued here.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +36,12 @@ pub(crate) type Sequence = Vec<(DateTime<Utc>, Trigger)>;
 /// The ticks a job's sequence under way has still to run, oldest first.
 pub(crate) type Queue = VecDeque<(DateTime<Utc>, Trigger)>;
 
+/// A job's sequence under way: the definition its ticks are of, and its queue.
+pub(crate) struct Queued {
+    job: Arc<Job>,
+    ticks: Queue,
+}
+
 /// Most ticks one job's sequence holds; beyond it, newly missed ticks are not run (a
 /// warning says how many) and not recorded.
 const QUEUED_MAX: usize = 10_000;
@@ -44,21 +50,40 @@ const QUEUED_MAX: usize = 10_000;
 /// queues `ticks` in it, in order (ticks that came due, and were missed, while it ran:
 /// after a long outage the timer hands them over here instead of dropping them).
 pub(crate) fn spawn(e: &Arc<Engine>, job: Arc<Job>, ticks: Sequence) {
-    {
-        let mut sequences = e.catching_up.lock().expect("not poisoned");
-        if let Some(queue) = sequences.get_mut(job.name()) {
-            let room = QUEUED_MAX.saturating_sub(queue.len());
-            if ticks.len() > room {
-                tracing::warn!(job = %job.name(), ticks = ticks.len() - room, "catch-up queue full; the newest missed ticks are not run");
-            }
-            queue_in_order(queue, ticks, room);
-            return;
-        }
-        sequences.insert(job.name().to_owned(), ticks.into_iter().take(QUEUED_MAX).collect());
+    if !enqueue(&mut e.catching_up.lock().expect("not poisoned"), &job, ticks) {
+        return;
     }
     // Made before the task, so that a task dropped unpolled still ends the sequence.
     let mut sequence = CatchingUp { engine: e.clone(), job: job.name().to_owned(), over: false };
-    e.tracker.spawn(async move { run_sequence(&mut sequence, &job).await });
+    e.tracker.spawn(async move { run_sequence(&mut sequence).await });
+}
+
+/// Queues `ticks` of `job` in its sequence under way, or makes them a new one: whether it
+/// is new (a task must run it). The queue of an earlier definition of the job gives way:
+/// its ticks are dropped (the new definition goes on from the timer's cursor, which went
+/// past them), and the sequence under way runs the new definition's ticks instead.
+fn enqueue(sequences: &mut HashMap<String, Queued>, job: &Arc<Job>, ticks: Sequence) -> bool {
+    let Some(queued) = sequences.get_mut(job.name()) else {
+        let ticks = ticks.into_iter().take(QUEUED_MAX).collect();
+        sequences.insert(job.name().to_owned(), Queued { job: job.clone(), ticks });
+        return true;
+    };
+    if !same_definition(&queued.job, job) {
+        tracing::info!(job = %job.name(), dropped = queued.ticks.len(), "job changed during its catch-up; the earlier definition's ticks are not run");
+        queued.job = job.clone();
+        queued.ticks.clear();
+    }
+    let room = QUEUED_MAX.saturating_sub(queued.ticks.len());
+    if ticks.len() > room {
+        tracing::warn!(job = %job.name(), ticks = ticks.len() - room, "catch-up queue full; the newest missed ticks are not run");
+    }
+    queue_in_order(&mut queued.ticks, ticks, room);
+    false
+}
+
+/// Whether `a` and `b` are the same job as defined (a reloaded list makes new `Arc`s).
+fn same_definition(a: &Arc<Job>, b: &Arc<Job>) -> bool {
+    Arc::ptr_eq(a, b) || a.definition() == b.definition()
 }
 
 /// Adds `ticks` to a sequence's `queue` (oldest first), in order, each once, at most
@@ -78,7 +103,7 @@ fn queue_in_order(queue: &mut Queue, ticks: Sequence, room: usize) {
     debug_assert!(queue.iter().zip(queue.iter().skip(1)).all(|(a, b)| a.0 < b.0));
 }
 
-async fn run_sequence(sequence: &mut CatchingUp, job: &Arc<Job>) {
+async fn run_sequence(sequence: &mut CatchingUp) {
     let e = &sequence.engine.clone();
     // How long the sequence waited for its own runs' handlers, and for each step's store
     // calls up to [`STEP_SLACK`]: a late tick queued behind them is that much later by the
@@ -86,21 +111,17 @@ async fn run_sequence(sequence: &mut CatchingUp, job: &Arc<Job>) {
     // that (in a claim, or recording a run's end) holds the sequence: what makes a tick
     // missed.
     let mut waited = Duration::ZERO;
-    while let Some((t, trigger)) = sequence.next_tick() {
-        let step = Instant::now();
+    while let Some((t, trigger, job)) = sequence.next_tick() {
+        let (job, step) = (&job, Instant::now());
         if e.interrupt.is_cancelled() || e.tracker.is_closed() {
             break;
         }
         // The job was removed or redefined meanwhile: its new definition (if any) takes
-        // over from the timer's cursor, which went past these ticks.
-        if !e
-            .jobs
-            .get()
-            .get(job.name())
-            .is_some_and(|now| Arc::ptr_eq(now, job) || now.definition() == job.definition())
-        {
-            tracing::info!(job = %job.name(), "job removed or changed during its catch-up; the rest is not run");
-            break;
+        // over from the timer's cursor, which went past this tick. The ticks after it may
+        // be the new definition's (queued by `spawn`): the sequence goes on.
+        if !e.jobs.get().get(job.name()).is_some_and(|now| same_definition(now, job)) {
+            tracing::debug!(job = %job.name(), at = %t, "job removed or changed during its catch-up; its tick is not run");
+            continue;
         }
         // Several nodes may catch up the same job at once (after a fleet-wide outage). With
         // overlap = skip, a tick claimed while another node's catch-up run is in progress
@@ -174,7 +195,7 @@ fn past_tolerance(
 /// The next tick queued in `job`'s sequence.
 fn next_queued(e: &Engine, job: &str) -> Option<DateTime<Utc>> {
     let sequences = e.catching_up.lock().expect("not poisoned");
-    sequences.get(job).and_then(|q| q.front()).map(|(t, _)| *t)
+    sequences.get(job).and_then(|q| q.ticks.front()).map(|(t, _)| *t)
 }
 
 /// Waits until no run of `job` is running anywhere, but this node's own claims whose
@@ -294,12 +315,16 @@ struct CatchingUp {
 }
 
 impl CatchingUp {
-    /// The next tick of the sequence; when none is left, the sequence is over (under the
-    /// same lock, so a tick queued by [`spawn`] is never left behind).
-    fn next_tick(&mut self) -> Option<(DateTime<Utc>, Trigger)> {
+    /// The next tick of the sequence, and the job as defined when it was queued; when none
+    /// is left, the sequence is over (under the same lock, so a tick queued by [`spawn`] is
+    /// never left behind).
+    fn next_tick(&mut self) -> Option<(DateTime<Utc>, Trigger, Arc<Job>)> {
         assert!(!self.over, "an ended sequence takes no more ticks");
         let mut sequences = self.engine.catching_up.lock().expect("not poisoned");
-        let next = sequences.get_mut(&self.job).and_then(VecDeque::pop_front);
+        let next = sequences.get_mut(&self.job).and_then(|q| {
+            let (t, trigger) = q.ticks.pop_front()?;
+            Some((t, trigger, q.job.clone()))
+        });
         if next.is_none() {
             sequences.remove(&self.job);
             self.over = true;
@@ -349,19 +374,43 @@ mod tests {
             recovery_interval: Duration::from_secs(1),
             alerts: crate::alerts::Alerts::new(Vec::new()),
         }));
-        let queued = |e: &Engine| e.catching_up.lock().unwrap().get("j").map(VecDeque::len);
-        engine.catching_up.lock().unwrap().insert("j".into(), [(t(1), Trigger::Catchup)].into());
+        let queued = |e: &Engine| e.catching_up.lock().unwrap().get("j").map(|q| q.ticks.len());
+        let j = job("* * * * * *");
+        assert!(enqueue(&mut engine.catching_up.lock().unwrap(), &j, vec![(t(1), Trigger::Catchup)]));
         let mut first = CatchingUp { engine: engine.clone(), job: "j".into(), over: false };
-        assert_eq!(first.next_tick(), Some((t(1), Trigger::Catchup)));
-        assert_eq!(first.next_tick(), None);
+        let next = first.next_tick().map(|(at, trigger, of)| (at, trigger, Arc::ptr_eq(&of, &j)));
+        assert_eq!(next, Some((t(1), Trigger::Catchup, true)));
+        assert!(first.next_tick().is_none());
         assert_eq!(queued(&engine), None, "the sequence is over as soon as it ran out");
-        engine.catching_up.lock().unwrap().insert("j".into(), [(t(2), Trigger::Catchup)].into());
+        assert!(enqueue(&mut engine.catching_up.lock().unwrap(), &j, vec![(t(2), Trigger::Catchup)]));
         drop(first);
         assert_eq!(queued(&engine), Some(1), "the next sequence's queue stays");
         // A sequence cut short (shutdown, the job removed) ends with its guard.
         let cut = CatchingUp { engine: engine.clone(), job: "j".into(), over: false };
         drop(cut);
         assert_eq!(queued(&engine), None);
+    }
+
+    fn job(expr: &str) -> Arc<Job> {
+        let handler = crate::job::handler_fn(|_ctx| async { Ok(()) });
+        Arc::new(Job::new("j", solocron_core::Schedule::parse(expr, "UTC").unwrap(), handler))
+    }
+
+    /// A job redefined while its sequence is under way: the new definition's missed ticks
+    /// replace the earlier definition's in the queue, for the task under way to run (before,
+    /// that task saw the change, stopped, and its guard removed the new ticks with the rest).
+    #[test]
+    fn a_redefined_jobs_ticks_replace_the_earlier_definitions_in_its_sequence() {
+        let (old, new) = (job("* * * * * *"), job("*/2 * * * * *"));
+        let mut sequences = HashMap::new();
+        assert!(enqueue(&mut sequences, &old, vec![(t(1), Trigger::Catchup), (t(2), Trigger::Schedule)]));
+        let reloaded = job("* * * * * *");
+        assert!(!enqueue(&mut sequences, &reloaded, vec![(t(3), Trigger::Schedule)]), "same definition: queued behind");
+        assert!(Arc::ptr_eq(&sequences["j"].job, &old));
+        assert_eq!(sequences["j"].ticks.len(), 3);
+        assert!(!enqueue(&mut sequences, &new, vec![(t(4), Trigger::Catchup)]), "the task under way runs it");
+        assert!(Arc::ptr_eq(&sequences["j"].job, &new));
+        assert_eq!(sequences["j"].ticks, [(t(4), Trigger::Catchup)]);
     }
 
     #[test]

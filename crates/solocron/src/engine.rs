@@ -56,7 +56,7 @@ pub(crate) struct Engine {
     pub(crate) recovery_interval: Duration,
     in_flight: Arc<AtomicUsize>,
     /// Jobs (by name) with a catch-up sequence under way on this node (at most one each).
-    pub(crate) catching_up: Mutex<HashMap<String, crate::catchup::Queue>>,
+    pub(crate) catching_up: Mutex<HashMap<String, crate::catchup::Queued>>,
     /// This node's claims that went unanswered, asked again with their nonce.
     pub(crate) unanswered: UnansweredClaims,
     /// This node's view of the fleet: which ticks it claims first, which as a backup.
