@@ -49,9 +49,15 @@ pub(crate) enum Again {
     /// Its claim failed (the store unavailable): the job is unhealthy (its next round is
     /// not on time) and the timer backs off before claiming again.
     Failed,
-    /// Not sent: past the late tolerance when it was about to be (the store was slow).
-    /// The job is unhealthy, so misfire decides; the store answers, so no backoff.
-    Stale,
+    /// Not sent: older than `missed_before` (the late tolerance, by the store's clock) when
+    /// it was about to be (the store was slow). The job is unhealthy and its ticks before
+    /// that instant are missed, whatever the node's estimate of the store's clock says, so
+    /// misfire decides and the tick never comes back as a backup; the store answers, so
+    /// no backoff.
+    Stale {
+        /// Before it, the job's ticks are missed.
+        missed_before: DateTime<Utc>,
+    },
     /// Refused as claimed too early: due again at its instant.
     TooEarly,
 }
@@ -171,7 +177,7 @@ async fn claim_backups(
     not_sent(&stale);
     let result = e.claim_and_start(set, backup, horizon).await;
     let stale: HashSet<usize> = stale.iter().map(|(i, _)| *i).collect();
-    undo(&earliest, &result.failed, &stale, &result.too_early)
+    undo(&earliest, &result.failed, (&stale, late_from), &result.too_early)
 }
 
 /// Splits off the backups to run whose tick is older than `late_from` (the late tolerance)
@@ -212,17 +218,17 @@ fn earliest_by_job(claims: &Claims) -> HashMap<usize, DateTime<Utc>> {
 }
 
 /// The ticks to plan again: a failed or stale job's from its earliest backup tick
-/// (`earliest`; failed says why if both), a job's refused as too early from that tick,
-/// whichever is earlier; sorted by job.
+/// (`earliest`; failed says why if both; stale ones were older than `missed_before`), a
+/// job's refused as too early from that tick, whichever is earlier; sorted by job.
 fn undo(
     earliest: &HashMap<usize, DateTime<Utc>>,
     failed: &HashSet<usize>,
-    stale: &HashSet<usize>,
+    (stale, missed_before): (&HashSet<usize>, DateTime<Utc>),
     too_early: &HashMap<usize, DateTime<Utc>>,
 ) -> Vec<(usize, DateTime<Utc>, Again)> {
     let from = |i: &usize| earliest.get(i).copied().expect("a job handed back had a backup claim");
     let mut jobs: Vec<(usize, DateTime<Utc>, Again)> = failed.iter().map(|i| (*i, from(i), Again::Failed)).collect();
-    jobs.extend(stale.difference(failed).map(|i| (*i, from(i), Again::Stale)));
+    jobs.extend(stale.difference(failed).map(|i| (*i, from(i), Again::Stale { missed_before })));
     for (&i, &at) in too_early {
         match jobs.iter_mut().find(|(j, _, _)| *j == i) {
             Some((_, from, _)) => *from = (*from).min(at),
@@ -289,15 +295,15 @@ mod tests {
         let stale = HashSet::from([3, 4]);
         let too_early = HashMap::from([(2, t(25)), (3, t(5))]);
         assert_eq!(
-            undo(&earliest, &failed, &stale, &too_early),
+            undo(&earliest, &failed, (&stale, t(45)), &too_early),
             vec![
                 (1, t(10), Again::Failed),
                 (2, t(25), Again::TooEarly),
                 (3, t(5), Again::Failed),
-                (4, t(40), Again::Stale)
+                (4, t(40), Again::Stale { missed_before: t(45) })
             ]
         );
-        assert!(undo(&earliest, &HashSet::new(), &HashSet::new(), &HashMap::new()).is_empty());
+        assert!(undo(&earliest, &HashSet::new(), (&HashSet::new(), t(0)), &HashMap::new()).is_empty());
     }
 
     fn claim(job: usize, at: i64, mode: ClaimMode) -> (usize, ClaimRequest) {

@@ -48,6 +48,10 @@ struct Cursor {
     /// late, not missed, even when the first rounds of a huge start (10,000 jobs per round)
     /// take a while.
     healthy: Option<bool>,
+    /// For the next plan only: the job's ticks before it are missed, however late the
+    /// node's estimate of the store's clock makes them (a backup found them so by the
+    /// store's own clock and handed them back).
+    missed_before: Option<DateTime<Utc>>,
 }
 
 /// The instants of one claim round.
@@ -235,7 +239,7 @@ impl Timer {
             .map(|j| started - chrono::Duration::from_std(j.policy().catchup).unwrap_or(chrono::Duration::zero()))
             .map(|c| memory_since.map_or(c, |m| c.max(m.min(started))))
             .zip(&births)
-            .map(|(c, born)| Cursor { handled: c.max((*born).min(started)), healthy: None })
+            .map(|(c, born)| Cursor { handled: c.max((*born).min(started)), healthy: None, missed_before: None })
             .collect();
         let steps = if e.system_clock {
             ClockSteps::new()
@@ -282,7 +286,7 @@ impl Timer {
             .iter()
             .map(|j| match self.set.index(j.name()) {
                 Some(i) => self.cursors[i],
-                None => Cursor { handled: now, healthy: None },
+                None => Cursor { handled: now, healthy: None, missed_before: None },
             })
             .collect();
         self.set = next;
@@ -348,6 +352,9 @@ impl Timer {
             cursor.handled = cursor.handled.min(from - chrono::Duration::milliseconds(1));
             if again != Again::TooEarly {
                 cursor.healthy = Some(false);
+            }
+            if let Again::Stale { missed_before } = again {
+                cursor.missed_before = cursor.missed_before.max(Some(missed_before));
             }
             self.undone.moved = true;
             self.undone.failed |= again == Again::Failed;
@@ -431,6 +438,7 @@ async fn claim_due(
     let mut run_slots = e.max_concurrent_runs.saturating_sub(e.in_flight());
     for &i in due {
         plan_job(e, &set.jobs[i], i, cursors[i], round, &mut run_slots, &mut plan);
+        cursors[i].missed_before = None;
     }
     let (first, backup) = spread(e, plan.claims);
     let sent = Instant::now();
@@ -497,7 +505,8 @@ fn plan_job(e: &Engine, job: &Job, i: usize, cursor: Cursor, round: Round, run_s
         Some(true) => cursor.handled.min(tolerance_start),
         Some(false) => tolerance_start,
         None => tolerance_start.min(round.started),
-    };
+    }
+    .max(cursor.missed_before.unwrap_or(DateTime::<Utc>::MIN_UTC));
     let mut due = plan_due(job.schedule(), job.policy(), cursor.handled, round.horizon, late_from);
     if due.not_examined > 0 {
         tracing::warn!(job = %job.name(), ticks = due.not_examined, "missed ticks beyond max_catchup were not examined");
