@@ -352,6 +352,16 @@ mod tests {
         DateTime::from_timestamp(s, 0).unwrap()
     }
 
+    /// The host's clock (the scheduler's own is not imported here: nothing below the
+    /// scheduler imports it).
+    struct Wall;
+
+    impl solocron_core::Clock for Wall {
+        fn now(&self) -> DateTime<Utc> {
+            Utc::now()
+        }
+    }
+
     /// A sequence that ran out of ticks is over at once: the timer may start the job's
     /// next sequence before the ended one's task is gone, and the ended one, dropped
     /// then, must leave the new one's queue in place (its ticks would never run).
@@ -365,8 +375,8 @@ mod tests {
         let engine = Arc::new(Engine::new(crate::engine::Parts {
             store: Arc::new(store),
             node: "n".into(),
-            clock: Arc::new(crate::scheduler::SystemClock),
-            system_clock: true,
+            clock: Arc::new(Wall),
+            system_clock: false,
             jobs: crate::jobset::Jobs::new(set, namespaces, None),
             history_retention: None,
             shutdown_grace: Duration::from_secs(1),
