@@ -41,11 +41,12 @@ pub(crate) enum RetryPlan {
 }
 
 /// Whether `run`, which ended as `end`, is retried, by `policy` and before `next_tick` (the
-/// job's tick after the run's; see `Job::next_tick_after`), at `now`
+/// job's tick after the run's; see `Job::next_tick_after`: asked only for a retry that is
+/// due, since a schedule's next instant is not free and most runs are not retried), at `now`
 /// (the store's clock as this node estimates it); `unit` in `[0, 1)` draws the jitter.
 pub(crate) fn plan(
     policy: &JobPolicy,
-    next_tick: Option<DateTime<Utc>>,
+    next_tick: impl FnOnce() -> Option<DateTime<Utc>>,
     run: &RunId,
     end: &RunEnd,
     now: DateTime<Utc>,
@@ -57,7 +58,7 @@ pub(crate) fn plan(
     }
     let wait = retry.jittered_wait_after(run.attempt, unit);
     let due = now + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX);
-    match next_tick {
+    match next_tick() {
         Some(next) if due >= next => RetryPlan::Dropped(format!(
             "retry dropped: attempt {} would wait {} and come after the next tick at {}",
             run.attempt + 1,
@@ -148,18 +149,18 @@ mod tests {
         let run = |attempt| RunId { tick: tick.clone(), attempt };
         let now = at("2026-01-01T10:00:05Z");
         assert_eq!(
-            plan(&p, hourly, &run(1), &end(RunState::Failed), now, 0.5),
+            plan(&p, || hourly, &run(1), &end(RunState::Failed), now, 0.5),
             RetryPlan::After(Duration::from_secs(10))
         );
         assert_eq!(
-            plan(&p, hourly, &run(2), &end(RunState::TimedOut), now, 0.5),
+            plan(&p, || hourly, &run(2), &end(RunState::TimedOut), now, 0.5),
             RetryPlan::After(Duration::from_secs(20))
         );
-        assert_eq!(plan(&p, hourly, &run(3), &end(RunState::Failed), now, 0.5), RetryPlan::None, "3 attempts spent");
+        assert_eq!(plan(&p, || hourly, &run(3), &end(RunState::Failed), now, 0.5), RetryPlan::None, "3 attempts spent");
         for state in [RunState::Succeeded, RunState::Lost, RunState::Abandoned, RunState::Interrupted] {
-            assert_eq!(plan(&p, hourly, &run(1), &end(state), now, 0.5), RetryPlan::None, "{state}");
+            assert_eq!(plan(&p, || hourly, &run(1), &end(state), now, 0.5), RetryPlan::None, "{state}");
         }
-        assert_eq!(plan(&JobPolicy::default(), hourly, &run(1), &end(RunState::Failed), now, 0.5), RetryPlan::None);
+        assert_eq!(plan(&JobPolicy::default(), || hourly, &run(1), &end(RunState::Failed), now, 0.5), RetryPlan::None);
     }
 
     #[test]
@@ -169,11 +170,11 @@ mod tests {
         let every_minute = Schedule::parse("* * * * *", "UTC").unwrap().next_after(run.tick.scheduled_at);
         let early = at("2026-01-01T10:00:20Z");
         assert_eq!(
-            plan(&p, every_minute, &run, &end(RunState::Failed), early, 0.0),
+            plan(&p, || every_minute, &run, &end(RunState::Failed), early, 0.0),
             RetryPlan::After(Duration::from_secs(30))
         );
         let late = at("2026-01-01T10:00:31Z");
-        let RetryPlan::Dropped(why) = plan(&p, every_minute, &run, &end(RunState::Failed), late, 0.0) else {
+        let RetryPlan::Dropped(why) = plan(&p, || every_minute, &run, &end(RunState::Failed), late, 0.0) else {
             panic!("a retry at 10:01:01 must be dropped before the 10:01 tick")
         };
         assert!(why.contains("2026-01-01T10:01:00.000Z") && why.contains("attempt 2"), "{why}");

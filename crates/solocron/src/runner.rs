@@ -210,7 +210,7 @@ pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: Cancellati
         let _ = over.send(spawned.elapsed());
     }
     let end = end_of(outcome, stop, regranted_after + (started - claim_sent));
-    let next_tick = job.next_tick_after(hb.lease.run.tick.scheduled_at);
+    let next_tick = || job.next_tick_after(hb.lease.run.tick.scheduled_at);
     let plan = retry::plan(&policy, next_tick, &hb.lease.run, &end, e.now(), fastrand::f64());
     let (end, wait) = match plan {
         // An alert's delivery cut short by shutdown is the event's only alert: another
