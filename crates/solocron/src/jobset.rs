@@ -13,7 +13,68 @@ use solocron_core::Namespaces;
 use tokio::sync::watch;
 
 use crate::job::Job;
-use crate::scheduler::BuildError;
+
+/// A job list that cannot be scheduled, or a node that cannot be built around it: what
+/// [`SchedulerBuilder::build`](crate::SchedulerBuilder::build) and [`Jobs::replace`] refuse.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// Two jobs share a name.
+    #[error("job `{0}` is defined twice; job names must be unique")]
+    DuplicateJob(String),
+    /// A job's name breaks the rule every part of solocron shares (see
+    /// [`solocron_core::validate_job_name`]): a name like `a@b` could not be told apart in
+    /// a run id (`job@instant#attempt`), and an empty one names nothing.
+    #[error("the job added at index {index}: {error}")]
+    JobName {
+        /// Where the job is in the order [`SchedulerBuilder::job`](crate::SchedulerBuilder::job) added it, from 0: the
+        /// name alone may not identify it (it may be empty).
+        index: usize,
+        /// The name as given.
+        job: String,
+        /// What is wrong, and what a name may be.
+        error: solocron_core::JobNameError,
+    },
+    /// A job's policy is out of bounds.
+    #[error("job `{job}`: {error}")]
+    Policy {
+        /// The job.
+        job: String,
+        /// What is wrong.
+        error: solocron_core::PolicyError,
+    },
+    /// An alert rule is incomplete.
+    #[error("alert rule {index}: {error}")]
+    Alert {
+        /// Where the rule is in the order [`SchedulerBuilder::alert`](crate::SchedulerBuilder::alert) added it, from 0.
+        index: usize,
+        /// What is wrong.
+        error: String,
+    },
+    /// A job is in a namespace this node does not serve.
+    #[error("job `{job}` is in namespace `{namespace}`, which this node does not serve (it serves {served}); add `{namespace}` to the node's namespaces")]
+    Namespace {
+        /// The job's full name.
+        job: String,
+        /// Its namespace.
+        namespace: String,
+        /// The namespaces the node serves, in words.
+        served: String,
+    },
+    /// The node's namespaces are not a valid list.
+    #[error("the node's namespaces: {0}")]
+    Namespaces(solocron_core::NamespacesError),
+    /// The node id is empty.
+    #[error("the node id must not be empty")]
+    EmptyNodeId,
+    /// The history retention is too short to be safe.
+    #[error("history retention {} is too short: a pruned tick could be claimed again by a node whose clock lags, or by a catch-up looking back; it must be at least {} (a day, and twice the longest catchup)", solocron_core::format_duration(*.retention), solocron_core::format_duration(*.floor))]
+    Retention {
+        /// What was asked.
+        retention: Duration,
+        /// The shortest safe retention.
+        floor: Duration,
+    },
+}
 
 /// A checked job list: unique, valid names and policies.
 ///

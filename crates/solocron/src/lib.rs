@@ -45,9 +45,9 @@ pub use http_job::{ExpectStatus, HttpJob, HttpJobError, RESPONSE_READ_BYTES_MAX}
 pub use job::{
     handler_fn, handler_with_state, BoxError, FnHandler, Handler, HandlerResult, Job, Outcome, RunContext, StateHandler,
 };
-pub use jobset::{JobChanges, Jobs};
+pub use jobset::{BuildError, JobChanges, Jobs};
 pub use lead::{CLAIM_AHEAD, CLAIM_AHEAD_MAX};
-pub use scheduler::{BuildError, NodeIdInUse, Scheduler, SchedulerBuilder, SystemClock, NODE_ID_WATCH};
+pub use scheduler::{NodeIdInUse, Scheduler, SchedulerBuilder, SystemClock, NODE_ID_WATCH};
 pub use solocron_core as core;
 pub use solocron_core::{JobPolicy, Misfire, OnCrash, Overlap, Prefix, Schedule, Store, StoreError};
 /// The HTTP API, Prometheus metrics and web console as an axum router, to mount next to a
