@@ -28,13 +28,13 @@ async fn claim_once(store: &PgStore, batch: &Batch<'_>, requests: &[ClaimRequest
         return claim_one(store, batch, requests).await;
     }
     let sql = store.sql(crate::records::claim_query!("claim_set"));
-    let rows = batch.send(&store.pool, &sql).await?;
-    Ok(outcomes(requests, &rows)?)
+    let row = batch.send(&store.pool, &sql).await?;
+    Ok(outcomes(requests, &row)?)
 }
 
 impl Batch<'_> {
-    /// Calls the function once: one round trip, one transaction.
-    pub(crate) async fn send(&self, pool: &PgPool, sql: &str) -> Res<Vec<PgRow>> {
+    /// Calls the function once: one round trip, one transaction; the answer's one row.
+    pub(crate) async fn send(&self, pool: &PgPool, sql: &str) -> Res<PgRow> {
         Ok(sqlx::query(sql)
             .bind(&self.jobs)
             .bind(&self.ticks)
@@ -44,7 +44,7 @@ impl Batch<'_> {
             .bind(&self.modes)
             .bind(&self.reasons)
             .bind(&self.nonces)
-            .fetch_all(pool)
+            .fetch_one(pool)
             .await?)
     }
 }

@@ -15,14 +15,14 @@ pub(crate) const CALL: &str = crate::records::claim_query!("claim_one");
 
 /// One try at claiming the one request of `batch`: one round trip, one transaction.
 pub(crate) async fn claim_one(store: &PgStore, batch: &Batch<'_>, requests: &[ClaimRequest]) -> Res<Vec<ClaimOutcome>> {
-    let rows = batch.send_one(&store.pool, &store.sql(CALL)).await?;
-    Ok(outcomes(requests, &rows)?)
+    let row = batch.send_one(&store.pool, &store.sql(CALL)).await?;
+    Ok(outcomes(requests, &row)?)
 }
 
 impl Batch<'_> {
     /// Calls `{p}claim_one` (`sql`) with the batch's one request: one round trip, one
     /// transaction.
-    async fn send_one(&self, pool: &PgPool, sql: &str) -> Res<Vec<PgRow>> {
+    async fn send_one(&self, pool: &PgPool, sql: &str) -> Res<PgRow> {
         assert_eq!(self.jobs.len(), 1, "send_one sends a batch of one");
         Ok(sqlx::query(sql)
             .bind(self.jobs[0])
@@ -33,7 +33,7 @@ impl Batch<'_> {
             .bind(self.modes[0])
             .bind(self.reasons[0])
             .bind(self.nonces[0])
-            .fetch_all(pool)
+            .fetch_one(pool)
             .await?)
     }
 }

@@ -1674,12 +1674,12 @@ mod tests {
                 .collect()
         };
         let first = batch(0);
-        let rows = crate::records::Batch::new(&first)
+        let row = crate::records::Batch::new(&first)
             .expect("a batch")
             .send(&store.pool, &store.sql(crate::records::claim_query!("claim")))
             .await
             .expect("a claim of version 11");
-        let old = tokens(crate::records::outcomes(&first, &rows).expect("outcomes"));
+        let old = tokens(crate::records::outcomes(&first, &row).expect("outcomes"));
 
         migrate_to(&store, 12).await.expect("migrate to version 12");
         let after = functions(&store).await;
@@ -1688,11 +1688,11 @@ mod tests {
         for (j, (old, new)) in old.iter().zip(tokens(store.claim(&batch(1)).await.expect("claim"))).enumerate() {
             assert!(new > *old, "job-{j}: {old} then {new}");
         }
-        let old_call = "SELECT o_outcome FROM {p}claim_taken_first($1, $2, $3, $4, $5, $6, $7, $8)";
+        let old_call = "SELECT array_agg(o_outcome) FROM {p}claim_taken_first($1, $2, $3, $4, $5, $6, $7, $8)";
         let requests = batch(1);
         let b = crate::records::Batch::new(&requests).expect("a batch");
-        let rows = b.send(&store.pool, &store.sql(old_call)).await.expect("a call of version 11");
-        let outcomes: Vec<String> = rows.iter().map(|r| sqlx::Row::get(r, 0)).collect();
+        let row = b.send(&store.pool, &store.sql(old_call)).await.expect("a call of version 11");
+        let outcomes: Vec<String> = sqlx::Row::get(&row, 0);
         assert_eq!(outcomes, ["taken"; 3]);
     }
 }
