@@ -47,15 +47,16 @@ pub(crate) async fn finish_all(store: &PgStore, endings: &[Ending]) -> Result<Ve
         return Ok(Vec::new());
     }
     // One call for the batch: the function's `UPDATE` finds each run by its key, joined to
-    // the ends as arrays, and answers the positions of the runs it ended. No expiry check: a
-    // run whose lease lapsed but that nobody recovered yet still records its true end.
-    let sql = store.sql("SELECT * FROM {p}finish_all($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)");
+    // the ends as arrays, and answers the positions of the runs it ended, gathered into one
+    // array (one row to decode, not one per end). No expiry check: a run whose lease lapsed
+    // but that nobody recovered yet still records its true end.
+    let sql = store.sql("SELECT array_agg(e) FROM {p}finish_all($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) AS e");
     let ends: Vec<Cow<'_, RunEnd>> = endings.iter().map(|e| storable(&e.end)).collect();
     let mut cols = FinishColumns::with_capacity(endings.len());
     for (i, (e, end)) in endings.iter().zip(&ends).enumerate() {
         cols.push(i, &e.lease, end)?;
     }
-    let ended: Vec<i32> = sqlx::query_scalar(&sql)
+    let ended: Option<Vec<i32>> = sqlx::query_scalar(&sql)
         .bind(cols.lease.i)
         .bind(cols.lease.job)
         .bind(cols.lease.scheduled_at)
@@ -67,10 +68,10 @@ pub(crate) async fn finish_all(store: &PgStore, endings: &[Ending]) -> Result<Ve
         .bind(cols.exit_code)
         .bind(cols.output)
         .bind(cols.started_after)
-        .fetch_all(&store.pool)
+        .fetch_one(&store.pool)
         .await
         .map_err(step("finish"))?;
-    answered(ended, endings.len(), "finish")
+    answered(ended.unwrap_or_default(), endings.len(), "finish")
 }
 
 /// Records a held run's end as [`finish`] does and, only if that matched, its tick's next
@@ -126,14 +127,14 @@ pub(crate) async fn renew_all(store: &PgStore, renewals: &[Renewal]) -> Result<V
     // as arrays. A lease sent twice in one batch (a renewal re-sent while the first was
     // queued) updates its row once and returns one position: the answer for each position
     // is whether its lease was extended, by that row's key.
-    let sql = store.sql("SELECT * FROM {p}renew_all($1, $2, $3, $4, $5, $6, $7)");
+    let sql = store.sql("SELECT array_agg(r) FROM {p}renew_all($1, $2, $3, $4, $5, $6, $7) AS r");
     let mut cols = LeaseColumns::with_capacity(renewals.len());
     let mut length = Vec::with_capacity(renewals.len());
     for (i, r) in renewals.iter().enumerate() {
         cols.push(i, &r.lease)?;
         length.push(millis(r.length)?);
     }
-    let positions: Vec<i32> = sqlx::query_scalar(&sql)
+    let positions: Option<Vec<i32>> = sqlx::query_scalar(&sql)
         .bind(cols.i)
         .bind(cols.job)
         .bind(cols.scheduled_at)
@@ -141,10 +142,10 @@ pub(crate) async fn renew_all(store: &PgStore, renewals: &[Renewal]) -> Result<V
         .bind(cols.node)
         .bind(cols.token)
         .bind(length)
-        .fetch_all(&store.pool)
+        .fetch_one(&store.pool)
         .await
         .map_err(step("renew"))?;
-    let renewed = answered(positions, renewals.len(), "renew")?;
+    let renewed = answered(positions.unwrap_or_default(), renewals.len(), "renew")?;
     // Only a position answered `false` can be a copy of one that was extended.
     let same = |a: &Lease, b: &Lease| a.run == b.run && a.owner == b.owner && a.fencing_token == b.fencing_token;
     let extended = |lease: &Lease| renewals.iter().zip(&renewed).any(|(r, done)| *done && same(&r.lease, lease));
