@@ -279,6 +279,22 @@ pub(crate) fn optional(value: Option<impl fmt::Display>) -> String {
     value.map_or_else(String::new, |v| format!("={v}"))
 }
 
+/// An optional integer as [`optional`] spells it, written straight into the call: every
+/// run's end carries two, and a formatted string each was a tenth of a run's client time.
+pub(crate) struct OptionalInt(pub(crate) Option<i64>);
+
+impl ToRedisArgs for OptionalInt {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        let Some(value) = self.0 else { return out.write_arg(b"") };
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(value).as_bytes();
+        // '=' and at most 20 characters: i64::MIN is "-9223372036854775808".
+        let mut arg = [b'='; 21];
+        arg[1..=digits.len()].copy_from_slice(digits);
+        out.write_arg(&arg[..=digits.len()]);
+    }
+}
+
 /// True if the server did not know the called function, or `FCALL` itself (a server
 /// replaced by one older than 7.0: the load then fails, and the scripts take over).
 fn function_unknown(e: &RedisError) -> bool {
@@ -301,5 +317,26 @@ mod tests {
         assert_eq!(optional(None::<&str>), "");
         assert_eq!(optional(Some("")), "=");
         assert_eq!(optional(Some(3)), "=3");
+    }
+
+    #[test]
+    fn optional_integers_are_spelled_as_optional_spells_them() {
+        let spelled = |value: Option<i64>| {
+            let mut cmd = redis::cmd("X");
+            cmd.arg(OptionalInt(value));
+            let args: Vec<Vec<u8>> = cmd
+                .args_iter()
+                .skip(1)
+                .map(|a| match a {
+                    Arg::Simple(bytes) => bytes.to_vec(),
+                    _ => panic!("not a plain argument"),
+                })
+                .collect();
+            assert_eq!(args.len(), 1, "one argument");
+            String::from_utf8(args.concat()).unwrap()
+        };
+        for value in [None, Some(0), Some(7), Some(-12), Some(i64::MAX), Some(i64::MIN)] {
+            assert_eq!(spelled(value), optional(value), "{value:?}");
+        }
     }
 }

@@ -12,7 +12,7 @@ use solocron_core::{
     StoreError, FINISH_BATCH_MAX, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 
-use crate::call::{millis, optional, Call};
+use crate::call::{millis, Call, OptionalInt};
 use crate::decode::{self, convert, invalid};
 use crate::scripts::{Method, CODE};
 use crate::{RedisStore, SCAN_EXAMINED_MAX};
@@ -187,10 +187,10 @@ fn end_args(call: &mut Call, lease: &Lease, end: &RunEnd) -> Result<(), StoreErr
     let started_after = end.started_after.map(millis).transpose()?;
     lease_args(call, lease);
     call.arg(end.state.as_str())
-        .arg(optional(end.reason.as_deref()))
-        .arg(optional(end.exit_code))
+        .arg(crate::call::optional(end.reason.as_deref()))
+        .arg(OptionalInt(end.exit_code.map(i64::from)))
         .arg(output_tail(&end.output))
-        .arg(optional(started_after));
+        .arg(OptionalInt(started_after));
     Ok(())
 }
 
@@ -200,5 +200,5 @@ fn lease_args(call: &mut Call, lease: &Lease) {
         .arg(lease.run.tick.scheduled_at.timestamp_millis())
         .arg(lease.run.attempt)
         .arg(&lease.owner)
-        .arg(lease.fencing_token.to_string());
+        .arg(lease.fencing_token);
 }
