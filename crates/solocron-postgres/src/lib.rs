@@ -32,6 +32,8 @@
 //! - **Each step is atomic.** A whole claim batch is one call of a PL/pgSQL function (one
 //!   round trip, one transaction; a batch of one tick calls its one-tick twin, which takes
 //!   scalars instead of arrays); every other method is one statement or one transaction.
+//!   A batch's answer (claims, ends, renewals) comes back as one row of arrays, decoded
+//!   once per column, not a row per item.
 //!   A step that loses a deadlock or serialization conflict is retried a few times.
 //! - **A batch of distinct jobs is claimed set-wise.** Where every job of a batch appears
 //!   once (a node's batch of an instant), its requests cannot affect one another, so
