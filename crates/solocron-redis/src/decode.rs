@@ -190,22 +190,12 @@ pub(crate) fn claim_outcome_text(text: &str, run: RunId, owner: &str) -> Result<
             Ok(ClaimOutcome::Won(lease(run, owner, numbers)?))
         }
         "skipped" if text.len() > kind.len() => Ok(ClaimOutcome::Skipped { reason: rest.to_owned() }),
-        _ => claim_outcome(&text.split(':').map(str::to_owned).collect::<Vec<_>>(), run, owner),
-    }
-}
-
-/// One claim outcome: `{'won', ...}`, `{'skipped', reason}`, `{'taken'}` or
-/// `{'early', store_now ms}`.
-pub(crate) fn claim_outcome(parts: &[String], run: RunId, owner: &str) -> Result<ClaimOutcome, StoreError> {
-    match parts.first().map(String::as_str) {
-        Some("won") => Ok(ClaimOutcome::Won(won(parts, run, owner)?)),
-        Some("skipped") if parts.len() == 2 => Ok(ClaimOutcome::Skipped { reason: parts[1].clone() }),
-        Some("taken") => Ok(ClaimOutcome::Taken),
-        Some("early") if parts.len() == 2 => {
-            let ms: i64 = parts[1].parse().map_err(|e| invalid("claim outcome", format!("{parts:?}: {e}")))?;
+        "taken" => Ok(ClaimOutcome::Taken),
+        "early" => {
+            let ms: i64 = rest.parse().map_err(|e| invalid("claim outcome", format!("{text:?}: {e}")))?;
             Ok(ClaimOutcome::TooEarly { store_now: instant(ms)? })
         }
-        _ => Err(invalid("claim outcome", format!("{parts:?}"))),
+        _ => Err(invalid("claim outcome", text)),
     }
 }
 
