@@ -1,6 +1,7 @@
 //! `solocron-bench node`: one node of a benchmark fleet, run as its own process. It runs a
 //! scheduler with `--jobs` identical jobs, then writes what it saw to `--report` as JSON.
 
+use solocron_core::SchemaStore;
 use std::io::Write as _;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -9,7 +10,7 @@ use std::time::Duration;
 use chrono::Utc;
 use clap::Args;
 use solocron::{handler_fn, Command, Job, RunContext, Scheduler};
-use solocron_core::{JobPolicy, OnCrash, Overlap, Prefix, Schedule, Store as _};
+use solocron_core::{JobPolicy, OnCrash, Overlap, Prefix, Schedule};
 use tokio_util::sync::CancellationToken;
 
 use crate::counting::Counting;

@@ -31,6 +31,8 @@
 //! [`Namespace`] is also the [`StoreFactory`] of the conformance suite:
 //! `conformance_tests!(Namespace::new())`.
 
+use solocron_core::SchemaStore;
+use solocron_core::StoreBase;
 use std::any::TypeId;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};

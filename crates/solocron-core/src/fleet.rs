@@ -5,15 +5,15 @@ use chrono::{DateTime, Utc};
 
 use crate::run::RunId;
 
-/// How often a running node sends its heartbeat ([`crate::Store::heartbeat`]).
+/// How often a running node sends its heartbeat ([`crate::FleetStore::heartbeat`]).
 pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 /// A node whose last heartbeat is older than this (three missed beats) is stale: it may be
 /// stalled, partitioned or dead.
 pub const NODE_STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(15);
 /// A node that said goodbye, or has sent no heartbeat for this long, is forgotten by
-/// [`crate::Store::prune`].
+/// [`crate::HistoryStore::prune`].
 pub const NODE_FORGET_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
-/// Most nodes [`crate::Store::nodes`] returns.
+/// Most nodes [`crate::FleetStore::nodes`] returns.
 pub const NODES_MAX: usize = 10_000;
 
 /// What a node tells the fleet about itself in each heartbeat.

@@ -31,6 +31,7 @@ mod namespace;
 mod policy;
 mod prefix;
 mod redact;
+mod roles;
 mod run;
 mod schedule;
 mod store;
@@ -56,13 +57,17 @@ pub use policy::{
 };
 pub use prefix::{Prefix, PrefixError, PREFIX_LEN_MAX};
 pub use redact::{redact_in, redact_url};
+pub use roles::{
+    AuditStore, ClaimStore, ControlStore, FleetStore, HistoryStore, ManagedStore, NodeStore, OperatorStore,
+    RegistryStore, RequestStore, RunStore, SchemaStore, Store, StoreBase,
+};
 pub use run::{output_tail, RunId, RunRecord, RunState, Tick, Trigger, OUTPUT_TAIL_BYTES_MAX};
 pub use schedule::{Schedule, ScheduleError, TICKS_ENUMERATED_MAX};
 pub use store::{
     spread_start, stable_hash, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
     Lease, RecoverAction, RecoverOutcome, Registration, RegistryCursor, RegistryPage, Renewal, RequestWatch, RunCounts,
-    RunEnd, RunRequest, SchemaState, Store, StoreError, CLAIM_BATCH_MAX, CLAIM_EARLY_MAX, COUNT_PAGES_MAX,
-    FINISH_BATCH_MAX, JOBS_ASKED_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, REGISTRY_PAGE_MAX, RENEW_BATCH_MAX,
+    RunEnd, RunRequest, SchemaState, StoreError, CLAIM_BATCH_MAX, CLAIM_EARLY_MAX, COUNT_PAGES_MAX, FINISH_BATCH_MAX,
+    JOBS_ASKED_MAX, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, REGISTRY_PAGE_MAX, RENEW_BATCH_MAX,
 };
 
 /// The source of wall-clock time for schedule decisions; tests inject their own.

@@ -4,7 +4,7 @@
 //! The store keeps a job's definition as text it does not read (`spec`: a JSON object with
 //! the keys of a configuration's `[[jobs]]` entry); the writer checked it, and every node
 //! checks it again before it runs it. Revisions are numbered store-wide, in the order their
-//! writes committed, so a node that saw [`crate::Store::managed_version`] `n` has seen every
+//! writes committed, so a node that saw [`crate::ManagedStore::managed_version`] `n` has seen every
 //! change up to `n`.
 
 use chrono::{DateTime, Utc};
@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 pub const MANAGED_JOBS_MAX: usize = 10_000;
 /// Longest definition (`spec`), in bytes.
 pub const JOB_SPEC_BYTES_MAX: usize = 16 * 1024;
-/// Most revisions one [`crate::Store::job_revisions`] call returns.
+/// Most revisions one [`crate::ManagedStore::job_revisions`] call returns.
 pub const REVISIONS_PAGE_MAX: usize = 1_000;
 
 /// A managed job as its newest revision defines it.

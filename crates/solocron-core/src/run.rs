@@ -133,7 +133,7 @@ pub enum RunState {
     /// The node shut down and stopped the job before it finished.
     Interrupted,
     /// A retry of a failed attempt, waiting for its backoff to pass: from `lease_until`
-    /// (its not-before, by the store's clock) any node may start it ([`crate::Store::recover`]).
+    /// (its not-before, by the store's clock) any node may start it ([`crate::RunStore::recover`]).
     /// It holds no token and no lease.
     Waiting,
 }

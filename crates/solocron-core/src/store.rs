@@ -1,23 +1,14 @@
-//! The `Store` trait: the atomic steps every coordination store offers.
-//!
-//! Each method is one atomic step that every planned store can do in one round trip:
-//! a SQL transaction or single statement, a Redis Lua script, an etcd `Txn`. The trait
-//! knows nothing of cron syntax, policies or processes; the engine decides *what* to ask,
-//! the store guarantees that each step happens entirely or not at all.
-//!
-//! Every time a store compares with "now" (lease expiry), it uses **its own clock**,
-//! never a time sent by a node.
+//! The types the store traits speak in (claims, leases, run ends, history queries, the
+//! registry) and the bounds of each call. The traits themselves are in `roles.rs`.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use crate::fleet::{ActionQuery, ActionRecord, NodeBeat, NodeRecord};
-use crate::run::{RunId, RunRecord, RunState, Tick, Trigger};
-use crate::{JobRevision, JobWrite, ManagedJob, Namespaces};
+use crate::run::{RunId, RunState, Tick, Trigger};
 
-/// Most requests one [`Store::claim`] call carries; the engine splits larger batches.
+/// Most requests one [`crate::ClaimStore::claim`] call carries; the engine splits larger batches.
 pub const CLAIM_BATCH_MAX: usize = 1000;
 
 /// How far ahead of its instant, by the store's clock, a tick may be claimed on its
@@ -61,16 +52,16 @@ pub fn stable_hash(bytes: impl IntoIterator<Item = u8>) -> u64 {
     hash ^ (hash >> 31)
 }
 
-/// Most records one [`Store::expired`] or [`Store::history`] call returns.
+/// Most records one [`crate::RunStore::expired`] or [`crate::HistoryStore::history`] call returns.
 pub const RECORDS_PAGE_MAX: usize = 10_000;
 
-/// Most job names one [`Store::registrations_of`] call asks for (a page of views and a
+/// Most job names one [`crate::RegistryStore::registrations_of`] call asks for (a page of views and a
 /// little more).
 pub const JOBS_ASKED_MAX: usize = 1_000;
-/// Most registrations one [`Store::registrations_page`] call asks for (a larger `limit`
+/// Most registrations one [`crate::RegistryStore::registrations_page`] call asks for (a larger `limit`
 /// counts as this one).
 pub const REGISTRY_PAGE_MAX: usize = 1_000;
-/// Most records one [`Store::prune`] call deletes.
+/// Most records one [`crate::HistoryStore::prune`] call deletes.
 pub const PRUNE_BATCH_MAX: usize = 10_000;
 /// A store operation that failed. The engine treats every such error as "no permission":
 /// it runs nothing it has not claimed, and retries with bounded backoff.
@@ -84,7 +75,7 @@ pub enum StoreError {
     Invalid(String),
 }
 
-/// Where a store's schema stands against the build reading it ([`Store::schema`]).
+/// Where a store's schema stands against the build reading it ([`crate::SchemaStore::schema`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SchemaState {
     /// No solocron schema under this prefix: `migrate` creates it.
@@ -223,7 +214,7 @@ pub struct RunEnd {
     pub started_after: Option<Duration>,
 }
 
-/// One run's end to record, for [`Store::finish_all`]: the lease that proves the run is
+/// One run's end to record, for [`crate::RunStore::finish_all`]: the lease that proves the run is
 /// held, and how it ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ending {
@@ -233,10 +224,10 @@ pub struct Ending {
     pub end: RunEnd,
 }
 
-/// Most endings one [`Store::finish_all`] call takes; callers split longer lists.
+/// Most endings one [`crate::RunStore::finish_all`] call takes; callers split longer lists.
 pub const FINISH_BATCH_MAX: usize = 256;
 
-/// One lease to extend, for [`Store::renew_all`].
+/// One lease to extend, for [`crate::RunStore::renew_all`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Renewal {
     /// The owner's lease.
@@ -245,7 +236,7 @@ pub struct Renewal {
     pub length: Duration,
 }
 
-/// Most renewals one [`Store::renew_all`] call takes; callers split longer lists.
+/// Most renewals one [`crate::RunStore::renew_all`] call takes; callers split longer lists.
 pub const RENEW_BATCH_MAX: usize = 256;
 
 /// What to do with a `running` run whose lease expired (its owner died or stalled).
@@ -266,7 +257,7 @@ pub enum RecoverAction {
     },
 }
 
-/// The answer to [`Store::recover`].
+/// The answer to [`crate::RunStore::recover`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum RecoverOutcome {
     /// The run was ended as `abandoned`.
@@ -277,10 +268,10 @@ pub enum RecoverOutcome {
     NotNeeded,
 }
 
-/// Most pages of history [`Store::count_runs`]'s default reads.
+/// Most pages of history [`crate::HistoryStore::count_runs`]'s default reads.
 pub const COUNT_PAGES_MAX: usize = 100;
 
-/// Run records by state ([`Store::count_runs`]).
+/// Run records by state ([`crate::HistoryStore::count_runs`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunCounts {
     /// Each state met and how many records are in it, in no order; a state never met is
@@ -348,7 +339,7 @@ pub struct Registration {
     pub last_seen: DateTime<Utc>,
 }
 
-/// A page of the job registry (see [`Store::registrations_page`]).
+/// A page of the job registry (see [`crate::RegistryStore::registrations_page`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RegistryPage {
     /// Registrations, in an order of the store's choosing.
@@ -358,7 +349,7 @@ pub struct RegistryPage {
 }
 
 /// Where a registry read in pages stands: made by the store, passed back unchanged by the
-/// reader (see [`Store::registrations_page`]).
+/// reader (see [`crate::RegistryStore::registrations_page`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegistryCursor(String);
 
@@ -438,7 +429,7 @@ impl HistoryQuery {
 
 /// A store's way to tell a node that manual run requests may have been added (an etcd
 /// watch, PostgreSQL `LISTEN`, a file change), so that nodes need not ask the store for
-/// them twice a second. Made by [`Store::request_watch`]; the engine still reads the
+/// them twice a second. Made by [`crate::RequestStore::request_watch`]; the engine still reads the
 /// requests now and then without a hint, in case one was lost.
 ///
 /// # Example
@@ -464,350 +455,4 @@ pub trait RequestWatch: Send {
     /// a call dropped before it returned loses nothing. A watch that fails waits (a
     /// bounded backoff) before it returns, so that a broken store is not read in a loop.
     async fn changed(&mut self);
-}
-
-/// The coordination store: a set of atomic steps.
-///
-/// Implementations must guarantee, each in one atomic step:
-/// - **claim**: a record for a tick is created only if none exists (attempt 1 of the tick);
-///   a won claim carries a fencing token strictly larger than every earlier token of the job.
-/// - **renew**/**finish**: succeed only for the lease's owner and token while the run is
-///   `running`; renew also only while the lease has not expired by the store's clock.
-/// - **recover**: acts only on a `running` run whose lease expired by the store's clock, so
-///   that exactly one node recovers it.
-///
-/// The conformance suite (`solocron-conformance`) checks these on every store.
-#[async_trait]
-pub trait Store: Send + Sync + 'static {
-    /// A description safe to log (credentials masked).
-    fn describe(&self) -> String;
-
-    /// Creates or upgrades the schema; idempotent and safe when many nodes call it at once.
-    async fn migrate(&self) -> Result<(), StoreError>;
-
-    /// Where the schema under this store's prefix stands against this build, read without
-    /// changing anything: what commands that must not migrate check first.
-    async fn schema(&self) -> Result<SchemaState, StoreError>;
-
-    /// Removes everything this store keeps under its prefix (tables, stored routines,
-    /// keys), for uninstalls and tests; other prefixes are untouched. Idempotent: a prefix
-    /// that holds nothing is fine. Stop the prefix's nodes first: depending on the store,
-    /// a node still running fails its next call or writes its keys again.
-    async fn uninstall(&self) -> Result<(), StoreError> {
-        Err(StoreError::Invalid(format!("{} cannot uninstall itself", self.describe())))
-    }
-
-    /// Claims ticks, all in one round trip; one outcome per request, in order.
-    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError>;
-
-    /// Extends the lease to `lease` from the store's now. `Ok(false)`: the lease is gone
-    /// (expired, taken over, ended by an operator); the owner must stop the job.
-    async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError>;
-
-    /// Records the run's end. `Ok(false)`: the run was already ended by someone else
-    /// (recovered or unlocked); the record keeps that end.
-    async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError>;
-
-    /// Records several runs' ends (at most [`FINISH_BATCH_MAX`]) in as few round trips as
-    /// the store can: one answer per ending, in order, each what [`Store::finish`] would
-    /// have answered. On `Err`, any of them may or may not be recorded; sending them again
-    /// is safe (one already recorded then answers `false`). When thousands of runs end at
-    /// once (a herd), one call per end would queue behind the store's few connections until
-    /// the owners' leases ran out.
-    ///
-    /// The default calls [`Store::finish`] once per ending; stores that can do better
-    /// (one transaction, one statement, one pipeline) override it.
-    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-        assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
-        let mut answers = Vec::with_capacity(endings.len());
-        for e in endings {
-            answers.push(self.finish(&e.lease, &e.end).await?);
-        }
-        Ok(answers)
-    }
-
-    /// Extends several leases (at most [`RENEW_BATCH_MAX`]) in as few round trips as the
-    /// store can: one answer per renewal, in order, each what [`Store::renew`] would have
-    /// answered. On `Err`, any of them may or may not be extended; sending them again is
-    /// safe. When a thousand runs must confirm their leases at once (a herd whose claim was
-    /// answered late), one call each would queue behind the store's few connections until
-    /// the leases ran out.
-    ///
-    /// The default calls [`Store::renew`] once per renewal; stores that can do better
-    /// override it.
-    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-        assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
-        let mut answers = Vec::with_capacity(renewals.len());
-        for r in renewals {
-            answers.push(self.renew(&r.lease, r.length).await?);
-        }
-        Ok(answers)
-    }
-
-    /// Records a failed or timed-out run's end, as [`Store::finish`] does, and in the same
-    /// atomic step creates its tick's next attempt as [`RunState::Waiting`] (trigger
-    /// `retry`, the same node, no token, `lease_until` = the store's now + `after`: its
-    /// not-before). `Ok(false)`: the run was already ended by someone else; nothing is
-    /// written. Whoever then finds the waiting attempt in [`Store::expired`] starts it with
-    /// [`Store::recover`], so a retry survives the death of the node that planned it.
-    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError>;
-
-    /// At most `limit` runs someone must act on, by the store's clock, oldest first: `running`
-    /// runs whose lease has expired, and `waiting` retries whose not-before has passed
-    /// (both by `lease_until`), of jobs in `namespaces` only (those of other namespaces
-    /// never take a place in the `limit`).
-    async fn expired(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRecord>, StoreError>;
-
-    /// Acts on one run [`Store::expired`] lists; only one caller can succeed per run. A
-    /// `running` run whose lease expired: [`RecoverAction::Retry`] ends it `lost` and starts
-    /// its next attempt, [`RecoverAction::Abandon`] ends it `abandoned`. A `waiting` retry
-    /// whose not-before passed: `Retry` starts that same attempt (`running`, for the node, a
-    /// new larger token, a fresh lease), `Abandon` ends it `abandoned` (a dropped retry).
-    /// Before then, or once it is neither, [`RecoverOutcome::NotNeeded`].
-    async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError>;
-
-    /// Run records, newest first.
-    async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError>;
-
-    /// How many run records of `job` (every attempt counts) there are for ticks scheduled
-    /// at or after `since`, by state. The default reads the history in pages, at most
-    /// [`COUNT_PAGES_MAX`] of them (`truncated` past that); SQL stores count in the store.
-    async fn count_runs(&self, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
-        let mut counts = RunCounts::default();
-        let mut until: Option<DateTime<Utc>> = None;
-        for _ in 0..COUNT_PAGES_MAX {
-            let q = HistoryQuery {
-                job: Some(job.to_owned()),
-                since: Some(since),
-                until,
-                limit: RECORDS_PAGE_MAX,
-                ..Default::default()
-            };
-            let page = self.history(&q).await?;
-            let full = page.len() >= RECORDS_PAGE_MAX;
-            // A full page may end inside a tick's attempts: its oldest tick is counted with
-            // the next page, which starts just after it.
-            let oldest = page.iter().map(|r| r.id.tick.scheduled_at).min();
-            for r in page.iter().filter(|r| !full || Some(r.id.tick.scheduled_at) != oldest) {
-                counts.add(r.state, 1);
-            }
-            match oldest {
-                Some(oldest) if full => until = Some(oldest + chrono::Duration::milliseconds(1)),
-                _ => return Ok(counts),
-            }
-        }
-        counts.truncated = true;
-        Ok(counts)
-    }
-
-    /// The store's clock.
-    async fn now(&self) -> Result<DateTime<Utc>, StoreError>;
-
-    /// Records that `node` runs exactly these jobs as defined: each listed job's
-    /// registration is created or refreshed (`first_seen` kept, `last_seen` set by the
-    /// store clock), and `node`'s registrations of jobs not listed are removed (a job
-    /// removed by a reload, a deleted managed job), in one atomic step. Other nodes'
-    /// registrations are untouched.
-    async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError>;
-
-    /// Every registration of every node, by job then node.
-    async fn registrations(&self) -> Result<Vec<Registration>, StoreError>;
-
-    /// The registry a page at a time, so that a reader of a large fleet's registry (every
-    /// node, at each refresh) holds one page of it, not all of it: `after` is `None` for
-    /// the first page, then the `next` of the page before. A page holds at most `limit`
-    /// registrations (taken as [`REGISTRY_PAGE_MAX`] if larger), except that a store that
-    /// scans a hash table (Redis) may return a few more, or a small registry whole.
-    ///
-    /// Pages are not one snapshot: every registration that exists from the first page's
-    /// call to the last page's is returned at least once (as it was, or as a registration
-    /// meanwhile made it); one added or removed in between may be returned or not; any may
-    /// be returned twice.
-    ///
-    /// The default returns [`Store::registrations`] whole, in one page.
-    async fn registrations_page(
-        &self,
-        after: Option<&RegistryCursor>,
-        limit: usize,
-    ) -> Result<RegistryPage, StoreError> {
-        let _ = (after, limit);
-        Ok(RegistryPage { registrations: self.registrations().await?, next: None })
-    }
-
-    /// The registrations of these jobs only, by job then node (at most
-    /// [`JOBS_ASKED_MAX`] names; more is a bug of the caller). A page of the fleet's views
-    /// reads its own jobs' registrations, not the whole registry.
-    ///
-    /// The default filters [`Store::registrations`]; a store whose registry is indexed by
-    /// job answers from the index.
-    async fn registrations_of(&self, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {
-        assert!(jobs.len() <= JOBS_ASKED_MAX, "registrations_of: {} names asked, at most {JOBS_ASKED_MAX}", jobs.len());
-        let wanted: std::collections::HashSet<&str> = jobs.iter().map(String::as_str).collect();
-        let mut all = self.registrations().await?;
-        all.retain(|r| wanted.contains(r.definition.job.as_str()));
-        Ok(all)
-    }
-
-    /// The name of every registered job, once each, in order. Cheaper than
-    /// [`Store::registrations`] where the registry is indexed by job.
-    ///
-    /// The default reads [`Store::registrations`].
-    async fn registered_jobs(&self) -> Result<Vec<String>, StoreError> {
-        let mut names: Vec<String> = self.registrations().await?.into_iter().map(|r| r.definition.job).collect();
-        names.sort_unstable();
-        names.dedup();
-        Ok(names)
-    }
-
-    /// Pauses (`paused = true`) or resumes a job for the whole fleet at once, and appends
-    /// the action (pause or resume, `by`, `reason`) to the audit log ([`Store::actions`]) in
-    /// the same atomic step. While paused, a [`ClaimMode::Run`] claim of a tick of this job
-    /// (other than a [`Trigger::Manual`] one) records the tick `skipped` with a reason
-    /// naming who paused it and why.
-    ///
-    /// Pausing a job that is paused already, without a `reason`, leaves its switch as it was
-    /// (who paused it, why and when stay: the earlier reason is not erased); with a reason,
-    /// the switch takes the new `by` and `reason`. Either way the action is recorded with
-    /// the detail [`crate::ALREADY_PAUSED`]. Resuming a job that is not paused records
-    /// [`crate::ALREADY_RUNNING`]. A pause or resume that changes the switch has an empty
-    /// detail.
-    async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError>;
-
-    /// The switches of every job an operator ever touched.
-    async fn controls(&self) -> Result<Vec<JobControl>, StoreError>;
-
-    /// Asks for one manual run of `job` now, and appends the action (trigger, `by`,
-    /// `reason`, and as detail the manual run's id, `job@instant#1`) to the audit log in the
-    /// same atomic step; returns its tick (see [`RunRequest`]).
-    async fn request_run(&self, job: &str, by: &str, reason: Option<&str>) -> Result<Tick, StoreError>;
-
-    /// How long after a lease's end the store may still report the run as alive (etcd
-    /// expires leases in a periodic scan: up to 500 ms). Nodes look for expired runs that
-    /// much more often, so a dead node's work moves on as soon after its lease as on a store
-    /// that expires exactly. Default: zero.
-    fn expiry_lag(&self) -> Duration {
-        Duration::ZERO
-    }
-
-    /// A watch that tells of new run requests, for stores that can be told; `None` (the
-    /// default): nodes read [`Store::pending_requests`] every half second instead.
-    fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
-        None
-    }
-
-    /// Manual run requests whose tick has no run record yet, oldest first, at most `limit`,
-    /// of jobs in `namespaces` only (those of other namespaces never take a place in the
-    /// `limit`).
-    async fn pending_requests(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRequest>, StoreError>;
-
-    /// Ends every `running` run of `job` as `abandoned` (an operator's unlock), recorded
-    /// with the reason [`ActionRecord::unlock_reason`]`(by, reason)`, and appends the action
-    /// (unlock, `by`, `reason`, and as detail [`ActionRecord::unlock_detail`] of the runs it
-    /// ended) to the audit log in the same atomic step; returns the runs it ended, sorted.
-    /// The holder, if alive, finds its lease gone at its next renewal and stops.
-    async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError>;
-
-    /// The instant (store clock) since which this store remembers every claim, or `None` if
-    /// it never lost its data. A store that can forget everything (Redis without
-    /// persistence, after a restart) returns when its present memory began: a node never
-    /// treats a tick before that instant as unclaimed, because "no record" there may mean
-    /// "forgotten", not "missed". Stores that keep their data use this default.
-    async fn memory_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        Ok(None)
-    }
-
-    /// Those of `ticks` (at most [`CLAIM_BATCH_MAX`]; more is a bug of the caller) that are
-    /// taken: attempt 1 of each has a record, so that a claim of it answers
-    /// [`ClaimOutcome::Taken`] (or grants it again to the claim that made it). In any order.
-    ///
-    /// A node asks before claiming the ticks it ranks to other nodes (its backups), and
-    /// claims only those not answered as taken: so a tick must never be answered that is
-    /// not taken. One taken meanwhile only costs a claim answered `Taken`.
-    ///
-    /// `Ok(None)`: this store cannot tell more cheaply than a claim, and a node claims
-    /// every backup (the default).
-    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
-        assert!(ticks.len() <= CLAIM_BATCH_MAX, "taken_ticks: {} ticks asked, at most {CLAIM_BATCH_MAX}", ticks.len());
-        Ok(None)
-    }
-
-    /// Deletes at most `batch` ended run records (never a `running` or `waiting` one) of
-    /// ticks scheduled before the store's now minus `older_than` and the run requests as
-    /// old, both of jobs in `namespaces` only; and, whatever the namespaces, at most
-    /// [`PRUNE_BATCH_MAX`] audit log actions as old, and the nodes not heard from for
-    /// longer than the smaller of `older_than` and [`crate::NODE_FORGET_AFTER`] (a node that
-    /// said goodbye, or died, is forgotten a day later). Returns how many run records it
-    /// deleted. Callers loop (boundedly) until it returns less than `batch`.
-    async fn prune(&self, older_than: Duration, batch: usize, namespaces: &Namespaces) -> Result<u64, StoreError>;
-
-    /// Records `beat` as the node's latest heartbeat, `last_seen` being the store's now. The
-    /// first beat after a goodbye (or ever) also sets `started_at`; every beat clears
-    /// `left_at`. One cheap write: every node calls it every [`crate::HEARTBEAT_EVERY`].
-    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError>;
-
-    /// Records that `node` shut down cleanly (`left_at` = the store's now); a node never
-    /// heard from is left unknown.
-    async fn goodbye(&self, node: &str) -> Result<(), StoreError>;
-
-    /// Every node heard from and not yet forgotten (see [`Store::prune`]), by id; at most
-    /// [`crate::NODES_MAX`], the first by id.
-    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
-
-    /// Operator actions (pause, resume, trigger, unlock) of `query.job` (or of every job),
-    /// newest first (store clock; actions of one instant in the order recorded), at most
-    /// [`ActionQuery::effective_limit`]. Stores that keep everything in memory (Redis) or
-    /// in a small keyspace (etcd) also keep at most a bounded number of the newest actions
-    /// per prefix; their crate docs say how many.
-    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError>;
-
-    /// Creates or replaces the managed job `job` with `spec` (checked by the caller, and
-    /// by [`crate::check_spec_text`]), as `by`, if its revision is `expect` (`Some(0)`: only
-    /// if it does not exist; `None`: whatever it is). A spec equal to the job's writes
-    /// nothing ([`JobWrite::Unchanged`]). A write appends its revision (store-wide, in
-    /// commit order) in the same atomic step, and wakes [`Store::request_watch`]es.
-    ///
-    /// The default refuses: this store keeps no managed jobs.
-    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
-        let _ = (job, spec, by, expect);
-        Err(no_managed_jobs(self.describe()))
-    }
-
-    /// Deletes the managed job `job`, as `by`, if its revision is `expect` (`None`: whatever
-    /// it is), appending a revision without a spec; a job that does not exist is
-    /// [`JobWrite::Unchanged`]`(None)`. Wakes [`Store::request_watch`]es.
-    ///
-    /// The default refuses: this store keeps no managed jobs.
-    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
-        let _ = (job, by, expect);
-        Err(no_managed_jobs(self.describe()))
-    }
-
-    /// Every managed job, by name (at most [`crate::MANAGED_JOBS_MAX`]).
-    ///
-    /// The default: none.
-    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
-        Ok(Vec::new())
-    }
-
-    /// The newest revision of any managed job (0: none ever written). A node compares it
-    /// with the one it last read [`Store::managed_jobs`] at to learn whether to read again.
-    ///
-    /// The default: 0.
-    async fn managed_version(&self) -> Result<u64, StoreError> {
-        Ok(0)
-    }
-
-    /// The revisions of `job` (or of every job), newest first, at most `limit` (0 or more
-    /// than [`crate::REVISIONS_PAGE_MAX`]: that many).
-    ///
-    /// The default: none.
-    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
-        let _ = (job, limit);
-        Ok(Vec::new())
-    }
-}
-
-/// The error of a store without managed jobs.
-fn no_managed_jobs(store: String) -> StoreError {
-    StoreError::Invalid(format!("{store} keeps no managed jobs"))
 }

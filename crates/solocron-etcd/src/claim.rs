@@ -30,6 +30,8 @@
 //! planned from memory (a guess assumes every record absent, so its `Txn` fails and the
 //! re-read, which holds those records in full, plans it).
 
+use async_trait::async_trait;
+use solocron_core::ClaimStore;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::time::Duration;
@@ -142,34 +144,42 @@ impl Known {
     }
 }
 
-/// Claims `requests` (see [`solocron_core::Store::claim`]).
-pub(crate) async fn claim(store: &EtcdStore, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-    // Normalize to milliseconds, as every key and record keeps the tick.
-    let requests: Vec<ClaimRequest> = requests
-        .iter()
-        .map(|r| ClaimRequest { tick: Tick::new(r.tick.job.clone(), r.tick.scheduled_at), ..r.clone() })
-        .collect();
-    let mut windows = windows(&requests);
-    let in_flight = if jobs_disjoint(&requests, &windows) {
-        // Nodes racing for the same batch start at different chunks, so that each first
-        // wins chunks of its own instead of all losing compares on the same ones (a chunk
-        // found taken costs only its read).
-        let node = requests.first().map_or("", |r| r.node.as_str());
-        let first = solocron_core::spread_start(node, 0, windows.len());
-        windows.rotate_left(first);
-        CHUNKS_IN_FLIGHT
-    } else {
-        1
-    };
-    // A failure part-way leaves the chunks already committed won (see the crate docs).
-    let requests = &requests;
-    let mut chunks: Vec<(usize, Vec<ClaimOutcome>)> = stream::iter(windows)
-        .map(|w| async move { claim_chunk(store, &requests[w.clone()]).await.map(|o| (w.start, o)) })
-        .buffer_unordered(in_flight)
-        .try_collect()
-        .await?;
-    chunks.sort_unstable_by_key(|(start, _)| *start);
-    Ok(chunks.into_iter().flat_map(|(_, o)| o).collect())
+#[async_trait]
+impl ClaimStore for EtcdStore {
+    /// Claims `requests` (see [`solocron_core::ClaimStore::claim`]).
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let store = self;
+        // Normalize to milliseconds, as every key and record keeps the tick.
+        let requests: Vec<ClaimRequest> = requests
+            .iter()
+            .map(|r| ClaimRequest { tick: Tick::new(r.tick.job.clone(), r.tick.scheduled_at), ..r.clone() })
+            .collect();
+        let mut windows = windows(&requests);
+        let in_flight = if jobs_disjoint(&requests, &windows) {
+            // Nodes racing for the same batch start at different chunks, so that each first
+            // wins chunks of its own instead of all losing compares on the same ones (a chunk
+            // found taken costs only its read).
+            let node = requests.first().map_or("", |r| r.node.as_str());
+            let first = solocron_core::spread_start(node, 0, windows.len());
+            windows.rotate_left(first);
+            CHUNKS_IN_FLIGHT
+        } else {
+            1
+        };
+        // A failure part-way leaves the chunks already committed won (see the crate docs).
+        let requests = &requests;
+        let mut chunks: Vec<(usize, Vec<ClaimOutcome>)> = stream::iter(windows)
+            .map(|w| async move { claim_chunk(store, &requests[w.clone()]).await.map(|o| (w.start, o)) })
+            .buffer_unordered(in_flight)
+            .try_collect()
+            .await?;
+        chunks.sort_unstable_by_key(|(start, _)| *start);
+        Ok(chunks.into_iter().flat_map(|(_, o)| o).collect())
+    }
+
+    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
+        crate::admin::taken_ticks(self, ticks).await.map(Some)
+    }
 }
 
 /// The batch cut into chunks that each fit one `Txn`.

@@ -1,4 +1,4 @@
-//! The fleet's clock: what [`solocron_core::Store::now`] answers on a store that has no
+//! The fleet's clock: what [`solocron_core::StoreBase::now`] answers on a store that has no
 //! clock of its own.
 //!
 //! etcd has no time API, so "the store's clock", which schedules follow (a node whose clock

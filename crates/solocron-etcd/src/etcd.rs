@@ -20,7 +20,7 @@ pub(crate) const CALL_TIMEOUT: Duration = Duration::from_millis(4500);
 /// The fleet's clock, in milliseconds since the epoch: this process's clock plus the
 /// median offset of the fleet's clocks as last heard (`clock.rs`; zero until then). etcd
 /// has no clock API: this is what every instant this store records, and
-/// [`solocron_core::Store::now`], read. Nothing that decides who holds a run depends on it.
+/// [`solocron_core::StoreBase::now`], read. Nothing that decides who holds a run depends on it.
 pub(crate) fn now_ms() -> i64 {
     crate::clock::process_now_ms() + crate::clock::fleet_offset_ms()
 }

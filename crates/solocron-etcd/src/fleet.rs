@@ -12,6 +12,8 @@
 //! pause, resume, trigger; runs.rs: unlock), so no action is done unrecorded. The log keeps
 //! at most [`ACTIONS_KEPT_MAX`] actions: each step trims it right after its `Txn`.
 
+use async_trait::async_trait;
+use solocron_core::{AuditStore, FleetStore};
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,7 +31,7 @@ use crate::EtcdStore;
 
 /// Most actions the audit log keeps per prefix: a step that makes it longer drops the
 /// oldest. etcd keeps its whole keyspace in memory, so the log is bounded whether or not
-/// anyone prunes; a filtered [`solocron_core::Store::actions`] examines at most this many.
+/// anyone prunes; a filtered [`solocron_core::AuditStore::actions`] examines at most this many.
 pub const ACTIONS_KEPT_MAX: usize = 10_000;
 
 /// Actions read per page (at most ~200 bytes each).
@@ -40,29 +42,85 @@ const BEAT: &str = "beat";
 const START: &str = "start";
 const LEFT: &str = "left";
 
-/// Records a node's heartbeat: one `Txn`, no read (see the module docs).
-pub(crate) async fn heartbeat(store: &EtcdStore, beat: &NodeBeat) -> Result<(), StoreError> {
-    let now = now_ms();
-    let key = |part| store.keys.node(&beat.node, part);
-    let value = encode(&StoredBeat::new(beat, now));
-    let still_up = vec![
-        Compare::create_revision(key(START), CompareOp::Greater, 0),
-        Compare::create_revision(key(LEFT), CompareOp::Equal, 0),
-    ];
-    let restart = vec![
-        TxnOp::put(key(START), encode(&now), None),
-        TxnOp::put(key(BEAT), value.clone(), None),
-        TxnOp::delete(key(LEFT), None),
-    ];
-    let request = Txn::new().when(still_up).and_then(vec![TxnOp::put(key(BEAT), value, None)]).or_else(restart);
-    txn(&store.client, "a heartbeat", request).await.map(drop)
+#[async_trait]
+impl FleetStore for EtcdStore {
+    /// Records a node's heartbeat: one `Txn`, no read (see the module docs).
+    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {
+        let store = self;
+        let now = now_ms();
+        let key = |part| store.keys.node(&beat.node, part);
+        let value = encode(&StoredBeat::new(beat, now));
+        let still_up = vec![
+            Compare::create_revision(key(START), CompareOp::Greater, 0),
+            Compare::create_revision(key(LEFT), CompareOp::Equal, 0),
+        ];
+        let restart = vec![
+            TxnOp::put(key(START), encode(&now), None),
+            TxnOp::put(key(BEAT), value.clone(), None),
+            TxnOp::delete(key(LEFT), None),
+        ];
+        let request = Txn::new().when(still_up).and_then(vec![TxnOp::put(key(BEAT), value, None)]).or_else(restart);
+        txn(&store.client, "a heartbeat", request).await.map(drop)
+    }
+
+    /// Marks a node gone: one `Txn`, writing `left` only if the node ever beat.
+    async fn goodbye(&self, node: &str) -> Result<(), StoreError> {
+        let store = self;
+        let known = vec![Compare::create_revision(store.keys.node(node, BEAT), CompareOp::Greater, 0)];
+        let left = vec![TxnOp::put(store.keys.node(node, LEFT), encode(&now_ms()), None)];
+        txn(&store.client, "a goodbye", Txn::new().when(known).and_then(left)).await.map(drop)
+    }
+
+    /// Every node, by id, at most [`NODES_MAX`].
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        let store = self;
+        let mut out = Vec::new();
+        // A node's keys without a beat are the remains of one being forgotten: skipped.
+        for keys in node_keys(store).await?.into_values() {
+            let Some((beat, _)) = keys.beat else { continue };
+            out.push(NodeRecord {
+                beat: beat.to_beat(),
+                started_at: instant(keys.start.unwrap_or(beat.last_seen))?,
+                last_seen: instant(beat.last_seen)?,
+                left_at: keys.left.map(instant).transpose()?,
+            });
+        }
+        // Escaping (`%`, `/`) can change the order of the keys: by the ids themselves.
+        out.sort_by(|a, b| a.beat.node.cmp(&b.beat.node));
+        out.truncate(NODES_MAX);
+        Ok(out)
+    }
 }
 
-/// Marks a node gone: one `Txn`, writing `left` only if the node ever beat.
-pub(crate) async fn goodbye(store: &EtcdStore, node: &str) -> Result<(), StoreError> {
-    let known = vec![Compare::create_revision(store.keys.node(node, BEAT), CompareOp::Greater, 0)];
-    let left = vec![TxnOp::put(store.keys.node(node, LEFT), encode(&now_ms()), None)];
-    txn(&store.client, "a goodbye", Txn::new().when(known).and_then(left)).await.map(drop)
+#[async_trait]
+impl AuditStore for EtcdStore {
+    /// Operators' actions, newest first (key order), of one job or all: pages at one revision,
+    /// at most [`ACTIONS_KEPT_MAX`] examined.
+    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
+        let store = self;
+        let limit = query.effective_limit();
+        let family = store.keys.family("action");
+        let (mut start, end) = (family.clone(), prefix_end(&family));
+        let (mut out, mut examined, mut at_revision) = (Vec::new(), 0, 0);
+        while out.len() < limit && examined < ACTIONS_KEPT_MAX {
+            let options = GetOptions::new().with_range(end.clone()).with_limit(ACTIONS_PAGE).with_revision(at_revision);
+            let mut resp = range(&store.client, "an action read", &start, options).await?;
+            at_revision = resp.header().map_or(0, |h| h.revision());
+            let kvs = resp.take_kvs();
+            for kv in &kvs {
+                let action = decode::<StoredAction>(kv.value(), "action")?;
+                if query.job.as_ref().is_none_or(|j| *j == action.job) && out.len() < limit {
+                    out.push(action.to_record()?);
+                }
+            }
+            examined += kvs.len();
+            match kvs.last() {
+                Some(last) if resp.more() => start = format!("{}\0", String::from_utf8_lossy(last.key())),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// A node's keys as read, and the revision of its beat.
@@ -91,52 +149,6 @@ async fn node_keys(store: &EtcdStore) -> Result<BTreeMap<String, NodeKeys>, Stor
         }
     }
     Ok(nodes)
-}
-
-/// Every node, by id, at most [`NODES_MAX`].
-pub(crate) async fn nodes(store: &EtcdStore) -> Result<Vec<NodeRecord>, StoreError> {
-    let mut out = Vec::new();
-    // A node's keys without a beat are the remains of one being forgotten: skipped.
-    for keys in node_keys(store).await?.into_values() {
-        let Some((beat, _)) = keys.beat else { continue };
-        out.push(NodeRecord {
-            beat: beat.to_beat(),
-            started_at: instant(keys.start.unwrap_or(beat.last_seen))?,
-            last_seen: instant(beat.last_seen)?,
-            left_at: keys.left.map(instant).transpose()?,
-        });
-    }
-    // Escaping (`%`, `/`) can change the order of the keys: by the ids themselves.
-    out.sort_by(|a, b| a.beat.node.cmp(&b.beat.node));
-    out.truncate(NODES_MAX);
-    Ok(out)
-}
-
-/// Operators' actions, newest first (key order), of one job or all: pages at one revision,
-/// at most [`ACTIONS_KEPT_MAX`] examined.
-pub(crate) async fn actions(store: &EtcdStore, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
-    let limit = query.effective_limit();
-    let family = store.keys.family("action");
-    let (mut start, end) = (family.clone(), prefix_end(&family));
-    let (mut out, mut examined, mut at_revision) = (Vec::new(), 0, 0);
-    while out.len() < limit && examined < ACTIONS_KEPT_MAX {
-        let options = GetOptions::new().with_range(end.clone()).with_limit(ACTIONS_PAGE).with_revision(at_revision);
-        let mut resp = range(&store.client, "an action read", &start, options).await?;
-        at_revision = resp.header().map_or(0, |h| h.revision());
-        let kvs = resp.take_kvs();
-        for kv in &kvs {
-            let action = decode::<StoredAction>(kv.value(), "action")?;
-            if query.job.as_ref().is_none_or(|j| *j == action.job) && out.len() < limit {
-                out.push(action.to_record()?);
-            }
-        }
-        examined += kvs.len();
-        match kvs.last() {
-            Some(last) if resp.more() => start = format!("{}\0", String::from_utf8_lossy(last.key())),
-            _ => break,
-        }
-    }
-    Ok(out)
 }
 
 /// What an operator did, as [`put_action`] records it.

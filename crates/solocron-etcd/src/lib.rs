@@ -3,7 +3,7 @@
 //! The etcd [`Store`] of solocron (etcd v3 API, 3.4 or later), for a fleet of hosts that
 //! already runs etcd. Everything lives under one key prefix, the store's [`Prefix`] spelt
 //! `/name/` ([`Prefix::etcd_key_prefix`]; `/solocron/` by default), so solocron can share a
-//! cluster with other applications and other fleets. [`Store::uninstall`] deletes that
+//! cluster with other applications and other fleets. [`SchemaStore::uninstall`] deletes that
 //! prefix's range and nothing else.
 //!
 //! ## What etcd guarantees, and what this store builds on it
@@ -29,7 +29,7 @@
 //!   renews with a keep-alive (which etcd refuses once the TTL ran out) plus a `Txn`
 //!   checking its record is still running under its owner and token. When the TTL runs out,
 //!   etcd itself deletes the alive key: a running run without an alive key is expired, and
-//!   only then can [`Store::recover`] act on it, so exactly one node recovers it. Expiry is
+//!   only then can [`RunStore::recover`] act on it, so exactly one node recovers it. Expiry is
 //!   decided by etcd's leader, never by a node's clock.
 //! - **One lease per node and length.** A node's runs of one length share one etcd lease
 //!   (a new one every 10 s): each claim refreshes it with a keep-alive sent beside its read
@@ -60,7 +60,7 @@
 //!
 //! ## What etcd lacks: a clock
 //!
-//! etcd has no time API. [`Store::now`], which schedules follow, is **the fleet's clock**:
+//! etcd has no time API. [`StoreBase::now`], which schedules follow, is **the fleet's clock**:
 //! this process's clock plus the median offset of the clocks of every process using the
 //! prefix, which they tell each other through two watched keys (`clock.rs`), so a node
 //! whose clock is off among three or more runs no tick early or late. Instants recorded for
@@ -84,14 +84,14 @@
 //!
 //! ## Failure retries
 //!
-//! [`Store::finish_for_retry`] records a failed run's end exactly as [`Store::finish`]
+//! [`RunStore::finish_for_retry`] records a failed run's end exactly as [`RunStore::finish`]
 //! does and, in the same `Txn` (only if that end's compares hold), creates the tick's next
 //! attempt as a `waiting` record (trigger `retry`, the same node, no token, no etcd lease,
 //! `lease_until` = this process's clock + the backoff: its not-before) and its index key
 //! `{p}wait/{not_before}/...`. A retry is due once the clock of the node looking passes its
 //! not-before (etcd has no clock to ask; skew moves when a retry starts, never who starts
-//! it). [`Store::expired`] lists the due ones (a range of the index up to now) beside the
-//! expired running runs, oldest `lease_until` first. [`Store::recover`] on a due one starts
+//! it). [`RunStore::expired`] lists the due ones (a range of the index up to now) beside the
+//! expired running runs, oldest `lease_until` first. [`RunStore::recover`] on a due one starts
 //! that same record (`running`, the job's next token from its guard, a fresh etcd lease as a
 //! recovery's retry gets) or ends it `abandoned`, deleting its index key, in one `Txn`
 //! comparing the record's revision (and the guard's for a token): exactly one recoverer
@@ -104,7 +104,7 @@
 //!
 //! | key | value |
 //! | --- | --- |
-//! | `{p}schema` | key layout version, written once by [`Store::migrate`] |
+//! | `{p}schema` | key layout version, written once by [`SchemaStore::migrate`] |
 //! | `{p}run/{at}/{attempt}/{job}` | a run record (JSON); `at` and `attempt` inverted so that ascending key order is newest first |
 //! | `{p}alive/{at}/{attempt}/{job}` | the owner; attached to the run's etcd lease, present while it runs and the lease lives |
 //! | `{p}wait/{not_before}/{at}/{attempt}/{job}` | the run key of a `waiting` retry, present while it waits; due ones first |
@@ -118,7 +118,7 @@
 //! | `{p}managed/rev/{job}/{read↓}` | a revision of a managed job, the same way (no definition: a delete), newest first |
 //! | `{p}managed/count`, `…/version` | how many managed jobs there are; the key every write of one puts |
 //!
-//! [`Store::migrate`] writes (or checks) the layout version; the other steps do not read it.
+//! [`SchemaStore::migrate`] writes (or checks) the layout version; the other steps do not read it.
 //!
 //! ## Cost per step (round trips)
 //!
@@ -160,20 +160,20 @@
 //! A job's full name holds its namespace (`billing/sync`; see [`Namespaces`]), and the last
 //! segment of every key of a job's run, guard or request is that name, escaped: the
 //! namespace is read from the key alone (the part of the job before its first `/`, or
-//! `default`). [`Store::expired`], [`Store::pending_requests`] and [`Store::prune`] pass
+//! `default`). [`RunStore::expired`], [`RequestStore::pending_requests`] and [`HistoryStore::prune`] pass
 //! over other namespaces' keys before they count anything against their `limit` (or
 //! `batch`), and read no record of them. They read the ranges they read for every
 //! namespace (every guard; the due retries' index and the requests in pages until enough
 //! are found); prune's scan of the old records stops at [`PRUNE_SCAN_MAX`] keys, so another
 //! namespace's old records beyond that many, which only its own nodes prune, can leave this
 //! namespace's older ones unpruned until those are gone (a warning says so).
-//! [`Store::history`] asked for one namespace passes over other namespaces' records (or
+//! [`HistoryStore::history`] asked for one namespace passes over other namespaces' records (or
 //! guards) by their keys too, without decoding them, but reads them: they count against
 //! [`HISTORY_SCAN_MAX`] as other jobs' records do.
 //!
 //! ## Registrations
 //!
-//! [`Store::register`] records that a node runs exactly the jobs listed: it reads the
+//! [`RegistryStore::register`] records that a node runs exactly the jobs listed: it reads the
 //! node's registrations (its own range, `{p}registry/{node}/`), then puts each listed job's
 //! (`first_seen` kept, `last_seen` from this process's clock) and deletes each other one
 //! found. Every key written is compared with the revision read; a lost compare reads that
@@ -194,15 +194,15 @@
 //! A revision of a managed job is the etcd revision of the `Txn` that wrote it: etcd numbers
 //! its transactions in the order it applies them, so revisions follow commit order and are
 //! never reused (they are not 1, 2, 3: every other write in the cluster takes a number too).
-//! [`Store::put_job`] and [`Store::delete_job`] are a read and one `Txn` comparing the job
+//! [`ManagedStore::put_job`] and [`ManagedStore::delete_job`] are a read and one `Txn` comparing the job
 //! key's revision (and, when they create or delete a job, the count key's, which keeps
 //! [`MANAGED_JOBS_MAX`](solocron_core::MANAGED_JOBS_MAX) exact), decided again on a lost
 //! compare (bounded); the `Txn` also appends the revision and puts the version key, which
 //! the request watch watches, so nodes waiting on it read the change at once. Then a count
 //! of the revisions: at most [`JOB_REVISIONS_KEPT_MAX`] are kept per prefix, the oldest (of
 //! any job; a job's present definition stays however old it is) dropped beyond that.
-//! [`Store::managed_version`] is one read of the version key's revision;
-//! [`Store::managed_jobs`] reads pages of 200 at one revision; [`Store::job_revisions`]
+//! [`ManagedStore::managed_version`] is one read of the version key's revision;
+//! [`ManagedStore::managed_jobs`] reads pages of 200 at one revision; [`ManagedStore::job_revisions`]
 //! of one job reads its keys in order, of every job has etcd sort the whole (bounded)
 //! range by revision; then one read of the values.
 //!
@@ -245,7 +245,7 @@
 //! - `runs.rs`: a held run's life: renew, finish, expired, recover, unlock.
 //! - `retry.rs`: failure retries: finish for a retry; start or drop a due waiting retry.
 //! - `admin.rs`: history, registry, pause switches, manual requests, prune.
-//! - `clock.rs`: the fleet's clock (the median of the processes' clocks), [`Store::now`].
+//! - `clock.rs`: the fleet's clock (the median of the processes' clocks), [`StoreBase::now`].
 //! - `fleet.rs`: node heartbeats (one `Txn`, no read) and the audit log (an action is one
 //!   more put in the `Txn` of the step it records; at most [`ACTIONS_KEPT_MAX`] are kept).
 //! - `managed.rs`: managed jobs and their revisions.
@@ -273,6 +273,7 @@ mod schema;
 mod url;
 mod watch;
 
+use solocron_core::StoreBase;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Mutex;
@@ -281,12 +282,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use etcd_client::{Client, ConnectOptions};
-use solocron_core::{
-    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
-    JobRevision, JobWrite, Lease, ManagedJob, Namespaces, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, RegistryCursor, RegistryPage, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest,
-    SchemaState, Store, StoreError, Tick,
-};
+use solocron_core::{Prefix, RunId, StoreError};
 
 pub use admin::{HISTORY_SCAN_MAX, PRUNE_SCAN_MAX};
 pub use etcd::TXN_OPS_MAX;
@@ -316,7 +312,7 @@ const EXPIRY_LAG: Duration = Duration::from_millis(500);
 ///
 /// # Panics
 ///
-/// [`Store::finish`] and [`Store::finish_for_retry`] panic if given a `RunEnd` whose state
+/// [`RunStore::finish`] and [`RunStore::finish_for_retry`] panic if given a `RunEnd` whose state
 /// is not terminal (`running`, `waiting`): that is a bug in the caller, not a condition of
 /// the store.
 pub struct EtcdStore {
@@ -330,7 +326,7 @@ pub struct EtcdStore {
     shared: Mutex<HashMap<i64, leases::SharedLease>>,
     /// Jobs' guards and switches as last seen: lets a short claim skip its read.
     known: claim::Known,
-    /// The fleet's clock, which [`Store::now`] answers (etcd has none).
+    /// The fleet's clock, which [`StoreBase::now`] answers (etcd has none).
     clock: clock::FleetClock,
 }
 
@@ -344,7 +340,7 @@ impl EtcdStore {
     /// Connects to the etcd cluster at `url`, `etcd://host:port[,host:port...]` with an
     /// optional `user:password@` (percent-encoded), keeping every key under `prefix`
     /// (`/name/...`, see [`Prefix::etcd_key_prefix`]). Checks that the cluster answers a
-    /// linearizable read within 5 s. Does not write anything: call [`Store::migrate`].
+    /// linearizable read within 5 s. Does not write anything: call [`SchemaStore::migrate`].
     ///
     /// Fails with [`StoreError::Invalid`] for a malformed URL, and with
     /// [`StoreError::Unavailable`] if the cluster cannot be reached or has no leader. No
@@ -392,150 +388,14 @@ async fn connect_client(endpoints: &[String], options: ConnectOptions) -> Result
 }
 
 #[async_trait]
-impl Store for EtcdStore {
+impl StoreBase for EtcdStore {
     fn describe(&self) -> String {
         self.description.clone()
-    }
-
-    async fn migrate(&self) -> Result<(), StoreError> {
-        schema::migrate(self).await
-    }
-
-    async fn schema(&self) -> Result<SchemaState, StoreError> {
-        schema::schema(self).await
-    }
-
-    async fn uninstall(&self) -> Result<(), StoreError> {
-        schema::uninstall(self).await
-    }
-
-    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-        claim::claim(self, requests).await
-    }
-
-    async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-        runs::renew(self, lease, length).await
-    }
-
-    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-        runs::renew_all(self, renewals).await
-    }
-
-    async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-        runs::finish(self, lease, end).await
-    }
-
-    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-        runs::finish_all(self, endings).await
-    }
-
-    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
-        retry::finish_for_retry(self, lease, end, after).await
-    }
-
-    async fn expired(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRecord>, StoreError> {
-        runs::expired(self, limit, namespaces).await
-    }
-
-    async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
-        runs::recover(self, run, action).await
-    }
-
-    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
-        admin::taken_ticks(self, ticks).await.map(Some)
-    }
-
-    async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
-        admin::history(self, query).await
     }
 
     /// The client's clock: etcd has none to offer (see the crate docs). Nothing that decides
     /// who holds a run depends on it.
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         Ok(self.clock.now(&self.client, &self.keys).await)
-    }
-
-    async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
-        admin::register(self, node, jobs).await
-    }
-
-    async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
-        admin::registrations(self).await
-    }
-
-    async fn registrations_page(
-        &self,
-        after: Option<&RegistryCursor>,
-        limit: usize,
-    ) -> Result<RegistryPage, StoreError> {
-        admin::registrations_page(self, after, limit).await
-    }
-
-    async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
-        admin::set_paused(self, job, paused, by, reason).await
-    }
-
-    async fn controls(&self) -> Result<Vec<JobControl>, StoreError> {
-        admin::controls(self).await
-    }
-
-    async fn request_run(&self, job: &str, by: &str, reason: Option<&str>) -> Result<Tick, StoreError> {
-        admin::request_run(self, job, by, reason).await
-    }
-
-    fn expiry_lag(&self) -> Duration {
-        EXPIRY_LAG
-    }
-
-    fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
-        Some(watch::watch(self))
-    }
-
-    async fn pending_requests(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRequest>, StoreError> {
-        admin::pending_requests(self, limit, namespaces).await
-    }
-
-    async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-        runs::unlock(self, job, by, reason).await
-    }
-
-    async fn prune(&self, older_than: Duration, batch: usize, namespaces: &Namespaces) -> Result<u64, StoreError> {
-        admin::prune(self, older_than, batch, namespaces).await
-    }
-
-    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {
-        fleet::heartbeat(self, beat).await
-    }
-
-    async fn goodbye(&self, node: &str) -> Result<(), StoreError> {
-        fleet::goodbye(self, node).await
-    }
-
-    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
-        fleet::nodes(self).await
-    }
-
-    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
-        fleet::actions(self, query).await
-    }
-
-    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
-        managed::put_job(self, job, spec, by, expect).await
-    }
-
-    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
-        managed::delete_job(self, job, by, expect).await
-    }
-
-    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
-        managed::managed_jobs(self).await
-    }
-
-    async fn managed_version(&self) -> Result<u64, StoreError> {
-        managed::managed_version(self).await
-    }
-
-    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
-        managed::job_revisions(self, job, limit).await
     }
 }

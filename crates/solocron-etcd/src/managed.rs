@@ -20,7 +20,9 @@
 //! jobs no key order follows commit order, so the revisions of every job are read sorted by
 //! `mod_revision` (by etcd, over the whole range: at most [`JOB_REVISIONS_KEPT_MAX`]).
 
+use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnResponse};
+use solocron_core::ManagedStore;
 use solocron_core::{
     check_spec_text, JobRevision, JobWrite, ManagedJob, StoreError, MANAGED_JOBS_MAX, REVISIONS_PAGE_MAX,
 };
@@ -81,7 +83,7 @@ impl Found {
     }
 
     /// What a write of `spec` (`None`: a delete) expecting `expect` comes to without
-    /// writing, if it does (see [`solocron_core::Store::put_job`]).
+    /// writing, if it does (see [`solocron_core::ManagedStore::put_job`]).
     fn settled(&self, spec: Option<&str>, expect: Option<u64>, jobs_max: usize) -> Option<JobWrite> {
         let held = self.job.as_ref().map(|(s, r)| (*r as u64, s.as_deref().unwrap_or_default()));
         if let Some(answer) = solocron_core::judge_write(held, spec, expect) {
@@ -104,26 +106,84 @@ impl WriteKeys {
     }
 }
 
-/// Creates or replaces a managed job (see [`solocron_core::Store::put_job`]).
-pub(crate) async fn put_job(
-    store: &EtcdStore,
-    job: &str,
-    spec: &str,
-    by: &str,
-    expect: Option<u64>,
-) -> Result<JobWrite, StoreError> {
-    check_spec_text(spec).map_err(StoreError::Invalid)?;
-    write(store, job, Some(spec), by, expect, BOUNDS).await
-}
+#[async_trait]
+impl ManagedStore for EtcdStore {
+    /// Creates or replaces a managed job (see [`solocron_core::ManagedStore::put_job`]).
+    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        let store = self;
+        check_spec_text(spec).map_err(StoreError::Invalid)?;
+        write(store, job, Some(spec), by, expect, BOUNDS).await
+    }
 
-/// Deletes a managed job (see [`solocron_core::Store::delete_job`]).
-pub(crate) async fn delete_job(
-    store: &EtcdStore,
-    job: &str,
-    by: &str,
-    expect: Option<u64>,
-) -> Result<JobWrite, StoreError> {
-    write(store, job, None, by, expect, BOUNDS).await
+    /// Deletes a managed job (see [`solocron_core::ManagedStore::delete_job`]).
+    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        let store = self;
+        write(store, job, None, by, expect, BOUNDS).await
+    }
+
+    /// Every managed job, by name: pages of [`JOBS_PAGE`] at one revision.
+    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
+        let store = self;
+        let family = store.keys.family("managed/job");
+        let range = (family.as_str(), prefix_end(&family));
+        let (kvs, _) =
+            range_paged(&store.client, "a managed job read", (range.0, &range.1), false, 0, JOBS_PAGE).await?;
+        let mut out = Vec::with_capacity(kvs.len());
+        for kv in &kvs {
+            let (header, spec) = decode_job(kv.value(), "managed job")?;
+            let spec =
+                spec.ok_or_else(|| StoreError::Invalid(format!("managed job {} has no definition", header.job)))?;
+            out.push(ManagedJob {
+                job: header.job,
+                spec,
+                revision: kv.mod_revision() as u64,
+                changed_by: header.changed_by,
+                changed_at: instant(header.changed_at)?,
+            });
+        }
+        // Escaping (`%`, `/`) can change the order of the keys: by the names themselves.
+        out.sort_by(|a, b| a.job.cmp(&b.job));
+        out.truncate(MANAGED_JOBS_MAX);
+        Ok(out)
+    }
+
+    /// The version key's `mod_revision`: the newest revision (0: none ever written).
+    async fn managed_version(&self) -> Result<u64, StoreError> {
+        let store = self;
+        let keys_only = GetOptions::new().with_keys_only();
+        let resp = range(&store.client, "a managed version read", &store.keys.managed_version(), keys_only).await?;
+        Ok(resp.kvs().first().map_or(0, |kv| kv.mod_revision() as u64))
+    }
+
+    /// Revisions newest first, of one job (its keys in order) or all (sorted by etcd): the keys,
+    /// then their values (see [`solocron_core::ManagedStore::job_revisions`]). An entry dropped
+    /// between the two reads (by a write trimming the oldest) is left out.
+    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
+        let store = self;
+        let limit = match limit {
+            0 => REVISIONS_PAGE_MAX,
+            n => n.min(REVISIONS_PAGE_MAX),
+        };
+        let start = store.keys.job_revisions(job);
+        let mut newest = GetOptions::new().with_range(prefix_end(&start)).with_keys_only().with_limit(limit as i64);
+        if job.is_none() {
+            newest = newest.with_sort(SortTarget::Mod, SortOrder::Descend);
+        }
+        let keys = range(&store.client, "a revision read", &start, newest).await?;
+        let values = read(&store.client, keys.kvs().iter().map(|kv| get(kv.key())).collect()).await?;
+        let mut out = Vec::with_capacity(values.len());
+        for kv in values.into_iter().filter_map(single) {
+            let (header, spec) = decode_job(kv.value(), "job revision")?;
+            out.push(JobRevision {
+                job: header.job,
+                revision: kv.mod_revision() as u64,
+                spec,
+                changed_by: header.changed_by,
+                changed_at: instant(header.changed_at)?,
+            });
+        }
+        Ok(out)
+    }
 }
 
 /// A read, then one `Txn` per attempt (see the module docs); `spec` `None` deletes.
@@ -216,69 +276,6 @@ async fn trim_once(store: &EtcdStore, kept: usize) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Every managed job, by name: pages of [`JOBS_PAGE`] at one revision.
-pub(crate) async fn managed_jobs(store: &EtcdStore) -> Result<Vec<ManagedJob>, StoreError> {
-    let family = store.keys.family("managed/job");
-    let range = (family.as_str(), prefix_end(&family));
-    let (kvs, _) = range_paged(&store.client, "a managed job read", (range.0, &range.1), false, 0, JOBS_PAGE).await?;
-    let mut out = Vec::with_capacity(kvs.len());
-    for kv in &kvs {
-        let (header, spec) = decode_job(kv.value(), "managed job")?;
-        let spec = spec.ok_or_else(|| StoreError::Invalid(format!("managed job {} has no definition", header.job)))?;
-        out.push(ManagedJob {
-            job: header.job,
-            spec,
-            revision: kv.mod_revision() as u64,
-            changed_by: header.changed_by,
-            changed_at: instant(header.changed_at)?,
-        });
-    }
-    // Escaping (`%`, `/`) can change the order of the keys: by the names themselves.
-    out.sort_by(|a, b| a.job.cmp(&b.job));
-    out.truncate(MANAGED_JOBS_MAX);
-    Ok(out)
-}
-
-/// The version key's `mod_revision`: the newest revision (0: none ever written).
-pub(crate) async fn managed_version(store: &EtcdStore) -> Result<u64, StoreError> {
-    let keys_only = GetOptions::new().with_keys_only();
-    let resp = range(&store.client, "a managed version read", &store.keys.managed_version(), keys_only).await?;
-    Ok(resp.kvs().first().map_or(0, |kv| kv.mod_revision() as u64))
-}
-
-/// Revisions newest first, of one job (its keys in order) or all (sorted by etcd): the keys,
-/// then their values (see [`solocron_core::Store::job_revisions`]). An entry dropped
-/// between the two reads (by a write trimming the oldest) is left out.
-pub(crate) async fn job_revisions(
-    store: &EtcdStore,
-    job: Option<&str>,
-    limit: usize,
-) -> Result<Vec<JobRevision>, StoreError> {
-    let limit = match limit {
-        0 => REVISIONS_PAGE_MAX,
-        n => n.min(REVISIONS_PAGE_MAX),
-    };
-    let start = store.keys.job_revisions(job);
-    let mut newest = GetOptions::new().with_range(prefix_end(&start)).with_keys_only().with_limit(limit as i64);
-    if job.is_none() {
-        newest = newest.with_sort(SortTarget::Mod, SortOrder::Descend);
-    }
-    let keys = range(&store.client, "a revision read", &start, newest).await?;
-    let values = read(&store.client, keys.kvs().iter().map(|kv| get(kv.key())).collect()).await?;
-    let mut out = Vec::with_capacity(values.len());
-    for kv in values.into_iter().filter_map(single) {
-        let (header, spec) = decode_job(kv.value(), "job revision")?;
-        out.push(JobRevision {
-            job: header.job,
-            revision: kv.mod_revision() as u64,
-            spec,
-            changed_by: header.changed_by,
-            changed_at: instant(header.changed_at)?,
-        });
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     //! What the shared conformance checks cannot see: the bounds (at small values), the
@@ -286,7 +283,7 @@ mod tests {
 
     use async_trait::async_trait;
     use solocron_conformance::server::{self, Failure, Namespace, TestServer};
-    use solocron_core::{Prefix, Store};
+    use solocron_core::{Prefix, SchemaStore};
 
     use super::*;
 
@@ -346,12 +343,12 @@ mod tests {
         }
         let b1 = written(write(&store, "b", Some(&spec(0)), "ann", None, bounds).await.unwrap());
         let b2 = written(write(&store, "b", None, "ann", None, bounds).await.unwrap());
-        assert_eq!(revisions(&job_revisions(&store, None, 0).await.unwrap()), [("b", b2), ("b", b1), ("a", a[2])]);
-        assert_eq!(revisions(&job_revisions(&store, Some("a"), 0).await.unwrap()), [("a", a[2])]);
+        assert_eq!(revisions(&store.job_revisions(None, 0).await.unwrap()), [("b", b2), ("b", b1), ("a", a[2])]);
+        assert_eq!(revisions(&store.job_revisions(Some("a"), 0).await.unwrap()), [("a", a[2])]);
         assert_eq!(keys(&store, "managed/rev/").await.len(), 3);
-        let jobs = managed_jobs(&store).await.unwrap();
+        let jobs = store.managed_jobs().await.unwrap();
         assert_eq!(jobs.iter().map(|j| (j.job.as_str(), j.revision)).collect::<Vec<_>>(), [("a", a[2])]);
-        assert_eq!(managed_version(&store).await.unwrap(), b2);
+        assert_eq!(store.managed_version().await.unwrap(), b2);
     }
 
     #[tokio::test]
@@ -392,7 +389,7 @@ mod tests {
         let outcomes = tasks.join_all().await;
         let full = outcomes.iter().filter(|w| **w == JobWrite::Full).count();
         assert_eq!((outcomes.len() - full, full), (3, 5), "{outcomes:?}");
-        assert_eq!(managed_jobs(&stores[0]).await.unwrap().len(), 3);
+        assert_eq!(stores[0].managed_jobs().await.unwrap().len(), 3);
     }
 
     #[tokio::test]

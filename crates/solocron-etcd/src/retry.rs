@@ -43,7 +43,7 @@ pub(crate) fn next_of(run: &RunId) -> Result<RunId, StoreError> {
 }
 
 /// Records a failed run's end and creates its next attempt, `waiting` until the client's
-/// clock passes now + `after` (see [`solocron_core::Store::finish_for_retry`]): a read of
+/// clock passes now + `after` (see [`solocron_core::RunStore::finish_for_retry`]): a read of
 /// the record, the guard and the next attempt's record, then one `Txn` (again per lost
 /// compare, bounded). `false`, with nothing written, unless the lease still holds the run.
 ///

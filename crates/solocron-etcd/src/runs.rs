@@ -3,6 +3,8 @@
 //! guard) or the lease of the run's alive key, so that exactly one of several racing nodes
 //! succeeds; a lost compare re-reads (the `Txn`'s `else` branch) and decides again, bounded.
 
+use async_trait::async_trait;
+use solocron_core::RunStore;
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -103,41 +105,145 @@ pub(crate) fn stored_guard(kv: Option<&KeyValue>, job: &str) -> Result<(Guard, i
     Ok((decode::<Guard>(kv.value(), "job guard")?, kv.mod_revision()))
 }
 
-/// Extends a lease (see [`solocron_core::Store::renew`]). With the run remembered from its
-/// claim or last renewal: a keep-alive, then one `Txn` (two round trips); otherwise a read
-/// first (three). A new length in whole seconds moves the alive key to a new etcd lease.
-pub(crate) async fn renew(store: &EtcdStore, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-    let ttl = lease_secs(length)?;
-    if let Some(held) = store.recall(&lease.run).filter(|h| h.record.held_by(&lease.owner, lease.fencing_token)) {
-        match renew_held(store, held, ttl, length).await? {
-            Some(renewed) => return Ok(renewed),
-            // The record changed since this store last wrote it: look at it afresh.
-            None => store.forget(&lease.run),
+#[async_trait]
+impl RunStore for EtcdStore {
+    /// Extends a lease (see [`solocron_core::RunStore::renew`]). With the run remembered from its
+    /// claim or last renewal: a keep-alive, then one `Txn` (two round trips); otherwise a read
+    /// first (three). A new length in whole seconds moves the alive key to a new etcd lease.
+    async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
+        let store = self;
+        let ttl = lease_secs(length)?;
+        if let Some(held) = store.recall(&lease.run).filter(|h| h.record.held_by(&lease.owner, lease.fencing_token)) {
+            match renew_held(store, held, ttl, length).await? {
+                Some(renewed) => return Ok(renewed),
+                // The record changed since this store last wrote it: look at it afresh.
+                None => store.forget(&lease.run),
+            }
         }
+        let Some(held) = read_held(store, lease).await? else { return Ok(false) };
+        Ok(renew_held(store, held, ttl, length).await?.unwrap_or(false))
     }
-    let Some(held) = read_held(store, lease).await? else { return Ok(false) };
-    Ok(renew_held(store, held, ttl, length).await?.unwrap_or(false))
+
+    /// Extends several leases (see [`solocron_core::RunStore::renew_all`]): each as [`renew`]
+    /// does, [`RENEWALS_IN_FLIGHT`] at a time. Not one `Txn`: a renewal is a keep-alive of the
+    /// run's etcd lease (shared by the runs of one claim) and a compare on its record, and a
+    /// batch of them would need a keep-alive per lease before one `Txn` of every compare; not
+    /// done, since etcd renewals already overlap on its one multiplexed connection.
+    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+        let store = self;
+        assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+        let mut answers = Vec::with_capacity(renewals.len());
+        for chunk in renewals.chunks(RENEWALS_IN_FLIGHT) {
+            let calls: Vec<_> = chunk.iter().map(|r| store.renew(&r.lease, r.length)).collect();
+            for answer in futures_util::future::join_all(calls).await {
+                answers.push(answer?);
+            }
+        }
+        Ok(answers)
+    }
+
+    /// Records a run's end (see [`solocron_core::RunStore::finish`]): a read and one `Txn` (plus
+    /// a retry per lost compare) that also deletes the run's alive key. The etcd lease is not
+    /// revoked: other runs of the same claim may share it; it expires once nobody renews it.
+    async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
+        let store = self;
+        let ending = [Ending { lease: lease.clone(), end: end.clone() }];
+        let answers = finish_ends(store, &ending, CAS_ATTEMPTS).await?.ok_or_else(|| contended("finish"))?;
+        Ok(answers[0])
+    }
+
+    /// Records a batch of ends (see [`solocron_core::RunStore::finish_all`]), in chunks of
+    /// [`FINISH_CHUNK`]: per chunk one read of the records and guards, and one `Txn` comparing
+    /// every revision it read. If another node changed any of them in between (a claim of the
+    /// same job changes its guard), the chunk is read and tried again; after
+    /// [`FINISH_CHUNK_ATTEMPTS`] lost tries its ends go one by one through [`finish`].
+    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+        let store = self;
+        let mut answers = Vec::with_capacity(endings.len());
+        for chunk in endings.chunks(FINISH_CHUNK) {
+            answers.extend(finish_chunk(store, chunk).await?);
+        }
+        Ok(answers)
+    }
+
+    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
+        crate::retry::finish_for_retry(self, lease, end, after).await
+    }
+
+    /// Running runs whose etcd lease is gone and due `waiting` retries (see
+    /// [`solocron_core::RunStore::expired`]): one read of every job guard and every alive key at
+    /// one revision, then the candidates' records; and the due retries (`retry.rs`). Only jobs
+    /// in `namespaces`, chosen by their keys before the limit applies.
+    async fn expired(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRecord>, StoreError> {
+        let store = self;
+        let (guards, alive) = (store.keys.family("job"), store.keys.family("alive"));
+        let what = "an expiry read";
+        let (guards, at) = range_all(&store.client, what, (&guards, &prefix_end(&guards)), false, 0).await?;
+        let (alive, _) = range_all(&store.client, what, (&alive, &prefix_end(&alive)), true, at).await?;
+        let alive: HashSet<Vec<u8>> = alive.iter().map(|kv| kv.key().to_vec()).collect();
+        let mut lapsed = Vec::new();
+        // Other namespaces' guards are passed over by their keys, before the limit.
+        for kv in guards.iter().filter(|kv| key_served(namespaces, kv.key())) {
+            let guard = match decode::<Guard>(kv.value(), "job guard").and_then(|g| g.running_ids()) {
+                Ok(ids) => ids,
+                Err(e) => {
+                    tracing::error!(error = %e, "skipping an unreadable job guard");
+                    continue;
+                }
+            };
+            lapsed.extend(guard.into_iter().filter(|id| !alive.contains(store.keys.alive(id).as_bytes())));
+        }
+        let limit = limit.min(RECORDS_PAGE_MAX);
+        let mut records = running_records(store, &lapsed).await?;
+        records.extend(crate::retry::due_waiting(store, at, limit, namespaces).await?);
+        records.sort_by(|a, b| (a.lease_until, &a.id).cmp(&(b.lease_until, &b.id)));
+        records.truncate(limit);
+        Ok(records)
+    }
+
+    /// Acts on an expired run or a due `waiting` retry (see [`solocron_core::RunStore::recover`]):
+    /// a read, then one `Txn` that compares the record's (and, when it hands out a token, the
+    /// guard's) revision and that the alive key is still absent, so exactly one of several
+    /// recoverers wins. Revokes nothing it does not own: the expired lease is etcd's to drop;
+    /// only a lease granted here for a retry that lost is revoked.
+    async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
+        let store = self;
+        let next = crate::retry::next_of(run)?;
+        let keys = &store.keys;
+        let reads =
+            || vec![get(keys.run(run)), get(keys.alive(run)), get(keys.guard(&run.tick.job)), get(keys.run(&next))];
+        let mut answers = read_keys(store, reads()).await?;
+        let mut granted = None;
+        let mut outcome = Err(contended("recover"));
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(plan) = plan_recovery(store, run, &next, action, &answers, &mut granted).await? else {
+                outcome = Ok(RecoverOutcome::NotNeeded);
+                break;
+            };
+            match commit(store, "a recovery", plan.0, reads()).await? {
+                Ok(revision) => {
+                    outcome = Ok(plan.1.clone());
+                    if let (RecoverOutcome::Retried(_), Some(record)) = (&plan.1, plan.2) {
+                        granted = None;
+                        store.remember(Held { record, revision });
+                    }
+                    tracing::debug!(%run, outcome = ?plan.1, "expired run recovered");
+                    break;
+                }
+                Err(fresh) => answers = fresh,
+            }
+        }
+        revoke_quietly(&store.client, granted.into_iter().map(|(id, _)| id).collect()).await;
+        outcome
+    }
+
+    fn expiry_lag(&self) -> Duration {
+        crate::EXPIRY_LAG
+    }
 }
 
 /// Renewals of a batch in flight at once.
 const RENEWALS_IN_FLIGHT: usize = 32;
-
-/// Extends several leases (see [`solocron_core::Store::renew_all`]): each as [`renew`]
-/// does, [`RENEWALS_IN_FLIGHT`] at a time. Not one `Txn`: a renewal is a keep-alive of the
-/// run's etcd lease (shared by the runs of one claim) and a compare on its record, and a
-/// batch of them would need a keep-alive per lease before one `Txn` of every compare; not
-/// done, since etcd renewals already overlap on its one multiplexed connection.
-pub(crate) async fn renew_all(store: &EtcdStore, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-    assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
-    let mut answers = Vec::with_capacity(renewals.len());
-    for chunk in renewals.chunks(RENEWALS_IN_FLIGHT) {
-        let calls: Vec<_> = chunk.iter().map(|r| renew(store, &r.lease, r.length)).collect();
-        for answer in futures_util::future::join_all(calls).await {
-            answers.push(answer?);
-        }
-    }
-    Ok(answers)
-}
 
 /// The record of `lease`'s run if the lease holds it and its alive key still exists.
 async fn read_held(store: &EtcdStore, lease: &Lease) -> Result<Option<Held>, StoreError> {
@@ -198,15 +304,6 @@ async fn renew_held(store: &EtcdStore, held: Held, ttl: i64, length: Duration) -
     Ok(Some(true))
 }
 
-/// Records a run's end (see [`solocron_core::Store::finish`]): a read and one `Txn` (plus
-/// a retry per lost compare) that also deletes the run's alive key. The etcd lease is not
-/// revoked: other runs of the same claim may share it; it expires once nobody renews it.
-pub(crate) async fn finish(store: &EtcdStore, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-    let ending = [Ending { lease: lease.clone(), end: end.clone() }];
-    let answers = finish_ends(store, &ending, CAS_ATTEMPTS).await?.ok_or_else(|| contended("finish"))?;
-    Ok(answers[0])
-}
-
 /// Writes the owner's `end` into its run's record.
 pub(crate) fn end_record(record: &mut StoredRun, end: &RunEnd, now: i64) {
     record.end(end.state, end.reason.clone(), now);
@@ -219,19 +316,6 @@ pub(crate) fn end_record(record: &mut StoredRun, end: &RunEnd, now: i64) {
 /// compare and a write per job's guard.
 const FINISH_CHUNK: usize = TXN_OPS_MAX / 3;
 
-/// Records a batch of ends (see [`solocron_core::Store::finish_all`]), in chunks of
-/// [`FINISH_CHUNK`]: per chunk one read of the records and guards, and one `Txn` comparing
-/// every revision it read. If another node changed any of them in between (a claim of the
-/// same job changes its guard), the chunk is read and tried again; after
-/// [`FINISH_CHUNK_ATTEMPTS`] lost tries its ends go one by one through [`finish`].
-pub(crate) async fn finish_all(store: &EtcdStore, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-    let mut answers = Vec::with_capacity(endings.len());
-    for chunk in endings.chunks(FINISH_CHUNK) {
-        answers.extend(finish_chunk(store, chunk).await?);
-    }
-    Ok(answers)
-}
-
 /// Tries of a whole chunk before its ends go one by one.
 const FINISH_CHUNK_ATTEMPTS: u32 = 4;
 
@@ -242,7 +326,7 @@ async fn finish_chunk(store: &EtcdStore, chunk: &[Ending]) -> Result<Vec<bool>, 
     tracing::debug!(ends = chunk.len(), "a batch of finishes kept losing compares; recording them one by one");
     let mut answers = Vec::with_capacity(chunk.len());
     for e in chunk {
-        answers.push(finish(store, &e.lease, &e.end).await?);
+        answers.push(store.finish(&e.lease, &e.end).await?);
     }
     Ok(answers)
 }
@@ -321,40 +405,6 @@ async fn finish_ends(store: &EtcdStore, chunk: &[Ending], attempts: u32) -> Resu
     Ok(None)
 }
 
-/// Running runs whose etcd lease is gone and due `waiting` retries (see
-/// [`solocron_core::Store::expired`]): one read of every job guard and every alive key at
-/// one revision, then the candidates' records; and the due retries (`retry.rs`). Only jobs
-/// in `namespaces`, chosen by their keys before the limit applies.
-pub(crate) async fn expired(
-    store: &EtcdStore,
-    limit: usize,
-    namespaces: &Namespaces,
-) -> Result<Vec<RunRecord>, StoreError> {
-    let (guards, alive) = (store.keys.family("job"), store.keys.family("alive"));
-    let what = "an expiry read";
-    let (guards, at) = range_all(&store.client, what, (&guards, &prefix_end(&guards)), false, 0).await?;
-    let (alive, _) = range_all(&store.client, what, (&alive, &prefix_end(&alive)), true, at).await?;
-    let alive: HashSet<Vec<u8>> = alive.iter().map(|kv| kv.key().to_vec()).collect();
-    let mut lapsed = Vec::new();
-    // Other namespaces' guards are passed over by their keys, before the limit.
-    for kv in guards.iter().filter(|kv| key_served(namespaces, kv.key())) {
-        let guard = match decode::<Guard>(kv.value(), "job guard").and_then(|g| g.running_ids()) {
-            Ok(ids) => ids,
-            Err(e) => {
-                tracing::error!(error = %e, "skipping an unreadable job guard");
-                continue;
-            }
-        };
-        lapsed.extend(guard.into_iter().filter(|id| !alive.contains(store.keys.alive(id).as_bytes())));
-    }
-    let limit = limit.min(RECORDS_PAGE_MAX);
-    let mut records = running_records(store, &lapsed).await?;
-    records.extend(crate::retry::due_waiting(store, at, limit, namespaces).await?);
-    records.sort_by(|a, b| (a.lease_until, &a.id).cmp(&(b.lease_until, &b.id)));
-    records.truncate(limit);
-    Ok(records)
-}
-
 /// The records of `ids` that are still running; unreadable ones are logged and skipped, so
 /// that one bad record never stops the recovery of the others.
 pub(crate) async fn running_records(store: &EtcdStore, ids: &[RunId]) -> Result<Vec<RunRecord>, StoreError> {
@@ -368,44 +418,6 @@ pub(crate) async fn running_records(store: &EtcdStore, ids: &[RunId]) -> Result<
         }
     }
     Ok(records)
-}
-
-/// Acts on an expired run or a due `waiting` retry (see [`solocron_core::Store::recover`]):
-/// a read, then one `Txn` that compares the record's (and, when it hands out a token, the
-/// guard's) revision and that the alive key is still absent, so exactly one of several
-/// recoverers wins. Revokes nothing it does not own: the expired lease is etcd's to drop;
-/// only a lease granted here for a retry that lost is revoked.
-pub(crate) async fn recover(
-    store: &EtcdStore,
-    run: &RunId,
-    action: &RecoverAction,
-) -> Result<RecoverOutcome, StoreError> {
-    let next = crate::retry::next_of(run)?;
-    let keys = &store.keys;
-    let reads = || vec![get(keys.run(run)), get(keys.alive(run)), get(keys.guard(&run.tick.job)), get(keys.run(&next))];
-    let mut answers = read_keys(store, reads()).await?;
-    let mut granted = None;
-    let mut outcome = Err(contended("recover"));
-    for _ in 0..CAS_ATTEMPTS {
-        let Some(plan) = plan_recovery(store, run, &next, action, &answers, &mut granted).await? else {
-            outcome = Ok(RecoverOutcome::NotNeeded);
-            break;
-        };
-        match commit(store, "a recovery", plan.0, reads()).await? {
-            Ok(revision) => {
-                outcome = Ok(plan.1.clone());
-                if let (RecoverOutcome::Retried(_), Some(record)) = (&plan.1, plan.2) {
-                    granted = None;
-                    store.remember(Held { record, revision });
-                }
-                tracing::debug!(%run, outcome = ?plan.1, "expired run recovered");
-                break;
-            }
-            Err(fresh) => answers = fresh,
-        }
-    }
-    revoke_quietly(&store.client, granted.into_iter().map(|(id, _)| id).collect()).await;
-    outcome
 }
 
 /// A planned recovery: its `Txn`, its outcome and (when it starts a run) the new running
@@ -518,7 +530,7 @@ fn next_attempt(
 }
 
 /// Ends every running run of `job` as abandoned, and records the action (see
-/// [`solocron_core::Store::unlock`]): one `Txn` per [`UNLOCK_CHUNK`] runs, each comparing
+/// [`solocron_core::ControlStore::unlock`]): one `Txn` per [`UNLOCK_CHUNK`] runs, each comparing
 /// the guard's and the records' revisions. Each `Txn` also writes the action, naming every
 /// run ended so far (the same key each time), so the log never misses a run an unlock
 /// ended, even when a later `Txn` of it fails; an unlock that finds nothing running

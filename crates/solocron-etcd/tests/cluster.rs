@@ -4,12 +4,16 @@
 
 mod common;
 
+use solocron_core::ClaimStore;
+use solocron_core::HistoryStore;
+use solocron_core::RunStore;
+use solocron_core::SchemaStore;
 use std::future::Future;
 use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, Prefix, Store, StoreError, Tick, Trigger};
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, Prefix, StoreError, Tick, Trigger};
 use solocron_etcd::EtcdStore;
 
 fn tick(minute: u32) -> Tick {

@@ -4,6 +4,16 @@
 
 mod common;
 
+use solocron_core::AuditStore;
+use solocron_core::ClaimStore;
+use solocron_core::ControlStore;
+use solocron_core::FleetStore;
+use solocron_core::HistoryStore;
+use solocron_core::RegistryStore;
+use solocron_core::RequestStore;
+use solocron_core::RunStore;
+use solocron_core::SchemaStore;
+use solocron_core::StoreBase;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +21,7 @@ use std::time::{Duration, Instant};
 use solocron_conformance::checks::definition;
 use solocron_core::{
     ClaimMode, ClaimOutcome, ClaimRequest, Lease, Prefix, RecoverAction, RecoverOutcome, RunEnd, RunState, SchemaState,
-    Store, StoreError, Tick, Trigger,
+    StoreError, Tick, Trigger,
 };
 use solocron_etcd::EtcdStore;
 use tokio::sync::Barrier;

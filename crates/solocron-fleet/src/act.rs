@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use solocron_core::{ActionQuery, HistoryQuery, RunId, Store};
+use solocron_core::{ActionQuery, HistoryQuery, OperatorStore, RunId};
 
 use crate::views::{ActionView, RunView};
 use crate::{Fleet, FleetError};
@@ -41,7 +41,7 @@ impl Actor {
     }
 }
 
-async fn last_action(store: &dyn Store, job: &str) -> Result<ActionView, FleetError> {
+async fn last_action(store: &dyn OperatorStore, job: &str) -> Result<ActionView, FleetError> {
     let newest = store.actions(&ActionQuery { job: Some(job.to_owned()), limit: 1 }).await?;
     let a = newest.first().ok_or_else(|| FleetError::NotFound(format!("{job}: the action left no audit record")))?;
     Ok(ActionView::from(a))
@@ -49,7 +49,12 @@ async fn last_action(store: &dyn Store, job: &str) -> Result<ActionView, FleetEr
 
 /// Pauses `job` fleet-wide; returns the audit record (its detail says "already paused"
 /// when it was).
-pub async fn pause(store: &dyn Store, fleet: &Fleet, job: &str, actor: &Actor) -> Result<ActionView, FleetError> {
+pub async fn pause(
+    store: &dyn OperatorStore,
+    fleet: &Fleet,
+    job: &str,
+    actor: &Actor,
+) -> Result<ActionView, FleetError> {
     actor.check()?;
     fleet.require(job)?;
     store.set_paused(job, true, &actor.by, actor.reason.as_deref()).await?;
@@ -57,7 +62,12 @@ pub async fn pause(store: &dyn Store, fleet: &Fleet, job: &str, actor: &Actor) -
 }
 
 /// Resumes `job`; returns the audit record.
-pub async fn resume(store: &dyn Store, fleet: &Fleet, job: &str, actor: &Actor) -> Result<ActionView, FleetError> {
+pub async fn resume(
+    store: &dyn OperatorStore,
+    fleet: &Fleet,
+    job: &str,
+    actor: &Actor,
+) -> Result<ActionView, FleetError> {
     actor.check()?;
     fleet.require(job)?;
     store.set_paused(job, false, &actor.by, actor.reason.as_deref()).await?;
@@ -65,7 +75,12 @@ pub async fn resume(store: &dyn Store, fleet: &Fleet, job: &str, actor: &Actor) 
 }
 
 /// Ends every running run of `job` as abandoned; returns the runs ended.
-pub async fn unlock(store: &dyn Store, fleet: &Fleet, job: &str, actor: &Actor) -> Result<Vec<RunId>, FleetError> {
+pub async fn unlock(
+    store: &dyn OperatorStore,
+    fleet: &Fleet,
+    job: &str,
+    actor: &Actor,
+) -> Result<Vec<RunId>, FleetError> {
     actor.check()?;
     fleet.require(job)?;
     let reason = actor.reason.as_deref().unwrap_or("no reason given");
@@ -88,7 +103,7 @@ pub enum Triggered {
 /// Asks for a manual run of `job`; with `wait`, waits (at most that long, at most
 /// [`TRIGGER_WAIT_MAX`]) for its newest attempt to end.
 pub async fn trigger(
-    store: &dyn Store,
+    store: &dyn OperatorStore,
     fleet: &Fleet,
     job: &str,
     actor: &Actor,

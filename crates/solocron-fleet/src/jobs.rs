@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use futures_util::{stream, StreamExt as _, TryStreamExt as _};
 use solocron_core::{
-    ActionQuery, HistoryQuery, JobControl, Liveness, ManagedJob, NodeRecord, Registration, RunRecord, RunState,
-    Schedule, Store, JOBS_ASKED_MAX, RECORDS_PAGE_MAX,
+    ActionQuery, HistoryQuery, JobControl, Liveness, ManagedJob, NodeRecord, OperatorStore, Registration, RunRecord,
+    RunState, Schedule, JOBS_ASKED_MAX, RECORDS_PAGE_MAX,
 };
 
 use crate::views::{
@@ -109,21 +109,25 @@ impl Registrations {
 impl Fleet {
     /// Reads the fleet with its whole registry: a handful of store calls, whatever the
     /// number of jobs. For a tool that shows every job (the CLI's `status`).
-    pub async fn read(store: &dyn Store, declared: Vec<Declared>) -> Result<Fleet, FleetError> {
+    pub async fn read(store: &dyn OperatorStore, declared: Vec<Declared>) -> Result<Fleet, FleetError> {
         let registry = Registry::Whole(Registrations::sorted(store.registrations().await?));
         Fleet::read_with(store, declared, registry).await
     }
 
     /// Reads the fleet with only the names of registered jobs: views read their own jobs'
-    /// registrations ([`Store::registrations_of`]). For a server answering one page.
+    /// registrations ([`RegistryStore::registrations_of`]). For a server answering one page.
     /// [`Fleet::schedule`], [`Fleet::zone`] and [`Fleet::registrations`] of such a fleet know
     /// the declared jobs only; [`Fleet::jobs`] and [`Fleet::job`] are whole either way.
-    pub async fn read_names(store: &dyn Store, declared: Vec<Declared>) -> Result<Fleet, FleetError> {
+    pub async fn read_names(store: &dyn OperatorStore, declared: Vec<Declared>) -> Result<Fleet, FleetError> {
         let registry = Registry::Names(store.registered_jobs().await?);
         Fleet::read_with(store, declared, registry).await
     }
 
-    async fn read_with(store: &dyn Store, declared: Vec<Declared>, registry: Registry) -> Result<Fleet, FleetError> {
+    async fn read_with(
+        store: &dyn OperatorStore,
+        declared: Vec<Declared>,
+        registry: Registry,
+    ) -> Result<Fleet, FleetError> {
         let controls = store.controls().await?;
         let managed = store.managed_jobs().await?;
         let nodes = store.nodes().await?;
@@ -136,7 +140,7 @@ impl Fleet {
 
     /// The registrations of `jobs`: from the whole registry if it was read, else from the
     /// store (in chunks of at most [`JOBS_ASKED_MAX`]).
-    async fn registrations_for(&self, store: &dyn Store, jobs: &[String]) -> Result<Registrations, FleetError> {
+    async fn registrations_for(&self, store: &dyn OperatorStore, jobs: &[String]) -> Result<Registrations, FleetError> {
         let mut found = Vec::new();
         match &self.registry {
             Registry::Whole(all) => jobs.iter().for_each(|j| found.extend_from_slice(all.of(j))),
@@ -183,7 +187,7 @@ impl Fleet {
 
     /// Like [`Fleet::require`], but a job nobody knows any more that still has run records
     /// (removed from every node, its history kept) is accepted: for reading its history.
-    pub async fn require_known_or_recorded(&self, store: &dyn Store, job: &str) -> Result<(), FleetError> {
+    pub async fn require_known_or_recorded(&self, store: &dyn OperatorStore, job: &str) -> Result<(), FleetError> {
         let unknown = match self.require(job) {
             Ok(()) => return Ok(()),
             Err(unknown) => unknown,
@@ -280,7 +284,7 @@ impl Fleet {
 
     /// One page of jobs by name: the filter runs over names and what was read with the
     /// fleet; only the page's jobs have their history read.
-    pub async fn jobs(&self, store: &dyn Store, filter: &JobFilter) -> Result<JobPage, FleetError> {
+    pub async fn jobs(&self, store: &dyn OperatorStore, filter: &JobFilter) -> Result<JobPage, FleetError> {
         let limit = match filter.limit {
             0 => JOBS_PAGE_DEFAULT,
             n if n > JOBS_PAGE_MAX => return Err(FleetError::bad("limit", format!("at most {JOBS_PAGE_MAX}"))),
@@ -326,7 +330,7 @@ impl Fleet {
 
     async fn summary(
         &self,
-        store: &dyn Store,
+        store: &dyn OperatorStore,
         registrations: &Registrations,
         job: &str,
     ) -> Result<JobSummary, FleetError> {
@@ -372,7 +376,7 @@ impl Fleet {
 
     /// One job in detail: its list entry, registrations, next fire times, the last day's
     /// counts by state, its newest runs and actions.
-    pub async fn job(&self, store: &dyn Store, job: &str) -> Result<JobDetail, FleetError> {
+    pub async fn job(&self, store: &dyn OperatorStore, job: &str) -> Result<JobDetail, FleetError> {
         self.require(job)?;
         let day_ago = self.now - chrono::Duration::hours(24);
         let counted = store.count_runs(job, day_ago).await?;

@@ -1,6 +1,6 @@
 //! # solocron-fleet
 //!
-//! What an operator sees and does, over any [`Store`]: the jobs the fleet knows (declared in
+//! What an operator sees and does, over any [`OperatorStore`](solocron_core::OperatorStore): the jobs the fleet knows (declared in
 //! a configuration, registered by nodes, or touched by an operator) with their schedule,
 //! next fire, pause, last runs and drift; the run history with cursor paging; the nodes and
 //! whether they are alive; and the operator's actions (pause, resume, trigger, unlock),
@@ -11,7 +11,7 @@
 //! OpenAPI document). Nothing here knows HTTP, the terminal or a concrete store.
 //!
 //! ```no_run
-//! # async fn demo(store: &dyn solocron_core::Store) -> Result<(), solocron_fleet::FleetError> {
+//! # async fn demo(store: &dyn solocron_core::OperatorStore) -> Result<(), solocron_fleet::FleetError> {
 //! use solocron_fleet::{Fleet, JobFilter};
 //! let fleet = Fleet::read(store, Vec::new()).await?;
 //! let page = fleet.jobs(store, &JobFilter::default()).await?;

@@ -5,7 +5,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use solocron_core::{JobRevision, JobWrite, Store, MANAGED_JOBS_MAX};
+use solocron_core::{JobRevision, JobWrite, OperatorStore, MANAGED_JOBS_MAX};
 use utoipa::ToSchema;
 
 use crate::{Actor, Declared, FleetError};
@@ -62,7 +62,7 @@ impl From<&JobRevision> for RevisionView {
 
 /// Refuses to manage `job` where a configuration declares it: the reader's own
 /// (`declared`), or a node's (registered, and never managed).
-pub async fn check_writable(store: &dyn Store, declared: &[Declared], job: &str) -> Result<(), FleetError> {
+pub async fn check_writable(store: &dyn OperatorStore, declared: &[Declared], job: &str) -> Result<(), FleetError> {
     solocron_core::validate_job_name(job).map_err(|e| FleetError::bad("job", e.to_string()))?;
     if let Some(d) = declared.iter().find(|d| d.name == job) {
         return Err(FleetError::Conflict(format!(
@@ -84,7 +84,7 @@ pub async fn check_writable(store: &dyn Store, declared: &[Declared], job: &str)
 /// Creates or replaces the managed job `job` with `spec`, checked by `check`, at revision
 /// `expect` (`Some(0)`: only a new job; `None`: whatever it is).
 pub async fn put_job(
-    store: &dyn Store,
+    store: &dyn OperatorStore,
     declared: &[Declared],
     check: &dyn SpecCheck,
     job: &str,
@@ -108,7 +108,7 @@ pub async fn put_job(
 /// Deletes the managed job `job` at revision `expect` (`None`: whatever it is); a run in
 /// progress finishes.
 pub async fn delete_job(
-    store: &dyn Store,
+    store: &dyn OperatorStore,
     job: &str,
     actor: &Actor,
     expect: Option<u64>,
@@ -123,7 +123,11 @@ pub async fn delete_job(
 }
 
 /// The revisions of `job` (or of every managed job), newest first.
-pub async fn revisions(store: &dyn Store, job: Option<&str>, limit: usize) -> Result<Vec<RevisionView>, FleetError> {
+pub async fn revisions(
+    store: &dyn OperatorStore,
+    job: Option<&str>,
+    limit: usize,
+) -> Result<Vec<RevisionView>, FleetError> {
     Ok(store.job_revisions(job, limit).await?.iter().map(RevisionView::from).collect())
 }
 

@@ -2,7 +2,7 @@
 //! run although many runs share one instant.
 
 use chrono::{DateTime, Utc};
-use solocron_core::{HistoryQuery, RunState, Store, RECORDS_PAGE_MAX};
+use solocron_core::{HistoryQuery, OperatorStore, RunState, RECORDS_PAGE_MAX};
 
 use crate::views::{rfc3339, RunDetail, RunPage, RunView};
 use crate::FleetError;
@@ -41,7 +41,7 @@ pub struct RunFilter {
 /// page's last instant go past the limit, they move to the next page whole; when one instant
 /// alone has more runs than the limit, the page is that instant's runs, up to
 /// [`RECORDS_PAGE_MAX`].
-pub async fn runs_page(store: &dyn Store, filter: &RunFilter) -> Result<RunPage, FleetError> {
+pub async fn runs_page(store: &dyn OperatorStore, filter: &RunFilter) -> Result<RunPage, FleetError> {
     let limit = match filter.limit {
         0 => RUNS_PAGE_DEFAULT,
         n if n > RUNS_PAGE_MAX => return Err(FleetError::bad("limit", format!("at most {RUNS_PAGE_MAX}"))),
@@ -121,7 +121,7 @@ pub fn parse_run_id(s: &str) -> Result<(String, DateTime<Utc>, u32), FleetError>
 
 /// One run, with its output and every attempt at its tick.
 /// An id that is not a run id names no run: [`FleetError::NotFound`], saying the form.
-pub async fn run_detail(store: &dyn Store, id: &str) -> Result<RunDetail, FleetError> {
+pub async fn run_detail(store: &dyn OperatorStore, id: &str) -> Result<RunDetail, FleetError> {
     let (job, at, attempt) = parse_run_id(id).map_err(|e| FleetError::NotFound(format!("no run `{id}`: {e}")))?;
     let q = HistoryQuery {
         job: Some(job),

@@ -2,7 +2,11 @@
 //! by live nodes only, paging by name, and a manual run seen through its audit record.
 #![forbid(unsafe_code)]
 
-use solocron_core::{JobDefinition, NodeBeat, Prefix, Store};
+use solocron_core::ControlStore;
+use solocron_core::FleetStore;
+use solocron_core::RegistryStore;
+use solocron_core::SchemaStore;
+use solocron_core::{JobDefinition, NodeBeat, Prefix};
 use solocron_fleet::{Actor, Fleet, JobFilter, JobStateFilter};
 use solocron_sqlite::SqliteStore;
 

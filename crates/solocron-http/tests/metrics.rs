@@ -1,6 +1,7 @@
 //! `/metrics` through the process's real recorder: what any program records through the
 //! `metrics` facade is served, with its labels, descriptions and units, as OpenMetrics text.
 
+use solocron_core::SchemaStore;
 use std::sync::Arc;
 
 use axum::body::Body;

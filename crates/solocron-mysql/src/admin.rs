@@ -2,6 +2,8 @@
 //! registry, pauses, manual run requests, unlock and pruning. An operator's action is one
 //! transaction that also appends it to the audit log (`fleet.rs`).
 
+use async_trait::async_trait;
+use solocron_core::{ControlStore, HistoryStore, RegistryStore, RequestStore};
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -25,44 +27,6 @@ const REGISTER_CHUNK: usize = 1000;
 
 /// How many milliseconds after "now" a manual request may move to find a free instant.
 const REQUEST_SLOTS_MAX: usize = 100;
-
-/// Records that `node` runs exactly `jobs`, in one transaction: each listed job's
-/// registration upserted (the definition and `last_seen` replaced, `first_seen` only set on
-/// insert) with this call's mark, then the node's registrations without that mark (jobs
-/// it no longer lists) deleted. A mark, not an instant: two calls in one millisecond
-/// differ, and the list can outgrow a statement's placeholders.
-pub(crate) async fn register(store: &MySqlStore, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
-    let context = "cannot register jobs";
-    check_name("node", node).map_err(|f| f.into_store(context))?;
-    for definition in jobs {
-        check_name("job", &definition.job).map_err(|f| f.into_store(context))?;
-    }
-    // Names compare as bytes (`utf8mb4_bin`, no trailing spaces), as here.
-    let listed = jobs.iter().map(|d| d.job.as_str()).collect::<HashSet<_>>().len();
-    let mark = fresh_mark();
-    let (count, unlisted) = (
-        store.sql("SELECT COUNT(*) FROM {p}registry WHERE node = ?"),
-        store.sql("DELETE FROM {p}registry WHERE node = ? AND mark <> ?"),
-    );
-    retrying(context, || async {
-        let mut tx = store.pool.begin().await?;
-        for chunk in jobs.chunks(REGISTER_CHUNK) {
-            register_chunk(store, &mut tx, node, mark, chunk).await?;
-        }
-        // The delete locks and reads every row of the node, a good part of a refresh that
-        // changes nothing; the count reads `{p}registry_node` alone, so the delete runs only
-        // when the node holds more rows than it lists. Rows the count cannot see are
-        // another call's uncommitted inserts for this node, which that call keeps or
-        // removes itself.
-        let held: i64 = sqlx::query_scalar(&count).bind(node).fetch_one(&mut *tx).await?;
-        if usize::try_from(held).map_or(true, |held| held > listed) {
-            sqlx::query(&unlisted).bind(node).bind(mark).execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    })
-    .await
-}
 
 /// A mark that no earlier [`register`] of the node left: a random start per process, then
 /// one more per call, so a process never repeats one, and another process repeats the
@@ -119,81 +83,6 @@ async fn register_chunk(
 const REGISTRY_SELECT: &str =
     "SELECT job, node, schedule, timezone, definition_hash, summary, first_seen, last_seen FROM {p}registry";
 
-/// Every registration, by job then node.
-pub(crate) async fn registrations(store: &MySqlStore) -> Result<Vec<Registration>, StoreError> {
-    let context = "cannot list registrations";
-    let rows = sqlx::query(&store.sql(&format!("{REGISTRY_SELECT} ORDER BY job, node")))
-        .fetch_all(&store.pool)
-        .await
-        .map_err(|e| Failure::from(e).into_store(context))?;
-    rows.iter().map(|row| registration(row).map_err(|f| f.into_store(context))).collect()
-}
-
-/// A page of the registry in `(job, node)` order (see
-/// [`solocron_core::Store::registrations_page`]): each page a range of the primary key.
-/// The comparison is written out: MariaDB reads `(job, node) > (?, ?)` as a walk of the
-/// whole index, this as a range (EXPLAIN on MariaDB 10.11).
-pub(crate) async fn registrations_page(
-    store: &MySqlStore,
-    after: Option<&RegistryCursor>,
-    limit: usize,
-) -> Result<RegistryPage, StoreError> {
-    let context = "cannot list registrations";
-    let limit = limit.clamp(1, REGISTRY_PAGE_MAX);
-    let sql;
-    let query = match after {
-        None => {
-            sql = store.sql(&format!("{REGISTRY_SELECT} ORDER BY job, node LIMIT ?"));
-            sqlx::query(&sql)
-        }
-        Some(cursor) => {
-            let (job, node) = cursor
-                .job_and_node()
-                .ok_or_else(|| StoreError::Invalid(format!("not a registry cursor of this store: {cursor:?}")))?;
-            sql = store
-                .sql(&format!("{REGISTRY_SELECT} WHERE job > ? OR (job = ? AND node > ?) ORDER BY job, node LIMIT ?"));
-            sqlx::query(&sql).bind(job).bind(job).bind(node)
-        }
-    };
-    let rows =
-        query.bind(limit as u64).fetch_all(&store.pool).await.map_err(|e| Failure::from(e).into_store(context))?;
-    let registrations =
-        rows.iter().map(|row| registration(row).map_err(|f| f.into_store(context))).collect::<Result<Vec<_>, _>>()?;
-    // A full page may have a next one; a short one is the last.
-    let next = match registrations.last() {
-        Some(last) if registrations.len() == limit => Some(RegistryCursor::after(&last.definition.job, &last.node)),
-        _ => None,
-    };
-    Ok(RegistryPage { registrations, next })
-}
-
-/// The registrations of `jobs`, by job then node (the primary key's index).
-pub(crate) async fn registrations_of(store: &MySqlStore, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {
-    let context = "cannot list registrations";
-    if jobs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let marks = vec!["?"; jobs.len()].join(", ");
-    let sql = store.sql(&format!("{REGISTRY_SELECT} WHERE job IN ({marks}) ORDER BY job, node"));
-    let rows = jobs
-        .iter()
-        .fold(sqlx::query(&sql), |q, j| q.bind(j.as_str()))
-        .fetch_all(&store.pool)
-        .await
-        .map_err(|e| Failure::from(e).into_store(context))?;
-    rows.iter().map(|row| registration(row).map_err(|f| f.into_store(context))).collect()
-}
-
-/// Every registered job's name, once (a walk of the primary key's index).
-pub(crate) async fn registered_jobs(store: &MySqlStore) -> Result<Vec<String>, StoreError> {
-    let context = "cannot list registrations";
-    let rows = sqlx::query(&store.sql("SELECT DISTINCT job FROM {p}registry ORDER BY job"))
-        .fetch_all(&store.pool)
-        .await
-        .map_err(|e| Failure::from(e).into_store(context))?;
-    rows.iter().map(|row| text(row, "job").map_err(|f| f.into_store(context))).collect()
-}
-
 /// A registration from a row of [`registrations`].
 fn registration(row: &MySqlRow) -> Result<Registration, Failure> {
     Ok(Registration {
@@ -208,39 +97,6 @@ fn registration(row: &MySqlRow) -> Result<Registration, Failure> {
         first_seen: instant(get(row, "first_seen")?)?,
         last_seen: instant(get(row, "last_seen")?)?,
     })
-}
-
-/// Upserts the job's switch (left as it is by a pause of a paused job without a reason)
-/// and records the action; one transaction, the switch's row locked while it decides.
-pub(crate) async fn set_paused(
-    store: &MySqlStore,
-    job: &str,
-    paused: bool,
-    by: &str,
-    reason: Option<&str>,
-) -> Result<(), StoreError> {
-    let context = if paused { "cannot pause" } else { "cannot resume" };
-    check(job, by, reason).map_err(|f| f.into_store(context))?;
-    retrying(context, || async {
-        let mut tx = store.pool.begin().await?;
-        let was: Option<i64> =
-            sqlx::query_scalar(&store.sql("SELECT CAST(paused AS SIGNED) FROM {p}jobs WHERE job = ? FOR UPDATE"))
-                .bind(job)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let was_paused = was.is_some_and(|p| p != 0);
-        if !(paused && was_paused && reason.is_none()) {
-            switch(store, &mut tx, job, paused, by, reason).await?;
-        }
-        let kind = if paused { ActionKind::Pause } else { ActionKind::Resume };
-        let detail = ActionRecord::pause_detail(paused, was_paused);
-        append(store, &mut tx, Action { job, kind, by, reason, detail }).await?;
-        tx.commit().await?;
-        Ok(())
-    })
-    .await?;
-    tracing::info!(job, paused, by, reason, "job switch changed");
-    Ok(())
 }
 
 /// Upserts the job's switch on `conn`.
@@ -268,60 +124,6 @@ async fn switch(
     Ok(())
 }
 
-/// Every job's switch, by job.
-pub(crate) async fn controls(store: &MySqlStore) -> Result<Vec<JobControl>, StoreError> {
-    let context = "cannot list job controls";
-    let rows = sqlx::query(&store.sql("SELECT job, paused, changed_by, reason, changed_at FROM {p}jobs ORDER BY job"))
-        .fetch_all(&store.pool)
-        .await
-        .map_err(|e| Failure::from(e).into_store(context))?;
-    let control = |row: &MySqlRow| -> Result<JobControl, Failure> {
-        Ok(JobControl {
-            job: text(row, "job")?,
-            paused: get::<i64>(row, "paused")? != 0,
-            changed_by: text(row, "changed_by")?,
-            reason: opt_text(row, "reason")?,
-            changed_at: instant(get(row, "changed_at")?)?,
-        })
-    };
-    rows.iter().map(|row| control(row).map_err(|f| f.into_store(context))).collect()
-}
-
-/// Records a manual run request at the server's now, moved off whole seconds and past
-/// instants already requested for the job, and the action (one transaction).
-pub(crate) async fn request_run(
-    store: &MySqlStore,
-    job: &str,
-    by: &str,
-    reason: Option<&str>,
-) -> Result<Tick, StoreError> {
-    let context = "cannot request a run";
-    check(job, by, reason).map_err(|f| f.into_store(context))?;
-    let insert = store.sql("INSERT IGNORE INTO {p}requests (job, requested_at, requested_by) VALUES (?, ?, ?)");
-    let at = retrying(context, || async {
-        let mut tx = store.pool.begin().await?;
-        let now: i64 = sqlx::query_scalar(&store.sql("SELECT NOW_MS")).fetch_one(&mut *tx).await?;
-        let mut at = off_second(now);
-        for _ in 0..REQUEST_SLOTS_MAX {
-            let query = sqlx::query(&insert).bind(job).bind(at).bind(by);
-            if query.execute(&mut *tx).await?.rows_affected() == 1 {
-                let detail = RunId { tick: Tick::new(job, instant(at)?), attempt: 1 }.to_string();
-                append(store, &mut tx, Action { job, kind: ActionKind::Trigger, by, reason, detail: &detail }).await?;
-                tx.commit().await?;
-                return Ok(at);
-            }
-            at = off_second(at + 1);
-        }
-        Err(invalid(format!(
-            "{REQUEST_SLOTS_MAX} manual runs of `{job}` already requested around this instant; try again"
-        )))
-    })
-    .await?;
-    let tick = Tick::new(job, instant(at).map_err(|f| f.into_store(context))?);
-    tracing::info!(%job, by, at = %tick.scheduled_at, "manual run requested");
-    Ok(tick)
-}
-
 /// `ms`, or the next millisecond if `ms` falls on a whole second (where scheduled ticks
 /// fall: a manual tick must never be one of them).
 fn off_second(ms: i64) -> i64 {
@@ -332,45 +134,341 @@ fn off_second(ms: i64) -> i64 {
     }
 }
 
-/// Requests whose tick has no record yet, oldest first, of jobs in `namespaces` only.
-pub(crate) async fn pending_requests(
-    store: &MySqlStore,
-    limit: usize,
-    namespaces: &Namespaces,
-) -> Result<Vec<RunRequest>, StoreError> {
-    let context = "cannot list run requests";
-    let rows = sqlx::query(&store.sql(&format!(
-        "SELECT q.job, q.requested_at, q.requested_by FROM {{p}}requests q
-         WHERE NOT EXISTS (SELECT 1 FROM {{p}}runs r
-                           WHERE r.job = q.job AND r.scheduled_at = q.requested_at AND r.attempt = 1)
-           AND {}
-         ORDER BY q.requested_at, q.job LIMIT ?",
-        in_namespaces("q.job")
-    )))
-    .bind(solocron_sql::namespace_list(namespaces))
-    .bind(limit.min(RECORDS_PAGE_MAX) as i64)
-    .fetch_all(&store.pool)
-    .await
-    .map_err(|e| Failure::from(e).into_store(context))?;
-    let request = |row: &MySqlRow| -> Result<RunRequest, Failure> {
-        Ok(RunRequest {
-            tick: Tick::new(text(row, "job")?, instant(get(row, "requested_at")?)?),
-            requested_by: text(row, "requested_by")?,
+#[async_trait]
+impl HistoryStore for MySqlStore {
+    /// Run records, newest first, filtered.
+    async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
+        let store = self;
+        let mut sql = QueryBuilder::<MySql>::new(store.sql(&format!("SELECT {COLUMNS} FROM {{p}}runs WHERE 1 = 1")));
+        solocron_sql::push_history_filters(&mut sql, query);
+        let context = "cannot read history";
+        let rows = sql.build().fetch_all(&store.pool).await.map_err(|e| Failure::from(e).into_store(context))?;
+        rows.iter().map(|row| record(row).map_err(|f| f.into_store(context))).collect()
+    }
+
+    /// How many run records of `job` there are from `since` on, by state, in one statement (a
+    /// range of the primary key: job, then the instant); never truncated. A state this version
+    /// cannot read fails the count as it fails `history`.
+    async fn count_runs(&self, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
+        let store = self;
+        let context = "cannot count runs";
+        let rows = sqlx::query(
+            &store.sql("SELECT state, COUNT(*) AS n FROM {p}runs WHERE job = ? AND scheduled_at >= ? GROUP BY state"),
+        )
+        .bind(job)
+        .bind(since.timestamp_millis())
+        .fetch_all(&store.pool)
+        .await
+        .map_err(|e| Failure::from(e).into_store(context))?;
+        let count = |row: &MySqlRow| -> Result<(RunState, u64), Failure> {
+            let n: i64 = get(row, "n")?;
+            let n = u64::try_from(n).map_err(|_| invalid(format!("count of runs {n} is negative")))?;
+            Ok((parse_name(row, "state")?, n))
+        };
+        let mut counts = RunCounts::default();
+        for row in &rows {
+            let (state, n) = count(row).map_err(|f| f.into_store(context))?;
+            counts.add(state, n);
+        }
+        Ok(counts)
+    }
+
+    /// Deletes at most `batch` ended records (never a `running` run or a `waiting` retry)
+    /// older than the cutoff, oldest first, and the run requests as old, both of jobs in
+    /// `namespaces` only; and, whatever the namespaces, at most [`PRUNE_BATCH_MAX`] actions as
+    /// old, and the nodes silent for longer than the smaller of `older_than` and
+    /// [`NODE_FORGET_AFTER`]; one transaction.
+    async fn prune(&self, older_than: Duration, batch: usize, namespaces: &Namespaces) -> Result<u64, StoreError> {
+        let store = self;
+        let forget_after = millis(older_than.min(NODE_FORGET_AFTER)).map_err(|f| f.into_store("cannot prune"))?;
+        let older_than = millis(older_than).map_err(|f| f.into_store("cannot prune"))?;
+        let batch = batch.min(PRUNE_BATCH_MAX) as i64;
+        let list = solocron_sql::namespace_list(namespaces);
+        let runs_sql = store.sql(&format!(
+            "DELETE FROM {{p}}runs WHERE state NOT IN ('running', 'waiting') AND scheduled_at < NOW_MS - ?
+               AND {} ORDER BY scheduled_at, attempt LIMIT ?",
+            in_namespaces("job")
+        ));
+        let requests_sql = store
+            .sql(&format!("DELETE FROM {{p}}requests WHERE requested_at < NOW_MS - ? AND {}", in_namespaces("job")));
+        retrying("cannot prune", || async {
+            let mut tx = store.pool.begin().await?;
+            let deleted = sqlx::query(&runs_sql)
+                .bind(older_than)
+                .bind(&list)
+                .bind(batch)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            sqlx::query(&requests_sql).bind(older_than).bind(&list).execute(&mut *tx).await?;
+            sqlx::query(&store.sql("DELETE FROM {p}actions WHERE done_at < NOW_MS - ? ORDER BY done_at LIMIT ?"))
+                .bind(older_than)
+                .bind(PRUNE_BATCH_MAX as i64)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(&store.sql("DELETE FROM {p}nodes WHERE last_seen < NOW_MS - ?"))
+                .bind(forget_after)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(deleted)
         })
-    };
-    rows.iter().map(|row| request(row).map_err(|f| f.into_store(context))).collect()
+        .await
+    }
 }
 
-/// Run records, newest first, filtered.
-pub(crate) async fn history(store: &MySqlStore, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
-    let mut sql = QueryBuilder::<MySql>::new(store.sql(&format!("SELECT {COLUMNS} FROM {{p}}runs WHERE 1 = 1")));
-    solocron_sql::push_history_filters(&mut sql, query);
-    let context = "cannot read history";
-    let rows = sql.build().fetch_all(&store.pool).await.map_err(|e| Failure::from(e).into_store(context))?;
-    rows.iter().map(|row| record(row).map_err(|f| f.into_store(context))).collect()
+#[async_trait]
+impl RegistryStore for MySqlStore {
+    /// Records that `node` runs exactly `jobs`, in one transaction: each listed job's
+    /// registration upserted (the definition and `last_seen` replaced, `first_seen` only set on
+    /// insert) with this call's mark, then the node's registrations without that mark (jobs
+    /// it no longer lists) deleted. A mark, not an instant: two calls in one millisecond
+    /// differ, and the list can outgrow a statement's placeholders.
+    async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
+        let store = self;
+        let context = "cannot register jobs";
+        check_name("node", node).map_err(|f| f.into_store(context))?;
+        for definition in jobs {
+            check_name("job", &definition.job).map_err(|f| f.into_store(context))?;
+        }
+        // Names compare as bytes (`utf8mb4_bin`, no trailing spaces), as here.
+        let listed = jobs.iter().map(|d| d.job.as_str()).collect::<HashSet<_>>().len();
+        let mark = fresh_mark();
+        let (count, unlisted) = (
+            store.sql("SELECT COUNT(*) FROM {p}registry WHERE node = ?"),
+            store.sql("DELETE FROM {p}registry WHERE node = ? AND mark <> ?"),
+        );
+        retrying(context, || async {
+            let mut tx = store.pool.begin().await?;
+            for chunk in jobs.chunks(REGISTER_CHUNK) {
+                register_chunk(store, &mut tx, node, mark, chunk).await?;
+            }
+            // The delete locks and reads every row of the node, a good part of a refresh that
+            // changes nothing; the count reads `{p}registry_node` alone, so the delete runs only
+            // when the node holds more rows than it lists. Rows the count cannot see are
+            // another call's uncommitted inserts for this node, which that call keeps or
+            // removes itself.
+            let held: i64 = sqlx::query_scalar(&count).bind(node).fetch_one(&mut *tx).await?;
+            if usize::try_from(held).map_or(true, |held| held > listed) {
+                sqlx::query(&unlisted).bind(node).bind(mark).execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Every registration, by job then node.
+    async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
+        let store = self;
+        let context = "cannot list registrations";
+        let rows = sqlx::query(&store.sql(&format!("{REGISTRY_SELECT} ORDER BY job, node")))
+            .fetch_all(&store.pool)
+            .await
+            .map_err(|e| Failure::from(e).into_store(context))?;
+        rows.iter().map(|row| registration(row).map_err(|f| f.into_store(context))).collect()
+    }
+
+    /// A page of the registry in `(job, node)` order (see
+    /// [`solocron_core::RegistryStore::registrations_page`]): each page a range of the primary key.
+    /// The comparison is written out: MariaDB reads `(job, node) > (?, ?)` as a walk of the
+    /// whole index, this as a range (EXPLAIN on MariaDB 10.11).
+    async fn registrations_page(
+        &self,
+        after: Option<&RegistryCursor>,
+        limit: usize,
+    ) -> Result<RegistryPage, StoreError> {
+        let store = self;
+        let context = "cannot list registrations";
+        let limit = limit.clamp(1, REGISTRY_PAGE_MAX);
+        let sql;
+        let query = match after {
+            None => {
+                sql = store.sql(&format!("{REGISTRY_SELECT} ORDER BY job, node LIMIT ?"));
+                sqlx::query(&sql)
+            }
+            Some(cursor) => {
+                let (job, node) = cursor
+                    .job_and_node()
+                    .ok_or_else(|| StoreError::Invalid(format!("not a registry cursor of this store: {cursor:?}")))?;
+                sql = store.sql(&format!(
+                    "{REGISTRY_SELECT} WHERE job > ? OR (job = ? AND node > ?) ORDER BY job, node LIMIT ?"
+                ));
+                sqlx::query(&sql).bind(job).bind(job).bind(node)
+            }
+        };
+        let rows =
+            query.bind(limit as u64).fetch_all(&store.pool).await.map_err(|e| Failure::from(e).into_store(context))?;
+        let registrations = rows
+            .iter()
+            .map(|row| registration(row).map_err(|f| f.into_store(context)))
+            .collect::<Result<Vec<_>, _>>()?;
+        // A full page may have a next one; a short one is the last.
+        let next = match registrations.last() {
+            Some(last) if registrations.len() == limit => Some(RegistryCursor::after(&last.definition.job, &last.node)),
+            _ => None,
+        };
+        Ok(RegistryPage { registrations, next })
+    }
+
+    /// The registrations of `jobs`, by job then node (the primary key's index).
+    async fn registrations_of(&self, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {
+        let store = self;
+        let context = "cannot list registrations";
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let marks = vec!["?"; jobs.len()].join(", ");
+        let sql = store.sql(&format!("{REGISTRY_SELECT} WHERE job IN ({marks}) ORDER BY job, node"));
+        let rows = jobs
+            .iter()
+            .fold(sqlx::query(&sql), |q, j| q.bind(j.as_str()))
+            .fetch_all(&store.pool)
+            .await
+            .map_err(|e| Failure::from(e).into_store(context))?;
+        rows.iter().map(|row| registration(row).map_err(|f| f.into_store(context))).collect()
+    }
+
+    /// Every registered job's name, once (a walk of the primary key's index).
+    async fn registered_jobs(&self) -> Result<Vec<String>, StoreError> {
+        let store = self;
+        let context = "cannot list registrations";
+        let rows = sqlx::query(&store.sql("SELECT DISTINCT job FROM {p}registry ORDER BY job"))
+            .fetch_all(&store.pool)
+            .await
+            .map_err(|e| Failure::from(e).into_store(context))?;
+        rows.iter().map(|row| text(row, "job").map_err(|f| f.into_store(context))).collect()
+    }
+
+    /// Every job's switch, by job.
+    async fn controls(&self) -> Result<Vec<JobControl>, StoreError> {
+        let store = self;
+        let context = "cannot list job controls";
+        let rows =
+            sqlx::query(&store.sql("SELECT job, paused, changed_by, reason, changed_at FROM {p}jobs ORDER BY job"))
+                .fetch_all(&store.pool)
+                .await
+                .map_err(|e| Failure::from(e).into_store(context))?;
+        let control = |row: &MySqlRow| -> Result<JobControl, Failure> {
+            Ok(JobControl {
+                job: text(row, "job")?,
+                paused: get::<i64>(row, "paused")? != 0,
+                changed_by: text(row, "changed_by")?,
+                reason: opt_text(row, "reason")?,
+                changed_at: instant(get(row, "changed_at")?)?,
+            })
+        };
+        rows.iter().map(|row| control(row).map_err(|f| f.into_store(context))).collect()
+    }
 }
 
-/// Those of `ticks` that are taken (see [`solocron_core::Store::taken_ticks`]): their
+#[async_trait]
+impl ControlStore for MySqlStore {
+    /// Upserts the job's switch (left as it is by a pause of a paused job without a reason)
+    /// and records the action; one transaction, the switch's row locked while it decides.
+    async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
+        let store = self;
+        let context = if paused { "cannot pause" } else { "cannot resume" };
+        check(job, by, reason).map_err(|f| f.into_store(context))?;
+        retrying(context, || async {
+            let mut tx = store.pool.begin().await?;
+            let was: Option<i64> =
+                sqlx::query_scalar(&store.sql("SELECT CAST(paused AS SIGNED) FROM {p}jobs WHERE job = ? FOR UPDATE"))
+                    .bind(job)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let was_paused = was.is_some_and(|p| p != 0);
+            if !(paused && was_paused && reason.is_none()) {
+                switch(store, &mut tx, job, paused, by, reason).await?;
+            }
+            let kind = if paused { ActionKind::Pause } else { ActionKind::Resume };
+            let detail = ActionRecord::pause_detail(paused, was_paused);
+            append(store, &mut tx, Action { job, kind, by, reason, detail }).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await?;
+        tracing::info!(job, paused, by, reason, "job switch changed");
+        Ok(())
+    }
+
+    /// Ends every running run of `job` as `abandoned`, and records the action; their
+    /// identities.
+    async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+        let store = self;
+        let context = "cannot unlock";
+        let ended = ActionRecord::unlock_reason(by, reason);
+        check(job, by, Some(&ended)).map_err(|f| f.into_store(context))?;
+        let runs = retrying(context, || unlock_once(store, job, by, reason)).await?;
+        if !runs.is_empty() {
+            tracing::info!(job, count = runs.len(), reason, "running runs unlocked");
+        }
+        Ok(runs)
+    }
+}
+
+#[async_trait]
+impl RequestStore for MySqlStore {
+    /// Records a manual run request at the server's now, moved off whole seconds and past
+    /// instants already requested for the job, and the action (one transaction).
+    async fn request_run(&self, job: &str, by: &str, reason: Option<&str>) -> Result<Tick, StoreError> {
+        let store = self;
+        let context = "cannot request a run";
+        check(job, by, reason).map_err(|f| f.into_store(context))?;
+        let insert = store.sql("INSERT IGNORE INTO {p}requests (job, requested_at, requested_by) VALUES (?, ?, ?)");
+        let at = retrying(context, || async {
+            let mut tx = store.pool.begin().await?;
+            let now: i64 = sqlx::query_scalar(&store.sql("SELECT NOW_MS")).fetch_one(&mut *tx).await?;
+            let mut at = off_second(now);
+            for _ in 0..REQUEST_SLOTS_MAX {
+                let query = sqlx::query(&insert).bind(job).bind(at).bind(by);
+                if query.execute(&mut *tx).await?.rows_affected() == 1 {
+                    let detail = RunId { tick: Tick::new(job, instant(at)?), attempt: 1 }.to_string();
+                    append(store, &mut tx, Action { job, kind: ActionKind::Trigger, by, reason, detail: &detail })
+                        .await?;
+                    tx.commit().await?;
+                    return Ok(at);
+                }
+                at = off_second(at + 1);
+            }
+            Err(invalid(format!(
+                "{REQUEST_SLOTS_MAX} manual runs of `{job}` already requested around this instant; try again"
+            )))
+        })
+        .await?;
+        let tick = Tick::new(job, instant(at).map_err(|f| f.into_store(context))?);
+        tracing::info!(%job, by, at = %tick.scheduled_at, "manual run requested");
+        Ok(tick)
+    }
+
+    /// Requests whose tick has no record yet, oldest first, of jobs in `namespaces` only.
+    async fn pending_requests(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRequest>, StoreError> {
+        let store = self;
+        let context = "cannot list run requests";
+        let rows = sqlx::query(&store.sql(&format!(
+            "SELECT q.job, q.requested_at, q.requested_by FROM {{p}}requests q
+             WHERE NOT EXISTS (SELECT 1 FROM {{p}}runs r
+                               WHERE r.job = q.job AND r.scheduled_at = q.requested_at AND r.attempt = 1)
+               AND {}
+             ORDER BY q.requested_at, q.job LIMIT ?",
+            in_namespaces("q.job")
+        )))
+        .bind(solocron_sql::namespace_list(namespaces))
+        .bind(limit.min(RECORDS_PAGE_MAX) as i64)
+        .fetch_all(&store.pool)
+        .await
+        .map_err(|e| Failure::from(e).into_store(context))?;
+        let request = |row: &MySqlRow| -> Result<RunRequest, Failure> {
+            Ok(RunRequest {
+                tick: Tick::new(text(row, "job")?, instant(get(row, "requested_at")?)?),
+                requested_by: text(row, "requested_by")?,
+            })
+        };
+        rows.iter().map(|row| request(row).map_err(|f| f.into_store(context))).collect()
+    }
+}
+
+/// Those of `ticks` that are taken (see [`solocron_core::ClaimStore::taken_ticks`]): their
 /// jobs' attempt 1 rows over the ticks' span of instants, in one statement.
 pub(crate) async fn taken_ticks(store: &MySqlStore, ticks: &[Tick]) -> Result<Vec<Tick>, StoreError> {
     let runs = store.sql("{p}runs");
@@ -382,32 +480,6 @@ pub(crate) async fn taken_ticks(store: &MySqlStore, ticks: &[Tick]) -> Result<Ve
     Ok(solocron_sql::taken_of(ticks, rows))
 }
 
-/// How many run records of `job` there are from `since` on, by state, in one statement (a
-/// range of the primary key: job, then the instant); never truncated. A state this version
-/// cannot read fails the count as it fails `history`.
-pub(crate) async fn count_runs(store: &MySqlStore, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
-    let context = "cannot count runs";
-    let rows = sqlx::query(
-        &store.sql("SELECT state, COUNT(*) AS n FROM {p}runs WHERE job = ? AND scheduled_at >= ? GROUP BY state"),
-    )
-    .bind(job)
-    .bind(since.timestamp_millis())
-    .fetch_all(&store.pool)
-    .await
-    .map_err(|e| Failure::from(e).into_store(context))?;
-    let count = |row: &MySqlRow| -> Result<(RunState, u64), Failure> {
-        let n: i64 = get(row, "n")?;
-        let n = u64::try_from(n).map_err(|_| invalid(format!("count of runs {n} is negative")))?;
-        Ok((parse_name(row, "state")?, n))
-    };
-    let mut counts = RunCounts::default();
-    for row in &rows {
-        let (state, n) = count(row).map_err(|f| f.into_store(context))?;
-        counts.add(state, n);
-    }
-    Ok(counts)
-}
-
 /// The server's clock.
 pub(crate) async fn now(store: &MySqlStore) -> Result<DateTime<Utc>, StoreError> {
     let context = "cannot read the server clock";
@@ -416,19 +488,6 @@ pub(crate) async fn now(store: &MySqlStore) -> Result<DateTime<Utc>, StoreError>
         .await
         .map_err(|e| Failure::from(e).into_store(context))?;
     instant(ms).map_err(|f| f.into_store(context))
-}
-
-/// Ends every running run of `job` as `abandoned`, and records the action; their
-/// identities.
-pub(crate) async fn unlock(store: &MySqlStore, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-    let context = "cannot unlock";
-    let ended = ActionRecord::unlock_reason(by, reason);
-    check(job, by, Some(&ended)).map_err(|f| f.into_store(context))?;
-    let runs = retrying(context, || unlock_once(store, job, by, reason)).await?;
-    if !runs.is_empty() {
-        tracing::info!(job, count = runs.len(), reason, "running runs unlocked");
-    }
-    Ok(runs)
 }
 
 /// One transaction: the job's fence lock (no claim of the job can add a running run until
@@ -466,48 +525,6 @@ async fn unlock_once(store: &MySqlStore, job: &str, by: &str, reason: &str) -> R
     append(store, &mut tx, Action { job, kind: ActionKind::Unlock, by, reason, detail: &detail }).await?;
     tx.commit().await?;
     Ok(runs)
-}
-
-/// Deletes at most `batch` ended records (never a `running` run or a `waiting` retry)
-/// older than the cutoff, oldest first, and the run requests as old, both of jobs in
-/// `namespaces` only; and, whatever the namespaces, at most [`PRUNE_BATCH_MAX`] actions as
-/// old, and the nodes silent for longer than the smaller of `older_than` and
-/// [`NODE_FORGET_AFTER`]; one transaction.
-pub(crate) async fn prune(
-    store: &MySqlStore,
-    older_than: Duration,
-    batch: usize,
-    namespaces: &Namespaces,
-) -> Result<u64, StoreError> {
-    let forget_after = millis(older_than.min(NODE_FORGET_AFTER)).map_err(|f| f.into_store("cannot prune"))?;
-    let older_than = millis(older_than).map_err(|f| f.into_store("cannot prune"))?;
-    let batch = batch.min(PRUNE_BATCH_MAX) as i64;
-    let list = solocron_sql::namespace_list(namespaces);
-    let runs_sql = store.sql(&format!(
-        "DELETE FROM {{p}}runs WHERE state NOT IN ('running', 'waiting') AND scheduled_at < NOW_MS - ?
-           AND {} ORDER BY scheduled_at, attempt LIMIT ?",
-        in_namespaces("job")
-    ));
-    let requests_sql =
-        store.sql(&format!("DELETE FROM {{p}}requests WHERE requested_at < NOW_MS - ? AND {}", in_namespaces("job")));
-    retrying("cannot prune", || async {
-        let mut tx = store.pool.begin().await?;
-        let deleted =
-            sqlx::query(&runs_sql).bind(older_than).bind(&list).bind(batch).execute(&mut *tx).await?.rows_affected();
-        sqlx::query(&requests_sql).bind(older_than).bind(&list).execute(&mut *tx).await?;
-        sqlx::query(&store.sql("DELETE FROM {p}actions WHERE done_at < NOW_MS - ? ORDER BY done_at LIMIT ?"))
-            .bind(older_than)
-            .bind(PRUNE_BATCH_MAX as i64)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(&store.sql("DELETE FROM {p}nodes WHERE last_seen < NOW_MS - ?"))
-            .bind(forget_after)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(deleted)
-    })
-    .await
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@
 //! of runs granted again checks for. The primary key stays the final arbiter: the `INSERT`
 //! fails on a record that exists, and the transaction is rolled back and retried.
 
+use async_trait::async_trait;
+use solocron_core::{ClaimStore, Tick};
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
@@ -44,16 +46,24 @@ fn too_early(request: &ClaimRequest, now: i64) -> bool {
     early_max_ms(request).is_some_and(|max| request.tick.scheduled_at.timestamp_millis() > now.saturating_add(max))
 }
 
-/// Claims `requests` in one transaction, retried on lock conflicts.
-pub(crate) async fn claim(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-    if requests.is_empty() {
-        return Ok(Vec::new());
+#[async_trait]
+impl ClaimStore for MySqlStore {
+    /// Claims `requests` in one transaction, retried on lock conflicts.
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let store = self;
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        check(requests).map_err(|f| f.into_store("cannot claim"))?;
+        if let [one] = requests {
+            return retrying("cannot claim", || async { Ok(vec![claim_one(store, one).await?]) }).await;
+        }
+        retrying("cannot claim", || claim_once(store, requests)).await
     }
-    check(requests).map_err(|f| f.into_store("cannot claim"))?;
-    if let [one] = requests {
-        return retrying("cannot claim", || async { Ok(vec![claim_one(store, one).await?]) }).await;
+
+    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
+        crate::admin::taken_ticks(self, ticks).await.map(Some)
     }
-    retrying("cannot claim", || claim_once(store, requests)).await
 }
 
 /// Refuses what a non-strict server would silently truncate, and oversized batches (whose

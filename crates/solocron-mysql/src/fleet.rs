@@ -3,7 +3,9 @@
 //! is one upsert; an action is appended by [`append`] inside the transaction of the step it
 //! records (`admin.rs`: pause, resume, trigger, unlock), so no action is done unrecorded.
 
+use async_trait::async_trait;
 use solocron_core::{ActionKind, ActionQuery, ActionRecord, NodeBeat, NodeRecord, StoreError, NODES_MAX};
+use solocron_core::{AuditStore, FleetStore};
 use sqlx::mysql::MySqlRow;
 use sqlx::MySqlConnection;
 
@@ -14,83 +16,93 @@ use crate::MySqlStore;
 /// The columns an [`ActionRecord`] is read from (see [`action`]).
 const ACTION_COLUMNS: &str = "job, kind, done_by, reason, done_at, detail";
 
-/// Records a node's heartbeat: one upsert. `started_at` is kept while the node has not
-/// said goodbye since, and restarts at the first beat after one. MySQL applies the
-/// update's assignments left to right, each seeing the ones before: `started_at` reads
-/// `left_at` before it is cleared. `NOW(6)` is the statement's one instant, so a first
-/// beat's `started_at` equals its `last_seen`.
-pub(crate) async fn heartbeat(store: &MySqlStore, beat: &NodeBeat) -> Result<(), StoreError> {
-    let context = "cannot record a heartbeat";
-    check_name("node", &beat.node)
-        .and_then(|()| check_text("version", &beat.version))
-        .map_err(|f| f.into_store(context))?;
-    let sql = store.sql(
-        "INSERT INTO {p}nodes (node, version, jobs, running, started_at, last_seen, left_at)
-         VALUES (?, ?, ?, ?, NOW_MS, NOW_MS, NULL)
-         ON DUPLICATE KEY UPDATE started_at = IF(left_at IS NULL, started_at, NOW_MS),
-             version = ?, jobs = ?, running = ?, last_seen = NOW_MS, left_at = NULL",
-    );
-    let (jobs, running) = (i64::from(beat.jobs), i64::from(beat.running));
-    retrying(context, || async {
-        sqlx::query(&sql)
-            .bind(&beat.node)
-            .bind(&beat.version)
-            .bind(jobs)
-            .bind(running)
-            .bind(&beat.version)
-            .bind(jobs)
-            .bind(running)
-            .execute(&store.pool)
-            .await?;
-        Ok(())
-    })
-    .await
+#[async_trait]
+impl FleetStore for MySqlStore {
+    /// Records a node's heartbeat: one upsert. `started_at` is kept while the node has not
+    /// said goodbye since, and restarts at the first beat after one. MySQL applies the
+    /// update's assignments left to right, each seeing the ones before: `started_at` reads
+    /// `left_at` before it is cleared. `NOW(6)` is the statement's one instant, so a first
+    /// beat's `started_at` equals its `last_seen`.
+    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {
+        let store = self;
+        let context = "cannot record a heartbeat";
+        check_name("node", &beat.node)
+            .and_then(|()| check_text("version", &beat.version))
+            .map_err(|f| f.into_store(context))?;
+        let sql = store.sql(
+            "INSERT INTO {p}nodes (node, version, jobs, running, started_at, last_seen, left_at)
+             VALUES (?, ?, ?, ?, NOW_MS, NOW_MS, NULL)
+             ON DUPLICATE KEY UPDATE started_at = IF(left_at IS NULL, started_at, NOW_MS),
+                 version = ?, jobs = ?, running = ?, last_seen = NOW_MS, left_at = NULL",
+        );
+        let (jobs, running) = (i64::from(beat.jobs), i64::from(beat.running));
+        retrying(context, || async {
+            sqlx::query(&sql)
+                .bind(&beat.node)
+                .bind(&beat.version)
+                .bind(jobs)
+                .bind(running)
+                .bind(&beat.version)
+                .bind(jobs)
+                .bind(running)
+                .execute(&store.pool)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Marks a node gone: one `UPDATE`.
+    async fn goodbye(&self, node: &str) -> Result<(), StoreError> {
+        let store = self;
+        let context = "cannot record a goodbye";
+        check_name("node", node).map_err(|f| f.into_store(context))?;
+        let sql = store.sql("UPDATE {p}nodes SET left_at = NOW_MS WHERE node = ?");
+        retrying(context, || async {
+            sqlx::query(&sql).bind(node).execute(&store.pool).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Every node, by id, at most [`NODES_MAX`].
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        let store = self;
+        let context = "cannot list nodes";
+        let rows = sqlx::query(&store.sql(
+            "SELECT node, version, jobs, running, started_at, last_seen, left_at FROM {p}nodes ORDER BY node LIMIT ?",
+        ))
+        .bind(NODES_MAX as i64)
+        .fetch_all(&store.pool)
+        .await
+        .map_err(|e| Failure::from(e).into_store(context))?;
+        rows.iter().map(|row| node(row).map_err(|f| f.into_store(context))).collect()
+    }
 }
 
-/// Marks a node gone: one `UPDATE`.
-pub(crate) async fn goodbye(store: &MySqlStore, node: &str) -> Result<(), StoreError> {
-    let context = "cannot record a goodbye";
-    check_name("node", node).map_err(|f| f.into_store(context))?;
-    let sql = store.sql("UPDATE {p}nodes SET left_at = NOW_MS WHERE node = ?");
-    retrying(context, || async {
-        sqlx::query(&sql).bind(node).execute(&store.pool).await?;
-        Ok(())
-    })
-    .await
-}
-
-/// Every node, by id, at most [`NODES_MAX`].
-pub(crate) async fn nodes(store: &MySqlStore) -> Result<Vec<NodeRecord>, StoreError> {
-    let context = "cannot list nodes";
-    let rows = sqlx::query(&store.sql(
-        "SELECT node, version, jobs, running, started_at, last_seen, left_at FROM {p}nodes ORDER BY node LIMIT ?",
-    ))
-    .bind(NODES_MAX as i64)
-    .fetch_all(&store.pool)
-    .await
-    .map_err(|e| Failure::from(e).into_store(context))?;
-    rows.iter().map(|row| node(row).map_err(|f| f.into_store(context))).collect()
-}
-
-/// Operators' actions, newest first (ties in the order appended), of one job or all.
-pub(crate) async fn actions(store: &MySqlStore, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
-    let context = "cannot list actions";
-    let limit = query.effective_limit() as i64;
-    let rows = match &query.job {
-        Some(job) => {
-            let sql = store.sql(&format!(
-                "SELECT {ACTION_COLUMNS} FROM {{p}}actions WHERE job = ? ORDER BY done_at DESC, id DESC LIMIT ?"
-            ));
-            sqlx::query(&sql).bind(job).bind(limit).fetch_all(&store.pool).await
-        }
-        None => {
-            let sql =
-                store.sql(&format!("SELECT {ACTION_COLUMNS} FROM {{p}}actions ORDER BY done_at DESC, id DESC LIMIT ?"));
-            sqlx::query(&sql).bind(limit).fetch_all(&store.pool).await
-        }
-    };
-    let rows = rows.map_err(|e| Failure::from(e).into_store(context))?;
-    rows.iter().map(|row| action(row).map_err(|f| f.into_store(context))).collect()
+#[async_trait]
+impl AuditStore for MySqlStore {
+    /// Operators' actions, newest first (ties in the order appended), of one job or all.
+    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
+        let store = self;
+        let context = "cannot list actions";
+        let limit = query.effective_limit() as i64;
+        let rows = match &query.job {
+            Some(job) => {
+                let sql = store.sql(&format!(
+                    "SELECT {ACTION_COLUMNS} FROM {{p}}actions WHERE job = ? ORDER BY done_at DESC, id DESC LIMIT ?"
+                ));
+                sqlx::query(&sql).bind(job).bind(limit).fetch_all(&store.pool).await
+            }
+            None => {
+                let sql = store
+                    .sql(&format!("SELECT {ACTION_COLUMNS} FROM {{p}}actions ORDER BY done_at DESC, id DESC LIMIT ?"));
+                sqlx::query(&sql).bind(limit).fetch_all(&store.pool).await
+            }
+        };
+        let rows = rows.map_err(|e| Failure::from(e).into_store(context))?;
+        rows.iter().map(|row| action(row).map_err(|f| f.into_store(context))).collect()
+    }
 }
 
 /// What an operator did, as [`append`] records it.

@@ -77,8 +77,8 @@
 //!
 //! ## Failure retries
 //!
-//! [`Store::finish_for_retry`] is one transaction in **one round trip**, a multi-statement
-//! text query like a claim's: `START TRANSACTION`, the `UPDATE` of [`Store::finish`] (the
+//! [`RunStore::finish_for_retry`] is one transaction in **one round trip**, a multi-statement
+//! text query like a claim's: `START TRANSACTION`, the `UPDATE` of [`RunStore::finish`] (the
 //! run `running` with the lease's node and token), `SET @solocron_finished = ROW_COUNT()`,
 //! an `INSERT ... SELECT ... FROM DUAL WHERE @solocron_finished = 1` of the tick's next
 //! attempt as `waiting` (trigger `retry`, the same node, no token, `claimed_at` the server's
@@ -87,15 +87,15 @@
 //! before its `COMMIT`, and the end is rolled back with it. The waiting row is neither
 //! `running` nor attempt 1, so it needs no fence lock: claims never read it.
 //!
-//! [`Store::expired`] reads the expired `running` runs and the due `waiting` retries
+//! [`RunStore::expired`] reads the expired `running` runs and the due `waiting` retries
 //! (`lease_until` < now for both) as two ordered `LIMIT` ranges of the key
 //! `{p}runs_expiry (state, lease_until)`, merged by a `UNION ALL` sorted by `lease_until`.
-//! [`Store::recover`] by `Retry` of a due waiting retry takes the job's fence lock, then the
+//! [`RunStore::recover`] by `Retry` of a due waiting retry takes the job's fence lock, then the
 //! row (`FOR UPDATE`), and turns that same row `running` for the node with the job's next
 //! token, a fresh lease and no nonce, then advances the counter and reads the lease's
 //! instants back; by `Abandon`, one `UPDATE` ends it `abandoned` (as for an expired running
 //! run). Either acts only while the row is `waiting` and due, so one recoverer wins and the
-//! others find nothing to do. [`Store::prune`] never deletes a `waiting` row, and states are
+//! others find nothing to do. [`HistoryStore::prune`] never deletes a `waiting` row, and states are
 //! plain `VARCHAR(16)` (no `ENUM` or `CHECK`), so no schema change was needed.
 //!
 //! ## MySQL 8 and MariaDB: what differs, and what this crate does about it
@@ -136,10 +136,10 @@
 //!   `backup`). `utf8mb4_bin` pads with spaces on both servers (`'a' = 'a '`), hence the
 //!   refusal of trailing spaces. Key columns are `VARCHAR(191)`: 764 bytes, within the
 //!   767-byte index limit of old row formats and the 3072-byte limit of `DYNAMIC`.
-//! - **DDL auto-commits**, so [`Store::migrate`] serializes on `GET_LOCK('{p}migrate', 30)`
+//! - **DDL auto-commits**, so [`SchemaStore::migrate`] serializes on `GET_LOCK('{p}migrate', 30)`
 //!   (named after the prefix only: namesakes in other databases of the same server merely
 //!   take turns) and creates each table with its indexes in one `CREATE TABLE IF NOT
-//!   EXISTS`, writing the version row last. [`Store::uninstall`] takes the same lock.
+//!   EXISTS`, writing the version row last. [`SchemaStore::uninstall`] takes the same lock.
 //! - **`ON DUPLICATE KEY UPDATE col = VALUES(col)`** is deprecated in MySQL 8.0.20 and the
 //!   replacement (`AS new`) does not exist in MariaDB; upserts here use `INSERT ... SELECT
 //!   ... FROM (derived table) v ON DUPLICATE KEY UPDATE col = v.col` or bind values twice.
@@ -181,8 +181,8 @@
 //! revision counter, whose row lock orders their writers) and `{p}schema` (the version);
 //! the stored procedure `{p}claim_one_v7` (and version 2's `{p}claim_one` and version 5's
 //! `{p}claim_one_v5`, left in place by an upgrade for the nodes still calling them); the
-//! named lock `{p}migrate`. [`Store::migrate`] creates
-//! them; [`Store::uninstall`] drops them.
+//! named lock `{p}migrate`. [`SchemaStore::migrate`] creates
+//! them; [`SchemaStore::uninstall`] drops them.
 //!
 //! ## Code map
 //!
@@ -248,17 +248,13 @@ mod schema;
 mod text;
 mod url;
 
+use solocron_core::StoreBase;
 use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use solocron_core::{
-    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
-    JobRevision, JobWrite, Lease, ManagedJob, Namespaces, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, RegistryCursor, RegistryPage, Renewal, RunCounts, RunEnd, RunId, RunRecord, RunRequest, SchemaState,
-    Store, StoreError, Tick,
-};
+use solocron_core::{Prefix, StoreError};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection, Executor};
 
@@ -297,7 +293,7 @@ const SESSION_SETUP: &str = "SET SESSION sql_mode = CONCAT(@@sql_mode, ',STRICT_
 ///
 /// # Panics
 ///
-/// [`Store::finish`] panics if given a `RunEnd` whose state is `running`: that is a bug in
+/// [`RunStore::finish`] panics if given a `RunEnd` whose state is `running`: that is a bug in
 /// the caller, not a condition of the store.
 #[derive(Clone)]
 pub struct MySqlStore {
@@ -319,7 +315,7 @@ impl MySqlStore {
     /// Connects to `url` (`mysql://user[:password]@host:port/database`, or `mariadb://`; the
     /// query parameters of sqlx such as `ssl-mode` apply) with everything named from
     /// `prefix` (tables `{prefix}_runs`, ...). Opens one connection to check the server
-    /// answers; does not create the schema: call [`Store::migrate`].
+    /// answers; does not create the schema: call [`SchemaStore::migrate`].
     ///
     /// Fails with [`StoreError::Invalid`] for a bad URL (and for a server that refuses the
     /// login), and with [`StoreError::Unavailable`] if the server cannot be reached within
@@ -405,153 +401,13 @@ async fn setup_session(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
 }
 
 #[async_trait]
-impl Store for MySqlStore {
+impl StoreBase for MySqlStore {
     fn describe(&self) -> String {
         self.description.clone()
     }
 
-    async fn migrate(&self) -> Result<(), StoreError> {
-        schema::migrate(self).await
-    }
-
-    async fn schema(&self) -> Result<SchemaState, StoreError> {
-        schema::schema(self).await
-    }
-
-    async fn uninstall(&self) -> Result<(), StoreError> {
-        schema::uninstall(self).await
-    }
-
-    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-        claim::claim(self, requests).await
-    }
-
-    async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-        runs::renew(self, lease, length).await
-    }
-
-    async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-        runs::finish(self, lease, end).await
-    }
-
-    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-        runs::finish_all(self, endings).await
-    }
-
-    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-        runs::renew_all(self, renewals).await
-    }
-
-    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
-        runs::finish_for_retry(self, lease, end, after).await
-    }
-
-    async fn expired(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRecord>, StoreError> {
-        runs::expired(self, limit, namespaces).await
-    }
-
-    async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
-        runs::recover(self, run, action).await
-    }
-
-    async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
-        admin::history(self, query).await
-    }
-
-    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
-        admin::taken_ticks(self, ticks).await.map(Some)
-    }
-
-    async fn count_runs(&self, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
-        admin::count_runs(self, job, since).await
-    }
-
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         admin::now(self).await
-    }
-
-    async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
-        admin::register(self, node, jobs).await
-    }
-
-    async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
-        admin::registrations(self).await
-    }
-
-    async fn registrations_page(
-        &self,
-        after: Option<&RegistryCursor>,
-        limit: usize,
-    ) -> Result<RegistryPage, StoreError> {
-        admin::registrations_page(self, after, limit).await
-    }
-
-    async fn registrations_of(&self, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {
-        admin::registrations_of(self, jobs).await
-    }
-
-    async fn registered_jobs(&self) -> Result<Vec<String>, StoreError> {
-        admin::registered_jobs(self).await
-    }
-
-    async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
-        admin::set_paused(self, job, paused, by, reason).await
-    }
-
-    async fn controls(&self) -> Result<Vec<JobControl>, StoreError> {
-        admin::controls(self).await
-    }
-
-    async fn request_run(&self, job: &str, by: &str, reason: Option<&str>) -> Result<Tick, StoreError> {
-        admin::request_run(self, job, by, reason).await
-    }
-
-    async fn pending_requests(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRequest>, StoreError> {
-        admin::pending_requests(self, limit, namespaces).await
-    }
-
-    async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-        admin::unlock(self, job, by, reason).await
-    }
-
-    async fn prune(&self, older_than: Duration, batch: usize, namespaces: &Namespaces) -> Result<u64, StoreError> {
-        admin::prune(self, older_than, batch, namespaces).await
-    }
-
-    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {
-        fleet::heartbeat(self, beat).await
-    }
-
-    async fn goodbye(&self, node: &str) -> Result<(), StoreError> {
-        fleet::goodbye(self, node).await
-    }
-
-    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
-        fleet::nodes(self).await
-    }
-
-    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
-        fleet::actions(self, query).await
-    }
-
-    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
-        managed::put_job(self, job, spec, by, expect).await
-    }
-
-    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
-        managed::delete_job(self, job, by, expect).await
-    }
-
-    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
-        managed::managed_jobs(self).await
-    }
-
-    async fn managed_version(&self) -> Result<u64, StoreError> {
-        managed::managed_version(self).await
-    }
-
-    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
-        managed::job_revisions(self, job, limit).await
     }
 }
 

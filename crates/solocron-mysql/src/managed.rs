@@ -5,8 +5,10 @@
 //! committed (its reads come after the lock: at READ COMMITTED each sees the latest
 //! commits, at REPEATABLE READ the snapshot is taken at the first of them), and the
 //! counter's value is the newest committed revision, so revisions follow commit order.
-//! This store has no request watch: nodes poll [`solocron_core::Store::managed_version`].
+//! This store has no request watch: nodes poll [`solocron_core::ManagedStore::managed_version`].
 
+use async_trait::async_trait;
+use solocron_core::ManagedStore;
 use solocron_core::{
     check_spec_text, judge_write, JobRevision, JobWrite, ManagedJob, StoreError, MANAGED_JOBS_MAX, REVISIONS_PAGE_MAX,
 };
@@ -30,38 +32,80 @@ const UPSERT: &str = "INSERT INTO {p}managed (job, spec, revision, changed_by, c
 /// The columns a [`JobRevision`] is read from.
 const REVISION_COLUMNS: &str = "job, revision, spec, changed_by, changed_at";
 
-/// Creates or replaces a managed job (see [`solocron_core::Store::put_job`]).
-pub(crate) async fn put_job(
-    store: &MySqlStore,
-    job: &str,
-    spec: &str,
-    by: &str,
-    expect: Option<u64>,
-) -> Result<JobWrite, StoreError> {
-    let context = "cannot write a managed job";
-    check_spec_text(spec).map_err(|e| invalid(e).into_store(context))?;
-    check(job, by).map_err(|f| f.into_store(context))?;
-    let wrote = retrying(context, || write_once(store, job, Some(spec), by, expect)).await?;
-    if let JobWrite::Written(revision) = wrote {
-        tracing::info!(job, by, revision, "managed job written");
+#[async_trait]
+impl ManagedStore for MySqlStore {
+    /// Creates or replaces a managed job (see [`solocron_core::ManagedStore::put_job`]).
+    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        let store = self;
+        let context = "cannot write a managed job";
+        check_spec_text(spec).map_err(|e| invalid(e).into_store(context))?;
+        check(job, by).map_err(|f| f.into_store(context))?;
+        let wrote = retrying(context, || write_once(store, job, Some(spec), by, expect)).await?;
+        if let JobWrite::Written(revision) = wrote {
+            tracing::info!(job, by, revision, "managed job written");
+        }
+        Ok(wrote)
     }
-    Ok(wrote)
-}
 
-/// Deletes a managed job (see [`solocron_core::Store::delete_job`]).
-pub(crate) async fn delete_job(
-    store: &MySqlStore,
-    job: &str,
-    by: &str,
-    expect: Option<u64>,
-) -> Result<JobWrite, StoreError> {
-    let context = "cannot delete a managed job";
-    check(job, by).map_err(|f| f.into_store(context))?;
-    let wrote = retrying(context, || write_once(store, job, None, by, expect)).await?;
-    if let JobWrite::Written(revision) = wrote {
-        tracing::info!(job, by, revision, "managed job deleted");
+    /// Deletes a managed job (see [`solocron_core::ManagedStore::delete_job`]).
+    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        let store = self;
+        let context = "cannot delete a managed job";
+        check(job, by).map_err(|f| f.into_store(context))?;
+        let wrote = retrying(context, || write_once(store, job, None, by, expect)).await?;
+        if let JobWrite::Written(revision) = wrote {
+            tracing::info!(job, by, revision, "managed job deleted");
+        }
+        Ok(wrote)
     }
-    Ok(wrote)
+
+    /// Every managed job, by name.
+    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
+        let store = self;
+        let context = "cannot list managed jobs";
+        let rows = sqlx::query(
+            &store.sql("SELECT job, spec, revision, changed_by, changed_at FROM {p}managed ORDER BY job LIMIT ?"),
+        )
+        .bind(MANAGED_JOBS_MAX as i64)
+        .fetch_all(&store.pool)
+        .await
+        .map_err(|e| Failure::from(e).into_store(context))?;
+        rows.iter().map(|row| managed_job(row).map_err(|f| f.into_store(context))).collect()
+    }
+
+    /// The newest committed revision (0: none).
+    async fn managed_version(&self) -> Result<u64, StoreError> {
+        let store = self;
+        let context = "cannot read the managed jobs' version";
+        let v: Option<i64> = sqlx::query_scalar(&store.sql("SELECT revision FROM {p}managed_version WHERE id = 1"))
+            .fetch_optional(&store.pool)
+            .await
+            .map_err(|e| Failure::from(e).into_store(context))?;
+        v.map_or(Ok(0), stored_revision).map_err(|f| f.into_store(context))
+    }
+
+    /// Revisions newest first (see [`solocron_core::ManagedStore::job_revisions`]): one backward walk
+    /// of the primary key, or of the index by job.
+    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
+        let store = self;
+        let context = "cannot list job revisions";
+        let limit = if limit == 0 { REVISIONS_PAGE_MAX } else { limit.min(REVISIONS_PAGE_MAX) } as i64;
+        let rows = match job {
+            Some(job) => {
+                let sql = store.sql(&format!(
+                    "SELECT {REVISION_COLUMNS} FROM {{p}}job_revisions WHERE job = ? ORDER BY revision DESC LIMIT ?"
+                ));
+                sqlx::query(&sql).bind(job).bind(limit).fetch_all(&store.pool).await
+            }
+            None => {
+                let sql = store
+                    .sql(&format!("SELECT {REVISION_COLUMNS} FROM {{p}}job_revisions ORDER BY revision DESC LIMIT ?"));
+                sqlx::query(&sql).bind(limit).fetch_all(&store.pool).await
+            }
+        };
+        let rows = rows.map_err(|e| Failure::from(e).into_store(context))?;
+        rows.iter().map(|row| revision(row).map_err(|f| f.into_store(context))).collect()
+    }
 }
 
 /// Checks that the job's name fits its key column and the writer's name its column.
@@ -128,55 +172,6 @@ async fn current(store: &MySqlStore, conn: &mut MySqlConnection, job: &str) -> R
 async fn live(store: &MySqlStore, conn: &mut MySqlConnection) -> Result<usize, Failure> {
     let n: i64 = sqlx::query_scalar(&store.sql("SELECT COUNT(*) FROM {p}managed")).fetch_one(conn).await?;
     Ok(n as usize)
-}
-
-/// Every managed job, by name.
-pub(crate) async fn managed_jobs(store: &MySqlStore) -> Result<Vec<ManagedJob>, StoreError> {
-    let context = "cannot list managed jobs";
-    let rows = sqlx::query(
-        &store.sql("SELECT job, spec, revision, changed_by, changed_at FROM {p}managed ORDER BY job LIMIT ?"),
-    )
-    .bind(MANAGED_JOBS_MAX as i64)
-    .fetch_all(&store.pool)
-    .await
-    .map_err(|e| Failure::from(e).into_store(context))?;
-    rows.iter().map(|row| managed_job(row).map_err(|f| f.into_store(context))).collect()
-}
-
-/// The newest committed revision (0: none).
-pub(crate) async fn managed_version(store: &MySqlStore) -> Result<u64, StoreError> {
-    let context = "cannot read the managed jobs' version";
-    let v: Option<i64> = sqlx::query_scalar(&store.sql("SELECT revision FROM {p}managed_version WHERE id = 1"))
-        .fetch_optional(&store.pool)
-        .await
-        .map_err(|e| Failure::from(e).into_store(context))?;
-    v.map_or(Ok(0), stored_revision).map_err(|f| f.into_store(context))
-}
-
-/// Revisions newest first (see [`solocron_core::Store::job_revisions`]): one backward walk
-/// of the primary key, or of the index by job.
-pub(crate) async fn job_revisions(
-    store: &MySqlStore,
-    job: Option<&str>,
-    limit: usize,
-) -> Result<Vec<JobRevision>, StoreError> {
-    let context = "cannot list job revisions";
-    let limit = if limit == 0 { REVISIONS_PAGE_MAX } else { limit.min(REVISIONS_PAGE_MAX) } as i64;
-    let rows = match job {
-        Some(job) => {
-            let sql = store.sql(&format!(
-                "SELECT {REVISION_COLUMNS} FROM {{p}}job_revisions WHERE job = ? ORDER BY revision DESC LIMIT ?"
-            ));
-            sqlx::query(&sql).bind(job).bind(limit).fetch_all(&store.pool).await
-        }
-        None => {
-            let sql =
-                store.sql(&format!("SELECT {REVISION_COLUMNS} FROM {{p}}job_revisions ORDER BY revision DESC LIMIT ?"));
-            sqlx::query(&sql).bind(limit).fetch_all(&store.pool).await
-        }
-    };
-    let rows = rows.map_err(|e| Failure::from(e).into_store(context))?;
-    rows.iter().map(|row| revision(row).map_err(|f| f.into_store(context))).collect()
 }
 
 /// A stored revision, which the counter only ever makes positive.

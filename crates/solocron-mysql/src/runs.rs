@@ -2,6 +2,8 @@
 //! trip), an end that plans a retry (its next attempt `waiting`), and the recovery of runs
 //! whose lease expired and of waiting retries whose not-before passed.
 
+use async_trait::async_trait;
+use solocron_core::RunStore;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
@@ -23,41 +25,166 @@ const RENEW_SQL: &str = "UPDATE {p}runs SET lease_until = NOW_MS + ?
      WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ?
        AND state = 'running' AND lease_until > NOW_MS";
 
-/// Extends a live lease held by its owner; one `UPDATE`.
-pub(crate) async fn renew(store: &MySqlStore, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-    let length = millis(length).map_err(|f| f.into_store("cannot renew"))?;
-    let sql = store.sql(RENEW_SQL);
-    retrying("cannot renew", || async {
-        // Rows *matched* (sqlx sets CLIENT_FOUND_ROWS): a renewal that lands in the same
-        // millisecond as the previous one changes nothing but still holds.
-        let matched = lease_bound(sqlx::query(&sql).bind(length), lease)?.execute(&store.pool).await?.rows_affected();
-        Ok(matched == 1)
-    })
-    .await
-}
-
-/// Extends several leases in one round trip, as [`finish_all`] records ends: one
-/// [`RENEW_SQL`] per renewal in one transaction.
-pub(crate) async fn renew_all(store: &MySqlStore, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-    assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
-    let template = store.sql(RENEW_SQL);
-    let statements = renewals
-        .iter()
-        .map(|r| {
-            let lease = &r.lease;
-            let values = [
-                Literal::Int(millis(r.length)?),
-                Literal::Text(&lease.run.tick.job),
-                Literal::Int(lease.run.tick.scheduled_at.timestamp_millis()),
-                Literal::Int(i64::from(lease.run.attempt)),
-                Literal::Text(&lease.owner),
-                Literal::Int(token_param(lease.fencing_token)?),
-            ];
-            Ok(inline(&template, &values))
+#[async_trait]
+impl RunStore for MySqlStore {
+    /// Extends a live lease held by its owner; one `UPDATE`.
+    async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
+        let store = self;
+        let length = millis(length).map_err(|f| f.into_store("cannot renew"))?;
+        let sql = store.sql(RENEW_SQL);
+        retrying("cannot renew", || async {
+            // Rows *matched* (sqlx sets CLIENT_FOUND_ROWS): a renewal that lands in the same
+            // millisecond as the previous one changes nothing but still holds.
+            let matched =
+                lease_bound(sqlx::query(&sql).bind(length), lease)?.execute(&store.pool).await?.rows_affected();
+            Ok(matched == 1)
         })
-        .collect::<Result<Vec<String>, Failure>>()
-        .map_err(|f| f.into_store("cannot renew"))?;
-    in_one_transaction(store, &statements, "cannot renew").await
+        .await
+    }
+
+    /// Extends several leases in one round trip, as [`finish_all`] records ends: one
+    /// [`RENEW_SQL`] per renewal in one transaction.
+    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+        let store = self;
+        assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+        let template = store.sql(RENEW_SQL);
+        let statements = renewals
+            .iter()
+            .map(|r| {
+                let lease = &r.lease;
+                let values = [
+                    Literal::Int(millis(r.length)?),
+                    Literal::Text(&lease.run.tick.job),
+                    Literal::Int(lease.run.tick.scheduled_at.timestamp_millis()),
+                    Literal::Int(i64::from(lease.run.attempt)),
+                    Literal::Text(&lease.owner),
+                    Literal::Int(token_param(lease.fencing_token)?),
+                ];
+                Ok(inline(&template, &values))
+            })
+            .collect::<Result<Vec<String>, Failure>>()
+            .map_err(|f| f.into_store("cannot renew"))?;
+        in_one_transaction(store, &statements, "cannot renew").await
+    }
+
+    /// Records a held run's end; one `UPDATE`.
+    async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
+        let store = self;
+        assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
+        let started_after = end.started_after.map(millis).transpose().map_err(|f| f.into_store("cannot finish"))?;
+        let sql = store.sql(FINISH_SQL);
+        retrying("cannot finish", || async {
+            let query = solocron_sql::bind_end(sqlx::query(&sql), end, started_after);
+            let matched = lease_bound(query, lease)?.execute(&store.pool).await?.rows_affected();
+            Ok(matched == 1)
+        })
+        .await
+    }
+
+    /// Records several held runs' ends in one round trip: `START TRANSACTION`, one `UPDATE` per
+    /// end (as [`finish`]'s, values written in as literals) and `COMMIT`, as one multi-statement
+    /// text query whose per-statement counts say which runs ended. A failing statement stops
+    /// the rest, and the transaction is rolled back: nothing of a failed batch commits.
+    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+        let store = self;
+        assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
+        let template = store.sql(FINISH_SQL);
+        let statements = endings
+            .iter()
+            .map(|e| finish_literal(&template, &e.lease, &e.end))
+            .collect::<Result<Vec<String>, Failure>>()
+            .map_err(|f| f.into_store("cannot finish"))?;
+        in_one_transaction(store, &statements, "cannot finish").await
+    }
+
+    /// Records a held run's end as [`finish`] does and, only if that matched, inserts the
+    /// tick's next attempt as `waiting` until the server's now + `after`: one transaction in
+    /// one round trip (`START TRANSACTION`, [`FINISH_SQL`], [`WAIT_SQL`], `COMMIT`, values
+    /// written in as literals). A failing statement stops the rest, and the transaction is
+    /// rolled back.
+    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
+        let store = self;
+        let context = "cannot finish for a retry";
+        assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
+        let statements = retry_statements(store, lease, end, after).map_err(|f| f.into_store(context))?;
+        let sql = format!("START TRANSACTION; {statements}; COMMIT");
+        retrying(context, || async {
+            let results = run_transaction(store, &sql).await?;
+            // START TRANSACTION, the finish, the SET, the insert, COMMIT. The counts cannot
+            // disagree (the insert is conditioned on the finish's); if they ever did, say so.
+            let [_, finished, _, inserted, _] = results.as_slice() else {
+                return Err(invalid(format!("{} results for the 3 statements of a finish for a retry", results.len())));
+            };
+            let (finished, inserted) = (finished.rows_affected(), inserted.rows_affected());
+            if finished > 1 || inserted != finished {
+                return Err(invalid(format!("a finish for a retry matched {finished} run(s) and inserted {inserted}")));
+            }
+            Ok(finished == 1)
+        })
+        .await
+    }
+
+    /// Running runs whose lease expired and waiting retries whose not-before passed (both by
+    /// `lease_until`, server clock), oldest first, of jobs in `namespaces` only: one ordered
+    /// `LIMIT` read per state, each a range of the key `{p}runs_expiry (state, lease_until)`
+    /// read in order, merged by a sort of at most twice `limit` rows. (One `state IN (...)`
+    /// range would come out ordered by state first, and be sorted whole.) The namespace filter
+    /// is inside each read, so other namespaces' runs take no place in it. `NOW_MS` is the
+    /// statement's one instant.
+    async fn expired(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRecord>, StoreError> {
+        let store = self;
+        let in_namespaces = in_namespaces("job");
+        let due = |state: &str| {
+            format!(
+                "(SELECT {COLUMNS} FROM {{p}}runs WHERE state = '{state}' AND lease_until < NOW_MS AND {in_namespaces}
+                  ORDER BY lease_until LIMIT ?)"
+            )
+        };
+        let sql = store.sql(&format!(
+            "{} UNION ALL {} ORDER BY lease_until, job, scheduled_at, attempt LIMIT ?",
+            due("running"),
+            due("waiting")
+        ));
+        let limit = limit.min(RECORDS_PAGE_MAX) as i64;
+        let list = solocron_sql::namespace_list(namespaces);
+        let rows = sqlx::query(&sql)
+            .bind(&list)
+            .bind(limit)
+            .bind(&list)
+            .bind(limit)
+            .bind(limit)
+            .fetch_all(&store.pool)
+            .await
+            .map_err(|e| Failure::from(e).into_store("cannot list expired runs"))?;
+        // A row this version cannot read (written by a newer one, say) must not stop the
+        // recovery of every other run.
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                record(row)
+                    .map_err(|f| tracing::error!(error = %f.into_store("unreadable run"), "skipping an expired run"))
+                    .ok()
+            })
+            .collect())
+    }
+
+    /// Ends an expired run or a due waiting retry, or starts the attempt that follows it (or
+    /// that it is); only one caller can succeed.
+    async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
+        let store = self;
+        let outcome = match action {
+            RecoverAction::Abandon { reason } => retrying("cannot recover", || abandon(store, run, reason)).await?,
+            RecoverAction::Retry { node, lease } => {
+                check_name("node", node).map_err(|f| f.into_store("cannot recover"))?;
+                millis(*lease).map_err(|f| f.into_store("cannot recover"))?;
+                retrying("cannot recover", || retry(store, run, node, *lease)).await?
+            }
+        };
+        if outcome != RecoverOutcome::NotNeeded {
+            tracing::debug!(%run, ?outcome, "expired run recovered");
+        }
+        Ok(outcome)
+    }
 }
 
 /// [`solocron_sql::bind_lease`] with this crate's error.
@@ -74,34 +201,6 @@ fn lease_bound<'q>(
 const FINISH_SQL: &str = "UPDATE {p}runs SET state = ?, reason = ?, exit_code = ?, output = ?, finished_at = NOW_MS,
          lease_until = NULL, started_at = claimed_at + ?
      WHERE job = ? AND scheduled_at = ? AND attempt = ? AND node = ? AND token = ? AND state = 'running'";
-
-/// Records a held run's end; one `UPDATE`.
-pub(crate) async fn finish(store: &MySqlStore, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-    assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
-    let started_after = end.started_after.map(millis).transpose().map_err(|f| f.into_store("cannot finish"))?;
-    let sql = store.sql(FINISH_SQL);
-    retrying("cannot finish", || async {
-        let query = solocron_sql::bind_end(sqlx::query(&sql), end, started_after);
-        let matched = lease_bound(query, lease)?.execute(&store.pool).await?.rows_affected();
-        Ok(matched == 1)
-    })
-    .await
-}
-
-/// Records several held runs' ends in one round trip: `START TRANSACTION`, one `UPDATE` per
-/// end (as [`finish`]'s, values written in as literals) and `COMMIT`, as one multi-statement
-/// text query whose per-statement counts say which runs ended. A failing statement stops
-/// the rest, and the transaction is rolled back: nothing of a failed batch commits.
-pub(crate) async fn finish_all(store: &MySqlStore, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-    assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
-    let template = store.sql(FINISH_SQL);
-    let statements = endings
-        .iter()
-        .map(|e| finish_literal(&template, &e.lease, &e.end))
-        .collect::<Result<Vec<String>, Failure>>()
-        .map_err(|f| f.into_store("cannot finish"))?;
-    in_one_transaction(store, &statements, "cannot finish").await
-}
 
 /// Runs `statements` (each an `UPDATE` of at most one row) in one round trip:
 /// `START TRANSACTION`, the statements and `COMMIT` as one multi-statement text query,
@@ -160,37 +259,6 @@ const WAIT_SQL: &str = "SET @solocron_finished = ROW_COUNT();
      SELECT ?, ?, ?, 'retry', ?, NULL, 'waiting', NULL, NOW_MS, NULL, NULL, NOW_MS + ?, NULL, '', NULL
      FROM DUAL WHERE @solocron_finished = 1";
 
-/// Records a held run's end as [`finish`] does and, only if that matched, inserts the
-/// tick's next attempt as `waiting` until the server's now + `after`: one transaction in
-/// one round trip (`START TRANSACTION`, [`FINISH_SQL`], [`WAIT_SQL`], `COMMIT`, values
-/// written in as literals). A failing statement stops the rest, and the transaction is
-/// rolled back.
-pub(crate) async fn finish_for_retry(
-    store: &MySqlStore,
-    lease: &Lease,
-    end: &RunEnd,
-    after: Duration,
-) -> Result<bool, StoreError> {
-    let context = "cannot finish for a retry";
-    assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
-    let statements = retry_statements(store, lease, end, after).map_err(|f| f.into_store(context))?;
-    let sql = format!("START TRANSACTION; {statements}; COMMIT");
-    retrying(context, || async {
-        let results = run_transaction(store, &sql).await?;
-        // START TRANSACTION, the finish, the SET, the insert, COMMIT. The counts cannot
-        // disagree (the insert is conditioned on the finish's); if they ever did, say so.
-        let [_, finished, _, inserted, _] = results.as_slice() else {
-            return Err(invalid(format!("{} results for the 3 statements of a finish for a retry", results.len())));
-        };
-        let (finished, inserted) = (finished.rows_affected(), inserted.rows_affected());
-        if finished > 1 || inserted != finished {
-            return Err(invalid(format!("a finish for a retry matched {finished} run(s) and inserted {inserted}")));
-        }
-        Ok(finished == 1)
-    })
-    .await
-}
-
 /// The finish and the insert of [`finish_for_retry`], values written in.
 fn retry_statements(store: &MySqlStore, lease: &Lease, end: &RunEnd, after: Duration) -> Result<String, Failure> {
     let run = &lease.run;
@@ -223,74 +291,6 @@ fn finish_literal(template: &str, lease: &Lease, end: &RunEnd) -> Result<String,
         Literal::Int(token_param(lease.fencing_token)?),
     ];
     Ok(inline(template, &values))
-}
-
-/// Running runs whose lease expired and waiting retries whose not-before passed (both by
-/// `lease_until`, server clock), oldest first, of jobs in `namespaces` only: one ordered
-/// `LIMIT` read per state, each a range of the key `{p}runs_expiry (state, lease_until)`
-/// read in order, merged by a sort of at most twice `limit` rows. (One `state IN (...)`
-/// range would come out ordered by state first, and be sorted whole.) The namespace filter
-/// is inside each read, so other namespaces' runs take no place in it. `NOW_MS` is the
-/// statement's one instant.
-pub(crate) async fn expired(
-    store: &MySqlStore,
-    limit: usize,
-    namespaces: &Namespaces,
-) -> Result<Vec<RunRecord>, StoreError> {
-    let in_namespaces = in_namespaces("job");
-    let due = |state: &str| {
-        format!(
-            "(SELECT {COLUMNS} FROM {{p}}runs WHERE state = '{state}' AND lease_until < NOW_MS AND {in_namespaces}
-              ORDER BY lease_until LIMIT ?)"
-        )
-    };
-    let sql = store.sql(&format!(
-        "{} UNION ALL {} ORDER BY lease_until, job, scheduled_at, attempt LIMIT ?",
-        due("running"),
-        due("waiting")
-    ));
-    let limit = limit.min(RECORDS_PAGE_MAX) as i64;
-    let list = solocron_sql::namespace_list(namespaces);
-    let rows = sqlx::query(&sql)
-        .bind(&list)
-        .bind(limit)
-        .bind(&list)
-        .bind(limit)
-        .bind(limit)
-        .fetch_all(&store.pool)
-        .await
-        .map_err(|e| Failure::from(e).into_store("cannot list expired runs"))?;
-    // A row this version cannot read (written by a newer one, say) must not stop the
-    // recovery of every other run.
-    Ok(rows
-        .iter()
-        .filter_map(|row| {
-            record(row)
-                .map_err(|f| tracing::error!(error = %f.into_store("unreadable run"), "skipping an expired run"))
-                .ok()
-        })
-        .collect())
-}
-
-/// Ends an expired run or a due waiting retry, or starts the attempt that follows it (or
-/// that it is); only one caller can succeed.
-pub(crate) async fn recover(
-    store: &MySqlStore,
-    run: &RunId,
-    action: &RecoverAction,
-) -> Result<RecoverOutcome, StoreError> {
-    let outcome = match action {
-        RecoverAction::Abandon { reason } => retrying("cannot recover", || abandon(store, run, reason)).await?,
-        RecoverAction::Retry { node, lease } => {
-            check_name("node", node).map_err(|f| f.into_store("cannot recover"))?;
-            millis(*lease).map_err(|f| f.into_store("cannot recover"))?;
-            retrying("cannot recover", || retry(store, run, node, *lease)).await?
-        }
-    };
-    if outcome != RecoverOutcome::NotNeeded {
-        tracing::debug!(%run, ?outcome, "expired run recovered");
-    }
-    Ok(outcome)
 }
 
 /// One `UPDATE` (which row-locks the run): `abandoned` if still running with an expired

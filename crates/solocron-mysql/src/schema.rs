@@ -1,6 +1,8 @@
 //! The schema: tables, indexes and the stored procedure, their serialized, versioned
 //! creation, where they stand (read only), and their removal.
 
+use async_trait::async_trait;
+use solocron_core::SchemaStore;
 use solocron_core::{SchemaState, StoreError};
 use sqlx::pool::PoolConnection;
 use sqlx::{Executor, MySql};
@@ -305,10 +307,69 @@ pub(crate) fn fill(template: &str, prefix: &str) -> String {
     template.replace("{p}", prefix).replace("NOW_MS", NOW_MS)
 }
 
-/// Creates or completes the schema under a server-wide named lock, so that nodes migrating
-/// at once take turns and each later one finds everything in place.
-pub(crate) async fn migrate(store: &MySqlStore) -> Result<(), StoreError> {
-    retrying("cannot migrate the schema", || migrate_once(store)).await
+#[async_trait]
+impl SchemaStore for MySqlStore {
+    /// Creates or completes the schema under a server-wide named lock, so that nodes migrating
+    /// at once take turns and each later one finds everything in place.
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let store = self;
+        retrying("cannot migrate the schema", || migrate_once(store)).await
+    }
+
+    /// Where the schema stands against this build, read only (no lock, no DDL): no version
+    /// table in the database, or an empty one, is Missing.
+    async fn schema(&self) -> Result<SchemaState, StoreError> {
+        let store = self;
+        let found = retrying("cannot read the schema version", || async {
+            let mut conn = store.pool.acquire().await?;
+            let tables: i64 = sqlx::query_scalar(HAS_SCHEMA).bind(store.sql("{p}schema")).fetch_one(&mut *conn).await?;
+            if tables == 0 {
+                return Ok(None);
+            }
+            let version: Option<i64> =
+                sqlx::query_scalar(&store.sql("SELECT CAST(MAX(version) AS SIGNED) FROM {p}schema"))
+                    .fetch_one(&mut *conn)
+                    .await?;
+            Ok(version)
+        })
+        .await?;
+        let found = found
+            .map(|v| {
+                u32::try_from(v)
+                    .map_err(|_| StoreError::Invalid(format!("{} has schema version {v}", store.description)))
+            })
+            .transpose()?;
+        Ok(SchemaState::of(found, SCHEMA_VERSION as u32))
+    }
+
+    /// Drops every table (with its indexes) and the stored procedure of the prefix, under the
+    /// migration lock; what is already gone is skipped. Names are listed, never matched by
+    /// pattern: the tables of prefix `a` (`a_runs`) share their first letters with those of
+    /// prefix `a_b` (`a_b_runs`). DDL auto-commits, so an uninstall cut off midway leaves part
+    /// of the schema: running it again finishes it.
+    async fn uninstall(&self) -> Result<(), StoreError> {
+        let store = self;
+        let tables = TABLE_NAMES.map(|t| format!("{}{t}", store.tables)).join(", ");
+        let mut statements = vec![format!("DROP TABLE IF EXISTS {tables}")];
+        statements.extend(PROCEDURES.map(|p| format!("DROP PROCEDURE IF EXISTS {}{p}", store.tables)));
+        retrying("cannot uninstall the schema", || async {
+            let mut conn = store.pool.acquire().await?;
+            let lock = take_lock(store, &mut conn).await?;
+            let dropped: Result<(), Failure> = async {
+                for statement in &statements {
+                    // Text protocol, as for the DDL of `migrate`.
+                    conn.execute(statement.as_str()).await?;
+                }
+                Ok(())
+            }
+            .await;
+            release_lock(&lock, conn).await;
+            dropped
+        })
+        .await?;
+        tracing::info!(store = %store.description, "schema uninstalled");
+        Ok(())
+    }
 }
 
 /// One try at [`migrate`] on one connection: take the lock, create, release.
@@ -318,29 +379,6 @@ async fn migrate_once(store: &MySqlStore) -> Result<(), Failure> {
     let outcome = create(store, &mut conn).await;
     release_lock(&lock, conn).await;
     outcome
-}
-
-/// Where the schema stands against this build, read only (no lock, no DDL): no version
-/// table in the database, or an empty one, is Missing.
-pub(crate) async fn schema(store: &MySqlStore) -> Result<SchemaState, StoreError> {
-    let found = retrying("cannot read the schema version", || async {
-        let mut conn = store.pool.acquire().await?;
-        let tables: i64 = sqlx::query_scalar(HAS_SCHEMA).bind(store.sql("{p}schema")).fetch_one(&mut *conn).await?;
-        if tables == 0 {
-            return Ok(None);
-        }
-        let version: Option<i64> = sqlx::query_scalar(&store.sql("SELECT CAST(MAX(version) AS SIGNED) FROM {p}schema"))
-            .fetch_one(&mut *conn)
-            .await?;
-        Ok(version)
-    })
-    .await?;
-    let found = found
-        .map(|v| {
-            u32::try_from(v).map_err(|_| StoreError::Invalid(format!("{} has schema version {v}", store.description)))
-        })
-        .transpose()?;
-    Ok(SchemaState::of(found, SCHEMA_VERSION as u32))
 }
 
 /// Takes the server-wide named lock `{p}migrate` on `conn`, which migrations and
@@ -364,34 +402,6 @@ async fn release_lock(lock: &str, mut conn: PoolConnection<MySql>) {
         // Never hand a connection that may still hold the lock back to the pool.
         conn.close_on_drop();
     }
-}
-
-/// Drops every table (with its indexes) and the stored procedure of the prefix, under the
-/// migration lock; what is already gone is skipped. Names are listed, never matched by
-/// pattern: the tables of prefix `a` (`a_runs`) share their first letters with those of
-/// prefix `a_b` (`a_b_runs`). DDL auto-commits, so an uninstall cut off midway leaves part
-/// of the schema: running it again finishes it.
-pub(crate) async fn uninstall(store: &MySqlStore) -> Result<(), StoreError> {
-    let tables = TABLE_NAMES.map(|t| format!("{}{t}", store.tables)).join(", ");
-    let mut statements = vec![format!("DROP TABLE IF EXISTS {tables}")];
-    statements.extend(PROCEDURES.map(|p| format!("DROP PROCEDURE IF EXISTS {}{p}", store.tables)));
-    retrying("cannot uninstall the schema", || async {
-        let mut conn = store.pool.acquire().await?;
-        let lock = take_lock(store, &mut conn).await?;
-        let dropped: Result<(), Failure> = async {
-            for statement in &statements {
-                // Text protocol, as for the DDL of `migrate`.
-                conn.execute(statement.as_str()).await?;
-            }
-            Ok(())
-        }
-        .await;
-        release_lock(&lock, conn).await;
-        dropped
-    })
-    .await?;
-    tracing::info!(store = %store.description, "schema uninstalled");
-    Ok(())
 }
 
 /// The body of [`migrate`], run while holding the migration lock.

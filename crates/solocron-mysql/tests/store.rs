@@ -6,6 +6,17 @@
 
 mod support;
 
+use solocron_core::AuditStore;
+use solocron_core::ClaimStore;
+use solocron_core::ControlStore;
+use solocron_core::FleetStore;
+use solocron_core::HistoryStore;
+use solocron_core::ManagedStore;
+use solocron_core::RegistryStore;
+use solocron_core::RequestStore;
+use solocron_core::RunStore;
+use solocron_core::SchemaStore;
+use solocron_core::StoreBase;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -15,7 +26,7 @@ use chrono::{DateTime, Utc};
 use solocron_conformance::checks::definition;
 use solocron_core::{
     ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, Lease, NodeBeat, Prefix,
-    RecoverAction, RecoverOutcome, RunCounts, RunEnd, RunState, SchemaState, Store, StoreError, Tick, Trigger,
+    RecoverAction, RecoverOutcome, RunCounts, RunEnd, RunState, SchemaState, StoreError, Tick, Trigger,
     CLAIM_BATCH_MAX,
 };
 use solocron_mysql::MySqlStore;

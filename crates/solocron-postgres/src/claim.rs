@@ -4,7 +4,9 @@
 //! time (see the schema's version 12). Each function first refuses, by the server's clock,
 //! the scheduled requests made too early (`too-early`, see the schema's version 11).
 
+use async_trait::async_trait;
 use solocron_core::{ClaimOutcome, ClaimRequest, StoreError};
+use solocron_core::{ClaimStore, Tick};
 use sqlx::postgres::PgRow;
 use sqlx::PgPool;
 
@@ -13,14 +15,22 @@ use crate::error::{retrying, Res};
 use crate::records::{outcomes, Batch};
 use crate::PgStore;
 
-/// Claims `requests` in one call (one round trip, one transaction), retried when it loses
-/// a conflict.
-pub(crate) async fn claim(store: &PgStore, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-    if requests.is_empty() {
-        return Ok(Vec::new());
+#[async_trait]
+impl ClaimStore for PgStore {
+    /// Claims `requests` in one call (one round trip, one transaction), retried when it loses
+    /// a conflict.
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let store = self;
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let batch = Batch::new(requests)?;
+        retrying("claim", || claim_once(store, &batch, requests)).await
     }
-    let batch = Batch::new(requests)?;
-    retrying("claim", || claim_once(store, &batch, requests)).await
+
+    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
+        crate::admin::taken_ticks(self, ticks).await.map(Some)
+    }
 }
 
 async fn claim_once(store: &PgStore, batch: &Batch<'_>, requests: &[ClaimRequest]) -> Res<Vec<ClaimOutcome>> {

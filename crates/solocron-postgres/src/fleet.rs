@@ -3,7 +3,9 @@
 //! is one upsert; an action is appended by [`append`] inside the transaction of the step it
 //! records (`admin.rs`: pause, resume, trigger, unlock), so no action is done unrecorded.
 
+use async_trait::async_trait;
 use solocron_core::{ActionKind, ActionQuery, ActionRecord, NodeBeat, NodeRecord, StoreError, NODES_MAX};
+use solocron_core::{AuditStore, FleetStore};
 use sqlx::postgres::PgRow;
 use sqlx::PgConnection;
 
@@ -14,68 +16,78 @@ use crate::PgStore;
 /// The columns an [`ActionRecord`] is read from (see [`action`]).
 const ACTION_COLUMNS: &str = "job, kind, done_by, reason, done_at, detail";
 
-/// Records a node's heartbeat: one upsert. `started_at` is kept while the node has not
-/// said goodbye since, and restarts at the first beat after one; `{now}` is the statement's
-/// one instant, so a first beat's `started_at` equals its `last_seen`.
-pub(crate) async fn heartbeat(store: &PgStore, beat: &NodeBeat) -> Result<(), StoreError> {
-    sqlx::query(&store.sql(
-        "INSERT INTO {p}nodes AS n (node, version, jobs, running, started_at, last_seen, left_at)
-         VALUES ($1, $2, $3, $4, {now}, {now}, NULL)
-         ON CONFLICT (node) DO UPDATE SET version = excluded.version, jobs = excluded.jobs,
-            running = excluded.running, last_seen = excluded.last_seen, left_at = NULL,
-            started_at = CASE WHEN n.left_at IS NULL THEN n.started_at ELSE excluded.started_at END",
-    ))
-    .bind(&beat.node)
-    .bind(&beat.version)
-    .bind(i64::from(beat.jobs))
-    .bind(i64::from(beat.running))
-    .execute(&store.pool)
-    .await
-    .map_err(step("heartbeat"))?;
-    Ok(())
-}
-
-/// Marks a node gone: one `UPDATE`.
-pub(crate) async fn goodbye(store: &PgStore, node: &str) -> Result<(), StoreError> {
-    sqlx::query(&store.sql("UPDATE {p}nodes SET left_at = {now} WHERE node = $1"))
-        .bind(node)
+#[async_trait]
+impl FleetStore for PgStore {
+    /// Records a node's heartbeat: one upsert. `started_at` is kept while the node has not
+    /// said goodbye since, and restarts at the first beat after one; `{now}` is the statement's
+    /// one instant, so a first beat's `started_at` equals its `last_seen`.
+    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {
+        let store = self;
+        sqlx::query(&store.sql(
+            "INSERT INTO {p}nodes AS n (node, version, jobs, running, started_at, last_seen, left_at)
+             VALUES ($1, $2, $3, $4, {now}, {now}, NULL)
+             ON CONFLICT (node) DO UPDATE SET version = excluded.version, jobs = excluded.jobs,
+                running = excluded.running, last_seen = excluded.last_seen, left_at = NULL,
+                started_at = CASE WHEN n.left_at IS NULL THEN n.started_at ELSE excluded.started_at END",
+        ))
+        .bind(&beat.node)
+        .bind(&beat.version)
+        .bind(i64::from(beat.jobs))
+        .bind(i64::from(beat.running))
         .execute(&store.pool)
         .await
-        .map_err(step("goodbye"))?;
-    Ok(())
+        .map_err(step("heartbeat"))?;
+        Ok(())
+    }
+
+    /// Marks a node gone: one `UPDATE`.
+    async fn goodbye(&self, node: &str) -> Result<(), StoreError> {
+        let store = self;
+        sqlx::query(&store.sql("UPDATE {p}nodes SET left_at = {now} WHERE node = $1"))
+            .bind(node)
+            .execute(&store.pool)
+            .await
+            .map_err(step("goodbye"))?;
+        Ok(())
+    }
+
+    /// Every node, by id, at most [`NODES_MAX`].
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        let store = self;
+        let rows = sqlx::query(&store.sql(
+            "SELECT node, version, jobs, running, started_at, last_seen, left_at FROM {p}nodes ORDER BY node LIMIT $1",
+        ))
+        .bind(NODES_MAX as i64)
+        .fetch_all(&store.pool)
+        .await
+        .map_err(step("nodes"))?;
+        rows.iter().map(node).collect()
+    }
 }
 
-/// Every node, by id, at most [`NODES_MAX`].
-pub(crate) async fn nodes(store: &PgStore) -> Result<Vec<NodeRecord>, StoreError> {
-    let rows = sqlx::query(&store.sql(
-        "SELECT node, version, jobs, running, started_at, last_seen, left_at FROM {p}nodes ORDER BY node LIMIT $1",
-    ))
-    .bind(NODES_MAX as i64)
-    .fetch_all(&store.pool)
-    .await
-    .map_err(step("nodes"))?;
-    rows.iter().map(node).collect()
-}
-
-/// Operators' actions, newest first (ties in the order appended), of one job or all.
-pub(crate) async fn actions(store: &PgStore, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
-    let limit = query.effective_limit() as i64;
-    // Two statements rather than `($1 IS NULL OR job = $1)`, which a prepared statement's
-    // generic plan cannot serve from the per-job index.
-    let rows = match &query.job {
-        Some(job) => {
-            let sql = store.sql(&format!(
-                "SELECT {ACTION_COLUMNS} FROM {{p}}actions WHERE job = $1 ORDER BY done_at DESC, id DESC LIMIT $2"
-            ));
-            sqlx::query(&sql).bind(job).bind(limit).fetch_all(&store.pool).await
-        }
-        None => {
-            let sql = store
-                .sql(&format!("SELECT {ACTION_COLUMNS} FROM {{p}}actions ORDER BY done_at DESC, id DESC LIMIT $1"));
-            sqlx::query(&sql).bind(limit).fetch_all(&store.pool).await
-        }
-    };
-    rows.map_err(step("actions"))?.iter().map(action).collect()
+#[async_trait]
+impl AuditStore for PgStore {
+    /// Operators' actions, newest first (ties in the order appended), of one job or all.
+    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
+        let store = self;
+        let limit = query.effective_limit() as i64;
+        // Two statements rather than `($1 IS NULL OR job = $1)`, which a prepared statement's
+        // generic plan cannot serve from the per-job index.
+        let rows = match &query.job {
+            Some(job) => {
+                let sql = store.sql(&format!(
+                    "SELECT {ACTION_COLUMNS} FROM {{p}}actions WHERE job = $1 ORDER BY done_at DESC, id DESC LIMIT $2"
+                ));
+                sqlx::query(&sql).bind(job).bind(limit).fetch_all(&store.pool).await
+            }
+            None => {
+                let sql = store
+                    .sql(&format!("SELECT {ACTION_COLUMNS} FROM {{p}}actions ORDER BY done_at DESC, id DESC LIMIT $1"));
+                sqlx::query(&sql).bind(limit).fetch_all(&store.pool).await
+            }
+        };
+        rows.map_err(step("actions"))?.iter().map(action).collect()
+    }
 }
 
 /// What an operator did, as [`append`] records it.

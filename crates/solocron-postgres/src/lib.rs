@@ -42,7 +42,7 @@
 //!   the taken ticks) and leaves only the others (paused, overlapping, too early, skips,
 //!   claims asked again) to `{p}claim`'s request-by-request decision, in the same
 //!   transaction, with the same answers.
-//! - **A failure retry waits in the table.** [`Store::finish_for_retry`] is one statement:
+//! - **A failure retry waits in the table.** [`RunStore::finish_for_retry`] is one statement:
 //!   the end, exactly as `finish` records it, and, only if that matched, the tick's next
 //!   attempt as `waiting` (trigger `retry`, the same node, no token, `lease_until` its
 //!   not-before: the server's now plus the backoff). `expired` lists due waiting retries
@@ -75,8 +75,8 @@
 //! (which builds before schema version 12 call), `{p}finish_all` and `{p}renew_all` (a
 //! batch's runs found by their key, whatever the statistics say: no statement that looks
 //! a run up by key or job reads every running run); the notification
-//! channel `{p}requests` (run requests and managed job changes). [`Store::migrate`]
-//! creates them; [`Store::uninstall`] drops them.
+//! channel `{p}requests` (run requests and managed job changes). [`SchemaStore::migrate`]
+//! creates them; [`SchemaStore::uninstall`] drops them.
 //!
 //! ## Code map
 //!
@@ -142,18 +142,14 @@ mod schema;
 mod url;
 mod watch;
 
+use solocron_core::{SchemaStore, StoreBase};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use solocron_core::{
-    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
-    JobRevision, JobWrite, Lease, ManagedJob, Namespaces, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, RegistryCursor, RegistryPage, Renewal, RequestWatch, RunCounts, RunEnd, RunId, RunRecord, RunRequest,
-    SchemaState, Store, StoreError, Tick,
-};
+use solocron_core::{Prefix, SchemaState, StoreError};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor};
 
@@ -180,7 +176,7 @@ const MAX_LIFETIME: Duration = Duration::from_secs(1800);
 ///
 /// # Panics
 ///
-/// [`Store::finish`] and [`Store::finish_for_retry`] panic if given a `RunEnd` whose state
+/// [`RunStore::finish`] and [`RunStore::finish_for_retry`] panic if given a `RunEnd` whose state
 /// is not terminal (`running`, `waiting`): that is a bug in the caller, not a condition of
 /// the store.
 #[derive(Clone)]
@@ -203,7 +199,7 @@ impl PgStore {
     /// Connects to `url` (`postgres://user[:password]@host:port/database`, or
     /// `postgresql://`; libpq's query parameters such as `sslmode` apply) with everything
     /// named from `prefix` (tables `{prefix}_runs`, ...). Opens one connection to check the
-    /// server answers; does not create the schema: call [`Store::migrate`].
+    /// server answers; does not create the schema: call [`SchemaStore::migrate`].
     ///
     /// Fails with [`StoreError::Invalid`] for a bad URL (and for a server that refuses the
     /// login), and with [`StoreError::Unavailable`] if the server cannot be reached within
@@ -291,11 +287,18 @@ async fn prepare_claim(conn: &mut PgConnection, claim_call: &str) -> Result<(), 
 }
 
 #[async_trait]
-impl Store for PgStore {
+impl StoreBase for PgStore {
     fn describe(&self) -> String {
         self.description.clone()
     }
 
+    async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        admin::now(self).await
+    }
+}
+
+#[async_trait]
+impl SchemaStore for PgStore {
     async fn migrate(&self) -> Result<(), StoreError> {
         schema::migrate(self).await
     }
@@ -306,141 +309,5 @@ impl Store for PgStore {
 
     async fn uninstall(&self) -> Result<(), StoreError> {
         schema::uninstall(self).await
-    }
-
-    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-        claim::claim(self, requests).await
-    }
-
-    async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-        runs::renew(self, lease, length).await
-    }
-
-    async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-        runs::finish(self, lease, end).await
-    }
-
-    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-        runs::finish_all(self, endings).await
-    }
-
-    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-        runs::renew_all(self, renewals).await
-    }
-
-    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
-        runs::finish_for_retry(self, lease, end, after).await
-    }
-
-    async fn expired(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRecord>, StoreError> {
-        runs::expired(self, limit, namespaces).await
-    }
-
-    async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
-        runs::recover(self, run, action).await
-    }
-
-    async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
-        admin::history(self, query).await
-    }
-
-    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
-        admin::taken_ticks(self, ticks).await.map(Some)
-    }
-
-    async fn count_runs(&self, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
-        admin::count_runs(self, job, since).await
-    }
-
-    async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        admin::now(self).await
-    }
-
-    async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
-        admin::register(self, node, jobs).await
-    }
-
-    async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
-        admin::registrations(self).await
-    }
-
-    async fn registrations_page(
-        &self,
-        after: Option<&RegistryCursor>,
-        limit: usize,
-    ) -> Result<RegistryPage, StoreError> {
-        admin::registrations_page(self, after, limit).await
-    }
-
-    async fn registrations_of(&self, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {
-        admin::registrations_of(self, jobs).await
-    }
-
-    async fn registered_jobs(&self) -> Result<Vec<String>, StoreError> {
-        admin::registered_jobs(self).await
-    }
-
-    async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
-        admin::set_paused(self, job, paused, by, reason).await
-    }
-
-    async fn controls(&self) -> Result<Vec<JobControl>, StoreError> {
-        admin::controls(self).await
-    }
-
-    async fn request_run(&self, job: &str, by: &str, reason: Option<&str>) -> Result<Tick, StoreError> {
-        admin::request_run(self, job, by, reason).await
-    }
-
-    fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
-        Some(Box::new(watch::PgRequestWatch::new(&self.pool, &self.tables)))
-    }
-
-    async fn pending_requests(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRequest>, StoreError> {
-        admin::pending_requests(self, limit, namespaces).await
-    }
-
-    async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-        admin::unlock(self, job, by, reason).await
-    }
-
-    async fn prune(&self, older_than: Duration, batch: usize, namespaces: &Namespaces) -> Result<u64, StoreError> {
-        admin::prune(self, older_than, batch, namespaces).await
-    }
-
-    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {
-        fleet::heartbeat(self, beat).await
-    }
-
-    async fn goodbye(&self, node: &str) -> Result<(), StoreError> {
-        fleet::goodbye(self, node).await
-    }
-
-    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
-        fleet::nodes(self).await
-    }
-
-    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
-        fleet::actions(self, query).await
-    }
-
-    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
-        managed::put_job(self, job, spec, by, expect).await
-    }
-
-    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
-        managed::delete_job(self, job, by, expect).await
-    }
-
-    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
-        managed::managed_jobs(self).await
-    }
-
-    async fn managed_version(&self) -> Result<u64, StoreError> {
-        managed::managed_version(self).await
-    }
-
-    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
-        managed::job_revisions(self, job, limit).await
     }
 }

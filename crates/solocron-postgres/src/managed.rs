@@ -6,6 +6,8 @@
 //! follow commit order. The write itself is one statement: counter, revision, job row, and
 //! a notice on `{p}requests` that wakes every node's request watch when it commits.
 
+use async_trait::async_trait;
+use solocron_core::ManagedStore;
 use solocron_core::{
     check_spec_text, judge_write, JobRevision, JobWrite, ManagedJob, StoreError, MANAGED_JOBS_MAX, REVISIONS_PAGE_MAX,
 };
@@ -43,34 +45,73 @@ const DELETE: &str = "DELETE FROM {p}managed WHERE job = $1";
 /// The columns a [`JobRevision`] is read from.
 const REVISION_COLUMNS: &str = "job, revision, spec, changed_by, changed_at";
 
-/// Creates or replaces a managed job (see [`solocron_core::Store::put_job`]).
-pub(crate) async fn put_job(
-    store: &PgStore,
-    job: &str,
-    spec: &str,
-    by: &str,
-    expect: Option<u64>,
-) -> Result<JobWrite, StoreError> {
-    check_spec_text(spec).map_err(|e| StoreError::Invalid(format!("put_job: {e}")))?;
-    let wrote = retrying("put_job", || write_once(store, job, Some(spec), by, expect)).await?;
-    if let JobWrite::Written(revision) = wrote {
-        tracing::info!(job, by, revision, "managed job written");
+#[async_trait]
+impl ManagedStore for PgStore {
+    /// Creates or replaces a managed job (see [`solocron_core::ManagedStore::put_job`]).
+    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        let store = self;
+        check_spec_text(spec).map_err(|e| StoreError::Invalid(format!("put_job: {e}")))?;
+        let wrote = retrying("put_job", || write_once(store, job, Some(spec), by, expect)).await?;
+        if let JobWrite::Written(revision) = wrote {
+            tracing::info!(job, by, revision, "managed job written");
+        }
+        Ok(wrote)
     }
-    Ok(wrote)
-}
 
-/// Deletes a managed job (see [`solocron_core::Store::delete_job`]).
-pub(crate) async fn delete_job(
-    store: &PgStore,
-    job: &str,
-    by: &str,
-    expect: Option<u64>,
-) -> Result<JobWrite, StoreError> {
-    let wrote = retrying("delete_job", || write_once(store, job, None, by, expect)).await?;
-    if let JobWrite::Written(revision) = wrote {
-        tracing::info!(job, by, revision, "managed job deleted");
+    /// Deletes a managed job (see [`solocron_core::ManagedStore::delete_job`]).
+    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        let store = self;
+        let wrote = retrying("delete_job", || write_once(store, job, None, by, expect)).await?;
+        if let JobWrite::Written(revision) = wrote {
+            tracing::info!(job, by, revision, "managed job deleted");
+        }
+        Ok(wrote)
     }
-    Ok(wrote)
+
+    /// Every managed job, by name.
+    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
+        let store = self;
+        let rows = sqlx::query(
+            &store.sql("SELECT job, spec, revision, changed_by, changed_at FROM {p}managed ORDER BY job LIMIT $1"),
+        )
+        .bind(MANAGED_JOBS_MAX as i64)
+        .fetch_all(&store.pool)
+        .await
+        .map_err(step("managed_jobs"))?;
+        rows.iter().map(managed_job).collect()
+    }
+
+    /// The newest committed revision (0: none).
+    async fn managed_version(&self) -> Result<u64, StoreError> {
+        let store = self;
+        let v: Option<i64> = sqlx::query_scalar(&store.sql("SELECT revision FROM {p}managed_version WHERE id = 1"))
+            .fetch_optional(&store.pool)
+            .await
+            .map_err(step("managed_version"))?;
+        v.map_or(Ok(0), stored_revision)
+    }
+
+    /// Revisions newest first (see [`solocron_core::ManagedStore::job_revisions`]): one backward walk
+    /// of the primary key, or of the index by job.
+    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
+        let store = self;
+        let limit = if limit == 0 { REVISIONS_PAGE_MAX } else { limit.min(REVISIONS_PAGE_MAX) } as i64;
+        // Two statements rather than `($1 IS NULL OR job = $1)`, as in `fleet::actions`.
+        let rows = match job {
+            Some(job) => {
+                let sql = store.sql(&format!(
+                    "SELECT {REVISION_COLUMNS} FROM {{p}}job_revisions WHERE job = $1 ORDER BY revision DESC LIMIT $2"
+                ));
+                sqlx::query(&sql).bind(job).bind(limit).fetch_all(&store.pool).await
+            }
+            None => {
+                let sql = store
+                    .sql(&format!("SELECT {REVISION_COLUMNS} FROM {{p}}job_revisions ORDER BY revision DESC LIMIT $1"));
+                sqlx::query(&sql).bind(limit).fetch_all(&store.pool).await
+            }
+        };
+        rows.map_err(step("job_revisions"))?.iter().map(revision).collect()
+    }
 }
 
 /// One transaction of a put (`spec`) or a delete (`None`): the counter locked, the job's
@@ -122,52 +163,6 @@ async fn current(store: &PgStore, conn: &mut PgConnection, job: &str) -> Res<Opt
 async fn live(store: &PgStore, conn: &mut PgConnection) -> Res<usize> {
     let n: i64 = sqlx::query_scalar(&store.sql("SELECT count(*) FROM {p}managed")).fetch_one(conn).await?;
     Ok(n as usize)
-}
-
-/// Every managed job, by name.
-pub(crate) async fn managed_jobs(store: &PgStore) -> Result<Vec<ManagedJob>, StoreError> {
-    let rows = sqlx::query(
-        &store.sql("SELECT job, spec, revision, changed_by, changed_at FROM {p}managed ORDER BY job LIMIT $1"),
-    )
-    .bind(MANAGED_JOBS_MAX as i64)
-    .fetch_all(&store.pool)
-    .await
-    .map_err(step("managed_jobs"))?;
-    rows.iter().map(managed_job).collect()
-}
-
-/// The newest committed revision (0: none).
-pub(crate) async fn managed_version(store: &PgStore) -> Result<u64, StoreError> {
-    let v: Option<i64> = sqlx::query_scalar(&store.sql("SELECT revision FROM {p}managed_version WHERE id = 1"))
-        .fetch_optional(&store.pool)
-        .await
-        .map_err(step("managed_version"))?;
-    v.map_or(Ok(0), stored_revision)
-}
-
-/// Revisions newest first (see [`solocron_core::Store::job_revisions`]): one backward walk
-/// of the primary key, or of the index by job.
-pub(crate) async fn job_revisions(
-    store: &PgStore,
-    job: Option<&str>,
-    limit: usize,
-) -> Result<Vec<JobRevision>, StoreError> {
-    let limit = if limit == 0 { REVISIONS_PAGE_MAX } else { limit.min(REVISIONS_PAGE_MAX) } as i64;
-    // Two statements rather than `($1 IS NULL OR job = $1)`, as in `fleet::actions`.
-    let rows = match job {
-        Some(job) => {
-            let sql = store.sql(&format!(
-                "SELECT {REVISION_COLUMNS} FROM {{p}}job_revisions WHERE job = $1 ORDER BY revision DESC LIMIT $2"
-            ));
-            sqlx::query(&sql).bind(job).bind(limit).fetch_all(&store.pool).await
-        }
-        None => {
-            let sql = store
-                .sql(&format!("SELECT {REVISION_COLUMNS} FROM {{p}}job_revisions ORDER BY revision DESC LIMIT $1"));
-            sqlx::query(&sql).bind(limit).fetch_all(&store.pool).await
-        }
-    };
-    rows.map_err(step("job_revisions"))?.iter().map(revision).collect()
 }
 
 /// A stored revision, which the counter only ever makes positive.

@@ -2,6 +2,8 @@
 //! statement), an end that plans a retry (one statement), and the recovery of runs whose
 //! lease expired or whose retry is due (one transaction).
 
+use async_trait::async_trait;
+use solocron_core::RunStore;
 use std::borrow::Cow;
 use std::time::Duration;
 
@@ -15,188 +17,189 @@ use crate::error::{retrying, step, Res};
 use crate::records::{attempt_param, get, in_namespaces, instant, millis, page, record, token, RUN_COLUMNS};
 use crate::PgStore;
 
-/// Extends a live lease held by its owner; one `UPDATE`. Here and wherever a run is found
-/// by its key, its state is checked `IS NOT DISTINCT FROM 'running'`, so that the planner
-/// finds it by the key and never by reading the partial indexes of running runs (see
-/// `schema::BY_KEY`).
-pub(crate) async fn renew(store: &PgStore, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-    let sql = store.sql(
-        "UPDATE {p}runs SET lease_until = {now} + $1
-         WHERE job = $2 AND scheduled_at = $3 AND attempt = $4 AND node = $5 AND token = $6
-           AND state IS NOT DISTINCT FROM 'running' AND lease_until > {now}",
-    );
-    let changed =
-        solocron_sql::bind_lease(sqlx::query(&sql).bind(millis(length)?), lease, attempt_param(lease.run.attempt)?)?
-            .execute(&store.pool)
+#[async_trait]
+impl RunStore for PgStore {
+    /// Extends a live lease held by its owner; one `UPDATE`. Here and wherever a run is found
+    /// by its key, its state is checked `IS NOT DISTINCT FROM 'running'`, so that the planner
+    /// finds it by the key and never by reading the partial indexes of running runs (see
+    /// `schema::BY_KEY`).
+    async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
+        let store = self;
+        let sql = store.sql(
+            "UPDATE {p}runs SET lease_until = {now} + $1
+             WHERE job = $2 AND scheduled_at = $3 AND attempt = $4 AND node = $5 AND token = $6
+               AND state IS NOT DISTINCT FROM 'running' AND lease_until > {now}",
+        );
+        let changed = solocron_sql::bind_lease(
+            sqlx::query(&sql).bind(millis(length)?),
+            lease,
+            attempt_param(lease.run.attempt)?,
+        )?
+        .execute(&store.pool)
+        .await
+        .map_err(step("renew"))?
+        .rows_affected();
+        Ok(changed == 1)
+    }
+
+    /// Extends several leases in one statement.
+    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+        let store = self;
+        assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One call for the batch, as in `finish_all`: `renew`'s `UPDATE` joined to the renewals
+        // as arrays. A lease sent twice in one batch (a renewal re-sent while the first was
+        // queued) updates its row once and returns one position: the answer for each position
+        // is whether its lease was extended, by that row's key.
+        let sql = store.sql("SELECT array_agg(r) FROM {p}renew_all($1, $2, $3, $4, $5, $6, $7) AS r");
+        let mut cols = LeaseColumns::with_capacity(renewals.len());
+        let mut length = Vec::with_capacity(renewals.len());
+        for (i, r) in renewals.iter().enumerate() {
+            cols.push(i, &r.lease)?;
+            length.push(millis(r.length)?);
+        }
+        let positions: Option<Vec<i32>> = sqlx::query_scalar(&sql)
+            .bind(cols.i)
+            .bind(cols.job)
+            .bind(cols.scheduled_at)
+            .bind(cols.attempt)
+            .bind(cols.node)
+            .bind(cols.token)
+            .bind(length)
+            .fetch_one(&store.pool)
             .await
-            .map_err(step("renew"))?
-            .rows_affected();
-    Ok(changed == 1)
-}
-
-/// Records a held run's end: [`finish_all`]'s one statement, with one end.
-pub(crate) async fn finish(store: &PgStore, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-    let answers = finish_all(store, &[Ending { lease: lease.clone(), end: end.clone() }]).await?;
-    Ok(answers == [true])
-}
-
-/// Records several held runs' ends in one statement.
-pub(crate) async fn finish_all(store: &PgStore, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-    assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
-    if endings.is_empty() {
-        return Ok(Vec::new());
+            .map_err(step("renew"))?;
+        let renewed = answered(positions.unwrap_or_default(), renewals.len(), "renew")?;
+        // Only a position answered `false` can be a copy of one that was extended.
+        let same = |a: &Lease, b: &Lease| a.run == b.run && a.owner == b.owner && a.fencing_token == b.fencing_token;
+        let extended = |lease: &Lease| renewals.iter().zip(&renewed).any(|(r, done)| *done && same(&r.lease, lease));
+        Ok(renewals.iter().zip(&renewed).map(|(r, done)| *done || extended(&r.lease)).collect())
     }
-    // One call for the batch: the function's `UPDATE` finds each run by its key, joined to
-    // the ends as arrays, and answers the positions of the runs it ended, gathered into one
-    // array (one row to decode, not one per end). No expiry check: a run whose lease lapsed
-    // but that nobody recovered yet still records its true end.
-    let sql = store.sql("SELECT array_agg(e) FROM {p}finish_all($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) AS e");
-    let ends: Vec<Cow<'_, RunEnd>> = endings.iter().map(|e| storable(&e.end)).collect();
-    let mut cols = FinishColumns::with_capacity(endings.len());
-    for (i, (e, end)) in endings.iter().zip(&ends).enumerate() {
-        cols.push(i, &e.lease, end)?;
+
+    /// Records a held run's end: [`finish_all`]'s one statement, with one end.
+    async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
+        let store = self;
+        let answers = store.finish_all(&[Ending { lease: lease.clone(), end: end.clone() }]).await?;
+        Ok(answers == [true])
     }
-    let ended: Option<Vec<i32>> = sqlx::query_scalar(&sql)
-        .bind(cols.lease.i)
-        .bind(cols.lease.job)
-        .bind(cols.lease.scheduled_at)
-        .bind(cols.lease.attempt)
-        .bind(cols.lease.node)
-        .bind(cols.lease.token)
-        .bind(cols.state)
-        .bind(cols.reason)
-        .bind(cols.exit_code)
-        .bind(cols.output)
-        .bind(cols.started_after)
-        .fetch_one(&store.pool)
+
+    /// Records several held runs' ends in one statement.
+    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+        let store = self;
+        assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
+        if endings.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One call for the batch: the function's `UPDATE` finds each run by its key, joined to
+        // the ends as arrays, and answers the positions of the runs it ended, gathered into one
+        // array (one row to decode, not one per end). No expiry check: a run whose lease lapsed
+        // but that nobody recovered yet still records its true end.
+        let sql =
+            store.sql("SELECT array_agg(e) FROM {p}finish_all($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) AS e");
+        let ends: Vec<Cow<'_, RunEnd>> = endings.iter().map(|e| storable(&e.end)).collect();
+        let mut cols = FinishColumns::with_capacity(endings.len());
+        for (i, (e, end)) in endings.iter().zip(&ends).enumerate() {
+            cols.push(i, &e.lease, end)?;
+        }
+        let ended: Option<Vec<i32>> = sqlx::query_scalar(&sql)
+            .bind(cols.lease.i)
+            .bind(cols.lease.job)
+            .bind(cols.lease.scheduled_at)
+            .bind(cols.lease.attempt)
+            .bind(cols.lease.node)
+            .bind(cols.lease.token)
+            .bind(cols.state)
+            .bind(cols.reason)
+            .bind(cols.exit_code)
+            .bind(cols.output)
+            .bind(cols.started_after)
+            .fetch_one(&store.pool)
+            .await
+            .map_err(step("finish"))?;
+        answered(ended.unwrap_or_default(), endings.len(), "finish")
+    }
+
+    /// Records a held run's end as [`finish`] does and, only if that matched, its tick's next
+    /// attempt as a waiting retry (trigger `retry`, the same node, no token, not-before =
+    /// the server's now + `after`); one statement.
+    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
+        let store = self;
+        assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
+        let next = next_attempt(&lease.run)?;
+        // The insert reads the row the update ended, so it writes only if the end matched.
+        // Should that attempt exist already (it cannot while this one runs under its lease),
+        // the end is still recorded and the existing attempt kept.
+        let sql = store.sql(
+            r#"WITH ended AS (
+                 UPDATE {p}runs SET state = $1, reason = $2, exit_code = $3, output = $4,
+                    finished_at = {now}, lease_until = NULL, started_at = claimed_at + $5
+                 WHERE job = $6 AND scheduled_at = $7 AND attempt = $8 AND node = $9 AND token = $10
+                   AND state IS NOT DISTINCT FROM 'running'
+                 RETURNING job, scheduled_at, node),
+               waiting AS (
+                 INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, state, claimed_at, lease_until)
+                 SELECT job, scheduled_at, $11, 'retry', node, 'waiting', {now}, {now} + $12 FROM ended
+                 ON CONFLICT (job, scheduled_at, attempt) DO NOTHING RETURNING 1)
+             SELECT (SELECT count(*) FROM ended) AS ended, (SELECT count(*) FROM waiting) AS waiting"#,
+        );
+        let end = storable(end);
+        let started_after = end.started_after.map(millis).transpose()?;
+        let query = solocron_sql::bind_end(sqlx::query(&sql), &end, started_after);
+        let row = solocron_sql::bind_lease(query, lease, attempt_param(lease.run.attempt)?)?
+            .bind(attempt_param(next)?)
+            .bind(millis(after)?)
+            .fetch_one(&store.pool)
+            .await
+            .map_err(step("finish_for_retry"))?;
+        let (ended, waiting): (i64, i64) = (get(&row, "ended")?, get(&row, "waiting")?);
+        if ended == 1 && waiting == 0 {
+            tracing::warn!(run = %lease.run, "ended for a retry, but its next attempt exists already: kept as it is");
+        }
+        Ok(ended == 1)
+    }
+
+    /// Running runs whose lease expired and waiting retries whose not-before passed, oldest
+    /// `lease_until` first, of jobs in `namespaces` only.
+    async fn expired(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRecord>, StoreError> {
+        let store = self;
+        // One page of each, each read from its own partial index (`{p}runs_expiry`,
+        // `{p}runs_waiting`) in order, then merged: never a scan of the history. The namespace
+        // filter is inside each page, so other namespaces' runs take no place in it.
+        let in_namespaces = in_namespaces("job", 2);
+        let due = |state: &str| {
+            format!(
+                "(SELECT {RUN_COLUMNS} FROM {{p}}runs WHERE state = '{state}' AND lease_until < {{now}}
+                    AND {in_namespaces}
+                  ORDER BY lease_until LIMIT $1)"
+            )
+        };
+        let rows = sqlx::query(&store.sql(&format!(
+            "SELECT {RUN_COLUMNS} FROM ({} UNION ALL {}) AS due ORDER BY lease_until LIMIT $1",
+            due("running"),
+            due("waiting")
+        )))
+        .bind(page(limit))
+        .bind(solocron_sql::namespace_list(namespaces))
+        .fetch_all(&store.pool)
         .await
-        .map_err(step("finish"))?;
-    answered(ended.unwrap_or_default(), endings.len(), "finish")
-}
-
-/// Records a held run's end as [`finish`] does and, only if that matched, its tick's next
-/// attempt as a waiting retry (trigger `retry`, the same node, no token, not-before =
-/// the server's now + `after`); one statement.
-pub(crate) async fn finish_for_retry(
-    store: &PgStore,
-    lease: &Lease,
-    end: &RunEnd,
-    after: Duration,
-) -> Result<bool, StoreError> {
-    assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);
-    let next = next_attempt(&lease.run)?;
-    // The insert reads the row the update ended, so it writes only if the end matched.
-    // Should that attempt exist already (it cannot while this one runs under its lease),
-    // the end is still recorded and the existing attempt kept.
-    let sql = store.sql(
-        r#"WITH ended AS (
-             UPDATE {p}runs SET state = $1, reason = $2, exit_code = $3, output = $4,
-                finished_at = {now}, lease_until = NULL, started_at = claimed_at + $5
-             WHERE job = $6 AND scheduled_at = $7 AND attempt = $8 AND node = $9 AND token = $10
-               AND state IS NOT DISTINCT FROM 'running'
-             RETURNING job, scheduled_at, node),
-           waiting AS (
-             INSERT INTO {p}runs (job, scheduled_at, attempt, "trigger", node, state, claimed_at, lease_until)
-             SELECT job, scheduled_at, $11, 'retry', node, 'waiting', {now}, {now} + $12 FROM ended
-             ON CONFLICT (job, scheduled_at, attempt) DO NOTHING RETURNING 1)
-         SELECT (SELECT count(*) FROM ended) AS ended, (SELECT count(*) FROM waiting) AS waiting"#,
-    );
-    let end = storable(end);
-    let started_after = end.started_after.map(millis).transpose()?;
-    let query = solocron_sql::bind_end(sqlx::query(&sql), &end, started_after);
-    let row = solocron_sql::bind_lease(query, lease, attempt_param(lease.run.attempt)?)?
-        .bind(attempt_param(next)?)
-        .bind(millis(after)?)
-        .fetch_one(&store.pool)
-        .await
-        .map_err(step("finish_for_retry"))?;
-    let (ended, waiting): (i64, i64) = (get(&row, "ended")?, get(&row, "waiting")?);
-    if ended == 1 && waiting == 0 {
-        tracing::warn!(run = %lease.run, "ended for a retry, but its next attempt exists already: kept as it is");
+        .map_err(step("expired"))?;
+        // A row this version cannot read (written by a newer one, say) must not stop the
+        // recovery of every other run.
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                record(row).map_err(|e| tracing::error!(error = %e, "skipping an unreadable expired run")).ok()
+            })
+            .collect())
     }
-    Ok(ended == 1)
-}
 
-/// Extends several leases in one statement.
-pub(crate) async fn renew_all(store: &PgStore, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-    assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
-    if renewals.is_empty() {
-        return Ok(Vec::new());
+    /// Ends an expired run, or retries it as its next attempt; only one caller can succeed.
+    async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
+        let store = self;
+        retrying("recover", || recover_once(store, run, action)).await
     }
-    // One call for the batch, as in `finish_all`: `renew`'s `UPDATE` joined to the renewals
-    // as arrays. A lease sent twice in one batch (a renewal re-sent while the first was
-    // queued) updates its row once and returns one position: the answer for each position
-    // is whether its lease was extended, by that row's key.
-    let sql = store.sql("SELECT array_agg(r) FROM {p}renew_all($1, $2, $3, $4, $5, $6, $7) AS r");
-    let mut cols = LeaseColumns::with_capacity(renewals.len());
-    let mut length = Vec::with_capacity(renewals.len());
-    for (i, r) in renewals.iter().enumerate() {
-        cols.push(i, &r.lease)?;
-        length.push(millis(r.length)?);
-    }
-    let positions: Option<Vec<i32>> = sqlx::query_scalar(&sql)
-        .bind(cols.i)
-        .bind(cols.job)
-        .bind(cols.scheduled_at)
-        .bind(cols.attempt)
-        .bind(cols.node)
-        .bind(cols.token)
-        .bind(length)
-        .fetch_one(&store.pool)
-        .await
-        .map_err(step("renew"))?;
-    let renewed = answered(positions.unwrap_or_default(), renewals.len(), "renew")?;
-    // Only a position answered `false` can be a copy of one that was extended.
-    let same = |a: &Lease, b: &Lease| a.run == b.run && a.owner == b.owner && a.fencing_token == b.fencing_token;
-    let extended = |lease: &Lease| renewals.iter().zip(&renewed).any(|(r, done)| *done && same(&r.lease, lease));
-    Ok(renewals.iter().zip(&renewed).map(|(r, done)| *done || extended(&r.lease)).collect())
-}
-
-/// Running runs whose lease expired and waiting retries whose not-before passed, oldest
-/// `lease_until` first, of jobs in `namespaces` only.
-pub(crate) async fn expired(
-    store: &PgStore,
-    limit: usize,
-    namespaces: &Namespaces,
-) -> Result<Vec<RunRecord>, StoreError> {
-    // One page of each, each read from its own partial index (`{p}runs_expiry`,
-    // `{p}runs_waiting`) in order, then merged: never a scan of the history. The namespace
-    // filter is inside each page, so other namespaces' runs take no place in it.
-    let in_namespaces = in_namespaces("job", 2);
-    let due = |state: &str| {
-        format!(
-            "(SELECT {RUN_COLUMNS} FROM {{p}}runs WHERE state = '{state}' AND lease_until < {{now}}
-                AND {in_namespaces}
-              ORDER BY lease_until LIMIT $1)"
-        )
-    };
-    let rows = sqlx::query(&store.sql(&format!(
-        "SELECT {RUN_COLUMNS} FROM ({} UNION ALL {}) AS due ORDER BY lease_until LIMIT $1",
-        due("running"),
-        due("waiting")
-    )))
-    .bind(page(limit))
-    .bind(solocron_sql::namespace_list(namespaces))
-    .fetch_all(&store.pool)
-    .await
-    .map_err(step("expired"))?;
-    // A row this version cannot read (written by a newer one, say) must not stop the
-    // recovery of every other run.
-    Ok(rows
-        .iter()
-        .filter_map(|row| {
-            record(row).map_err(|e| tracing::error!(error = %e, "skipping an unreadable expired run")).ok()
-        })
-        .collect())
-}
-
-/// Ends an expired run, or retries it as its next attempt; only one caller can succeed.
-pub(crate) async fn recover(
-    store: &PgStore,
-    run: &RunId,
-    action: &RecoverAction,
-) -> Result<RecoverOutcome, StoreError> {
-    retrying("recover", || recover_once(store, run, action)).await
 }
 
 /// One attempt at [`recover`], as one transaction.

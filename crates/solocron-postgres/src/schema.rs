@@ -1480,7 +1480,7 @@ mod tests {
     use async_trait::async_trait;
     use chrono::DateTime;
     use solocron_conformance::server::{self, Failure, Namespace, TestServer};
-    use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+    use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, ClaimStore, Prefix, StoreBase, Tick, Trigger};
     use std::time::Duration;
 
     use super::*;

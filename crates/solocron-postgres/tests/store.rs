@@ -5,6 +5,17 @@
 
 mod common;
 
+use solocron_core::AuditStore;
+use solocron_core::ClaimStore;
+use solocron_core::ControlStore;
+use solocron_core::FleetStore;
+use solocron_core::HistoryStore;
+use solocron_core::ManagedStore;
+use solocron_core::RegistryStore;
+use solocron_core::RequestStore;
+use solocron_core::RunStore;
+use solocron_core::SchemaStore;
+use solocron_core::StoreBase;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +23,7 @@ use chrono::{DateTime, Utc};
 use common::Namespace;
 use solocron_core::{
     ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobDefinition, Lease,
-    NodeBeat, Prefix, RecoverAction, RecoverOutcome, RunCounts, RunEnd, RunId, RunRecord, RunState, SchemaState, Store,
+    NodeBeat, Prefix, RecoverAction, RecoverOutcome, RunCounts, RunEnd, RunId, RunRecord, RunState, SchemaState,
     StoreError, Tick, Trigger, FINISH_BATCH_MAX, OUTPUT_TAIL_BYTES_MAX,
 };
 use solocron_postgres::PgStore;

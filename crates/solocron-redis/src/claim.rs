@@ -13,6 +13,9 @@
 //! `TIME`) is `TooEarly` with that clock, and writes nothing (no record, no fencing token
 //! taken); the batch's other requests are decided as usual.
 
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use solocron_core::ClaimStore;
 use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, StoreError, Tick, CLAIM_EARLY_MAX};
 
 use crate::call::millis;
@@ -20,40 +23,55 @@ use crate::decode::{self, convert, invalid};
 use crate::scripts::CODE;
 use crate::RedisStore;
 
-/// Claims `requests` (see [`solocron_core::Store::claim`]).
-pub(crate) async fn claim(store: &RedisStore, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-    if requests.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut call = store.invocation(&CODE.claim);
-    call.arg(requests.len()).arg(millis(CLAIM_EARLY_MAX)?);
-    for request in requests {
-        let (mode, reason) = mode(&request.mode);
-        call.arg(&request.tick.job)
-            .arg(request.tick.scheduled_at.timestamp_millis())
-            .arg(request.trigger.as_str())
-            .arg(&request.node)
-            .arg(millis(request.lease)?)
-            .arg(mode)
-            .arg(reason)
-            // Decimal, compared as text by the script: Lua's doubles cannot hold every u64.
-            .arg(request.nonce);
-    }
-    let replies: Vec<String> = convert(store.run(&call, "claim").await?, "claim outcomes")?;
-    if replies.len() != requests.len() {
-        return Err(invalid("claim outcomes", format!("{} outcomes for {} requests", replies.len(), requests.len())));
-    }
-    let outcomes = requests
-        .iter()
-        .zip(&replies)
-        .map(|(request, reply)| decode::claim_outcome_text(reply, first_attempt(request), &request.node))
-        .collect::<Result<Vec<_>, _>>()?;
-    for outcome in &outcomes {
-        if let ClaimOutcome::Won(lease) = outcome {
-            tracing::debug!(run = %lease.run, node = %lease.owner, token = lease.fencing_token, "run claimed");
+#[async_trait]
+impl ClaimStore for RedisStore {
+    /// Claims `requests` (see [`solocron_core::ClaimStore::claim`]).
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let store = self;
+        if requests.is_empty() {
+            return Ok(Vec::new());
         }
+        let mut call = store.invocation(&CODE.claim);
+        call.arg(requests.len()).arg(millis(CLAIM_EARLY_MAX)?);
+        for request in requests {
+            let (mode, reason) = mode(&request.mode);
+            call.arg(&request.tick.job)
+                .arg(request.tick.scheduled_at.timestamp_millis())
+                .arg(request.trigger.as_str())
+                .arg(&request.node)
+                .arg(millis(request.lease)?)
+                .arg(mode)
+                .arg(reason)
+                // Decimal, compared as text by the script: Lua's doubles cannot hold every u64.
+                .arg(request.nonce);
+        }
+        let replies: Vec<String> = convert(store.run(&call, "claim").await?, "claim outcomes")?;
+        if replies.len() != requests.len() {
+            return Err(invalid(
+                "claim outcomes",
+                format!("{} outcomes for {} requests", replies.len(), requests.len()),
+            ));
+        }
+        let outcomes = requests
+            .iter()
+            .zip(&replies)
+            .map(|(request, reply)| decode::claim_outcome_text(reply, first_attempt(request), &request.node))
+            .collect::<Result<Vec<_>, _>>()?;
+        for outcome in &outcomes {
+            if let ClaimOutcome::Won(lease) = outcome {
+                tracing::debug!(run = %lease.run, node = %lease.owner, token = lease.fencing_token, "run claimed");
+            }
+        }
+        Ok(outcomes)
     }
-    Ok(outcomes)
+
+    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
+        crate::admin::taken_ticks(self, ticks).await.map(Some)
+    }
+
+    async fn memory_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        crate::admin::memory_since(self).await
+    }
 }
 
 /// The store's scripts' mode names.

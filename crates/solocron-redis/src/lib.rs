@@ -33,7 +33,7 @@
 //! ## One atomic step per method
 //!
 //! Every [`Store`] method is one call of solocron's Lua code (or one single command:
-//! `TIME` for [`Store::now`]). The code is a Redis Functions library that the store loads
+//! `TIME` for [`StoreBase::now`]). The code is a Redis Functions library that the store loads
 //! with `FUNCTION LOAD` on its first call, and calls with `FCALL`; where the server refuses
 //! to load it (an ACL without `FUNCTION`, a proxy), the same code runs as one script per
 //! method with `EVALSHA`, at a higher cost per call on the server
@@ -79,7 +79,7 @@
 //! cluster. This crate itself connects to one endpoint (a `redis://` URL: a standalone
 //! server, a primary, or a proxy); the tag is what makes the layout usable behind a cluster
 //! proxy. Give every fleet its own prefix, like `billing_cron` (keys `{billing_cron}:...`).
-//! [`Store::uninstall`] deletes every key under the prefix (see `schema.rs` for why the
+//! [`SchemaStore::uninstall`] deletes every key under the prefix (see `schema.rs` for why the
 //! Functions library stays).
 //!
 //! With the default prefix, and `<id>` = `<scheduled_at ms>:<attempt, 10 digits>:<job>`:
@@ -89,7 +89,7 @@
 //! | `{solocron}:run:<id>` | hash | one run record: `job at att trig node tok state reason claimed started finished lease exit out nonce` (`nonce`: the creating claim's, in decimal; `0` or absent: none; `lease`: the lease's end while `running`, the not-before while `waiting`, left as it was once ended) |
 //! | `{solocron}:hist` | sorted set | every record's `<id>`, scored by `scheduled_at` (history across jobs, pruning) |
 //! | `{solocron}:jhist:<job>` | sorted set | the job's record ids, scored by `scheduled_at` (history of one job) |
-//! | `{solocron}:expiry` | sorted set | ids of running runs and of waiting retries, scored by `lease_until` (a retry's not-before) ([`Store::expired`]) |
+//! | `{solocron}:expiry` | sorted set | ids of running runs and of waiting retries, scored by `lease_until` (a retry's not-before) ([`RunStore::expired`]) |
 //! | `{solocron}:jrun:<job>` | sorted set | ids of the job's running runs, never of waiting retries (overlap check, unlock) |
 //! | `{solocron}:fences` | hash | job → last fencing token |
 //! | `{solocron}:ctl:<job>` / `…ctls` | hash / set | a job's pause switch / the jobs ever switched |
@@ -110,16 +110,16 @@
 //!
 //! ## Failure retries
 //!
-//! [`Store::finish_for_retry`] is one call: it records the end exactly as
-//! [`Store::finish`] does (same owner and token check) and, only if that matched, creates
+//! [`RunStore::finish_for_retry`] is one call: it records the end exactly as
+//! [`RunStore::finish`] does (same owner and token check) and, only if that matched, creates
 //! the tick's next attempt as a `waiting` record (trigger `retry`, the same node, no `tok`,
 //! `claimed` = now, `lease` = now + the backoff: its not-before), in `hist`, `jhist:<job>`
 //! and `expiry` (by its not-before), never in `jrun:<job>`: a waiting retry is not a
 //! running run, so it neither makes a claim skip for overlap nor is ended by an unlock.
-//! [`Store::expired`] reads `expiry` once for both kinds, so due retries and lapsed runs
-//! come merged, oldest first. [`Store::recover`] of a due retry turns that same record
+//! [`RunStore::expired`] reads `expiry` once for both kinds, so due retries and lapsed runs
+//! come merged, oldest first. [`RunStore::recover`] of a due retry turns that same record
 //! `running` (the job's next token from `fences`, a fresh lease, back in `jrun:<job>`) or
-//! ends it `abandoned`; before its not-before, `NotNeeded`. [`Store::prune`] never deletes
+//! ends it `abandoned`; before its not-before, `NotNeeded`. [`HistoryStore::prune`] never deletes
 //! a waiting record, like a running one.
 //!
 //! The layout version stays `1`: a waiting record is a run hash like any other, with a
@@ -131,11 +131,11 @@
 //! ## Cost
 //!
 //! Claim, renew, finish (for a retry too), recover, request and pause touch a handful of keys per run:
-//! `O(log n)` each. [`Store::history`] walks the job's (or all jobs') history newest first
+//! `O(log n)` each. [`HistoryStore::history`] walks the job's (or all jobs') history newest first
 //! from the `until` bound: without a state, node or namespace filter it reads exactly the
 //! records it returns; with one it examines records one by one (another namespace's by
 //! their ids alone), at most 50 000 per call (about 0.1 s of Redis time), and returns the
-//! matches found among them (a warning is logged when it stops there). [`Store::prune`] deletes at most a batch of records per call, plus at most
+//! matches found among them (a warning is logged when it stops there). [`HistoryStore::prune`] deletes at most a batch of records per call, plus at most
 //! [`PRUNE_BATCH_MAX`](solocron_core::PRUNE_BATCH_MAX) old requests, stale registrations, old actions and silent nodes; it also removes registrations
 //! not refreshed within the retention (Redis keeps everything in memory, so the registry of
 //! long-gone nodes is not kept forever as in the SQL stores). The audit log keeps at most
@@ -147,13 +147,13 @@
 //!
 //! A job's full name holds its namespace (`billing/sync`; see [`solocron_core::Namespaces`]),
 //! and so does every id that names a job: a run's `<ms>:<attempt>:<job>`, a request's
-//! `<ms>:<job>`. [`Store::expired`], [`Store::pending_requests`] and [`Store::prune`] send
+//! `<ms>:<job>`. [`RunStore::expired`], [`RequestStore::pending_requests`] and [`HistoryStore::prune`] send
 //! the namespaces asked for to their Lua, which reads each entry's namespace from its id
 //! (the part of the job before its first `/`, or `default`) without reading its record,
 //! and walks its sorted set oldest first, a page of ranks at a time, until it has `limit`
 //! entries of those namespaces: other namespaces' entries take no place in the limit. For
 //! every namespace it reads exactly the entries it returns, as before namespaces.
-//! [`Store::history`] asked for one namespace reads the namespace of each record it
+//! [`HistoryStore::history`] asked for one namespace reads the namespace of each record it
 //! examines from its id the same way, and counts other namespaces' records against its own
 //! bound of examined records (see "Cost"), as it does other jobs' records.
 //!
@@ -167,7 +167,7 @@
 //! this namespace beyond the first [`SCAN_EXAMINED_MAX`] old records (or requests) that it
 //! cannot delete.
 //!
-//! [`Store::register`] is one call: it upserts each listed job's registration and deletes
+//! [`RegistryStore::register`] is one call: it upserts each listed job's registration and deletes
 //! the node's others, which it finds in the node's `nregs` set (so a refresh that changes
 //! nothing reads the node's ids once and writes what it wrote before). A list of more than
 //! 500 jobs is first staged in a `regstage` list, 500 jobs a call, which that one call
@@ -179,14 +179,14 @@
 //! set is already marked (a node taken back to that build) is not in the set: it stays
 //! until prune removes it as stale.
 //!
-//! Managed jobs ([`Store::put_job`], [`Store::delete_job`]): a write is one call that
+//! Managed jobs ([`ManagedStore::put_job`], [`ManagedStore::delete_job`]): a write is one call that
 //! compares the job's revision with the expected one, takes the next revision from the
 //! `mrevseq` counter (`INCR`: revisions follow the order the calls ran in), writes the job,
 //! appends the revision and publishes on the request channel (see `watch.rs`), so that
 //! nodes waiting on their request watch read the change at once. At most [`JOB_REVISIONS_KEPT_MAX`]
 //! revisions are kept per prefix: each write drops the oldest beyond that (of any job; a
-//! job's present definition stays however old it is), so [`Store::job_revisions`] may end
-//! before a job's first revision. [`Store::managed_version`] reads the counter.
+//! job's present definition stays however old it is), so [`ManagedStore::job_revisions`] may end
+//! before a job's first revision. [`ManagedStore::managed_version`] reads the counter.
 //!
 //! ## What Redis guarantees, and what it does not
 //!
@@ -236,7 +236,7 @@
 //!   clock in microseconds, which is larger than every token handed out before the
 //!   restart (provided the server clock did not go back).
 //! - **No tick that already ran is run again:** the first write after the restart marks
-//!   the `epoch` key with Redis's clock, and [`Store::memory_since`] returns that instant
+//!   the `epoch` key with Redis's clock, and [`ClaimStore::memory_since`] returns that instant
 //!   (marking it if nobody did yet): a node starting afterwards never looks back before it.
 //!   A write other than `migrate` that finds the keys gone also marks `forgot`, and from
 //!   then on a claim (not a manual one) of a tick from before that instant is recorded
@@ -265,7 +265,7 @@
 //! still answer. Script errors, replies of
 //! an unexpected shape and refused credentials are [`StoreError::Invalid`]. An unknown
 //! function or `NOSCRIPT` (after a restart, `FUNCTION FLUSH` or `SCRIPT FLUSH`) is handled
-//! by loading the code again. Passwords never appear in [`Store::describe`] or in error
+//! by loading the code again. Passwords never appear in [`StoreBase::describe`] or in error
 //! messages: what is shown of the URL goes through [`solocron_core::redact_url`].
 //!
 //! ## Code map
@@ -306,22 +306,18 @@ mod scripts;
 mod url;
 mod watch;
 
+use solocron_core::StoreBase;
 use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use solocron_core::{
-    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
-    JobRevision, JobWrite, Lease, ManagedJob, Namespaces, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, RegistryCursor, RegistryPage, Renewal, RequestWatch, RunEnd, RunId, RunRecord, RunRequest,
-    SchemaState, Store, StoreError, Tick,
-};
+use solocron_core::{Prefix, StoreError};
 
 pub use fleet::ACTIONS_KEPT_MAX;
 
-/// Most entries one [`Store::expired`], [`Store::pending_requests`] or [`Store::prune`]
+/// Most entries one [`RunStore::expired`], [`RequestStore::pending_requests`] or [`HistoryStore::prune`]
 /// call examines in each sorted set it scans for the namespaces asked (the expiry set; the
 /// pending requests; the history and the requests): see "Namespaces" in the crate docs for
 /// what happens past it. Far above the most entries a call returns
@@ -352,7 +348,7 @@ const RECONNECT_DELAY_MAX: Duration = Duration::from_millis(500);
 ///
 /// # Panics
 ///
-/// [`Store::finish`], [`Store::finish_all`] and [`Store::finish_for_retry`] panic if given
+/// [`RunStore::finish`], [`RunStore::finish_all`] and [`RunStore::finish_for_retry`] panic if given
 /// a `RunEnd` whose state is not terminal (`running`, `waiting`): that is a bug in the
 /// caller, not a condition of the store.
 #[derive(Clone)]
@@ -376,7 +372,7 @@ impl fmt::Debug for RedisStore {
 impl RedisStore {
     /// Connects to the Redis at `url` (`redis://[[user]:password@]host:port[/db]`) and keeps
     /// its keys under `prefix` (`{name}:...`, see [`Prefix::redis_key_prefix`]). Does not
-    /// write anything: call [`Store::migrate`].
+    /// write anything: call [`SchemaStore::migrate`].
     ///
     /// Fails with [`StoreError::Unavailable`] if the server cannot be reached within 5 s,
     /// and with [`StoreError::Invalid`] if the URL is malformed or the server refuses the
@@ -421,148 +417,12 @@ impl RedisStore {
 }
 
 #[async_trait]
-impl Store for RedisStore {
+impl StoreBase for RedisStore {
     fn describe(&self) -> String {
         self.description.clone()
     }
 
-    async fn migrate(&self) -> Result<(), StoreError> {
-        schema::migrate(self).await
-    }
-
-    async fn schema(&self) -> Result<SchemaState, StoreError> {
-        schema::schema(self).await
-    }
-
-    async fn uninstall(&self) -> Result<(), StoreError> {
-        schema::uninstall(self).await
-    }
-
-    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-        claim::claim(self, requests).await
-    }
-
-    async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-        runs::renew(self, lease, length).await
-    }
-
-    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-        runs::renew_all(self, renewals).await
-    }
-
-    async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-        runs::finish(self, lease, end).await
-    }
-
-    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-        runs::finish_all(self, endings).await
-    }
-
-    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
-        runs::finish_for_retry(self, lease, end, after).await
-    }
-
-    async fn expired(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRecord>, StoreError> {
-        runs::expired(self, limit, namespaces).await
-    }
-
-    async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
-        runs::recover(self, run, action).await
-    }
-
-    async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
-        admin::history(self, query).await
-    }
-
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         admin::now(self).await
-    }
-
-    async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
-        admin::register(self, node, jobs).await
-    }
-
-    async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
-        admin::registrations(self).await
-    }
-
-    async fn registrations_page(
-        &self,
-        after: Option<&RegistryCursor>,
-        limit: usize,
-    ) -> Result<RegistryPage, StoreError> {
-        admin::registrations_page(self, after, limit).await
-    }
-
-    async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
-        admin::set_paused(self, job, paused, by, reason).await
-    }
-
-    async fn controls(&self) -> Result<Vec<JobControl>, StoreError> {
-        admin::controls(self).await
-    }
-
-    async fn request_run(&self, job: &str, by: &str, reason: Option<&str>) -> Result<Tick, StoreError> {
-        admin::request_run(self, job, by, reason).await
-    }
-
-    fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
-        Some(watch::watch(self))
-    }
-
-    async fn pending_requests(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRequest>, StoreError> {
-        admin::pending_requests(self, limit, namespaces).await
-    }
-
-    async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-        runs::unlock(self, job, by, reason).await
-    }
-
-    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
-        admin::taken_ticks(self, ticks).await.map(Some)
-    }
-
-    async fn memory_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        admin::memory_since(self).await
-    }
-
-    async fn prune(&self, older_than: Duration, batch: usize, namespaces: &Namespaces) -> Result<u64, StoreError> {
-        admin::prune(self, older_than, batch, namespaces).await
-    }
-
-    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {
-        fleet::heartbeat(self, beat).await
-    }
-
-    async fn goodbye(&self, node: &str) -> Result<(), StoreError> {
-        fleet::goodbye(self, node).await
-    }
-
-    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
-        fleet::nodes(self).await
-    }
-
-    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
-        fleet::actions(self, query).await
-    }
-
-    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
-        managed::put_job(self, job, spec, by, expect).await
-    }
-
-    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
-        managed::delete_job(self, job, by, expect).await
-    }
-
-    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
-        managed::managed_jobs(self).await
-    }
-
-    async fn managed_version(&self) -> Result<u64, StoreError> {
-        managed::managed_version(self).await
-    }
-
-    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
-        managed::job_revisions(self, job, limit).await
     }
 }

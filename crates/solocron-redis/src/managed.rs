@@ -5,6 +5,8 @@
 //! job, appends the revision, drops the oldest revisions beyond [`JOB_REVISIONS_KEPT_MAX`],
 //! and publishes on the request channel, all in one atomic step.
 
+use async_trait::async_trait;
+use solocron_core::ManagedStore;
 use solocron_core::{
     check_spec_text, JobRevision, JobWrite, ManagedJob, StoreError, MANAGED_JOBS_MAX, REVISIONS_PAGE_MAX,
 };
@@ -30,26 +32,50 @@ struct Bounds {
 
 const BOUNDS: Bounds = Bounds { jobs: MANAGED_JOBS_MAX, revisions: JOB_REVISIONS_KEPT_MAX };
 
-/// Creates or replaces a managed job (see [`solocron_core::Store::put_job`]).
-pub(crate) async fn put_job(
-    store: &RedisStore,
-    job: &str,
-    spec: &str,
-    by: &str,
-    expect: Option<u64>,
-) -> Result<JobWrite, StoreError> {
-    check_spec_text(spec).map_err(StoreError::Invalid)?;
-    write(store, job, Some(spec), by, expect, BOUNDS).await
-}
+#[async_trait]
+impl ManagedStore for RedisStore {
+    /// Creates or replaces a managed job (see [`solocron_core::ManagedStore::put_job`]).
+    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        let store = self;
+        check_spec_text(spec).map_err(StoreError::Invalid)?;
+        write(store, job, Some(spec), by, expect, BOUNDS).await
+    }
 
-/// Deletes a managed job (see [`solocron_core::Store::delete_job`]).
-pub(crate) async fn delete_job(
-    store: &RedisStore,
-    job: &str,
-    by: &str,
-    expect: Option<u64>,
-) -> Result<JobWrite, StoreError> {
-    write(store, job, None, by, expect, BOUNDS).await
+    /// Deletes a managed job (see [`solocron_core::ManagedStore::delete_job`]).
+    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        let store = self;
+        write(store, job, None, by, expect, BOUNDS).await
+    }
+
+    /// Every managed job, by name.
+    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
+        let store = self;
+        let mut call = store.invocation(&CODE.managed_jobs);
+        call.arg(MANAGED_JOBS_MAX);
+        let reply = store.run(&call, "managed_jobs").await?;
+        decode::each(reply, "managed jobs", decode::managed_job)?.into_iter().collect()
+    }
+
+    /// The revision counter: the newest revision (0: none ever written).
+    async fn managed_version(&self) -> Result<u64, StoreError> {
+        let store = self;
+        let reply = store.run(&store.invocation(&CODE.managed_version), "managed_version").await?;
+        let version: i64 = convert(reply, "managed version")?;
+        u64::try_from(version).map_err(|e| invalid("managed version", e))
+    }
+
+    /// Revisions newest first, of one job or all (see [`solocron_core::ManagedStore::job_revisions`]).
+    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
+        let store = self;
+        let limit = match limit {
+            0 => REVISIONS_PAGE_MAX,
+            n => n.min(REVISIONS_PAGE_MAX),
+        };
+        let mut call = store.invocation(&CODE.job_revisions);
+        call.arg(optional(job)).arg(limit);
+        let reply = store.run(&call, "job_revisions").await?;
+        decode::each(reply, "job revisions", decode::job_revision)?.into_iter().collect()
+    }
 }
 
 /// One call of `lua/job_write.lua`: `spec` `None` deletes.
@@ -72,37 +98,6 @@ async fn write(
     Ok(done)
 }
 
-/// Every managed job, by name.
-pub(crate) async fn managed_jobs(store: &RedisStore) -> Result<Vec<ManagedJob>, StoreError> {
-    let mut call = store.invocation(&CODE.managed_jobs);
-    call.arg(MANAGED_JOBS_MAX);
-    let reply = store.run(&call, "managed_jobs").await?;
-    decode::each(reply, "managed jobs", decode::managed_job)?.into_iter().collect()
-}
-
-/// The revision counter: the newest revision (0: none ever written).
-pub(crate) async fn managed_version(store: &RedisStore) -> Result<u64, StoreError> {
-    let reply = store.run(&store.invocation(&CODE.managed_version), "managed_version").await?;
-    let version: i64 = convert(reply, "managed version")?;
-    u64::try_from(version).map_err(|e| invalid("managed version", e))
-}
-
-/// Revisions newest first, of one job or all (see [`solocron_core::Store::job_revisions`]).
-pub(crate) async fn job_revisions(
-    store: &RedisStore,
-    job: Option<&str>,
-    limit: usize,
-) -> Result<Vec<JobRevision>, StoreError> {
-    let limit = match limit {
-        0 => REVISIONS_PAGE_MAX,
-        n => n.min(REVISIONS_PAGE_MAX),
-    };
-    let mut call = store.invocation(&CODE.job_revisions);
-    call.arg(optional(job)).arg(limit);
-    let reply = store.run(&call, "job_revisions").await?;
-    decode::each(reply, "job revisions", decode::job_revision)?.into_iter().collect()
-}
-
 #[cfg(test)]
 mod tests {
     //! What the shared conformance checks cannot see: the bounds (at small values), the
@@ -110,7 +105,7 @@ mod tests {
 
     use async_trait::async_trait;
     use solocron_conformance::server::{self, Failure, Namespace, TestServer};
-    use solocron_core::{Prefix, Store};
+    use solocron_core::{Prefix, SchemaStore};
 
     use super::*;
 
@@ -172,16 +167,16 @@ mod tests {
             write(&store, "b", Some(&spec(i)), "ann", None, bounds).await.unwrap();
         }
         // Revisions 1-3 of a, 4-5 of b: the 3 newest are a's 3rd, and b's.
-        assert_eq!(revisions(&job_revisions(&store, None, 0).await.unwrap()), [("b", 5), ("b", 4), ("a", 3)]);
-        assert_eq!(revisions(&job_revisions(&store, Some("a"), 0).await.unwrap()), [("a", 3)]);
+        assert_eq!(revisions(&store.job_revisions(None, 0).await.unwrap()), [("b", 5), ("b", 4), ("a", 3)]);
+        assert_eq!(revisions(&store.job_revisions(Some("a"), 0).await.unwrap()), [("a", 3)]);
         assert_eq!(keys(&store, "mrev:*").await.len(), 3, "the dropped revisions' hashes are gone");
         let mut conn = store.conn.clone();
         let indexed: usize =
             redis::cmd("ZCARD").arg(format!("{}mjrevs:a", store.prefix)).query_async(&mut conn).await.unwrap();
         assert_eq!(indexed, 1, "a's index lists only its kept revision");
-        let jobs = managed_jobs(&store).await.unwrap();
+        let jobs = store.managed_jobs().await.unwrap();
         assert_eq!(jobs.iter().map(|j| (j.job.as_str(), j.revision)).collect::<Vec<_>>(), [("a", 3), ("b", 5)]);
-        assert_eq!(managed_version(&store).await.unwrap(), 5);
+        assert_eq!(store.managed_version().await.unwrap(), 5);
     }
 
     #[tokio::test]

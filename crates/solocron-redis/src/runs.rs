@@ -4,6 +4,8 @@
 //! owner and fencing token (or the state and lease expiry) in the same atomic step that
 //! writes.
 
+use async_trait::async_trait;
+use solocron_core::RunStore;
 use std::time::Duration;
 
 use redis::Value;
@@ -17,139 +19,138 @@ use crate::decode::{self, convert, invalid};
 use crate::scripts::{Method, CODE};
 use crate::{RedisStore, SCAN_EXAMINED_MAX};
 
-/// Extends a lease (see [`solocron_core::Store::renew`]).
-pub(crate) async fn renew(store: &RedisStore, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-    let renewed: i64 = convert(store.run(&renew_call(store, lease, length)?, "renew").await?, "renew reply")?;
-    Ok(renewed == 1)
-}
+#[async_trait]
+impl RunStore for RedisStore {
+    /// Extends a lease (see [`solocron_core::RunStore::renew`]).
+    async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
+        let store = self;
+        let renewed: i64 = convert(store.run(&renew_call(store, lease, length)?, "renew").await?, "renew reply")?;
+        Ok(renewed == 1)
+    }
 
-/// Extends several leases in one pipeline (see [`solocron_core::Store::renew_all`]).
-pub(crate) async fn renew_all(store: &RedisStore, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-    assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
-    let calls = renewals.iter().map(|r| renew_call(store, &r.lease, r.length)).collect::<Result<Vec<_>, _>>()?;
-    store.run_flags(&calls, "renew").await
-}
+    /// Extends several leases in one pipeline (see [`solocron_core::RunStore::renew_all`]).
+    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+        let store = self;
+        assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+        let calls = renewals.iter().map(|r| renew_call(store, &r.lease, r.length)).collect::<Result<Vec<_>, _>>()?;
+        store.run_flags(&calls, "renew").await
+    }
 
-/// Records a run's end (see [`solocron_core::Store::finish`]).
-pub(crate) async fn finish(store: &RedisStore, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-    let call = finish_call(store, lease, end)?;
-    let finished: i64 = convert(store.run(&call, "finish").await?, "finish reply")?;
-    Ok(finished == 1)
-}
+    /// Records a run's end (see [`solocron_core::RunStore::finish`]).
+    async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
+        let store = self;
+        let call = finish_call(store, lease, end)?;
+        let finished: i64 = convert(store.run(&call, "finish").await?, "finish reply")?;
+        Ok(finished == 1)
+    }
 
-/// Records several runs' ends in one call of `lua/finish_all.lua`, which answers one flag
-/// per end in one string (see [`solocron_core::Store::finish_all`]). One call instead of a
-/// pipeline of one per end: the server runs the prelude once and the client reads one
-/// reply, which most of a run's cost was. If the call fails midway (a script error), the
-/// ends before it are recorded and the engine's item by item retry finds them no longer
-/// running: reported as not recorded, though they are.
-pub(crate) async fn finish_all(store: &RedisStore, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-    assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
-    if endings.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut call = store.invocation(&CODE.finish_all);
-    call.arg(endings.len());
-    for e in endings {
-        end_args(&mut call, &e.lease, &e.end)?;
-    }
-    let flags: Vec<u8> = convert(store.run(&call, "finish").await?, "finish flags")?;
-    decode::flags(&flags, endings.len())
-}
-
-/// Records a failed run's end and plans its next attempt as a waiting retry, in one call
-/// (see [`solocron_core::Store::finish_for_retry`]).
-pub(crate) async fn finish_for_retry(
-    store: &RedisStore,
-    lease: &Lease,
-    end: &RunEnd,
-    after: Duration,
-) -> Result<bool, StoreError> {
-    // The retry is never the last possible attempt, which `recover` could not start.
-    if lease.run.attempt >= u32::MAX - 1 {
-        return Err(StoreError::Invalid(format!("run {} has no next attempt to retry as", lease.run)));
-    }
-    let mut call = end_call(store, &CODE.finish_retry, lease, end)?;
-    call.arg(millis(after)?);
-    let finished: i64 = convert(store.run(&call, "finish_for_retry").await?, "finish_for_retry reply")?;
-    if finished == 1 {
-        tracing::debug!(run = %lease.run, ?after, "run finished; its retry waits");
-    }
-    Ok(finished == 1)
-}
-
-/// Running runs whose lease passed, and waiting retries whose not-before passed, by Redis's
-/// clock, of jobs in `namespaces` (see [`solocron_core::Store::expired`]). The Lua scans the
-/// due entries oldest first, passing over other namespaces', and examines at most
-/// [`SCAN_EXAMINED_MAX`] of them.
-pub(crate) async fn expired(
-    store: &RedisStore,
-    limit: usize,
-    namespaces: &Namespaces,
-) -> Result<Vec<RunRecord>, StoreError> {
-    let limit = limit.min(RECORDS_PAGE_MAX);
-    if limit == 0 {
-        return Ok(Vec::new());
-    }
-    let mut call = store.invocation(&CODE.expired);
-    call.arg(limit).arg(SCAN_EXAMINED_MAX).namespaces(namespaces);
-    let (bounded, records): (i64, Value) = convert(store.run(&call, "expired").await?, "expired reply")?;
-    let records = decode::each(records, "expired runs", decode::record)?;
-    if bounded == 1 {
-        tracing::warn!(
-            examined = SCAN_EXAMINED_MAX,
-            found = records.len(),
-            %namespaces,
-            "the expired runs scan stopped after examining its most entries, mostly of other namespaces; \
-             later expired runs of these namespaces are not listed until those are recovered"
-        );
-    }
-    // A record this version cannot read (written by a newer one, say) must not stop the
-    // recovery of every other run.
-    Ok(records
-        .into_iter()
-        .filter_map(|r| r.map_err(|e| tracing::error!(error = %e, "skipping an unreadable expired run")).ok())
-        .collect())
-}
-
-/// Abandons or retries an expired run, or drops or starts a due waiting retry (see
-/// [`solocron_core::Store::recover`]).
-pub(crate) async fn recover(
-    store: &RedisStore,
-    run: &RunId,
-    action: &RecoverAction,
-) -> Result<RecoverOutcome, StoreError> {
-    // Checked before the call: the script may end the run before it starts the next one.
-    // (A waiting retry is never the last attempt: `finish_for_retry` makes none.)
-    if matches!(action, RecoverAction::Retry { .. }) && run.attempt == u32::MAX {
-        return Err(StoreError::Invalid(format!("run {run} has no next attempt")));
-    }
-    let next = RunId { tick: run.tick.clone(), attempt: run.attempt.saturating_add(1) };
-    let mut call = store.invocation(&CODE.recover);
-    call.arg(&run.tick.job).arg(run.tick.scheduled_at.timestamp_millis()).arg(run.attempt);
-    match action {
-        RecoverAction::Abandon { reason } => call.arg("abandon").arg(reason).arg(0),
-        RecoverAction::Retry { node, lease } => call.arg("retry").arg(node).arg(millis(*lease)?),
-    };
-    let reply: Vec<String> = convert(store.run(&call, "recover").await?, "recover reply")?;
-    let outcome = match (reply.first().map(String::as_str), action) {
-        (Some("not_needed"), _) => RecoverOutcome::NotNeeded,
-        (Some("abandoned"), RecoverAction::Abandon { .. }) => RecoverOutcome::Abandoned,
-        (Some("won"), RecoverAction::Retry { node, .. }) => RecoverOutcome::Retried(decode::won(&reply, next, node)?),
-        // A waiting retry started: the same attempt.
-        (Some("started"), RecoverAction::Retry { node, .. }) => {
-            RecoverOutcome::Retried(decode::won(&reply, run.clone(), node)?)
+    /// Records several runs' ends in one call of `lua/finish_all.lua`, which answers one flag
+    /// per end in one string (see [`solocron_core::RunStore::finish_all`]). One call instead of a
+    /// pipeline of one per end: the server runs the prelude once and the client reads one
+    /// reply, which most of a run's cost was. If the call fails midway (a script error), the
+    /// ends before it are recorded and the engine's item by item retry finds them no longer
+    /// running: reported as not recorded, though they are.
+    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+        let store = self;
+        assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
+        if endings.is_empty() {
+            return Ok(Vec::new());
         }
-        _ => return Err(invalid("recover reply", format!("{reply:?}"))),
-    };
-    if outcome != RecoverOutcome::NotNeeded {
-        tracing::debug!(%run, ?outcome, "expired run recovered");
+        let mut call = store.invocation(&CODE.finish_all);
+        call.arg(endings.len());
+        for e in endings {
+            end_args(&mut call, &e.lease, &e.end)?;
+        }
+        let flags: Vec<u8> = convert(store.run(&call, "finish").await?, "finish flags")?;
+        decode::flags(&flags, endings.len())
     }
-    Ok(outcome)
+
+    /// Records a failed run's end and plans its next attempt as a waiting retry, in one call
+    /// (see [`solocron_core::RunStore::finish_for_retry`]).
+    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
+        let store = self;
+        // The retry is never the last possible attempt, which `recover` could not start.
+        if lease.run.attempt >= u32::MAX - 1 {
+            return Err(StoreError::Invalid(format!("run {} has no next attempt to retry as", lease.run)));
+        }
+        let mut call = end_call(store, &CODE.finish_retry, lease, end)?;
+        call.arg(millis(after)?);
+        let finished: i64 = convert(store.run(&call, "finish_for_retry").await?, "finish_for_retry reply")?;
+        if finished == 1 {
+            tracing::debug!(run = %lease.run, ?after, "run finished; its retry waits");
+        }
+        Ok(finished == 1)
+    }
+
+    /// Running runs whose lease passed, and waiting retries whose not-before passed, by Redis's
+    /// clock, of jobs in `namespaces` (see [`solocron_core::RunStore::expired`]). The Lua scans the
+    /// due entries oldest first, passing over other namespaces', and examines at most
+    /// [`SCAN_EXAMINED_MAX`] of them.
+    async fn expired(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRecord>, StoreError> {
+        let store = self;
+        let limit = limit.min(RECORDS_PAGE_MAX);
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut call = store.invocation(&CODE.expired);
+        call.arg(limit).arg(SCAN_EXAMINED_MAX).namespaces(namespaces);
+        let (bounded, records): (i64, Value) = convert(store.run(&call, "expired").await?, "expired reply")?;
+        let records = decode::each(records, "expired runs", decode::record)?;
+        if bounded == 1 {
+            tracing::warn!(
+                examined = SCAN_EXAMINED_MAX,
+                found = records.len(),
+                %namespaces,
+                "the expired runs scan stopped after examining its most entries, mostly of other namespaces; \
+                 later expired runs of these namespaces are not listed until those are recovered"
+            );
+        }
+        // A record this version cannot read (written by a newer one, say) must not stop the
+        // recovery of every other run.
+        Ok(records
+            .into_iter()
+            .filter_map(|r| r.map_err(|e| tracing::error!(error = %e, "skipping an unreadable expired run")).ok())
+            .collect())
+    }
+
+    /// Abandons or retries an expired run, or drops or starts a due waiting retry (see
+    /// [`solocron_core::RunStore::recover`]).
+    async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
+        let store = self;
+        // Checked before the call: the script may end the run before it starts the next one.
+        // (A waiting retry is never the last attempt: `finish_for_retry` makes none.)
+        if matches!(action, RecoverAction::Retry { .. }) && run.attempt == u32::MAX {
+            return Err(StoreError::Invalid(format!("run {run} has no next attempt")));
+        }
+        let next = RunId { tick: run.tick.clone(), attempt: run.attempt.saturating_add(1) };
+        let mut call = store.invocation(&CODE.recover);
+        call.arg(&run.tick.job).arg(run.tick.scheduled_at.timestamp_millis()).arg(run.attempt);
+        match action {
+            RecoverAction::Abandon { reason } => call.arg("abandon").arg(reason).arg(0),
+            RecoverAction::Retry { node, lease } => call.arg("retry").arg(node).arg(millis(*lease)?),
+        };
+        let reply: Vec<String> = convert(store.run(&call, "recover").await?, "recover reply")?;
+        let outcome = match (reply.first().map(String::as_str), action) {
+            (Some("not_needed"), _) => RecoverOutcome::NotNeeded,
+            (Some("abandoned"), RecoverAction::Abandon { .. }) => RecoverOutcome::Abandoned,
+            (Some("won"), RecoverAction::Retry { node, .. }) => {
+                RecoverOutcome::Retried(decode::won(&reply, next, node)?)
+            }
+            // A waiting retry started: the same attempt.
+            (Some("started"), RecoverAction::Retry { node, .. }) => {
+                RecoverOutcome::Retried(decode::won(&reply, run.clone(), node)?)
+            }
+            _ => return Err(invalid("recover reply", format!("{reply:?}"))),
+        };
+        if outcome != RecoverOutcome::NotNeeded {
+            tracing::debug!(%run, ?outcome, "expired run recovered");
+        }
+        Ok(outcome)
+    }
 }
 
 /// Ends every running run of a job for an operator, and records the action (see
-/// [`solocron_core::Store::unlock`]).
+/// [`solocron_core::ControlStore::unlock`]).
 pub(crate) async fn unlock(store: &RedisStore, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
     let mut call = store.invocation(&CODE.unlock);
     call.arg(job).arg(by).arg(reason).arg(crate::fleet::ACTIONS_KEPT_MAX).arg(solocron_core::UNLOCK_DETAIL_RUNS_MAX);

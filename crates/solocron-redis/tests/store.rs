@@ -5,6 +5,16 @@
 
 mod common;
 
+use solocron_core::AuditStore;
+use solocron_core::ClaimStore;
+use solocron_core::ControlStore;
+use solocron_core::FleetStore;
+use solocron_core::HistoryStore;
+use solocron_core::RegistryStore;
+use solocron_core::RequestStore;
+use solocron_core::RunStore;
+use solocron_core::SchemaStore;
+use solocron_core::StoreBase;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +23,7 @@ use redis::Value;
 use solocron_conformance::checks::definition;
 use solocron_core::{
     ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, Lease, Prefix, RecoverAction,
-    RecoverOutcome, RunEnd, RunState, SchemaState, Store, StoreError, Tick, Trigger,
+    RecoverOutcome, RunEnd, RunState, SchemaState, StoreError, Tick, Trigger,
 };
 use solocron_redis::RedisStore;
 use tokio::sync::Barrier;

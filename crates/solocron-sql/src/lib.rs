@@ -157,7 +157,7 @@ where
     sql.push(" ORDER BY scheduled_at DESC, attempt DESC LIMIT ").push_bind(query.effective_limit() as i64);
 }
 
-/// The query of [`solocron_core::Store::taken_ticks`] on the runs table `runs`: the job and
+/// The query of [`solocron_core::ClaimStore::taken_ticks`] on the runs table `runs`: the job and
 /// instant (ms) of each attempt 1 of the ticks' jobs from their earliest instant to their
 /// latest (a range of the primary key per job; a round's ticks share an instant or a few).
 /// [`taken_of`] keeps the rows of the ticks asked for. `None` for no ticks.

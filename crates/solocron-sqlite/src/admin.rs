@@ -3,6 +3,8 @@
 //! write is one `BEGIN IMMEDIATE` transaction; an operator's action appends its record to
 //! the audit log (`fleet.rs`) in that same transaction.
 
+use async_trait::async_trait;
+use solocron_core::{ControlStore, HistoryStore, RegistryStore, RequestStore, RequestWatch};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -151,15 +153,254 @@ impl Sql {
     }
 }
 
-/// Run records matching `query`, newest first (see [`solocron_core::Store::history`]).
-pub(crate) async fn history(store: &SqliteStore, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
-    let mut sql = QueryBuilder::<Sqlite>::new(&store.sql.admin.history);
-    solocron_sql::push_history_filters(&mut sql, query);
-    let rows = sql.build().fetch_all(&store.pool).await.map_err(db_err)?;
-    rows.iter().map(record).collect()
+#[async_trait]
+impl HistoryStore for SqliteStore {
+    /// Run records matching `query`, newest first (see [`solocron_core::HistoryStore::history`]).
+    async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
+        let store = self;
+        let mut sql = QueryBuilder::<Sqlite>::new(&store.sql.admin.history);
+        solocron_sql::push_history_filters(&mut sql, query);
+        let rows = sql.build().fetch_all(&store.pool).await.map_err(db_err)?;
+        rows.iter().map(record).collect()
+    }
+
+    /// How many run records of `job` there are from `since` on, by state, in one query (see
+    /// [`solocron_core::HistoryStore::count_runs`]); never truncated. A state this version cannot
+    /// read fails the count as it fails `history`.
+    async fn count_runs(&self, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
+        let store = self;
+        let rows = sqlx::query(&store.sql.admin.count_runs)
+            .bind(job)
+            .bind(since.timestamp_millis())
+            .fetch_all(&store.pool)
+            .await
+            .map_err(db_err)?;
+        let mut counts = RunCounts::default();
+        for row in &rows {
+            let n: i64 = get(row, "n")?;
+            let n = u64::try_from(n).map_err(|_| StoreError::Invalid(format!("count of runs {n} is negative")))?;
+            counts.add(parse_name(row, "state")?, n);
+        }
+        Ok(counts)
+    }
+
+    /// Deletes up to `batch` ended runs, and the requests and actions, older than
+    /// `older_than`, and forgets long silent nodes (see [`solocron_core::HistoryStore::prune`]).
+    async fn prune(&self, older_than: Duration, batch: usize, namespaces: &Namespaces) -> Result<u64, StoreError> {
+        let store = self;
+        let batch = batch.min(PRUNE_BATCH_MAX) as i64;
+        let mut tx = store.write_tx().await?;
+        // One instant for every table: SQLite's clock may move between statements.
+        let now: i64 = sqlx::query_scalar(concat!("SELECT ", now!())).fetch_one(&mut *tx).await.map_err(db_err)?;
+        let cutoff = now - millis(older_than)?;
+        // By rowid: SQLite's DELETE takes no LIMIT unless compiled to.
+        let list = solocron_sql::namespace_list(namespaces);
+        let deleted = sqlx::query(&store.sql.admin.prune_runs)
+            .bind(cutoff)
+            .bind(&list)
+            .bind(&list)
+            .bind(batch)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?
+            .rows_affected();
+        let prune_requests = sqlx::query(&store.sql.admin.prune_requests).bind(cutoff).bind(&list).bind(&list);
+        prune_requests.execute(&mut *tx).await.map_err(db_err)?;
+        crate::fleet::prune(store, &mut tx, now, older_than).await?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(deleted)
+    }
 }
 
-/// Those of `ticks` that are taken (see [`solocron_core::Store::taken_ticks`]): their
+#[async_trait]
+impl RegistryStore for SqliteStore {
+    /// Records that `node` runs exactly `jobs` (see [`solocron_core::RegistryStore::register`]): one
+    /// upsert per job, then one delete of the node's other registrations, in one transaction.
+    async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
+        let store = self;
+        let mut tx = store.write_tx().await?;
+        for job in jobs {
+            sqlx::query(&store.sql.admin.register)
+                .bind(&job.job)
+                .bind(node)
+                .bind(&job.schedule)
+                .bind(&job.timezone)
+                .bind(&job.definition_hash)
+                .bind(&job.summary)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        }
+        sqlx::query(&store.sql.admin.unregister_unlisted)
+            .bind(node)
+            .bind(json_names(jobs))
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)
+    }
+
+    /// Every node's registered jobs (see [`solocron_core::RegistryStore::registrations`]).
+    async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
+        let store = self;
+        let rows = sqlx::query(&store.sql.admin.registrations).fetch_all(&store.pool).await.map_err(db_err)?;
+        rows.iter().map(registration).collect()
+    }
+
+    /// A page of the registry in `(job, node)` order (see
+    /// [`solocron_core::RegistryStore::registrations_page`]): each page a range of the primary key.
+    async fn registrations_page(
+        &self,
+        after: Option<&RegistryCursor>,
+        limit: usize,
+    ) -> Result<RegistryPage, StoreError> {
+        let store = self;
+        let limit = limit.clamp(1, REGISTRY_PAGE_MAX);
+        let query = match after {
+            None => sqlx::query(&store.sql.admin.registry_first_page),
+            Some(cursor) => {
+                let (job, node) = cursor
+                    .job_and_node()
+                    .ok_or_else(|| StoreError::Invalid(format!("not a registry cursor of this store: {cursor:?}")))?;
+                sqlx::query(&store.sql.admin.registry_page).bind(job).bind(node)
+            }
+        };
+        let rows = query.bind(limit as i64).fetch_all(&store.pool).await.map_err(db_err)?;
+        let registrations = rows.iter().map(registration).collect::<Result<Vec<_>, _>>()?;
+        // A full page may have a next one; a short one is the last.
+        let next = match registrations.last() {
+            Some(last) if registrations.len() == limit => Some(RegistryCursor::after(&last.definition.job, &last.node)),
+            _ => None,
+        };
+        Ok(RegistryPage { registrations, next })
+    }
+
+    /// The registrations of `jobs` (see [`solocron_core::RegistryStore::registrations_of`]).
+    async fn registrations_of(&self, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {
+        let store = self;
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = store.sql.admin.registrations_of.replace("{in}", &marks(jobs.len()));
+        let rows =
+            jobs.iter().fold(sqlx::query(&sql), |q, j| q.bind(j)).fetch_all(&store.pool).await.map_err(db_err)?;
+        rows.iter().map(registration).collect()
+    }
+
+    /// Every registered job's name, once (see [`solocron_core::RegistryStore::registered_jobs`]).
+    async fn registered_jobs(&self) -> Result<Vec<String>, StoreError> {
+        let store = self;
+        sqlx::query_scalar(&store.sql.admin.registered_jobs).fetch_all(&store.pool).await.map_err(db_err)
+    }
+
+    /// Every job's switches (see [`solocron_core::RegistryStore::controls`]).
+    async fn controls(&self) -> Result<Vec<JobControl>, StoreError> {
+        let store = self;
+        let rows = sqlx::query(&store.sql.admin.controls).fetch_all(&store.pool).await.map_err(db_err)?;
+        rows.iter().map(control).collect()
+    }
+}
+
+#[async_trait]
+impl ControlStore for SqliteStore {
+    /// Pauses or resumes a job fleet-wide, and records the action (see
+    /// [`solocron_core::ControlStore::set_paused`]); a pause of a paused job without a reason leaves
+    /// the switch as it was.
+    async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
+        let store = self;
+        let mut tx = store.write_tx().await?;
+        let was: Option<i64> =
+            sqlx::query_scalar(&store.sql.admin.paused).bind(job).fetch_optional(&mut *tx).await.map_err(db_err)?;
+        let was_paused = was.is_some_and(|p| p != 0);
+        if !(paused && was_paused && reason.is_none()) {
+            sqlx::query(&store.sql.admin.set_paused)
+                .bind(job)
+                .bind(i64::from(paused))
+                .bind(by)
+                .bind(reason)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        }
+        let kind = if paused { ActionKind::Pause } else { ActionKind::Resume };
+        let detail = ActionRecord::pause_detail(paused, was_paused);
+        append(store, &mut tx, Action { job, kind, by, reason, detail }).await?;
+        tx.commit().await.map_err(db_err)
+    }
+
+    /// Ends every running run of `job` as abandoned, and records the action (see
+    /// [`solocron_core::ControlStore::unlock`]).
+    async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
+        let store = self;
+        let mut tx = store.write_tx().await?;
+        let ended = ActionRecord::unlock_reason(by, reason);
+        let rows =
+            sqlx::query(&store.sql.admin.unlock).bind(&ended).bind(job).fetch_all(&mut *tx).await.map_err(db_err)?;
+        let mut runs = rows.iter().map(run_id).collect::<Result<Vec<_>, _>>()?;
+        runs.sort();
+        let detail = ActionRecord::unlock_detail(&runs);
+        let reason = (!reason.is_empty()).then_some(reason);
+        append(store, &mut tx, Action { job, kind: ActionKind::Unlock, by, reason, detail: &detail }).await?;
+        tx.commit().await.map_err(db_err)?;
+        tracing::debug!(job, runs = runs.len(), "job unlocked");
+        Ok(runs)
+    }
+}
+
+#[async_trait]
+impl RequestStore for SqliteStore {
+    /// Requests a manual run of `job` at a free millisecond from now, and records the action
+    /// (see [`solocron_core::RequestStore::request_run`]).
+    async fn request_run(&self, job: &str, by: &str, reason: Option<&str>) -> Result<Tick, StoreError> {
+        let store = self;
+        let mut tx = store.write_tx().await?;
+        let now: i64 = sqlx::query_scalar(concat!("SELECT ", now!())).fetch_one(&mut *tx).await.map_err(db_err)?;
+        // Start at the first non-whole-second millisecond at or after now.
+        let mut at = if now % 1000 == 0 { now + 1 } else { now };
+        for _ in 0..REQUEST_SLOTS_MAX {
+            let inserted = sqlx::query(&store.sql.admin.request_run)
+                .bind(job)
+                .bind(at)
+                .bind(by)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?
+                .rows_affected();
+            if inserted == 1 {
+                let tick = Tick::new(job, instant(at)?);
+                let detail = RunId { tick: tick.clone(), attempt: 1 }.to_string();
+                append(store, &mut tx, Action { job, kind: ActionKind::Trigger, by, reason, detail: &detail }).await?;
+                tx.commit().await.map_err(db_err)?;
+                return Ok(tick);
+            }
+            at = next_manual_ms(at);
+        }
+        Err(StoreError::Invalid(format!(
+            "{REQUEST_SLOTS_MAX} manual runs of `{job}` already requested around this instant; try again"
+        )))
+    }
+
+    /// Requests no run has claimed yet, oldest first (see
+    /// [`solocron_core::RequestStore::pending_requests`]).
+    async fn pending_requests(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRequest>, StoreError> {
+        let store = self;
+        let list = solocron_sql::namespace_list(namespaces);
+        let rows = sqlx::query(&store.sql.admin.pending_requests)
+            .bind(&list)
+            .bind(&list)
+            .bind(limit.min(RECORDS_PAGE_MAX) as i64)
+            .fetch_all(&store.pool)
+            .await
+            .map_err(db_err)?;
+        rows.iter().map(request).collect()
+    }
+
+    fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
+        Some(Box::new(crate::watch::FileWatch::new(&self.path)))
+    }
+}
+
+/// Those of `ticks` that are taken (see [`solocron_core::ClaimStore::taken_ticks`]): their
 /// jobs' attempt 1 rows over the ticks' span of instants, in one statement.
 pub(crate) async fn taken_ticks(store: &SqliteStore, ticks: &[Tick]) -> Result<Vec<Tick>, StoreError> {
     let runs = store.sql.admin.runs.clone();
@@ -168,54 +409,10 @@ pub(crate) async fn taken_ticks(store: &SqliteStore, ticks: &[Tick]) -> Result<V
     Ok(solocron_sql::taken_of(ticks, rows))
 }
 
-/// How many run records of `job` there are from `since` on, by state, in one query (see
-/// [`solocron_core::Store::count_runs`]); never truncated. A state this version cannot
-/// read fails the count as it fails `history`.
-pub(crate) async fn count_runs(store: &SqliteStore, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
-    let rows = sqlx::query(&store.sql.admin.count_runs)
-        .bind(job)
-        .bind(since.timestamp_millis())
-        .fetch_all(&store.pool)
-        .await
-        .map_err(db_err)?;
-    let mut counts = RunCounts::default();
-    for row in &rows {
-        let n: i64 = get(row, "n")?;
-        let n = u64::try_from(n).map_err(|_| StoreError::Invalid(format!("count of runs {n} is negative")))?;
-        counts.add(parse_name(row, "state")?, n);
-    }
-    Ok(counts)
-}
-
-/// SQLite's clock (see [`solocron_core::Store::now`]).
+/// SQLite's clock (see [`solocron_core::StoreBase::now`]).
 pub(crate) async fn now(store: &SqliteStore) -> Result<DateTime<Utc>, StoreError> {
     let ms: i64 = sqlx::query_scalar(concat!("SELECT ", now!())).fetch_one(&store.pool).await.map_err(db_err)?;
     instant(ms)
-}
-
-/// Records that `node` runs exactly `jobs` (see [`solocron_core::Store::register`]): one
-/// upsert per job, then one delete of the node's other registrations, in one transaction.
-pub(crate) async fn register(store: &SqliteStore, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
-    let mut tx = store.write_tx().await?;
-    for job in jobs {
-        sqlx::query(&store.sql.admin.register)
-            .bind(&job.job)
-            .bind(node)
-            .bind(&job.schedule)
-            .bind(&job.timezone)
-            .bind(&job.definition_hash)
-            .bind(&job.summary)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-    }
-    sqlx::query(&store.sql.admin.unregister_unlisted)
-        .bind(node)
-        .bind(json_names(jobs))
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
-    tx.commit().await.map_err(db_err)
 }
 
 /// The jobs' names as a JSON array of strings, for `json_each`.
@@ -250,128 +447,9 @@ fn push_json_string(json: &mut String, text: &str) {
     json.push('"');
 }
 
-/// Every node's registered jobs (see [`solocron_core::Store::registrations`]).
-pub(crate) async fn registrations(store: &SqliteStore) -> Result<Vec<Registration>, StoreError> {
-    let rows = sqlx::query(&store.sql.admin.registrations).fetch_all(&store.pool).await.map_err(db_err)?;
-    rows.iter().map(registration).collect()
-}
-
-/// A page of the registry in `(job, node)` order (see
-/// [`solocron_core::Store::registrations_page`]): each page a range of the primary key.
-pub(crate) async fn registrations_page(
-    store: &SqliteStore,
-    after: Option<&RegistryCursor>,
-    limit: usize,
-) -> Result<RegistryPage, StoreError> {
-    let limit = limit.clamp(1, REGISTRY_PAGE_MAX);
-    let query = match after {
-        None => sqlx::query(&store.sql.admin.registry_first_page),
-        Some(cursor) => {
-            let (job, node) = cursor
-                .job_and_node()
-                .ok_or_else(|| StoreError::Invalid(format!("not a registry cursor of this store: {cursor:?}")))?;
-            sqlx::query(&store.sql.admin.registry_page).bind(job).bind(node)
-        }
-    };
-    let rows = query.bind(limit as i64).fetch_all(&store.pool).await.map_err(db_err)?;
-    let registrations = rows.iter().map(registration).collect::<Result<Vec<_>, _>>()?;
-    // A full page may have a next one; a short one is the last.
-    let next = match registrations.last() {
-        Some(last) if registrations.len() == limit => Some(RegistryCursor::after(&last.definition.job, &last.node)),
-        _ => None,
-    };
-    Ok(RegistryPage { registrations, next })
-}
-
-/// The registrations of `jobs` (see [`solocron_core::Store::registrations_of`]).
-pub(crate) async fn registrations_of(store: &SqliteStore, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {
-    if jobs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let sql = store.sql.admin.registrations_of.replace("{in}", &marks(jobs.len()));
-    let rows = jobs.iter().fold(sqlx::query(&sql), |q, j| q.bind(j)).fetch_all(&store.pool).await.map_err(db_err)?;
-    rows.iter().map(registration).collect()
-}
-
 /// `n` comma-separated `?`.
 fn marks(n: usize) -> String {
     vec!["?"; n].join(", ")
-}
-
-/// Every registered job's name, once (see [`solocron_core::Store::registered_jobs`]).
-pub(crate) async fn registered_jobs(store: &SqliteStore) -> Result<Vec<String>, StoreError> {
-    sqlx::query_scalar(&store.sql.admin.registered_jobs).fetch_all(&store.pool).await.map_err(db_err)
-}
-
-/// Pauses or resumes a job fleet-wide, and records the action (see
-/// [`solocron_core::Store::set_paused`]); a pause of a paused job without a reason leaves
-/// the switch as it was.
-pub(crate) async fn set_paused(
-    store: &SqliteStore,
-    job: &str,
-    paused: bool,
-    by: &str,
-    reason: Option<&str>,
-) -> Result<(), StoreError> {
-    let mut tx = store.write_tx().await?;
-    let was: Option<i64> =
-        sqlx::query_scalar(&store.sql.admin.paused).bind(job).fetch_optional(&mut *tx).await.map_err(db_err)?;
-    let was_paused = was.is_some_and(|p| p != 0);
-    if !(paused && was_paused && reason.is_none()) {
-        sqlx::query(&store.sql.admin.set_paused)
-            .bind(job)
-            .bind(i64::from(paused))
-            .bind(by)
-            .bind(reason)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-    }
-    let kind = if paused { ActionKind::Pause } else { ActionKind::Resume };
-    let detail = ActionRecord::pause_detail(paused, was_paused);
-    append(store, &mut tx, Action { job, kind, by, reason, detail }).await?;
-    tx.commit().await.map_err(db_err)
-}
-
-/// Every job's switches (see [`solocron_core::Store::controls`]).
-pub(crate) async fn controls(store: &SqliteStore) -> Result<Vec<JobControl>, StoreError> {
-    let rows = sqlx::query(&store.sql.admin.controls).fetch_all(&store.pool).await.map_err(db_err)?;
-    rows.iter().map(control).collect()
-}
-
-/// Requests a manual run of `job` at a free millisecond from now, and records the action
-/// (see [`solocron_core::Store::request_run`]).
-pub(crate) async fn request_run(
-    store: &SqliteStore,
-    job: &str,
-    by: &str,
-    reason: Option<&str>,
-) -> Result<Tick, StoreError> {
-    let mut tx = store.write_tx().await?;
-    let now: i64 = sqlx::query_scalar(concat!("SELECT ", now!())).fetch_one(&mut *tx).await.map_err(db_err)?;
-    // Start at the first non-whole-second millisecond at or after now.
-    let mut at = if now % 1000 == 0 { now + 1 } else { now };
-    for _ in 0..REQUEST_SLOTS_MAX {
-        let inserted = sqlx::query(&store.sql.admin.request_run)
-            .bind(job)
-            .bind(at)
-            .bind(by)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?
-            .rows_affected();
-        if inserted == 1 {
-            let tick = Tick::new(job, instant(at)?);
-            let detail = RunId { tick: tick.clone(), attempt: 1 }.to_string();
-            append(store, &mut tx, Action { job, kind: ActionKind::Trigger, by, reason, detail: &detail }).await?;
-            tx.commit().await.map_err(db_err)?;
-            return Ok(tick);
-        }
-        at = next_manual_ms(at);
-    }
-    Err(StoreError::Invalid(format!(
-        "{REQUEST_SLOTS_MAX} manual runs of `{job}` already requested around this instant; try again"
-    )))
 }
 
 /// The millisecond after `t` that is not a whole second: manual ticks never fall on one,
@@ -382,69 +460,4 @@ fn next_manual_ms(t: i64) -> i64 {
     } else {
         t + 1
     }
-}
-
-/// Requests no run has claimed yet, oldest first (see
-/// [`solocron_core::Store::pending_requests`]).
-pub(crate) async fn pending_requests(
-    store: &SqliteStore,
-    limit: usize,
-    namespaces: &Namespaces,
-) -> Result<Vec<RunRequest>, StoreError> {
-    let list = solocron_sql::namespace_list(namespaces);
-    let rows = sqlx::query(&store.sql.admin.pending_requests)
-        .bind(&list)
-        .bind(&list)
-        .bind(limit.min(RECORDS_PAGE_MAX) as i64)
-        .fetch_all(&store.pool)
-        .await
-        .map_err(db_err)?;
-    rows.iter().map(request).collect()
-}
-
-/// Ends every running run of `job` as abandoned, and records the action (see
-/// [`solocron_core::Store::unlock`]).
-pub(crate) async fn unlock(store: &SqliteStore, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-    let mut tx = store.write_tx().await?;
-    let ended = ActionRecord::unlock_reason(by, reason);
-    let rows = sqlx::query(&store.sql.admin.unlock).bind(&ended).bind(job).fetch_all(&mut *tx).await.map_err(db_err)?;
-    let mut runs = rows.iter().map(run_id).collect::<Result<Vec<_>, _>>()?;
-    runs.sort();
-    let detail = ActionRecord::unlock_detail(&runs);
-    let reason = (!reason.is_empty()).then_some(reason);
-    append(store, &mut tx, Action { job, kind: ActionKind::Unlock, by, reason, detail: &detail }).await?;
-    tx.commit().await.map_err(db_err)?;
-    tracing::debug!(job, runs = runs.len(), "job unlocked");
-    Ok(runs)
-}
-
-/// Deletes up to `batch` ended runs, and the requests and actions, older than
-/// `older_than`, and forgets long silent nodes (see [`solocron_core::Store::prune`]).
-pub(crate) async fn prune(
-    store: &SqliteStore,
-    older_than: Duration,
-    batch: usize,
-    namespaces: &Namespaces,
-) -> Result<u64, StoreError> {
-    let batch = batch.min(PRUNE_BATCH_MAX) as i64;
-    let mut tx = store.write_tx().await?;
-    // One instant for every table: SQLite's clock may move between statements.
-    let now: i64 = sqlx::query_scalar(concat!("SELECT ", now!())).fetch_one(&mut *tx).await.map_err(db_err)?;
-    let cutoff = now - millis(older_than)?;
-    // By rowid: SQLite's DELETE takes no LIMIT unless compiled to.
-    let list = solocron_sql::namespace_list(namespaces);
-    let deleted = sqlx::query(&store.sql.admin.prune_runs)
-        .bind(cutoff)
-        .bind(&list)
-        .bind(&list)
-        .bind(batch)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?
-        .rows_affected();
-    let prune_requests = sqlx::query(&store.sql.admin.prune_requests).bind(cutoff).bind(&list).bind(&list);
-    prune_requests.execute(&mut *tx).await.map_err(db_err)?;
-    crate::fleet::prune(store, &mut tx, now, older_than).await?;
-    tx.commit().await.map_err(db_err)?;
-    Ok(deleted)
 }

@@ -20,6 +20,8 @@
 //! won tick cost 4 of them (and a taken one 2); a batch of 1,000 held the lock for
 //! thousands of round trips.
 
+use async_trait::async_trait;
+use solocron_core::{ClaimStore, Tick};
 use std::borrow::Cow;
 
 use chrono::{DateTime, Utc};
@@ -120,55 +122,66 @@ impl Sql {
     }
 }
 
-/// Claims `requests` (see [`solocron_core::Store::claim`]).
-pub(crate) async fn claim(store: &SqliteStore, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-    if requests.is_empty() {
-        return Ok(Vec::new());
-    }
-    if requests.len() > CLAIM_BATCH_MAX {
-        // The read's and the counters' statements bind a few values per request.
-        return Err(StoreError::Invalid(format!(
-            "{} requests in one claim; at most {CLAIM_BATCH_MAX}",
-            requests.len()
-        )));
-    }
-    if let [one] = requests {
-        return Ok(vec![crate::claim_one::claim_one(store, one).await?]);
-    }
-    // The whole batch in one transaction: one lock round per poll, and all-or-nothing if
-    // any statement fails (the transaction rolls back when dropped).
-    let keep = requests.len() <= PREPARED_BATCH_MAX;
-    let mut tx = store.write_tx().await?;
-    let sql = &store.sql.claim;
-    let (found, now) = read_state(sql, &mut tx, &Wanted::of(requests), keep).await?;
-    let (early, kept) = leave_out_early(requests, now);
-    let (decisions, counters) = plan::plan(&kept, found);
-    let rows: Vec<(&ClaimRequest, &Decision)> =
-        kept.iter().zip(&decisions).filter(|(_, d)| matches!(d, Decision::Won { .. } | Decision::Skipped(_))).collect();
-    // Each inserted run with a token advances its job's counter (the `{p}runs_fence`
-    // trigger), so the counters `plan` computed need no statement of their own.
-    for chunk in rows.chunks(ROWS_PER_INSERT) {
-        insert(sql, &mut tx, chunk, now, keep).await?;
-    }
-    regrant(sql, &mut tx, &kept, &decisions, now, keep).await?;
-    debug_assert!(counters.values().all(|t| *t >= 1));
-    // Checked before the commit: once committed, the won runs must be run.
-    let now = instant(now)?;
-    tx.commit().await.map_err(db_err)?;
-    let outcomes = outcomes(requests, &early, &kept, decisions, now);
-    for (request, outcome) in requests.iter().zip(&outcomes) {
-        match outcome {
-            ClaimOutcome::Won(lease) => {
-                tracing::debug!(run = %lease.run, node = %lease.owner, token = lease.fencing_token, "run claimed");
-            }
-            ClaimOutcome::TooEarly { store_now } => {
-                let (job, at) = (&request.tick.job, request.tick.scheduled_at);
-                tracing::debug!(%job, %at, node = %request.node, %store_now, "claim refused: too early");
-            }
-            _ => {}
+#[async_trait]
+impl ClaimStore for SqliteStore {
+    /// Claims `requests` (see [`solocron_core::ClaimStore::claim`]).
+    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let store = self;
+        if requests.is_empty() {
+            return Ok(Vec::new());
         }
+        if requests.len() > CLAIM_BATCH_MAX {
+            // The read's and the counters' statements bind a few values per request.
+            return Err(StoreError::Invalid(format!(
+                "{} requests in one claim; at most {CLAIM_BATCH_MAX}",
+                requests.len()
+            )));
+        }
+        if let [one] = requests {
+            return Ok(vec![crate::claim_one::claim_one(store, one).await?]);
+        }
+        // The whole batch in one transaction: one lock round per poll, and all-or-nothing if
+        // any statement fails (the transaction rolls back when dropped).
+        let keep = requests.len() <= PREPARED_BATCH_MAX;
+        let mut tx = store.write_tx().await?;
+        let sql = &store.sql.claim;
+        let (found, now) = read_state(sql, &mut tx, &Wanted::of(requests), keep).await?;
+        let (early, kept) = leave_out_early(requests, now);
+        let (decisions, counters) = plan::plan(&kept, found);
+        let rows: Vec<(&ClaimRequest, &Decision)> = kept
+            .iter()
+            .zip(&decisions)
+            .filter(|(_, d)| matches!(d, Decision::Won { .. } | Decision::Skipped(_)))
+            .collect();
+        // Each inserted run with a token advances its job's counter (the `{p}runs_fence`
+        // trigger), so the counters `plan` computed need no statement of their own.
+        for chunk in rows.chunks(ROWS_PER_INSERT) {
+            insert(sql, &mut tx, chunk, now, keep).await?;
+        }
+        regrant(sql, &mut tx, &kept, &decisions, now, keep).await?;
+        debug_assert!(counters.values().all(|t| *t >= 1));
+        // Checked before the commit: once committed, the won runs must be run.
+        let now = instant(now)?;
+        tx.commit().await.map_err(db_err)?;
+        let outcomes = outcomes(requests, &early, &kept, decisions, now);
+        for (request, outcome) in requests.iter().zip(&outcomes) {
+            match outcome {
+                ClaimOutcome::Won(lease) => {
+                    tracing::debug!(run = %lease.run, node = %lease.owner, token = lease.fencing_token, "run claimed");
+                }
+                ClaimOutcome::TooEarly { store_now } => {
+                    let (job, at) = (&request.tick.job, request.tick.scheduled_at);
+                    tracing::debug!(%job, %at, node = %request.node, %store_now, "claim refused: too early");
+                }
+                _ => {}
+            }
+        }
+        Ok(outcomes)
     }
-    Ok(outcomes)
+
+    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
+        crate::admin::taken_ticks(self, ticks).await.map(Some)
+    }
 }
 
 /// Which of `requests` are [`too_early`] at `now` (the store's clock, ms), and the others,

@@ -42,7 +42,7 @@ use crate::error::db_err;
 use crate::records::{get, instant, millis};
 use crate::{fill, SqliteStore};
 
-/// Claims the tick of `request` (see [`solocron_core::Store::claim`]) in one writing
+/// Claims the tick of `request` (see [`solocron_core::ClaimStore::claim`]) in one writing
 /// statement, followed in the same call by the read of a too-early refusal's clock.
 pub(crate) async fn claim_one(store: &SqliteStore, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
     let (variant, skip_reason) = variant(request);

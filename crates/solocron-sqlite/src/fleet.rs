@@ -3,10 +3,12 @@
 //! is one upsert; an action is appended by [`append`] inside the transaction of the step it
 //! records (`admin.rs`: pause, resume, trigger, unlock), so no action is done unrecorded.
 
+use async_trait::async_trait;
 use solocron_core::{
     ActionKind, ActionQuery, ActionRecord, NodeBeat, NodeRecord, StoreError, NODES_MAX, NODE_FORGET_AFTER,
     PRUNE_BATCH_MAX,
 };
+use solocron_core::{AuditStore, FleetStore};
 use sqlx::SqliteConnection;
 
 use crate::error::db_err;
@@ -79,40 +81,50 @@ impl Sql {
     }
 }
 
-/// Records a node's heartbeat (see [`solocron_core::Store::heartbeat`]): one statement.
-pub(crate) async fn heartbeat(store: &SqliteStore, beat: &NodeBeat) -> Result<(), StoreError> {
-    sqlx::query(&store.sql.fleet.heartbeat)
-        .bind(&beat.node)
-        .bind(&beat.version)
-        .bind(i64::from(beat.jobs))
-        .bind(i64::from(beat.running))
-        .execute(&store.pool)
-        .await
-        .map_err(db_err)?;
-    Ok(())
+#[async_trait]
+impl FleetStore for SqliteStore {
+    /// Records a node's heartbeat (see [`solocron_core::FleetStore::heartbeat`]): one statement.
+    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {
+        let store = self;
+        sqlx::query(&store.sql.fleet.heartbeat)
+            .bind(&beat.node)
+            .bind(&beat.version)
+            .bind(i64::from(beat.jobs))
+            .bind(i64::from(beat.running))
+            .execute(&store.pool)
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// Marks a node gone (see [`solocron_core::FleetStore::goodbye`]): one statement.
+    async fn goodbye(&self, node: &str) -> Result<(), StoreError> {
+        let store = self;
+        sqlx::query(&store.sql.fleet.goodbye).bind(node).execute(&store.pool).await.map_err(db_err)?;
+        Ok(())
+    }
+
+    /// Every node, by id (see [`solocron_core::FleetStore::nodes`]).
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        let store = self;
+        let rows =
+            sqlx::query(&store.sql.fleet.nodes).bind(NODES_MAX as i64).fetch_all(&store.pool).await.map_err(db_err)?;
+        rows.iter().map(node).collect()
+    }
 }
 
-/// Marks a node gone (see [`solocron_core::Store::goodbye`]): one statement.
-pub(crate) async fn goodbye(store: &SqliteStore, node: &str) -> Result<(), StoreError> {
-    sqlx::query(&store.sql.fleet.goodbye).bind(node).execute(&store.pool).await.map_err(db_err)?;
-    Ok(())
-}
-
-/// Every node, by id (see [`solocron_core::Store::nodes`]).
-pub(crate) async fn nodes(store: &SqliteStore) -> Result<Vec<NodeRecord>, StoreError> {
-    let rows =
-        sqlx::query(&store.sql.fleet.nodes).bind(NODES_MAX as i64).fetch_all(&store.pool).await.map_err(db_err)?;
-    rows.iter().map(node).collect()
-}
-
-/// Operators' actions, newest first (see [`solocron_core::Store::actions`]).
-pub(crate) async fn actions(store: &SqliteStore, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
-    let limit = query.effective_limit() as i64;
-    let rows = match &query.job {
-        Some(job) => sqlx::query(&store.sql.fleet.job_actions).bind(job).bind(limit).fetch_all(&store.pool).await,
-        None => sqlx::query(&store.sql.fleet.actions).bind(limit).fetch_all(&store.pool).await,
-    };
-    rows.map_err(db_err)?.iter().map(action).collect()
+#[async_trait]
+impl AuditStore for SqliteStore {
+    /// Operators' actions, newest first (see [`solocron_core::AuditStore::actions`]).
+    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
+        let store = self;
+        let limit = query.effective_limit() as i64;
+        let rows = match &query.job {
+            Some(job) => sqlx::query(&store.sql.fleet.job_actions).bind(job).bind(limit).fetch_all(&store.pool).await,
+            None => sqlx::query(&store.sql.fleet.actions).bind(limit).fetch_all(&store.pool).await,
+        };
+        rows.map_err(db_err)?.iter().map(action).collect()
+    }
 }
 
 /// What an operator did, as [`append`] records it.
@@ -146,7 +158,7 @@ pub(crate) async fn append(
 /// Within prune's transaction `tx`, at SQLite's instant `now` (ms): deletes at most
 /// [`PRUNE_BATCH_MAX`] actions older than `older_than`, and forgets the nodes silent for
 /// longer than the smaller of `older_than` and [`NODE_FORGET_AFTER`] (see
-/// [`solocron_core::Store::prune`]).
+/// [`solocron_core::HistoryStore::prune`]).
 pub(crate) async fn prune(
     store: &SqliteStore,
     tx: &mut SqliteConnection,

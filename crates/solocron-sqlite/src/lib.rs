@@ -120,6 +120,7 @@ mod schema;
 mod url;
 mod watch;
 
+use solocron_core::StoreBase;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -127,12 +128,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use solocron_core::{
-    redact_url, ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, HistoryQuery, JobControl, JobDefinition,
-    JobRevision, JobWrite, Lease, ManagedJob, Namespaces, NodeBeat, NodeRecord, Prefix, RecoverAction, RecoverOutcome,
-    Registration, RegistryCursor, RegistryPage, Renewal, RequestWatch, RunCounts, RunEnd, RunId, RunRecord, RunRequest,
-    SchemaState, Store, StoreError, Tick,
-};
+use solocron_core::{redact_url, Prefix, StoreError};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, Transaction};
 
@@ -166,7 +162,7 @@ const CACHE_KIB: i64 = 256;
 ///
 /// # Panics
 ///
-/// [`Store::finish`] panics if given a `RunEnd` whose state is `running`: that is a bug in
+/// [`RunStore::finish`] panics if given a `RunEnd` whose state is `running`: that is a bug in
 /// the caller, not a condition of the store.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -193,7 +189,7 @@ impl SqliteStore {
     /// `sqlite:///abs/path.db` or `sqlite:path`; relative paths are relative to the current
     /// directory. Its tables are named with `prefix` ([`Prefix::table_prefix`]; the default
     /// gives the `solocron_*` tables of every earlier release). Does not create the schema:
-    /// call [`Store::migrate`].
+    /// call [`SchemaStore::migrate`].
     ///
     /// Fails with [`StoreError::Unavailable`] if the file's directory does not exist or the
     /// file cannot be opened, and with [`StoreError::Invalid`] if `url` is not a file-backed
@@ -312,156 +308,12 @@ fn fill(template: &str, tables: &str) -> String {
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl StoreBase for SqliteStore {
     fn describe(&self) -> String {
         self.description.to_string()
     }
 
-    async fn migrate(&self) -> Result<(), StoreError> {
-        schema::migrate(self).await
-    }
-
-    async fn schema(&self) -> Result<SchemaState, StoreError> {
-        schema::schema(self).await
-    }
-
-    async fn uninstall(&self) -> Result<(), StoreError> {
-        schema::uninstall(self).await
-    }
-
-    async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-        claim::claim(self, requests).await
-    }
-
-    async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-        runs::renew(self, lease, length).await
-    }
-
-    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-        runs::renew_all(self, renewals).await
-    }
-
-    async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-        runs::finish(self, lease, end).await
-    }
-
-    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
-        runs::finish_for_retry(self, lease, end, after).await
-    }
-
-    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-        runs::finish_all(self, endings).await
-    }
-
-    async fn expired(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRecord>, StoreError> {
-        runs::expired(self, limit, namespaces).await
-    }
-
-    async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
-        runs::recover(self, run, action).await
-    }
-
-    async fn history(&self, query: &HistoryQuery) -> Result<Vec<RunRecord>, StoreError> {
-        admin::history(self, query).await
-    }
-
-    async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
-        admin::taken_ticks(self, ticks).await.map(Some)
-    }
-
-    async fn count_runs(&self, job: &str, since: DateTime<Utc>) -> Result<RunCounts, StoreError> {
-        admin::count_runs(self, job, since).await
-    }
-
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         admin::now(self).await
-    }
-
-    async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
-        admin::register(self, node, jobs).await
-    }
-
-    async fn registrations(&self) -> Result<Vec<Registration>, StoreError> {
-        admin::registrations(self).await
-    }
-
-    async fn registrations_page(
-        &self,
-        after: Option<&RegistryCursor>,
-        limit: usize,
-    ) -> Result<RegistryPage, StoreError> {
-        admin::registrations_page(self, after, limit).await
-    }
-
-    async fn registrations_of(&self, jobs: &[String]) -> Result<Vec<Registration>, StoreError> {
-        admin::registrations_of(self, jobs).await
-    }
-
-    async fn registered_jobs(&self) -> Result<Vec<String>, StoreError> {
-        admin::registered_jobs(self).await
-    }
-
-    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
-        managed::put_job(self, job, spec, by, expect).await
-    }
-
-    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
-        managed::delete_job(self, job, by, expect).await
-    }
-
-    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
-        managed::managed_jobs(self).await
-    }
-
-    async fn managed_version(&self) -> Result<u64, StoreError> {
-        managed::managed_version(self).await
-    }
-
-    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
-        managed::job_revisions(self, job, limit).await
-    }
-
-    async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
-        admin::set_paused(self, job, paused, by, reason).await
-    }
-
-    async fn controls(&self) -> Result<Vec<JobControl>, StoreError> {
-        admin::controls(self).await
-    }
-
-    async fn request_run(&self, job: &str, by: &str, reason: Option<&str>) -> Result<Tick, StoreError> {
-        admin::request_run(self, job, by, reason).await
-    }
-
-    fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
-        Some(Box::new(watch::FileWatch::new(&self.path)))
-    }
-
-    async fn pending_requests(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRequest>, StoreError> {
-        admin::pending_requests(self, limit, namespaces).await
-    }
-
-    async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-        admin::unlock(self, job, by, reason).await
-    }
-
-    async fn prune(&self, older_than: Duration, batch: usize, namespaces: &Namespaces) -> Result<u64, StoreError> {
-        admin::prune(self, older_than, batch, namespaces).await
-    }
-
-    async fn heartbeat(&self, beat: &NodeBeat) -> Result<(), StoreError> {
-        fleet::heartbeat(self, beat).await
-    }
-
-    async fn goodbye(&self, node: &str) -> Result<(), StoreError> {
-        fleet::goodbye(self, node).await
-    }
-
-    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
-        fleet::nodes(self).await
-    }
-
-    async fn actions(&self, query: &ActionQuery) -> Result<Vec<ActionRecord>, StoreError> {
-        fleet::actions(self, query).await
     }
 }

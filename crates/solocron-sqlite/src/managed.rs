@@ -3,6 +3,8 @@
 //! `BEGIN IMMEDIATE` transaction: SQLite's write lock orders the writers, so the next
 //! revision is the greatest plus one and revisions follow commit order.
 
+use async_trait::async_trait;
+use solocron_core::ManagedStore;
 use solocron_core::{
     check_spec_text, judge_write, JobRevision, JobWrite, ManagedJob, StoreError, MANAGED_JOBS_MAX, REVISIONS_PAGE_MAX,
 };
@@ -71,50 +73,95 @@ impl Sql {
     }
 }
 
-/// Creates or replaces a managed job (see [`solocron_core::Store::put_job`]).
-pub(crate) async fn put_job(
-    store: &SqliteStore,
-    job: &str,
-    spec: &str,
-    by: &str,
-    expect: Option<u64>,
-) -> Result<JobWrite, StoreError> {
-    check_spec_text(spec).map_err(StoreError::Invalid)?;
-    let sql = &store.sql.managed;
-    let mut tx = store.write_tx().await?;
-    let current = current(sql, &mut tx, job).await?;
-    if let Some(answer) = judge_write(current.as_ref().map(|(r, s)| (*r, s.as_str())), Some(spec), expect) {
-        return Ok(answer);
-    }
-    if current.is_none() {
-        let live: i64 = sqlx::query_scalar(&sql.count).fetch_one(&mut *tx).await.map_err(db_err)?;
-        if live as usize >= MANAGED_JOBS_MAX {
-            return Ok(JobWrite::Full);
+#[async_trait]
+impl ManagedStore for SqliteStore {
+    /// Creates or replaces a managed job (see [`solocron_core::ManagedStore::put_job`]).
+    async fn put_job(&self, job: &str, spec: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        let store = self;
+        check_spec_text(spec).map_err(StoreError::Invalid)?;
+        let sql = &store.sql.managed;
+        let mut tx = store.write_tx().await?;
+        let current = current(sql, &mut tx, job).await?;
+        if let Some(answer) = judge_write(current.as_ref().map(|(r, s)| (*r, s.as_str())), Some(spec), expect) {
+            return Ok(answer);
         }
+        if current.is_none() {
+            let live: i64 = sqlx::query_scalar(&sql.count).fetch_one(&mut *tx).await.map_err(db_err)?;
+            if live as usize >= MANAGED_JOBS_MAX {
+                return Ok(JobWrite::Full);
+            }
+        }
+        let next = append(sql, &mut tx, job, Some(spec), by).await?;
+        sqlx::query(&sql.upsert).bind(job).bind(spec).bind(next).bind(by).execute(&mut *tx).await.map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(JobWrite::Written(next as u64))
     }
-    let next = append(sql, &mut tx, job, Some(spec), by).await?;
-    sqlx::query(&sql.upsert).bind(job).bind(spec).bind(next).bind(by).execute(&mut *tx).await.map_err(db_err)?;
-    tx.commit().await.map_err(db_err)?;
-    Ok(JobWrite::Written(next as u64))
-}
 
-/// Deletes a managed job (see [`solocron_core::Store::delete_job`]).
-pub(crate) async fn delete_job(
-    store: &SqliteStore,
-    job: &str,
-    by: &str,
-    expect: Option<u64>,
-) -> Result<JobWrite, StoreError> {
-    let sql = &store.sql.managed;
-    let mut tx = store.write_tx().await?;
-    let current = current(sql, &mut tx, job).await?;
-    if let Some(answer) = judge_write(current.as_ref().map(|(r, s)| (*r, s.as_str())), None, expect) {
-        return Ok(answer);
+    /// Deletes a managed job (see [`solocron_core::ManagedStore::delete_job`]).
+    async fn delete_job(&self, job: &str, by: &str, expect: Option<u64>) -> Result<JobWrite, StoreError> {
+        let store = self;
+        let sql = &store.sql.managed;
+        let mut tx = store.write_tx().await?;
+        let current = current(sql, &mut tx, job).await?;
+        if let Some(answer) = judge_write(current.as_ref().map(|(r, s)| (*r, s.as_str())), None, expect) {
+            return Ok(answer);
+        }
+        let next = append(sql, &mut tx, job, None, by).await?;
+        sqlx::query(&sql.delete).bind(job).execute(&mut *tx).await.map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(JobWrite::Written(next as u64))
     }
-    let next = append(sql, &mut tx, job, None, by).await?;
-    sqlx::query(&sql.delete).bind(job).execute(&mut *tx).await.map_err(db_err)?;
-    tx.commit().await.map_err(db_err)?;
-    Ok(JobWrite::Written(next as u64))
+
+    /// Every managed job, by name.
+    async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
+        let store = self;
+        let rows = sqlx::query(&store.sql.managed.all)
+            .bind(MANAGED_JOBS_MAX as i64)
+            .fetch_all(&store.pool)
+            .await
+            .map_err(db_err)?;
+        rows.iter()
+            .map(|row| {
+                Ok(ManagedJob {
+                    job: col(row, "job")?,
+                    spec: col(row, "spec")?,
+                    revision: col::<i64>(row, "revision")? as u64,
+                    changed_by: col(row, "changed_by")?,
+                    changed_at: instant(col(row, "changed_at")?)?,
+                })
+            })
+            .collect()
+    }
+
+    /// The newest revision (0: none).
+    async fn managed_version(&self) -> Result<u64, StoreError> {
+        let store = self;
+        let v: i64 = sqlx::query_scalar(&store.sql.managed.version).fetch_one(&store.pool).await.map_err(db_err)?;
+        Ok(v as u64)
+    }
+
+    /// Revisions newest first (see [`solocron_core::ManagedStore::job_revisions`]).
+    async fn job_revisions(&self, job: Option<&str>, limit: usize) -> Result<Vec<JobRevision>, StoreError> {
+        let store = self;
+        let limit = if limit == 0 { REVISIONS_PAGE_MAX } else { limit.min(REVISIONS_PAGE_MAX) } as i64;
+        let sql = &store.sql.managed;
+        let query = match job {
+            Some(j) => sqlx::query(&sql.job_revisions).bind(j).bind(limit),
+            None => sqlx::query(&sql.revisions).bind(limit),
+        };
+        let rows = query.fetch_all(&store.pool).await.map_err(db_err)?;
+        rows.iter()
+            .map(|row| {
+                Ok(JobRevision {
+                    job: col(row, "job")?,
+                    revision: col::<i64>(row, "revision")? as u64,
+                    spec: col(row, "spec")?,
+                    changed_by: col(row, "changed_by")?,
+                    changed_at: instant(col(row, "changed_at")?)?,
+                })
+            })
+            .collect()
+    }
 }
 
 /// The job's revision and spec, if it is live.
@@ -135,58 +182,6 @@ async fn append(
     let next: i64 = sqlx::query_scalar(&sql.next_revision).fetch_one(&mut *conn).await.map_err(db_err)?;
     sqlx::query(&sql.append).bind(next).bind(job).bind(spec).bind(by).execute(conn).await.map_err(db_err)?;
     Ok(next)
-}
-
-/// Every managed job, by name.
-pub(crate) async fn managed_jobs(store: &SqliteStore) -> Result<Vec<ManagedJob>, StoreError> {
-    let rows = sqlx::query(&store.sql.managed.all)
-        .bind(MANAGED_JOBS_MAX as i64)
-        .fetch_all(&store.pool)
-        .await
-        .map_err(db_err)?;
-    rows.iter()
-        .map(|row| {
-            Ok(ManagedJob {
-                job: col(row, "job")?,
-                spec: col(row, "spec")?,
-                revision: col::<i64>(row, "revision")? as u64,
-                changed_by: col(row, "changed_by")?,
-                changed_at: instant(col(row, "changed_at")?)?,
-            })
-        })
-        .collect()
-}
-
-/// The newest revision (0: none).
-pub(crate) async fn managed_version(store: &SqliteStore) -> Result<u64, StoreError> {
-    let v: i64 = sqlx::query_scalar(&store.sql.managed.version).fetch_one(&store.pool).await.map_err(db_err)?;
-    Ok(v as u64)
-}
-
-/// Revisions newest first (see [`solocron_core::Store::job_revisions`]).
-pub(crate) async fn job_revisions(
-    store: &SqliteStore,
-    job: Option<&str>,
-    limit: usize,
-) -> Result<Vec<JobRevision>, StoreError> {
-    let limit = if limit == 0 { REVISIONS_PAGE_MAX } else { limit.min(REVISIONS_PAGE_MAX) } as i64;
-    let sql = &store.sql.managed;
-    let query = match job {
-        Some(j) => sqlx::query(&sql.job_revisions).bind(j).bind(limit),
-        None => sqlx::query(&sql.revisions).bind(limit),
-    };
-    let rows = query.fetch_all(&store.pool).await.map_err(db_err)?;
-    rows.iter()
-        .map(|row| {
-            Ok(JobRevision {
-                job: col(row, "job")?,
-                revision: col::<i64>(row, "revision")? as u64,
-                spec: col(row, "spec")?,
-                changed_by: col(row, "changed_by")?,
-                changed_at: instant(col(row, "changed_at")?)?,
-            })
-        })
-        .collect()
 }
 
 fn col<'r, T>(row: &'r SqliteRow, column: &str) -> Result<T, StoreError>

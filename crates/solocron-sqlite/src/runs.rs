@@ -5,6 +5,8 @@
 //! renewal or a finish is one statement in autocommit; a batch of them, or a recovery, is
 //! one `BEGIN IMMEDIATE` transaction.
 
+use async_trait::async_trait;
+use solocron_core::RunStore;
 use std::time::Duration;
 
 use solocron_core::{
@@ -137,91 +139,145 @@ impl Sql {
     }
 }
 
-/// Extends a held lease (see [`solocron_core::Store::renew`]).
-pub(crate) async fn renew(store: &SqliteStore, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-    // One statement, so no explicit transaction: in autocommit SQLite takes the write
-    // lock (waiting in the busy handler) for the statement alone, instead of across
-    // the round trips of `BEGIN IMMEDIATE` and `COMMIT` while other nodes wait for it.
-    let query = renew_query(&store.sql.runs, lease, length)?;
-    let changed = query.execute(&store.pool).await.map_err(db_err)?.rows_affected();
-    debug_assert!(changed <= 1);
-    Ok(changed == 1)
-}
-
-/// Extends held leases in one transaction (see [`solocron_core::Store::renew_all`]).
-pub(crate) async fn renew_all(store: &SqliteStore, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-    assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
-    if renewals.is_empty() {
-        return Ok(Vec::new());
-    }
-    // One transaction: one wait for the write lock and one commit for the batch.
-    let mut tx = store.write_tx().await?;
-    let mut answers = Vec::with_capacity(renewals.len());
-    for r in renewals {
-        let query = renew_query(&store.sql.runs, &r.lease, r.length)?;
-        let changed = query.execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+#[async_trait]
+impl RunStore for SqliteStore {
+    /// Extends a held lease (see [`solocron_core::RunStore::renew`]).
+    async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
+        let store = self;
+        // One statement, so no explicit transaction: in autocommit SQLite takes the write
+        // lock (waiting in the busy handler) for the statement alone, instead of across
+        // the round trips of `BEGIN IMMEDIATE` and `COMMIT` while other nodes wait for it.
+        let query = renew_query(&store.sql.runs, lease, length)?;
+        let changed = query.execute(&store.pool).await.map_err(db_err)?.rows_affected();
         debug_assert!(changed <= 1);
-        answers.push(changed == 1);
+        Ok(changed == 1)
     }
-    tx.commit().await.map_err(db_err)?;
-    Ok(answers)
-}
 
-/// Records a held run's end (see [`solocron_core::Store::finish`]).
-pub(crate) async fn finish(store: &SqliteStore, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-    // One statement in autocommit, as in `renew`.
-    let changed =
-        finish_query(&store.sql.runs, lease, end)?.execute(&store.pool).await.map_err(db_err)?.rows_affected();
-    debug_assert!(changed <= 1);
-    Ok(changed == 1)
-}
+    /// Extends held leases in one transaction (see [`solocron_core::RunStore::renew_all`]).
+    async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+        let store = self;
+        assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One transaction: one wait for the write lock and one commit for the batch.
+        let mut tx = store.write_tx().await?;
+        let mut answers = Vec::with_capacity(renewals.len());
+        for r in renewals {
+            let query = renew_query(&store.sql.runs, &r.lease, r.length)?;
+            let changed = query.execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+            debug_assert!(changed <= 1);
+            answers.push(changed == 1);
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(answers)
+    }
 
-/// Records held runs' ends in one transaction (see [`solocron_core::Store::finish_all`]).
-pub(crate) async fn finish_all(store: &SqliteStore, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-    assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
-    // One transaction: one wait for the write lock and one commit (fsync) for the batch.
-    let mut tx = store.write_tx().await?;
-    let mut answers = Vec::with_capacity(endings.len());
-    for e in endings {
+    /// Records a held run's end (see [`solocron_core::RunStore::finish`]).
+    async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
+        let store = self;
+        // One statement in autocommit, as in `renew`.
         let changed =
-            finish_query(&store.sql.runs, &e.lease, &e.end)?.execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+            finish_query(&store.sql.runs, lease, end)?.execute(&store.pool).await.map_err(db_err)?.rows_affected();
         debug_assert!(changed <= 1);
-        answers.push(changed == 1);
+        Ok(changed == 1)
     }
-    tx.commit().await.map_err(db_err)?;
-    Ok(answers)
-}
 
-/// Records a failed run's end and its next attempt, waiting `after`, in one transaction
-/// (see [`solocron_core::Store::finish_for_retry`]).
-pub(crate) async fn finish_for_retry(
-    store: &SqliteStore,
-    lease: &Lease,
-    end: &RunEnd,
-    after: Duration,
-) -> Result<bool, StoreError> {
-    let sql = &store.sql.runs;
-    let run = &lease.run;
-    let next =
-        run.attempt.checked_add(1).ok_or_else(|| StoreError::Invalid(format!("run {run} has no next attempt")))?;
-    let mut tx = store.write_tx().await?;
-    let changed = finish_query(sql, lease, end)?.execute(&mut *tx).await.map_err(db_err)?.rows_affected();
-    debug_assert!(changed <= 1);
-    if changed == 0 {
-        tx.rollback().await.map_err(db_err)?;
-        return Ok(false);
+    /// Records held runs' ends in one transaction (see [`solocron_core::RunStore::finish_all`]).
+    async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+        let store = self;
+        assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
+        // One transaction: one wait for the write lock and one commit (fsync) for the batch.
+        let mut tx = store.write_tx().await?;
+        let mut answers = Vec::with_capacity(endings.len());
+        for e in endings {
+            let changed = finish_query(&store.sql.runs, &e.lease, &e.end)?
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?
+                .rows_affected();
+            debug_assert!(changed <= 1);
+            answers.push(changed == 1);
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(answers)
     }
-    sqlx::query(&sql.wait)
-        .bind(&run.tick.job)
-        .bind(run.tick.scheduled_at.timestamp_millis())
-        .bind(i64::from(next))
-        .bind(&lease.owner)
-        .bind(millis(after)?)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
-    tx.commit().await.map_err(db_err)?;
-    Ok(true)
+
+    /// Records a failed run's end and its next attempt, waiting `after`, in one transaction
+    /// (see [`solocron_core::RunStore::finish_for_retry`]).
+    async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
+        let store = self;
+        let sql = &store.sql.runs;
+        let run = &lease.run;
+        let next =
+            run.attempt.checked_add(1).ok_or_else(|| StoreError::Invalid(format!("run {run} has no next attempt")))?;
+        let mut tx = store.write_tx().await?;
+        let changed = finish_query(sql, lease, end)?.execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+        debug_assert!(changed <= 1);
+        if changed == 0 {
+            tx.rollback().await.map_err(db_err)?;
+            return Ok(false);
+        }
+        sqlx::query(&sql.wait)
+            .bind(&run.tick.job)
+            .bind(run.tick.scheduled_at.timestamp_millis())
+            .bind(i64::from(next))
+            .bind(&lease.owner)
+            .bind(millis(after)?)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(true)
+    }
+
+    /// Running runs whose lease expired by SQLite's clock, oldest expiry first (see
+    /// [`solocron_core::RunStore::expired`]).
+    async fn expired(&self, limit: usize, namespaces: &Namespaces) -> Result<Vec<RunRecord>, StoreError> {
+        let store = self;
+        let limit = limit.min(RECORDS_PAGE_MAX) as i64;
+        let list = solocron_sql::namespace_list(namespaces);
+        let query = sqlx::query(&store.sql.runs.expired);
+        let query = query.bind(&list).bind(&list).bind(limit).bind(&list).bind(&list).bind(limit).bind(limit);
+        let rows = query.fetch_all(&store.pool).await.map_err(db_err)?;
+        // A row this version cannot read (written by a newer one, say) must not stop the
+        // recovery of every other run.
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                record(row).map_err(|e| tracing::error!(error = %e, "skipping an unreadable expired run")).ok()
+            })
+            .collect())
+    }
+
+    /// Recovers an expired run, in one transaction (see [`solocron_core::RunStore::recover`]).
+    async fn recover(&self, run: &RunId, action: &RecoverAction) -> Result<RecoverOutcome, StoreError> {
+        let store = self;
+        let sql = &store.sql.runs;
+        let mut tx = store.write_tx().await?;
+        let outcome = match action {
+            RecoverAction::Abandon { reason } => match abandon(sql, &mut tx, run, reason).await? {
+                true => RecoverOutcome::Abandoned,
+                false => RecoverOutcome::NotNeeded,
+            },
+            RecoverAction::Retry { node, lease } => match retry(sql, &mut tx, run, node, *lease).await? {
+                Some(lease) => RecoverOutcome::Retried(lease),
+                None => match start_waiting(sql, &mut tx, run, node, *lease).await? {
+                    Some(lease) => RecoverOutcome::Retried(lease),
+                    None => RecoverOutcome::NotNeeded,
+                },
+            },
+        };
+        // NotNeeded may follow a partial step (the old run marked lost, but its next
+        // attempt already existed): undo it rather than leave a tick with no running attempt.
+        if outcome == RecoverOutcome::NotNeeded {
+            tx.rollback().await.map_err(db_err)?;
+        } else {
+            tx.commit().await.map_err(db_err)?;
+            tracing::debug!(%run, ?outcome, "expired run recovered");
+        }
+        Ok(outcome)
+    }
 }
 
 /// The `UPDATE` that extends a live lease held by its owner, judged by SQLite's clock.
@@ -246,60 +302,6 @@ fn finish_query<'q>(
     let started_after = end.started_after.map(millis).transpose()?;
     let query = solocron_sql::bind_end(sqlx::query(&sql.finish), end, started_after);
     solocron_sql::bind_lease(query, lease, i64::from(lease.run.attempt))
-}
-
-/// Running runs whose lease expired by SQLite's clock, oldest expiry first (see
-/// [`solocron_core::Store::expired`]).
-pub(crate) async fn expired(
-    store: &SqliteStore,
-    limit: usize,
-    namespaces: &Namespaces,
-) -> Result<Vec<RunRecord>, StoreError> {
-    let limit = limit.min(RECORDS_PAGE_MAX) as i64;
-    let list = solocron_sql::namespace_list(namespaces);
-    let query = sqlx::query(&store.sql.runs.expired);
-    let query = query.bind(&list).bind(&list).bind(limit).bind(&list).bind(&list).bind(limit).bind(limit);
-    let rows = query.fetch_all(&store.pool).await.map_err(db_err)?;
-    // A row this version cannot read (written by a newer one, say) must not stop the
-    // recovery of every other run.
-    Ok(rows
-        .iter()
-        .filter_map(|row| {
-            record(row).map_err(|e| tracing::error!(error = %e, "skipping an unreadable expired run")).ok()
-        })
-        .collect())
-}
-
-/// Recovers an expired run, in one transaction (see [`solocron_core::Store::recover`]).
-pub(crate) async fn recover(
-    store: &SqliteStore,
-    run: &RunId,
-    action: &RecoverAction,
-) -> Result<RecoverOutcome, StoreError> {
-    let sql = &store.sql.runs;
-    let mut tx = store.write_tx().await?;
-    let outcome = match action {
-        RecoverAction::Abandon { reason } => match abandon(sql, &mut tx, run, reason).await? {
-            true => RecoverOutcome::Abandoned,
-            false => RecoverOutcome::NotNeeded,
-        },
-        RecoverAction::Retry { node, lease } => match retry(sql, &mut tx, run, node, *lease).await? {
-            Some(lease) => RecoverOutcome::Retried(lease),
-            None => match start_waiting(sql, &mut tx, run, node, *lease).await? {
-                Some(lease) => RecoverOutcome::Retried(lease),
-                None => RecoverOutcome::NotNeeded,
-            },
-        },
-    };
-    // NotNeeded may follow a partial step (the old run marked lost, but its next
-    // attempt already existed): undo it rather than leave a tick with no running attempt.
-    if outcome == RecoverOutcome::NotNeeded {
-        tx.rollback().await.map_err(db_err)?;
-    } else {
-        tx.commit().await.map_err(db_err)?;
-        tracing::debug!(%run, ?outcome, "expired run recovered");
-    }
-    Ok(outcome)
 }
 
 /// Creates `id` as `running` for `node` unless it exists, and hands it the job's next

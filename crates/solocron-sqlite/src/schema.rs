@@ -4,7 +4,10 @@
 //! so several prefixes share one file; the default prefix gives the names of every earlier
 //! release (`solocron_runs`, ...).
 
-use solocron_core::{SchemaState, Store as _, StoreError};
+use async_trait::async_trait;
+use solocron_core::SchemaStore;
+use solocron_core::StoreBase;
+use solocron_core::{SchemaState, StoreError};
 
 use crate::error::db_err;
 use crate::{fill, SqliteStore};
@@ -207,70 +210,77 @@ impl Sql {
     }
 }
 
-/// Creates or upgrades the schema (see [`Store::migrate`](solocron_core::Store::migrate)).
-pub(crate) async fn migrate(store: &SqliteStore) -> Result<(), StoreError> {
-    let sql = &store.sql.schema;
-    // One IMMEDIATE transaction: nodes migrating at once take turns, and each later one
-    // finds everything in place.
-    let mut tx = store.write_tx().await?;
-    for statement in &sql.create {
-        sqlx::query(statement).execute(&mut *tx).await.map_err(db_err)?;
-    }
-    let version: Option<i64> = sqlx::query_scalar(&sql.version).fetch_one(&mut *tx).await.map_err(db_err)?;
-    match version {
-        None => {
-            sqlx::query(&sql.first_version).bind(SCHEMA_VERSION).execute(&mut *tx).await.map_err(db_err)?;
+#[async_trait]
+impl SchemaStore for SqliteStore {
+    /// Creates or upgrades the schema (see [`SchemaStore::migrate`](solocron_core::SchemaStore::migrate)).
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let store = self;
+        let sql = &store.sql.schema;
+        // One IMMEDIATE transaction: nodes migrating at once take turns, and each later one
+        // finds everything in place.
+        let mut tx = store.write_tx().await?;
+        for statement in &sql.create {
+            sqlx::query(statement).execute(&mut *tx).await.map_err(db_err)?;
         }
-        Some(SCHEMA_VERSION) => {}
-        // Earlier versions differ by the tables and indexes the statements above just
-        // created, and by the runs' nonce column.
-        Some(1..=5) => {
-            let has_nonce: i64 =
-                sqlx::query_scalar(HAS_NONCE).bind(&sql.runs).fetch_one(&mut *tx).await.map_err(db_err)?;
-            if has_nonce == 0 {
-                sqlx::query(&sql.add_nonce).execute(&mut *tx).await.map_err(db_err)?;
+        let version: Option<i64> = sqlx::query_scalar(&sql.version).fetch_one(&mut *tx).await.map_err(db_err)?;
+        match version {
+            None => {
+                sqlx::query(&sql.first_version).bind(SCHEMA_VERSION).execute(&mut *tx).await.map_err(db_err)?;
             }
-            sqlx::query(&sql.set_version).bind(SCHEMA_VERSION).execute(&mut *tx).await.map_err(db_err)?;
+            Some(SCHEMA_VERSION) => {}
+            // Earlier versions differ by the tables and indexes the statements above just
+            // created, and by the runs' nonce column.
+            Some(1..=5) => {
+                let has_nonce: i64 =
+                    sqlx::query_scalar(HAS_NONCE).bind(&sql.runs).fetch_one(&mut *tx).await.map_err(db_err)?;
+                if has_nonce == 0 {
+                    sqlx::query(&sql.add_nonce).execute(&mut *tx).await.map_err(db_err)?;
+                }
+                sqlx::query(&sql.set_version).bind(SCHEMA_VERSION).execute(&mut *tx).await.map_err(db_err)?;
+            }
+            Some(v) => {
+                return Err(StoreError::Invalid(format!(
+                    "{} has schema version {v}; this solocron understands version {SCHEMA_VERSION}",
+                    store.describe()
+                )))
+            }
         }
-        Some(v) => {
-            return Err(StoreError::Invalid(format!(
-                "{} has schema version {v}; this solocron understands version {SCHEMA_VERSION}",
-                store.describe()
-            )))
+        tx.commit().await.map_err(db_err)
+    }
+
+    /// Where the schema stands against this build, read in one read transaction that writes
+    /// nothing (see [`SchemaStore::schema`](solocron_core::SchemaStore::schema)): no schema table, or an
+    /// empty one, is [`SchemaState::Missing`].
+    async fn schema(&self) -> Result<SchemaState, StoreError> {
+        let store = self;
+        let sql = &store.sql.schema;
+        let mut tx = store.pool.begin().await.map_err(db_err)?;
+        let tables: i64 =
+            sqlx::query_scalar(HAS_TABLE).bind(&sql.schema_table).fetch_one(&mut *tx).await.map_err(db_err)?;
+        let found: Option<i64> = match tables {
+            0 => None,
+            _ => sqlx::query_scalar(&sql.version).fetch_one(&mut *tx).await.map_err(db_err)?,
+        };
+        tx.rollback().await.map_err(db_err)?;
+        let found = found
+            .map(|v| {
+                u32::try_from(v)
+                    .map_err(|_| StoreError::Invalid(format!("{} has schema version {v}", store.describe())))
+            })
+            .transpose()?;
+        Ok(SchemaState::of(found, SCHEMA_VERSION as u32))
+    }
+
+    /// Drops every table, index and trigger of the store's prefix, in one transaction; the
+    /// file and other prefixes' tables stay (see [`SchemaStore::uninstall`](solocron_core::SchemaStore::uninstall)).
+    async fn uninstall(&self) -> Result<(), StoreError> {
+        let store = self;
+        let mut tx = store.write_tx().await?;
+        for statement in &store.sql.schema.drop {
+            sqlx::query(statement).execute(&mut *tx).await.map_err(db_err)?;
         }
+        tx.commit().await.map_err(db_err)?;
+        tracing::debug!(store = %store.describe(), "uninstalled");
+        Ok(())
     }
-    tx.commit().await.map_err(db_err)
-}
-
-/// Where the schema stands against this build, read in one read transaction that writes
-/// nothing (see [`Store::schema`](solocron_core::Store::schema)): no schema table, or an
-/// empty one, is [`SchemaState::Missing`].
-pub(crate) async fn schema(store: &SqliteStore) -> Result<SchemaState, StoreError> {
-    let sql = &store.sql.schema;
-    let mut tx = store.pool.begin().await.map_err(db_err)?;
-    let tables: i64 =
-        sqlx::query_scalar(HAS_TABLE).bind(&sql.schema_table).fetch_one(&mut *tx).await.map_err(db_err)?;
-    let found: Option<i64> = match tables {
-        0 => None,
-        _ => sqlx::query_scalar(&sql.version).fetch_one(&mut *tx).await.map_err(db_err)?,
-    };
-    tx.rollback().await.map_err(db_err)?;
-    let found = found
-        .map(|v| {
-            u32::try_from(v).map_err(|_| StoreError::Invalid(format!("{} has schema version {v}", store.describe())))
-        })
-        .transpose()?;
-    Ok(SchemaState::of(found, SCHEMA_VERSION as u32))
-}
-
-/// Drops every table, index and trigger of the store's prefix, in one transaction; the
-/// file and other prefixes' tables stay (see [`Store::uninstall`](solocron_core::Store::uninstall)).
-pub(crate) async fn uninstall(store: &SqliteStore) -> Result<(), StoreError> {
-    let mut tx = store.write_tx().await?;
-    for statement in &store.sql.schema.drop {
-        sqlx::query(statement).execute(&mut *tx).await.map_err(db_err)?;
-    }
-    tx.commit().await.map_err(db_err)?;
-    tracing::debug!(store = %store.describe(), "uninstalled");
-    Ok(())
 }

@@ -2,10 +2,12 @@
 //! children, which migrate the fresh file and claim the same tick at the same instant.
 #![forbid(unsafe_code)]
 
+use solocron_core::ClaimStore;
+use solocron_core::SchemaStore;
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Tick, Trigger};
 use solocron_sqlite::SqliteStore;
 
 const TEST: &str = "eight_processes_migrate_at_once_and_exactly_one_wins_the_tick";

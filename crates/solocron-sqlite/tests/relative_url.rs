@@ -2,7 +2,9 @@
 //! (its own process) because it changes the current directory.
 #![forbid(unsafe_code)]
 
-use solocron_core::{Prefix, Store};
+use solocron_core::Prefix;
+use solocron_core::SchemaStore;
+use solocron_core::StoreBase;
 use solocron_sqlite::SqliteStore;
 
 #[tokio::test]

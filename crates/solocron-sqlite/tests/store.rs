@@ -5,9 +5,20 @@
 
 use chrono::{DateTime, Utc};
 use solocron_conformance::checks::definition;
+use solocron_core::AuditStore;
+use solocron_core::ClaimStore;
+use solocron_core::ControlStore;
+use solocron_core::FleetStore;
+use solocron_core::HistoryStore;
+use solocron_core::ManagedStore;
+use solocron_core::RegistryStore;
+use solocron_core::RequestStore;
+use solocron_core::RunStore;
+use solocron_core::SchemaStore;
+use solocron_core::StoreBase;
 use solocron_core::{
     ActionKind, ActionQuery, ClaimMode, ClaimOutcome, ClaimRequest, HistoryQuery, NodeBeat, Prefix, RecoverAction,
-    RecoverOutcome, RunCounts, RunState, SchemaState, Store, StoreError, Tick, Trigger,
+    RecoverOutcome, RunCounts, RunState, SchemaState, StoreError, Tick, Trigger,
 };
 use solocron_sqlite::SqliteStore;
 use tempfile::TempDir;

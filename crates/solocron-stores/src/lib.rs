@@ -141,7 +141,7 @@ pub fn local_file(url: &str) -> Option<std::path::PathBuf> {
     solocron_sqlite::SqliteStore::database_path(url).ok()
 }
 
-/// What [`Store::uninstall`] would remove for `prefix` at `url`, in words, for a
+/// What [`SchemaStore::uninstall`] would remove for `prefix` at `url`, in words, for a
 /// confirmation prompt: "tables and routines named `billing_*` in sqlite://app.db".
 pub fn footprint(url: &str, prefix: &Prefix) -> Result<String, OpenError> {
     let what = match Kind::of(url)? {

@@ -238,7 +238,9 @@ async fn send_batch<K: Kind>(store: &dyn Store, batch: Vec<Queued<K::Item>>) {
 mod tests {
     use std::time::Duration;
 
-    use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunEnd, RunState, Tick, Trigger};
+    use solocron_core::{
+        ClaimMode, ClaimOutcome, ClaimRequest, ClaimStore, RunEnd, RunState, SchemaStore, Tick, Trigger,
+    };
     use solocron_sqlite::SqliteStore;
 
     use super::*;

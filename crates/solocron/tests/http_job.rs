@@ -3,6 +3,7 @@
 //! record keeps, and how a stop aborts the request.
 #![forbid(unsafe_code)]
 
+use solocron_core::SchemaStore;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

@@ -4,6 +4,7 @@
 //! progress finishes, and a bad list is refused whole.
 #![forbid(unsafe_code)]
 
+use solocron_core::SchemaStore;
 use std::sync::Arc;
 use std::time::Duration;
 

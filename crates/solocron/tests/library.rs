@@ -579,90 +579,118 @@ impl Distant {
     }
 }
 
+/// Each role trait of `Distant`: its own methods (`{ … }`), then those that only wait a
+/// round trip and ask the inner store (`[ … ]`).
 macro_rules! distant {
-    ($($name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
-        #[async_trait::async_trait]
-        impl Store for Distant {
-            fn describe(&self) -> String {
-                self.inner.describe()
+    ($($tr:ident { $($own:tt)* } [$($name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*])*) => {
+        $(
+            #[async_trait::async_trait]
+            impl $tr for Distant {
+                $($own)*
+                $(async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
+                    tokio::time::sleep(self.call).await;
+                    self.inner.$name($($arg),*).await
+                })*
             }
-            async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
-                self.wait_to_finish().await;
-                self.refuses(end)?;
-                self.inner.finish(lease, end).await
-            }
-            async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
-                self.wait_to_finish().await;
-                endings.iter().try_for_each(|e| self.refuses(&e.end))?;
-                self.inner.finish_all(endings).await
-            }
-            async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
-                tokio::time::sleep(self.call + self.claim_delay).await;
-                let outcomes = self.inner.claim(requests).await?;
-                let lose = self.lose_claim_answers.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-                match lose {
-                    Ok(_) => Err(StoreError::Unavailable("the connection broke before the answer came".into())),
-                    Err(_) => Ok(outcomes),
-                }
-            }
-            async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-                tokio::time::sleep(self.call).await;
-                match &self.clock {
-                    Some(clock) => Ok(clock.now()),
-                    None => self.inner.now().await,
-                }
-            }
-            async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
-                let slow = self.slow_taken.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-                let slow = if slow.is_ok() { self.taken_delay } else { Duration::ZERO };
-                tokio::time::sleep(self.call + slow).await;
-                self.inner.taken_ticks(ticks).await
-            }
-            async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
-                self.renew_calls.fetch_add(1, Ordering::SeqCst);
-                self.hang_if_partitioned().await;
-                tokio::time::sleep(self.call).await;
-                self.inner.renew(lease, length).await
-            }
-            async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
-                self.renew_all_calls.fetch_add(1, Ordering::SeqCst);
-                self.hang_if_partitioned().await;
-                tokio::time::sleep(self.call).await;
-                self.inner.renew_all(renewals).await
-            }
-            $(async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
-                tokio::time::sleep(self.call).await;
-                self.inner.$name($($arg),*).await
-            })*
-        }
+        )*
     };
 }
 
 use solocron_core::{
-    ActionQuery, ActionRecord, ClaimOutcome, ClaimRequest, Ending, JobControl, JobDefinition, Lease, NodeBeat,
-    NodeRecord, RecoverAction, RecoverOutcome, Registration, Renewal, RunEnd, RunId, RunRecord, RunRequest, StoreError,
-    Tick,
+    ActionQuery, ActionRecord, AuditStore, ClaimOutcome, ClaimRequest, ClaimStore, ControlStore, Ending, FleetStore,
+    HistoryStore, JobControl, JobDefinition, Lease, ManagedStore, NodeBeat, NodeRecord, RecoverAction, RecoverOutcome,
+    Registration, RegistryStore, Renewal, RequestStore, RunEnd, RunId, RunRecord, RunRequest, RunStore, SchemaStore,
+    StoreBase, StoreError, Tick,
 };
 
 distant! {
-    migrate() -> ();
-    schema() -> solocron_core::SchemaState;
-    finish_for_retry(lease: &Lease, end: &RunEnd, after: Duration) -> bool;
-    expired(limit: usize, namespaces: &solocron_core::Namespaces) -> Vec<RunRecord>;
-    recover(run: &RunId, action: &RecoverAction) -> RecoverOutcome;
-    history(query: &HistoryQuery) -> Vec<RunRecord>;
-    register(node: &str, jobs: &[JobDefinition]) -> ();
-    registrations() -> Vec<Registration>;
-    set_paused(job: &str, paused: bool, by: &str, reason: Option<&str>) -> ();
-    controls() -> Vec<JobControl>;
-    request_run(job: &str, by: &str, reason: Option<&str>) -> Tick;
-    pending_requests(limit: usize, namespaces: &solocron_core::Namespaces) -> Vec<RunRequest>;
-    unlock(job: &str, by: &str, reason: &str) -> Vec<RunId>;
-    prune(older_than: Duration, batch: usize, namespaces: &solocron_core::Namespaces) -> u64;
-    heartbeat(beat: &NodeBeat) -> ();
-    goodbye(node: &str) -> ();
-    nodes() -> Vec<NodeRecord>;
-    actions(query: &ActionQuery) -> Vec<ActionRecord>;
+    StoreBase {
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+        async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+            tokio::time::sleep(self.call).await;
+            match &self.clock {
+                Some(clock) => Ok(clock.now()),
+                None => self.inner.now().await,
+            }
+        }
+    } []
+    SchemaStore {} [
+        migrate() -> ();
+        schema() -> solocron_core::SchemaState;
+    ]
+    ClaimStore {
+        async fn claim(&self, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, StoreError> {
+            tokio::time::sleep(self.call + self.claim_delay).await;
+            let outcomes = self.inner.claim(requests).await?;
+            let lose = self.lose_claim_answers.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            match lose {
+                Ok(_) => Err(StoreError::Unavailable("the connection broke before the answer came".into())),
+                Err(_) => Ok(outcomes),
+            }
+        }
+        async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
+            let slow = self.slow_taken.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            let slow = if slow.is_ok() { self.taken_delay } else { Duration::ZERO };
+            tokio::time::sleep(self.call + slow).await;
+            self.inner.taken_ticks(ticks).await
+        }
+    } []
+    RunStore {
+        async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
+            self.wait_to_finish().await;
+            self.refuses(end)?;
+            self.inner.finish(lease, end).await
+        }
+        async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
+            self.wait_to_finish().await;
+            endings.iter().try_for_each(|e| self.refuses(&e.end))?;
+            self.inner.finish_all(endings).await
+        }
+        async fn renew(&self, lease: &Lease, length: Duration) -> Result<bool, StoreError> {
+            self.renew_calls.fetch_add(1, Ordering::SeqCst);
+            self.hang_if_partitioned().await;
+            tokio::time::sleep(self.call).await;
+            self.inner.renew(lease, length).await
+        }
+        async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
+            self.renew_all_calls.fetch_add(1, Ordering::SeqCst);
+            self.hang_if_partitioned().await;
+            tokio::time::sleep(self.call).await;
+            self.inner.renew_all(renewals).await
+        }
+    } [
+        finish_for_retry(lease: &Lease, end: &RunEnd, after: Duration) -> bool;
+        expired(limit: usize, namespaces: &solocron_core::Namespaces) -> Vec<RunRecord>;
+        recover(run: &RunId, action: &RecoverAction) -> RecoverOutcome;
+    ]
+    HistoryStore {} [
+        history(query: &HistoryQuery) -> Vec<RunRecord>;
+        prune(older_than: Duration, batch: usize, namespaces: &solocron_core::Namespaces) -> u64;
+    ]
+    RegistryStore {} [
+        register(node: &str, jobs: &[JobDefinition]) -> ();
+        registrations() -> Vec<Registration>;
+        controls() -> Vec<JobControl>;
+    ]
+    ControlStore {} [
+        set_paused(job: &str, paused: bool, by: &str, reason: Option<&str>) -> ();
+        unlock(job: &str, by: &str, reason: &str) -> Vec<RunId>;
+    ]
+    RequestStore {} [
+        request_run(job: &str, by: &str, reason: Option<&str>) -> Tick;
+        pending_requests(limit: usize, namespaces: &solocron_core::Namespaces) -> Vec<RunRequest>;
+    ]
+    FleetStore {} [
+        heartbeat(beat: &NodeBeat) -> ();
+        goodbye(node: &str) -> ();
+        nodes() -> Vec<NodeRecord>;
+    ]
+    AuditStore {} [
+        actions(query: &ActionQuery) -> Vec<ActionRecord>;
+    ]
+    ManagedStore {} []
 }
 
 /// Runs `jobs` jobs (leases of `lease`) due once at the same instant on one node over

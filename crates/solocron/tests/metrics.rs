@@ -2,6 +2,7 @@
 //! real SQLite file: what the metrics say must be what the store recorded.
 #![forbid(unsafe_code)]
 
+use solocron_core::SchemaStore;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
