@@ -1,9 +1,9 @@
 //! # solocron-etcd
 //!
-//! The etcd [`Store`] of solocron (etcd v3 API, 3.4 or later), for a fleet of hosts that
+//! The etcd [`Store`](solocron_core::Store) of solocron (etcd v3 API, 3.4 or later), for a fleet of hosts that
 //! already runs etcd. Everything lives under one key prefix, the store's [`Prefix`] spelt
 //! `/name/` ([`Prefix::etcd_key_prefix`]; `/solocron/` by default), so solocron can share a
-//! cluster with other applications and other fleets. [`SchemaStore::uninstall`] deletes that
+//! cluster with other applications and other fleets. [`SchemaStore::uninstall`](solocron_core::SchemaStore::uninstall) deletes that
 //! prefix's range and nothing else.
 //!
 //! ## What etcd guarantees, and what this store builds on it
@@ -29,7 +29,7 @@
 //!   renews with a keep-alive (which etcd refuses once the TTL ran out) plus a `Txn`
 //!   checking its record is still running under its owner and token. When the TTL runs out,
 //!   etcd itself deletes the alive key: a running run without an alive key is expired, and
-//!   only then can [`RunStore::recover`] act on it, so exactly one node recovers it. Expiry is
+//!   only then can [`RunStore::recover`](solocron_core::RunStore::recover) act on it, so exactly one node recovers it. Expiry is
 //!   decided by etcd's leader, never by a node's clock.
 //! - **One lease per node and length.** A node's runs of one length share one etcd lease
 //!   (a new one every 10 s): each claim refreshes it with a keep-alive sent beside its read
@@ -60,7 +60,7 @@
 //!
 //! ## What etcd lacks: a clock
 //!
-//! etcd has no time API. [`StoreBase::now`], which schedules follow, is **the fleet's clock**:
+//! etcd has no time API. [`StoreBase::now`](solocron_core::StoreBase::now), which schedules follow, is **the fleet's clock**:
 //! this process's clock plus the median offset of the clocks of every process using the
 //! prefix, which they tell each other through two watched keys (`clock.rs`), so a node
 //! whose clock is off among three or more runs no tick early or late. Instants recorded for
@@ -84,14 +84,14 @@
 //!
 //! ## Failure retries
 //!
-//! [`RunStore::finish_for_retry`] records a failed run's end exactly as [`RunStore::finish`]
+//! [`RunStore::finish_for_retry`](solocron_core::RunStore::finish_for_retry) records a failed run's end exactly as [`RunStore::finish`](solocron_core::RunStore::finish)
 //! does and, in the same `Txn` (only if that end's compares hold), creates the tick's next
 //! attempt as a `waiting` record (trigger `retry`, the same node, no token, no etcd lease,
 //! `lease_until` = this process's clock + the backoff: its not-before) and its index key
 //! `{p}wait/{not_before}/...`. A retry is due once the clock of the node looking passes its
 //! not-before (etcd has no clock to ask; skew moves when a retry starts, never who starts
-//! it). [`RunStore::expired`] lists the due ones (a range of the index up to now) beside the
-//! expired running runs, oldest `lease_until` first. [`RunStore::recover`] on a due one starts
+//! it). [`RunStore::expired`](solocron_core::RunStore::expired) lists the due ones (a range of the index up to now) beside the
+//! expired running runs, oldest `lease_until` first. [`RunStore::recover`](solocron_core::RunStore::recover) on a due one starts
 //! that same record (`running`, the job's next token from its guard, a fresh etcd lease as a
 //! recovery's retry gets) or ends it `abandoned`, deleting its index key, in one `Txn`
 //! comparing the record's revision (and the guard's for a token): exactly one recoverer
@@ -104,7 +104,7 @@
 //!
 //! | key | value |
 //! | --- | --- |
-//! | `{p}schema` | key layout version, written once by [`SchemaStore::migrate`] |
+//! | `{p}schema` | key layout version, written once by [`SchemaStore::migrate`](solocron_core::SchemaStore::migrate) |
 //! | `{p}run/{at}/{attempt}/{job}` | a run record (JSON); `at` and `attempt` inverted so that ascending key order is newest first |
 //! | `{p}alive/{at}/{attempt}/{job}` | the owner; attached to the run's etcd lease, present while it runs and the lease lives |
 //! | `{p}wait/{not_before}/{at}/{attempt}/{job}` | the run key of a `waiting` retry, present while it waits; due ones first |
@@ -118,7 +118,7 @@
 //! | `{p}managed/rev/{job}/{read↓}` | a revision of a managed job, the same way (no definition: a delete), newest first |
 //! | `{p}managed/count`, `…/version` | how many managed jobs there are; the key every write of one puts |
 //!
-//! [`SchemaStore::migrate`] writes (or checks) the layout version; the other steps do not read it.
+//! [`SchemaStore::migrate`](solocron_core::SchemaStore::migrate) writes (or checks) the layout version; the other steps do not read it.
 //!
 //! ## Cost per step (round trips)
 //!
@@ -160,20 +160,20 @@
 //! A job's full name holds its namespace (`billing/sync`; see [`Namespaces`]), and the last
 //! segment of every key of a job's run, guard or request is that name, escaped: the
 //! namespace is read from the key alone (the part of the job before its first `/`, or
-//! `default`). [`RunStore::expired`], [`RequestStore::pending_requests`] and [`HistoryStore::prune`] pass
+//! `default`). [`RunStore::expired`](solocron_core::RunStore::expired), [`RequestStore::pending_requests`](solocron_core::RequestStore::pending_requests) and [`HistoryStore::prune`](solocron_core::HistoryStore::prune) pass
 //! over other namespaces' keys before they count anything against their `limit` (or
 //! `batch`), and read no record of them. They read the ranges they read for every
 //! namespace (every guard; the due retries' index and the requests in pages until enough
 //! are found); prune's scan of the old records stops at [`PRUNE_SCAN_MAX`] keys, so another
 //! namespace's old records beyond that many, which only its own nodes prune, can leave this
 //! namespace's older ones unpruned until those are gone (a warning says so).
-//! [`HistoryStore::history`] asked for one namespace passes over other namespaces' records (or
+//! [`HistoryStore::history`](solocron_core::HistoryStore::history) asked for one namespace passes over other namespaces' records (or
 //! guards) by their keys too, without decoding them, but reads them: they count against
 //! [`HISTORY_SCAN_MAX`] as other jobs' records do.
 //!
 //! ## Registrations
 //!
-//! [`RegistryStore::register`] records that a node runs exactly the jobs listed: it reads the
+//! [`RegistryStore::register`](solocron_core::RegistryStore::register) records that a node runs exactly the jobs listed: it reads the
 //! node's registrations (its own range, `{p}registry/{node}/`), then puts each listed job's
 //! (`first_seen` kept, `last_seen` from this process's clock) and deletes each other one
 //! found. Every key written is compared with the revision read; a lost compare reads that
@@ -194,15 +194,15 @@
 //! A revision of a managed job is the etcd revision of the `Txn` that wrote it: etcd numbers
 //! its transactions in the order it applies them, so revisions follow commit order and are
 //! never reused (they are not 1, 2, 3: every other write in the cluster takes a number too).
-//! [`ManagedStore::put_job`] and [`ManagedStore::delete_job`] are a read and one `Txn` comparing the job
+//! [`ManagedStore::put_job`](solocron_core::ManagedStore::put_job) and [`ManagedStore::delete_job`](solocron_core::ManagedStore::delete_job) are a read and one `Txn` comparing the job
 //! key's revision (and, when they create or delete a job, the count key's, which keeps
 //! [`MANAGED_JOBS_MAX`](solocron_core::MANAGED_JOBS_MAX) exact), decided again on a lost
 //! compare (bounded); the `Txn` also appends the revision and puts the version key, which
 //! the request watch watches, so nodes waiting on it read the change at once. Then a count
 //! of the revisions: at most [`JOB_REVISIONS_KEPT_MAX`] are kept per prefix, the oldest (of
 //! any job; a job's present definition stays however old it is) dropped beyond that.
-//! [`ManagedStore::managed_version`] is one read of the version key's revision;
-//! [`ManagedStore::managed_jobs`] reads pages of 200 at one revision; [`ManagedStore::job_revisions`]
+//! [`ManagedStore::managed_version`](solocron_core::ManagedStore::managed_version) is one read of the version key's revision;
+//! [`ManagedStore::managed_jobs`](solocron_core::ManagedStore::managed_jobs) reads pages of 200 at one revision; [`ManagedStore::job_revisions`](solocron_core::ManagedStore::job_revisions)
 //! of one job reads its keys in order, of every job has etcd sort the whole (bounded)
 //! range by revision; then one read of the values.
 //!
@@ -236,8 +236,8 @@
 //!
 //! ## Code map
 //!
-//! - `lib.rs`: the store type, [`EtcdStore::connect`], and the [`Store`] impl, which only
-//!   delegates to the files below.
+//! - `lib.rs`: the store type, [`EtcdStore::connect`], and [`StoreBase`](solocron_core::StoreBase) (its
+//!   description and clock); each other role trait is implemented in the file of its concern.
 //! - `url.rs`: the `etcd://` URL into endpoints and credentials; what is shown of it.
 //! - `schema.rs`: `migrate` (the layout version), `schema` (reads it) and `uninstall`.
 //! - `claim.rs`: the claim, in chunks of one `Txn` each. Nothing else claims.
@@ -245,7 +245,7 @@
 //! - `runs.rs`: a held run's life: renew, finish, expired, recover, unlock.
 //! - `retry.rs`: failure retries: finish for a retry; start or drop a due waiting retry.
 //! - `admin.rs`: history, registry, pause switches, manual requests, prune.
-//! - `clock.rs`: the fleet's clock (the median of the processes' clocks), [`StoreBase::now`].
+//! - `clock.rs`: the fleet's clock (the median of the processes' clocks), [`StoreBase::now`](solocron_core::StoreBase::now).
 //! - `fleet.rs`: node heartbeats (one `Txn`, no read) and the audit log (an action is one
 //!   more put in the `Txn` of the step it records; at most [`ACTIONS_KEPT_MAX`] are kept).
 //! - `managed.rs`: managed jobs and their revisions.
@@ -305,14 +305,14 @@ const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// every 500 ms.
 const EXPIRY_LAG: Duration = Duration::from_millis(500);
 
-/// A [`Store`] kept in etcd under a key prefix.
+/// A [`Store`](solocron_core::Store) kept in etcd under a key prefix.
 ///
 /// Separate instances (in one process or many) coordinate through etcd alone; an instance
 /// only remembers, as a shortcut for renewals, the runs it claimed or renewed.
 ///
 /// # Panics
 ///
-/// [`RunStore::finish`] and [`RunStore::finish_for_retry`] panic if given a `RunEnd` whose state
+/// [`RunStore::finish`](solocron_core::RunStore::finish) and [`RunStore::finish_for_retry`](solocron_core::RunStore::finish_for_retry) panic if given a `RunEnd` whose state
 /// is not terminal (`running`, `waiting`): that is a bug in the caller, not a condition of
 /// the store.
 pub struct EtcdStore {
@@ -326,7 +326,7 @@ pub struct EtcdStore {
     shared: Mutex<HashMap<i64, leases::SharedLease>>,
     /// Jobs' guards and switches as last seen: lets a short claim skip its read.
     known: claim::Known,
-    /// The fleet's clock, which [`StoreBase::now`] answers (etcd has none).
+    /// The fleet's clock, which [`StoreBase::now`](solocron_core::StoreBase::now) answers (etcd has none).
     clock: clock::FleetClock,
 }
 
@@ -340,7 +340,7 @@ impl EtcdStore {
     /// Connects to the etcd cluster at `url`, `etcd://host:port[,host:port...]` with an
     /// optional `user:password@` (percent-encoded), keeping every key under `prefix`
     /// (`/name/...`, see [`Prefix::etcd_key_prefix`]). Checks that the cluster answers a
-    /// linearizable read within 5 s. Does not write anything: call [`SchemaStore::migrate`].
+    /// linearizable read within 5 s. Does not write anything: call [`SchemaStore::migrate`](solocron_core::SchemaStore::migrate).
     ///
     /// Fails with [`StoreError::Invalid`] for a malformed URL, and with
     /// [`StoreError::Unavailable`] if the cluster cannot be reached or has no leader. No

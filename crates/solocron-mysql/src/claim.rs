@@ -92,7 +92,7 @@ fn check(requests: &[ClaimRequest]) -> Result<(), Failure> {
 /// updates their leases, and commits in a third round trip (see [`write_regranting`]).
 ///
 /// The scheduled ticks more than [`CLAIM_EARLY_MAX`] ahead of the server's clock at the
-/// read are refused first ([`ClaimOutcome::TooEarly`]) and left out of the plan: they
+/// read are refused first ([`ClaimOutcome::TooEarly`](solocron_core::ClaimOutcome::TooEarly)) and left out of the plan: they
 /// write nothing, and the others are decided as if they were not in the batch.
 async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, Failure> {
     let jobs = sorted_jobs(requests);

@@ -4,7 +4,7 @@
 //!
 //! A scheduled tick more than [`CLAIM_EARLY_MAX`](solocron_core::CLAIM_EARLY_MAX) ahead of
 //! the server's clock is refused first, by the procedure's first statement: it answers
-//! [`ClaimOutcome::TooEarly`] with that clock, having written nothing (not even the job's
+//! [`ClaimOutcome::TooEarly`](solocron_core::ClaimOutcome::TooEarly) with that clock, having written nothing (not even the job's
 //! counter). Otherwise the procedure runs, in one transaction: an upsert that creates the job's fence row or
 //! advances its counter (taking the row's exclusive lock, as every claim and retry of the
 //! job does before it reads) and leaves the new token in `LAST_INSERT_ID()` (so no read of

@@ -1,6 +1,6 @@
 //! # solocron-mysql
 //!
-//! A [`Store`] in a MySQL 8 or MariaDB 10.6+ database, shared by any number of hosts: every
+//! A [`Store`](solocron_core::Store) in a MySQL 8 or MariaDB 10.6+ database, shared by any number of hosts: every
 //! node of a fleet connects to the same database (and prefix), and each tick runs exactly
 //! once among all of them.
 //!
@@ -41,7 +41,7 @@
 //!
 //! A scheduled tick (trigger `schedule`) more than
 //! [`CLAIM_EARLY_MAX`](solocron_core::CLAIM_EARLY_MAX) ahead of the server's clock is
-//! refused as [`ClaimOutcome::TooEarly`] with that clock, before any other decision, and
+//! refused as [`ClaimOutcome::TooEarly`](solocron_core::ClaimOutcome::TooEarly) with that clock, before any other decision, and
 //! writes nothing: the procedure checks it before its transaction (no lock, no counter
 //! change); a batch checks it against the clock of its locked read, and decides its other
 //! requests as if that one were not there (a fence row it created for a job of only such
@@ -77,8 +77,8 @@
 //!
 //! ## Failure retries
 //!
-//! [`RunStore::finish_for_retry`] is one transaction in **one round trip**, a multi-statement
-//! text query like a claim's: `START TRANSACTION`, the `UPDATE` of [`RunStore::finish`] (the
+//! [`RunStore::finish_for_retry`](solocron_core::RunStore::finish_for_retry) is one transaction in **one round trip**, a multi-statement
+//! text query like a claim's: `START TRANSACTION`, the `UPDATE` of [`RunStore::finish`](solocron_core::RunStore::finish) (the
 //! run `running` with the lease's node and token), `SET @solocron_finished = ROW_COUNT()`,
 //! an `INSERT ... SELECT ... FROM DUAL WHERE @solocron_finished = 1` of the tick's next
 //! attempt as `waiting` (trigger `retry`, the same node, no token, `claimed_at` the server's
@@ -87,15 +87,15 @@
 //! before its `COMMIT`, and the end is rolled back with it. The waiting row is neither
 //! `running` nor attempt 1, so it needs no fence lock: claims never read it.
 //!
-//! [`RunStore::expired`] reads the expired `running` runs and the due `waiting` retries
+//! [`RunStore::expired`](solocron_core::RunStore::expired) reads the expired `running` runs and the due `waiting` retries
 //! (`lease_until` < now for both) as two ordered `LIMIT` ranges of the key
 //! `{p}runs_expiry (state, lease_until)`, merged by a `UNION ALL` sorted by `lease_until`.
-//! [`RunStore::recover`] by `Retry` of a due waiting retry takes the job's fence lock, then the
+//! [`RunStore::recover`](solocron_core::RunStore::recover) by `Retry` of a due waiting retry takes the job's fence lock, then the
 //! row (`FOR UPDATE`), and turns that same row `running` for the node with the job's next
 //! token, a fresh lease and no nonce, then advances the counter and reads the lease's
 //! instants back; by `Abandon`, one `UPDATE` ends it `abandoned` (as for an expired running
 //! run). Either acts only while the row is `waiting` and due, so one recoverer wins and the
-//! others find nothing to do. [`HistoryStore::prune`] never deletes a `waiting` row, and states are
+//! others find nothing to do. [`HistoryStore::prune`](solocron_core::HistoryStore::prune) never deletes a `waiting` row, and states are
 //! plain `VARCHAR(16)` (no `ENUM` or `CHECK`), so no schema change was needed.
 //!
 //! ## MySQL 8 and MariaDB: what differs, and what this crate does about it
@@ -136,10 +136,10 @@
 //!   `backup`). `utf8mb4_bin` pads with spaces on both servers (`'a' = 'a '`), hence the
 //!   refusal of trailing spaces. Key columns are `VARCHAR(191)`: 764 bytes, within the
 //!   767-byte index limit of old row formats and the 3072-byte limit of `DYNAMIC`.
-//! - **DDL auto-commits**, so [`SchemaStore::migrate`] serializes on `GET_LOCK('{p}migrate', 30)`
+//! - **DDL auto-commits**, so [`SchemaStore::migrate`](solocron_core::SchemaStore::migrate) serializes on `GET_LOCK('{p}migrate', 30)`
 //!   (named after the prefix only: namesakes in other databases of the same server merely
 //!   take turns) and creates each table with its indexes in one `CREATE TABLE IF NOT
-//!   EXISTS`, writing the version row last. [`SchemaStore::uninstall`] takes the same lock.
+//!   EXISTS`, writing the version row last. [`SchemaStore::uninstall`](solocron_core::SchemaStore::uninstall) takes the same lock.
 //! - **`ON DUPLICATE KEY UPDATE col = VALUES(col)`** is deprecated in MySQL 8.0.20 and the
 //!   replacement (`AS new`) does not exist in MariaDB; upserts here use `INSERT ... SELECT
 //!   ... FROM (derived table) v ON DUPLICATE KEY UPDATE col = v.col` or bind values twice.
@@ -181,13 +181,14 @@
 //! revision counter, whose row lock orders their writers) and `{p}schema` (the version);
 //! the stored procedure `{p}claim_one_v7` (and version 2's `{p}claim_one` and version 5's
 //! `{p}claim_one_v5`, left in place by an upgrade for the nodes still calling them); the
-//! named lock `{p}migrate`. [`SchemaStore::migrate`] creates
-//! them; [`SchemaStore::uninstall`] drops them.
+//! named lock `{p}migrate`. [`SchemaStore::migrate`](solocron_core::SchemaStore::migrate) creates
+//! them; [`SchemaStore::uninstall`](solocron_core::SchemaStore::uninstall) drops them.
 //!
 //! ## Code map
 //!
 //! - `lib.rs`: the store type, [`MySqlStore::connect`] (with each session's settings) and
-//!   the [`Store`] impl, which only delegates to the files below.
+//!   [`StoreBase`](solocron_core::StoreBase) (its description and clock); each other role trait is
+//!   implemented in the file of its concern.
 //! - `url.rs`: the URL into connection options.
 //! - `schema.rs`: the tables, the stored procedure, their versions, `migrate`, `schema`
 //!   and `uninstall`.
@@ -286,14 +287,14 @@ const MAX_LIFETIME: Duration = Duration::from_secs(1800);
 const SESSION_SETUP: &str = "SET SESSION sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES'), \
      SESSION wait_timeout = 30, SESSION innodb_lock_wait_timeout = 3";
 
-/// A [`Store`] in a MySQL or MariaDB database.
+/// A [`Store`](solocron_core::Store) in a MySQL or MariaDB database.
 ///
 /// Cheap to clone (clones share one connection pool). Separate instances, in one process or
 /// on many hosts, coordinate through the database.
 ///
 /// # Panics
 ///
-/// [`RunStore::finish`] panics if given a `RunEnd` whose state is `running`: that is a bug in
+/// [`RunStore::finish`](solocron_core::RunStore::finish) panics if given a `RunEnd` whose state is `running`: that is a bug in
 /// the caller, not a condition of the store.
 #[derive(Clone)]
 pub struct MySqlStore {
@@ -315,7 +316,7 @@ impl MySqlStore {
     /// Connects to `url` (`mysql://user[:password]@host:port/database`, or `mariadb://`; the
     /// query parameters of sqlx such as `ssl-mode` apply) with everything named from
     /// `prefix` (tables `{prefix}_runs`, ...). Opens one connection to check the server
-    /// answers; does not create the schema: call [`SchemaStore::migrate`].
+    /// answers; does not create the schema: call [`SchemaStore::migrate`](solocron_core::SchemaStore::migrate).
     ///
     /// Fails with [`StoreError::Invalid`] for a bad URL (and for a server that refuses the
     /// login), and with [`StoreError::Unavailable`] if the server cannot be reached within

@@ -1,6 +1,6 @@
 //! # solocron-postgres
 //!
-//! A [`Store`] in a PostgreSQL database, shared by any number of hosts: every node of a
+//! A [`Store`](solocron_core::Store) in a PostgreSQL database, shared by any number of hosts: every node of a
 //! fleet connects to the same database (and prefix), and each tick runs exactly once among
 //! all of them.
 //!
@@ -26,7 +26,7 @@
 //! - **A scheduled claim made too early is refused.** Before any lock or write, the claim
 //!   function reads the server's clock: a [`Trigger::Schedule`](solocron_core::Trigger)
 //!   request for a tick more than [`CLAIM_EARLY_MAX`](solocron_core::CLAIM_EARLY_MAX) ahead
-//!   of it gets [`ClaimOutcome::TooEarly`] with that clock, and writes nothing (no record,
+//!   of it gets [`ClaimOutcome::TooEarly`](solocron_core::ClaimOutcome::TooEarly) with that clock, and writes nothing (no record,
 //!   no fencing token reserved); the batch's other requests are decided as usual, in the
 //!   same call. A node whose clock runs fast thus cannot start a job early.
 //! - **Each step is atomic.** A whole claim batch is one call of a PL/pgSQL function (one
@@ -42,7 +42,7 @@
 //!   the taken ticks) and leaves only the others (paused, overlapping, too early, skips,
 //!   claims asked again) to `{p}claim`'s request-by-request decision, in the same
 //!   transaction, with the same answers.
-//! - **A failure retry waits in the table.** [`RunStore::finish_for_retry`] is one statement:
+//! - **A failure retry waits in the table.** [`RunStore::finish_for_retry`](solocron_core::RunStore::finish_for_retry) is one statement:
 //!   the end, exactly as `finish` records it, and, only if that matched, the tick's next
 //!   attempt as `waiting` (trigger `retry`, the same node, no token, `lease_until` its
 //!   not-before: the server's now plus the backoff). `expired` lists due waiting retries
@@ -75,17 +75,17 @@
 //! (which builds before schema version 12 call), `{p}finish_all` and `{p}renew_all` (a
 //! batch's runs found by their key, whatever the statistics say: no statement that looks
 //! a run up by key or job reads every running run); the notification
-//! channel `{p}requests` (run requests and managed job changes). [`SchemaStore::migrate`]
-//! creates them; [`SchemaStore::uninstall`] drops them.
+//! channel `{p}requests` (run requests and managed job changes). [`SchemaStore::migrate`](solocron_core::SchemaStore::migrate)
+//! creates them; [`SchemaStore::uninstall`](solocron_core::SchemaStore::uninstall) drops them.
 //!
 //! ## Code map
 //!
-//! - `lib.rs`: the store type, [`PgStore::connect`] and the [`Store`] impl, which only
-//!   delegates to the files below.
+//! - `lib.rs`: the store type, [`PgStore::connect`], and [`StoreBase`](solocron_core::StoreBase) (its description
+//!   and clock); each other role trait is implemented in the file of its concern.
 //! - `url.rs`: the URL into connection options.
-//! - `schema.rs`: the versioned migrations (tables, indexes, claim, end and renewal
-//!   functions), `migrate`,
-//!   `schema` and `uninstall`.
+//! - `schema.rs` ([`SchemaStore`](solocron_core::SchemaStore)): `migrate`, `schema`,
+//!   `uninstall`; the current tables and routines in `schema/sql/`, the released
+//!   migrations, frozen, in `schema/migrations.rs` and `schema/migrations/`.
 //! - `claim.rs`: the claim of a batch, one call of `{p}claim_set`.
 //! - `claim_one.rs`: the claim of one tick, one call of `{p}claim_one`.
 //! - `runs.rs`: a held run after its claim: renew, finish (one or a batch, or for a retry),
@@ -142,14 +142,14 @@ mod schema;
 mod url;
 mod watch;
 
-use solocron_core::{SchemaStore, StoreBase};
+use solocron_core::StoreBase;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use solocron_core::{Prefix, SchemaState, StoreError};
+use solocron_core::{Prefix, StoreError};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor};
 
@@ -169,14 +169,14 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// all end up on the new primary even if none broke.
 const MAX_LIFETIME: Duration = Duration::from_secs(1800);
 
-/// A [`Store`] in a PostgreSQL database.
+/// A [`Store`](solocron_core::Store) in a PostgreSQL database.
 ///
 /// Cheap to clone (clones share one connection pool). Separate instances, in one process or
 /// on many hosts, coordinate through the database.
 ///
 /// # Panics
 ///
-/// [`RunStore::finish`] and [`RunStore::finish_for_retry`] panic if given a `RunEnd` whose state
+/// [`RunStore::finish`](solocron_core::RunStore::finish) and [`RunStore::finish_for_retry`](solocron_core::RunStore::finish_for_retry) panic if given a `RunEnd` whose state
 /// is not terminal (`running`, `waiting`): that is a bug in the caller, not a condition of
 /// the store.
 #[derive(Clone)]
@@ -199,7 +199,7 @@ impl PgStore {
     /// Connects to `url` (`postgres://user[:password]@host:port/database`, or
     /// `postgresql://`; libpq's query parameters such as `sslmode` apply) with everything
     /// named from `prefix` (tables `{prefix}_runs`, ...). Opens one connection to check the
-    /// server answers; does not create the schema: call [`SchemaStore::migrate`].
+    /// server answers; does not create the schema: call [`SchemaStore::migrate`](solocron_core::SchemaStore::migrate).
     ///
     /// Fails with [`StoreError::Invalid`] for a bad URL (and for a server that refuses the
     /// login), and with [`StoreError::Unavailable`] if the server cannot be reached within
@@ -294,20 +294,5 @@ impl StoreBase for PgStore {
 
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         admin::now(self).await
-    }
-}
-
-#[async_trait]
-impl SchemaStore for PgStore {
-    async fn migrate(&self) -> Result<(), StoreError> {
-        schema::migrate(self).await
-    }
-
-    async fn schema(&self) -> Result<SchemaState, StoreError> {
-        schema::schema(self).await
-    }
-
-    async fn uninstall(&self) -> Result<(), StoreError> {
-        schema::uninstall(self).await
     }
 }

@@ -1,6 +1,6 @@
 //! # solocron-redis
 //!
-//! The Redis [`Store`] of solocron: a fleet of nodes shares one Redis (6.2 or later; tested
+//! The Redis [`Store`](solocron_core::Store) of solocron: a fleet of nodes shares one Redis (6.2 or later; tested
 //! on 7.0), and every tick runs on exactly one node while that Redis keeps its data.
 //!
 //! ```no_run
@@ -32,8 +32,8 @@
 //!
 //! ## One atomic step per method
 //!
-//! Every [`Store`] method is one call of solocron's Lua code (or one single command:
-//! `TIME` for [`StoreBase::now`]). The code is a Redis Functions library that the store loads
+//! Every [`Store`](solocron_core::Store) method is one call of solocron's Lua code (or one single command:
+//! `TIME` for [`StoreBase::now`](solocron_core::StoreBase::now)). The code is a Redis Functions library that the store loads
 //! with `FUNCTION LOAD` on its first call, and calls with `FCALL`; where the server refuses
 //! to load it (an ACL without `FUNCTION`, a proxy), the same code runs as one script per
 //! method with `EVALSHA`, at a higher cost per call on the server
@@ -79,7 +79,7 @@
 //! cluster. This crate itself connects to one endpoint (a `redis://` URL: a standalone
 //! server, a primary, or a proxy); the tag is what makes the layout usable behind a cluster
 //! proxy. Give every fleet its own prefix, like `billing_cron` (keys `{billing_cron}:...`).
-//! [`SchemaStore::uninstall`] deletes every key under the prefix (see `schema.rs` for why the
+//! [`SchemaStore::uninstall`](solocron_core::SchemaStore::uninstall) deletes every key under the prefix (see `schema.rs` for why the
 //! Functions library stays).
 //!
 //! With the default prefix, and `<id>` = `<scheduled_at ms>:<attempt, 10 digits>:<job>`:
@@ -89,7 +89,7 @@
 //! | `{solocron}:run:<id>` | hash | one run record: `job at att trig node tok state reason claimed started finished lease exit out nonce` (`nonce`: the creating claim's, in decimal; `0` or absent: none; `lease`: the lease's end while `running`, the not-before while `waiting`, left as it was once ended) |
 //! | `{solocron}:hist` | sorted set | every record's `<id>`, scored by `scheduled_at` (history across jobs, pruning) |
 //! | `{solocron}:jhist:<job>` | sorted set | the job's record ids, scored by `scheduled_at` (history of one job) |
-//! | `{solocron}:expiry` | sorted set | ids of running runs and of waiting retries, scored by `lease_until` (a retry's not-before) ([`RunStore::expired`]) |
+//! | `{solocron}:expiry` | sorted set | ids of running runs and of waiting retries, scored by `lease_until` (a retry's not-before) ([`RunStore::expired`](solocron_core::RunStore::expired)) |
 //! | `{solocron}:jrun:<job>` | sorted set | ids of the job's running runs, never of waiting retries (overlap check, unlock) |
 //! | `{solocron}:fences` | hash | job → last fencing token |
 //! | `{solocron}:ctl:<job>` / `…ctls` | hash / set | a job's pause switch / the jobs ever switched |
@@ -110,16 +110,16 @@
 //!
 //! ## Failure retries
 //!
-//! [`RunStore::finish_for_retry`] is one call: it records the end exactly as
-//! [`RunStore::finish`] does (same owner and token check) and, only if that matched, creates
+//! [`RunStore::finish_for_retry`](solocron_core::RunStore::finish_for_retry) is one call: it records the end exactly as
+//! [`RunStore::finish`](solocron_core::RunStore::finish) does (same owner and token check) and, only if that matched, creates
 //! the tick's next attempt as a `waiting` record (trigger `retry`, the same node, no `tok`,
 //! `claimed` = now, `lease` = now + the backoff: its not-before), in `hist`, `jhist:<job>`
 //! and `expiry` (by its not-before), never in `jrun:<job>`: a waiting retry is not a
 //! running run, so it neither makes a claim skip for overlap nor is ended by an unlock.
-//! [`RunStore::expired`] reads `expiry` once for both kinds, so due retries and lapsed runs
-//! come merged, oldest first. [`RunStore::recover`] of a due retry turns that same record
+//! [`RunStore::expired`](solocron_core::RunStore::expired) reads `expiry` once for both kinds, so due retries and lapsed runs
+//! come merged, oldest first. [`RunStore::recover`](solocron_core::RunStore::recover) of a due retry turns that same record
 //! `running` (the job's next token from `fences`, a fresh lease, back in `jrun:<job>`) or
-//! ends it `abandoned`; before its not-before, `NotNeeded`. [`HistoryStore::prune`] never deletes
+//! ends it `abandoned`; before its not-before, `NotNeeded`. [`HistoryStore::prune`](solocron_core::HistoryStore::prune) never deletes
 //! a waiting record, like a running one.
 //!
 //! The layout version stays `1`: a waiting record is a run hash like any other, with a
@@ -131,11 +131,11 @@
 //! ## Cost
 //!
 //! Claim, renew, finish (for a retry too), recover, request and pause touch a handful of keys per run:
-//! `O(log n)` each. [`HistoryStore::history`] walks the job's (or all jobs') history newest first
+//! `O(log n)` each. [`HistoryStore::history`](solocron_core::HistoryStore::history) walks the job's (or all jobs') history newest first
 //! from the `until` bound: without a state, node or namespace filter it reads exactly the
 //! records it returns; with one it examines records one by one (another namespace's by
 //! their ids alone), at most 50 000 per call (about 0.1 s of Redis time), and returns the
-//! matches found among them (a warning is logged when it stops there). [`HistoryStore::prune`] deletes at most a batch of records per call, plus at most
+//! matches found among them (a warning is logged when it stops there). [`HistoryStore::prune`](solocron_core::HistoryStore::prune) deletes at most a batch of records per call, plus at most
 //! [`PRUNE_BATCH_MAX`](solocron_core::PRUNE_BATCH_MAX) old requests, stale registrations, old actions and silent nodes; it also removes registrations
 //! not refreshed within the retention (Redis keeps everything in memory, so the registry of
 //! long-gone nodes is not kept forever as in the SQL stores). The audit log keeps at most
@@ -147,13 +147,13 @@
 //!
 //! A job's full name holds its namespace (`billing/sync`; see [`solocron_core::Namespaces`]),
 //! and so does every id that names a job: a run's `<ms>:<attempt>:<job>`, a request's
-//! `<ms>:<job>`. [`RunStore::expired`], [`RequestStore::pending_requests`] and [`HistoryStore::prune`] send
+//! `<ms>:<job>`. [`RunStore::expired`](solocron_core::RunStore::expired), [`RequestStore::pending_requests`](solocron_core::RequestStore::pending_requests) and [`HistoryStore::prune`](solocron_core::HistoryStore::prune) send
 //! the namespaces asked for to their Lua, which reads each entry's namespace from its id
 //! (the part of the job before its first `/`, or `default`) without reading its record,
 //! and walks its sorted set oldest first, a page of ranks at a time, until it has `limit`
 //! entries of those namespaces: other namespaces' entries take no place in the limit. For
 //! every namespace it reads exactly the entries it returns, as before namespaces.
-//! [`HistoryStore::history`] asked for one namespace reads the namespace of each record it
+//! [`HistoryStore::history`](solocron_core::HistoryStore::history) asked for one namespace reads the namespace of each record it
 //! examines from its id the same way, and counts other namespaces' records against its own
 //! bound of examined records (see "Cost"), as it does other jobs' records.
 //!
@@ -167,7 +167,7 @@
 //! this namespace beyond the first [`SCAN_EXAMINED_MAX`] old records (or requests) that it
 //! cannot delete.
 //!
-//! [`RegistryStore::register`] is one call: it upserts each listed job's registration and deletes
+//! [`RegistryStore::register`](solocron_core::RegistryStore::register) is one call: it upserts each listed job's registration and deletes
 //! the node's others, which it finds in the node's `nregs` set (so a refresh that changes
 //! nothing reads the node's ids once and writes what it wrote before). A list of more than
 //! 500 jobs is first staged in a `regstage` list, 500 jobs a call, which that one call
@@ -179,14 +179,14 @@
 //! set is already marked (a node taken back to that build) is not in the set: it stays
 //! until prune removes it as stale.
 //!
-//! Managed jobs ([`ManagedStore::put_job`], [`ManagedStore::delete_job`]): a write is one call that
+//! Managed jobs ([`ManagedStore::put_job`](solocron_core::ManagedStore::put_job), [`ManagedStore::delete_job`](solocron_core::ManagedStore::delete_job)): a write is one call that
 //! compares the job's revision with the expected one, takes the next revision from the
 //! `mrevseq` counter (`INCR`: revisions follow the order the calls ran in), writes the job,
 //! appends the revision and publishes on the request channel (see `watch.rs`), so that
 //! nodes waiting on their request watch read the change at once. At most [`JOB_REVISIONS_KEPT_MAX`]
 //! revisions are kept per prefix: each write drops the oldest beyond that (of any job; a
-//! job's present definition stays however old it is), so [`ManagedStore::job_revisions`] may end
-//! before a job's first revision. [`ManagedStore::managed_version`] reads the counter.
+//! job's present definition stays however old it is), so [`ManagedStore::job_revisions`](solocron_core::ManagedStore::job_revisions) may end
+//! before a job's first revision. [`ManagedStore::managed_version`](solocron_core::ManagedStore::managed_version) reads the counter.
 //!
 //! ## What Redis guarantees, and what it does not
 //!
@@ -236,7 +236,7 @@
 //!   clock in microseconds, which is larger than every token handed out before the
 //!   restart (provided the server clock did not go back).
 //! - **No tick that already ran is run again:** the first write after the restart marks
-//!   the `epoch` key with Redis's clock, and [`ClaimStore::memory_since`] returns that instant
+//!   the `epoch` key with Redis's clock, and [`ClaimStore::memory_since`](solocron_core::ClaimStore::memory_since) returns that instant
 //!   (marking it if nobody did yet): a node starting afterwards never looks back before it.
 //!   A write other than `migrate` that finds the keys gone also marks `forgot`, and from
 //!   then on a claim (not a manual one) of a tick from before that instant is recorded
@@ -265,13 +265,13 @@
 //! still answer. Script errors, replies of
 //! an unexpected shape and refused credentials are [`StoreError::Invalid`]. An unknown
 //! function or `NOSCRIPT` (after a restart, `FUNCTION FLUSH` or `SCRIPT FLUSH`) is handled
-//! by loading the code again. Passwords never appear in [`StoreBase::describe`] or in error
+//! by loading the code again. Passwords never appear in [`StoreBase::describe`](solocron_core::StoreBase::describe) or in error
 //! messages: what is shown of the URL goes through [`solocron_core::redact_url`].
 //!
 //! ## Code map
 //!
-//! - `lib.rs`: the store type, [`RedisStore::connect`], and the [`Store`] impl, which
-//!   only delegates to the files below.
+//! - `lib.rs`: the store type, [`RedisStore::connect`], and [`StoreBase`](solocron_core::StoreBase) (its
+//!   description and clock); each other role trait is implemented in the file of its concern.
 //! - `url.rs`: the URL into a client; what is shown of it (redacted).
 //! - `schema.rs`: `migrate` (layout version, epoch), `schema` (reads the version) and
 //!   `uninstall`.
@@ -317,7 +317,7 @@ use solocron_core::{Prefix, StoreError};
 
 pub use fleet::ACTIONS_KEPT_MAX;
 
-/// Most entries one [`RunStore::expired`], [`RequestStore::pending_requests`] or [`HistoryStore::prune`]
+/// Most entries one [`RunStore::expired`](solocron_core::RunStore::expired), [`RequestStore::pending_requests`](solocron_core::RequestStore::pending_requests) or [`HistoryStore::prune`](solocron_core::HistoryStore::prune)
 /// call examines in each sorted set it scans for the namespaces asked (the expiry set; the
 /// pending requests; the history and the requests): see "Namespaces" in the crate docs for
 /// what happens past it. Far above the most entries a call returns
@@ -341,14 +341,14 @@ const RECONNECT_RETRIES: usize = 1;
 /// Longest pause between reconnection attempts.
 const RECONNECT_DELAY_MAX: Duration = Duration::from_millis(500);
 
-/// A [`Store`] kept in Redis under a key prefix.
+/// A [`Store`](solocron_core::Store) kept in Redis under a key prefix.
 ///
 /// Cheap to clone: clones share one multiplexed connection, which reconnects by itself
 /// after it breaks. Separate instances (in one process or many) coordinate through Redis.
 ///
 /// # Panics
 ///
-/// [`RunStore::finish`], [`RunStore::finish_all`] and [`RunStore::finish_for_retry`] panic if given
+/// [`RunStore::finish`](solocron_core::RunStore::finish), [`RunStore::finish_all`](solocron_core::RunStore::finish_all) and [`RunStore::finish_for_retry`](solocron_core::RunStore::finish_for_retry) panic if given
 /// a `RunEnd` whose state is not terminal (`running`, `waiting`): that is a bug in the
 /// caller, not a condition of the store.
 #[derive(Clone)]
@@ -372,7 +372,7 @@ impl fmt::Debug for RedisStore {
 impl RedisStore {
     /// Connects to the Redis at `url` (`redis://[[user]:password@]host:port[/db]`) and keeps
     /// its keys under `prefix` (`{name}:...`, see [`Prefix::redis_key_prefix`]). Does not
-    /// write anything: call [`SchemaStore::migrate`].
+    /// write anything: call [`SchemaStore::migrate`](solocron_core::SchemaStore::migrate).
     ///
     /// Fails with [`StoreError::Unavailable`] if the server cannot be reached within 5 s,
     /// and with [`StoreError::Invalid`] if the URL is malformed or the server refuses the

@@ -5,8 +5,8 @@
 //! some request asked again for its own running claim, one update of those runs' leases.
 //! A batch of one tick is claimed in one statement instead ([`crate::claim_one`]).
 //!
-//! A [`Trigger::Schedule`] request for a tick more than [`CLAIM_EARLY_MAX`] ahead of the
-//! read's clock (SQLite's, under the lock) is answered [`ClaimOutcome::TooEarly`] and left
+//! A [`Trigger::Schedule`](solocron_core::Trigger::Schedule) request for a tick more than [`CLAIM_EARLY_MAX`] ahead of the
+//! read's clock (SQLite's, under the lock) is answered [`ClaimOutcome::TooEarly`](solocron_core::ClaimOutcome::TooEarly) and left
 //! out of the plan before anything is decided: it writes nothing, and its job's counter
 //! stays. The rest of the batch is decided as if it had not been asked.
 //!
@@ -52,7 +52,7 @@ pub(crate) const EARLY_MAX_MS: i64 = CLAIM_EARLY_MAX.as_millis() as i64;
 const _: () = assert!(EARLY_MAX_MS > 0 && EARLY_MAX_MS as u128 == CLAIM_EARLY_MAX.as_millis());
 
 /// Whether `request` asks for its tick too early to be granted at `now` (the store's clock,
-/// ms): a [`Trigger::Schedule`] request for a tick more than [`CLAIM_EARLY_MAX`] ahead.
+/// ms): a [`Trigger::Schedule`](solocron_core::Trigger::Schedule) request for a tick more than [`CLAIM_EARLY_MAX`] ahead.
 /// Other triggers are never early (a manual tick's instant is the store's; catch-ups and
 /// retries are of past ticks).
 fn too_early(request: &ClaimRequest, now: i64) -> bool {
@@ -196,7 +196,7 @@ fn leave_out_early(requests: &[ClaimRequest], now: i64) -> (Vec<bool>, Cow<'_, [
     (early, Cow::Owned(kept))
 }
 
-/// Every request's outcome, in request order: [`ClaimOutcome::TooEarly`] at `now` where
+/// Every request's outcome, in request order: [`ClaimOutcome::TooEarly`](solocron_core::ClaimOutcome::TooEarly) at `now` where
 /// `early` says so, and otherwise the next of the `kept` requests' `decisions`.
 fn outcomes(
     requests: &[ClaimRequest],

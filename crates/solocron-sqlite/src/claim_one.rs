@@ -21,7 +21,7 @@
 //! an overlap, a manual run ignores the pause, and the overlap names the job's newest
 //! running run the way `RunId` displays it.
 //!
-//! Too early first: the insert's `WHERE` selects no row for a [`Trigger::Schedule`] request
+//! Too early first: the insert's `WHERE` selects no row for a [`Trigger::Schedule`](solocron_core::Trigger::Schedule) request
 //! whose tick is more than [`solocron_core::CLAIM_EARLY_MAX`] ahead of the statement's
 //! clock, so it writes nothing (no record, no counter). A `SELECT` follows it in the same
 //! call to the connection's worker (no round trip of its own), and answers only if the

@@ -1,19 +1,19 @@
 //! # solocron-sqlite
 //!
-//! The embedded [`Store`] of solocron: one SQLite file shared by the processes of **one
+//! The embedded [`Store`](solocron_core::Store) of solocron: one SQLite file shared by the processes of **one
 //! host**. The store's clock is SQLite's `unixepoch()`, evaluated inside each process, so
 //! it is the host clock: every process on the host judges leases by the same clock. Do
 //! not share the file between hosts (their clocks differ, and network file systems do not
 //! honour SQLite's locks); use a server store for a fleet of hosts.
 //!
-//! Each [`Store`] method is one `BEGIN IMMEDIATE` transaction, or one statement where one
+//! Each [`Store`](solocron_core::Store) method is one `BEGIN IMMEDIATE` transaction, or one statement where one
 //! suffices (a read, or a renewal's or a finish's `UPDATE`), so concurrent processes
 //! serialize on SQLite's write lock and wait up to the busy timeout instead of failing. A
 //! claim decides its whole batch from one read ([`solocron_sql::plan`]), so it holds the
 //! lock for a few statements however many ticks it claims; a claim of one tick is one
 //! statement that decides in SQL. Both refuse a scheduled tick claimed more than
 //! [`solocron_core::CLAIM_EARLY_MAX`] ahead of SQLite's clock before deciding anything else
-//! ([`ClaimOutcome::TooEarly`], with that clock; nothing written, no counter advanced): the
+//! ([`ClaimOutcome::TooEarly`](solocron_core::ClaimOutcome::TooEarly), with that clock; nothing written, no counter advanced): the
 //! batch from its read's clock, the one-tick statement in its `WHERE` (a `SELECT` in the
 //! same call reads the clock back when it wrote nothing). Every comparison with "now"
 //! (lease expiry, a claim's earliness) uses SQLite's own clock, and all instants are stored
@@ -35,8 +35,9 @@
 //!
 //! ## Code map
 //!
-//! - `lib.rs`: the store type, [`SqliteStore::connect`], and a [`Store`] impl that only
-//!   delegates to the files below.
+//! - `lib.rs`: the store type, [`SqliteStore::connect`], and
+//!   [`StoreBase`](solocron_core::StoreBase) (its description and clock); each other role
+//!   trait is implemented in the file of its concern.
 //! - `url.rs`: a `sqlite:` URL into the driver's options and the file's path.
 //! - `schema.rs`: the tables, `migrate`, `schema` and `uninstall`.
 //! - `claim.rs`: the batch claim (one transaction, decided in memory); `claim_one.rs`: the
@@ -155,14 +156,14 @@ const POOL_MAX: u32 = 2;
 /// 115 with the default; herds within their noise).
 const CACHE_KIB: i64 = 256;
 
-/// A [`Store`] kept in one SQLite file, under one [`Prefix`].
+/// A [`Store`](solocron_core::Store) kept in one SQLite file, under one [`Prefix`].
 ///
 /// Cheap to clone (clones share one connection pool). Separate instances on the same file,
 /// in one process or many, coordinate through SQLite's locks.
 ///
 /// # Panics
 ///
-/// [`RunStore::finish`] panics if given a `RunEnd` whose state is `running`: that is a bug in
+/// [`RunStore::finish`](solocron_core::RunStore::finish) panics if given a `RunEnd` whose state is `running`: that is a bug in
 /// the caller, not a condition of the store.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -189,7 +190,7 @@ impl SqliteStore {
     /// `sqlite:///abs/path.db` or `sqlite:path`; relative paths are relative to the current
     /// directory. Its tables are named with `prefix` ([`Prefix::table_prefix`]; the default
     /// gives the `solocron_*` tables of every earlier release). Does not create the schema:
-    /// call [`SchemaStore::migrate`].
+    /// call [`SchemaStore::migrate`](solocron_core::SchemaStore::migrate).
     ///
     /// Fails with [`StoreError::Unavailable`] if the file's directory does not exist or the
     /// file cannot be opened, and with [`StoreError::Invalid`] if `url` is not a file-backed
