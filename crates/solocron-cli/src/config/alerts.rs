@@ -37,11 +37,9 @@ pub(super) struct RawAlert {
 const WEBHOOK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
 /// A checked `[[alerts]]` entry. A webhook's secrets stay where they are until the
-/// scheduler is built (`daemon::scheduler`), and are never printed.
+/// scheduler is built (`wiring::scheduler`), and are never printed.
 #[derive(Debug, Clone)]
 pub struct AlertConfig {
-    /// `alerts[0]`, for errors.
-    pub key: String,
     /// `on`: the events it is told of.
     pub events: Vec<AlertEvent>,
     /// Who is told.
@@ -117,7 +115,7 @@ fn resolve_alert(i: usize, a: &RawAlert) -> Result<AlertConfig, KeyError> {
     if max_per_hour == 0 {
         return Err((key("max_per_hour"), "must be at least 1 (0 would send nothing)".into()));
     }
-    Ok(AlertConfig { key: format!("alerts[{i}]"), events, target, jobs: a.jobs.clone(), stale_after, max_per_hour })
+    Ok(AlertConfig { events, target, jobs: a.jobs.clone(), stale_after, max_per_hour })
 }
 
 /// `on`: a non-empty list of known events.

@@ -117,7 +117,7 @@ pub enum Work {
 }
 
 /// A job's `http`, checked by the library's rules. Its secrets and CA file stay where they
-/// are until the scheduler is built (`daemon::scheduler`), and are never printed.
+/// are until the scheduler is built (`wiring::scheduler`), and are never printed.
 #[derive(Debug, Clone)]
 pub struct HttpWork {
     /// The request without its secret headers or CA file.
