@@ -1,6 +1,7 @@
 //! The admin commands. They read and act through `solocron-fleet`, as the HTTP API does, so
-//! the CLI and the API give the same answers and every action lands in the store's audit
-//! log; they talk to the store directly, so no daemon needs to run.
+//! the CLI and the API give the same answers (`--format json` prints the fleet's views, the
+//! very objects the API serves) and every action lands in the store's audit log; they talk
+//! to the store directly, so no daemon needs to run.
 
 mod act;
 mod history;
@@ -74,6 +75,18 @@ impl Silence {
         } else {
             Liveness::Alive
         }
+    }
+
+    /// `job` as the fleet shows it, its `stale` by this threshold.
+    fn judged_job(&self, mut job: JobSummary, nodes: &[NodeView]) -> JobSummary {
+        job.stale = self.job_stale(&job, nodes);
+        job
+    }
+
+    /// `node` as the fleet shows it, its `liveness` by this threshold.
+    fn judged_node(&self, mut node: NodeView) -> NodeView {
+        node.liveness = self.liveness(&node).to_string();
+        node
     }
 
     /// Registered, and no registering node alive (a node never heard from is not alive).

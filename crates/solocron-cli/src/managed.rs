@@ -4,8 +4,9 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use solocron_core::{JobWrite, Store};
+use solocron_fleet::RevisionView;
 
 use crate::config::{Config, Work};
 use crate::output::{self, Cell};
@@ -154,14 +155,8 @@ async fn export(store: &dyn Store, name: Option<&str>) -> Result<(), Failure> {
 async fn log(store: &dyn Store, name: Option<&str>, limit: usize, format: Format) -> Result<(), Failure> {
     let revisions = store.job_revisions(name, limit).await.map_err(store_failed)?;
     match format {
-        Format::Json => output::print_json(&json!(revisions
-            .iter()
-            .map(|r| json!({
-                "job": r.job, "revision": r.revision, "changed_by": r.changed_by,
-                "changed_at": r.changed_at, "deleted": r.spec.is_none(),
-                "spec": r.spec.as_deref().and_then(|s| serde_json::from_str::<Value>(s).ok()),
-            }))
-            .collect::<Vec<_>>())),
+        // The API's objects (`GET /api/v1/jobs/{job}/revisions`).
+        Format::Json => output::print_json(&revisions.iter().map(RevisionView::from).collect::<Vec<_>>()),
         Format::Table => {
             let rows = revisions
                 .iter()

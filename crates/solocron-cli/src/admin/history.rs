@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use clap::Args;
-use serde_json::json;
 use solocron_core::{parse_duration, RunState, Store, RECORDS_PAGE_MAX};
 use solocron_fleet::{Fleet, RunFilter, RunView, RUNS_PAGE_MAX};
 
@@ -92,7 +91,8 @@ pub async fn history(a: HistoryArgs) -> Result<(), Failure> {
     };
     let runs = read_runs(store.as_ref(), filter, a.limit as usize).await?;
     match a.format {
-        Format::Json => print_json(&json!(runs.iter().map(output::run_json).collect::<Vec<_>>())),
+        // The API's objects (the `runs` of `GET /api/v1/runs`).
+        Format::Json => print_json(&runs),
         Format::Table => {
             let zone = zone.unwrap_or_else(|| shared_zone(&fleet, &runs, a.job.as_deref()));
             let rows = runs.iter().map(|r| output::run_row(r, zone)).collect();
@@ -138,12 +138,8 @@ async fn show_run(store: &dyn Store, id: &str, format: Format) -> Result<(), Fai
         other => bad_input(format!("--output: {other}")),
     })?;
     match format {
-        Format::Json => {
-            let mut v = output::run_json(&detail.run);
-            v["output"] = json!(detail.output);
-            v["attempts"] = json!(detail.attempts.iter().map(output::run_json).collect::<Vec<_>>());
-            print_json(&v)
-        }
+        // The API's object (`GET /api/v1/runs/{id}`).
+        Format::Json => print_json(&detail),
         Format::Table if detail.output.is_empty() || detail.output.ends_with('\n') => output::emit(&detail.output),
         Format::Table => line(&detail.output),
     }

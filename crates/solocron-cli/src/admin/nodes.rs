@@ -2,7 +2,6 @@
 
 use chrono::{DateTime, Utc};
 use clap::Args;
-use serde_json::json;
 use solocron_core::Liveness;
 use solocron_fleet::NodeView;
 
@@ -29,24 +28,10 @@ pub async fn nodes(a: NodesArgs) -> Result<(), Failure> {
     let fleet = read_fleet(cfg.as_ref(), store.as_ref()).await?;
     let nodes = fleet.nodes();
     match a.format {
-        Format::Json => print_json(&json!(nodes.iter().map(|n| node_json(n, a.silence)).collect::<Vec<_>>())),
+        // The API's objects (`GET /api/v1/nodes`), `liveness` by this command's --stale-after.
+        Format::Json => print_json(&nodes.into_iter().map(|n| a.silence.judged_node(n)).collect::<Vec<_>>()),
         Format::Table => output::emit(nodes_table(&nodes, a.silence, fleet.now())),
     }
-}
-
-fn node_json(n: &NodeView, silence: Silence) -> serde_json::Value {
-    json!({
-        "node": n.node,
-        "liveness": silence.liveness(n).as_str(),
-        "version": n.version,
-        "started_at": output::rfc(n.started_at),
-        "last_seen": output::rfc(n.last_seen),
-        "last_seen_ago_ms": n.last_seen_ago_ms,
-        "left_at": n.left_at.map(output::rfc),
-        "jobs": n.jobs,
-        "runs_held": n.running.len(),
-        "running": n.running,
-    })
 }
 
 pub(super) fn nodes_table(nodes: &[NodeView], silence: Silence, now: DateTime<Utc>) -> String {

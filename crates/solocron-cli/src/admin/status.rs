@@ -5,7 +5,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use clap::Args;
-use serde_json::json;
 use solocron_core::{format_duration, Store};
 use solocron_fleet::{
     ActionView, Fleet, JobDetail, JobFilter, JobSummary, NodeView, PauseView, RegistrationView, RunView, JOBS_PAGE_MAX,
@@ -50,15 +49,21 @@ pub async fn status(a: StatusArgs) -> Result<(), Failure> {
     let fleet = read_fleet(cfg.as_ref(), store.as_ref()).await?;
     let seen = Seen { nodes: fleet.nodes(), fleet, silence: a.silence };
     if let Some(job) = &a.job {
-        let detail = seen.fleet.job(store.as_ref(), job).await?;
+        let mut detail = seen.fleet.job(store.as_ref(), job).await?;
         return match a.format {
-            Format::Json => print_json(&json!([detail_json(&detail, &seen)])),
+            Format::Json => {
+                detail.summary = seen.silence.judged_job(detail.summary, &seen.nodes);
+                print_json(&[detail])
+            }
             Format::Table => output::emit(status_detail(&detail, &seen)),
         };
     }
     let jobs = all_jobs(&seen.fleet, store.as_ref(), a.namespace).await?;
     match a.format {
-        Format::Json => print_json(&json!(jobs.iter().map(|j| job_json(j, &seen)).collect::<Vec<_>>())),
+        // The API's objects (`GET /api/v1/jobs`), `stale` by this command's --stale-after.
+        Format::Json => {
+            print_json(&jobs.into_iter().map(|j| seen.silence.judged_job(j, &seen.nodes)).collect::<Vec<_>>())
+        }
         Format::Table => {
             let mut text = status_table(&jobs, &seen);
             if !seen.nodes.is_empty() {
@@ -82,63 +87,6 @@ async fn all_jobs(fleet: &Fleet, store: &dyn Store, namespace: Option<String>) -
             None => return Ok(jobs),
         }
     }
-}
-
-/// A job as JSON. The field names are a stable interface: new ones are added, none renamed.
-fn job_json(j: &JobSummary, seen: &Seen) -> serde_json::Value {
-    json!({
-        "job": j.name,
-        "namespace": j.namespace,
-        "schedule": j.schedule,
-        "schedule_words": j.schedule_words,
-        "timezone": j.timezone,
-        "next_fire": j.next_fire.map(output::rfc),
-        "paused": j.paused.is_some(),
-        "paused_by": j.paused.as_ref().map(|p| &p.by),
-        "pause_reason": j.paused.as_ref().and_then(|p| p.reason.as_ref()),
-        "paused_at": j.paused.as_ref().map(|p| output::rfc(p.at)),
-        "last_run": j.last_run.as_ref().map(output::run_json),
-        "running": j.running.iter().map(output::run_json).collect::<Vec<_>>(),
-        "drift": j.drift,
-        "stale": seen.silence.job_stale(j, &seen.nodes),
-        "declared_in": j.declared_in,
-        "nodes": seen.fleet.registrations(&j.name).iter().map(|r| registration_json(r, seen)).collect::<Vec<_>>(),
-    })
-}
-
-/// How a node registered a job, and whether that node is alive by its heartbeat.
-fn registration_json(r: &RegistrationView, seen: &Seen) -> serde_json::Value {
-    let now = seen.fleet.now();
-    let node = seen.nodes.iter().find(|n| n.node == r.node);
-    json!({
-        "node": r.node,
-        "definition_hash": r.definition_hash,
-        "schedule": r.schedule,
-        "timezone": r.timezone,
-        "summary": r.summary,
-        "first_seen": output::rfc(r.first_seen),
-        "last_seen": output::rfc(r.last_seen),
-        "last_seen_ago_ms": (now - r.last_seen).num_milliseconds().max(0),
-        "liveness": node.map_or("unknown".to_owned(), |n| seen.silence.liveness(n).to_string()),
-        "heartbeat_ago_ms": node.map(|n| n.last_seen_ago_ms),
-    })
-}
-
-fn detail_json(d: &JobDetail, seen: &Seen) -> serde_json::Value {
-    let mut v = job_json(&d.summary, seen);
-    let extra = json!({
-        "next_fires": d.next_fires.iter().map(|f| output::rfc(f.utc)).collect::<Vec<_>>(),
-        "counts_24h": d.counts_24h,
-        "actions": d.actions.iter().map(action_json).collect::<Vec<_>>(),
-    });
-    if let (Some(v), serde_json::Value::Object(extra)) = (v.as_object_mut(), extra) {
-        v.extend(extra);
-    }
-    v
-}
-
-fn action_json(a: &ActionView) -> serde_json::Value {
-    json!({ "kind": a.kind, "by": a.by, "reason": a.reason, "at": output::rfc(a.at), "detail": a.detail })
 }
 
 fn zone_of(j: &JobSummary) -> Tz {
