@@ -15,6 +15,7 @@ use crate::follow::Sources;
 use crate::wiring::{self, init_logging, jobs, load, scheduler, Asked, LogFormat, Signals, Target};
 use crate::{bad_input, Failure};
 
+/// `solocron run`'s arguments.
 #[derive(Args)]
 pub struct RunArgs {
     /// The configuration file.
@@ -45,6 +46,7 @@ pub struct RunArgs {
     pid_file: Option<PathBuf>,
 }
 
+/// `solocron run`: the daemon, until SIGTERM or SIGINT; SIGHUP reloads its `[[jobs]]`.
 pub async fn run(a: RunArgs) -> Result<(), Failure> {
     init_logging(a.log_format);
     // Signals first: a SIGTERM while the store is awaited ends the wait, not the process; a

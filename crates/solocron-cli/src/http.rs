@@ -68,6 +68,7 @@ pub fn listen(flag: Option<SocketAddr>, cfg: Option<&Config>) -> Option<SocketAd
     flag.or(cfg.and_then(|c| c.http.listen))
 }
 
+/// `solocron serve`'s arguments.
 #[derive(Args)]
 pub struct ServeArgs {
     #[command(flatten)]

@@ -13,6 +13,7 @@ use crate::output::{self, Cell};
 use crate::wiring::{declared, operator, specs_of_document, Spec, Target};
 use crate::{bad_input, store_failed, Failure, Format};
 
+/// `solocron jobs`'s arguments.
 #[derive(Args)]
 pub struct JobsArgs {
     #[command(subcommand)]

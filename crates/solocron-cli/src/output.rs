@@ -40,7 +40,9 @@ pub fn colour_enabled() -> bool {
 
 /// A table cell: its text, and an optional ANSI colour applied after alignment.
 pub struct Cell {
+    /// What it shows.
     pub text: String,
+    /// An ANSI colour code (`31`: red), used on a terminal only.
     pub colour: Option<&'static str>,
 }
 

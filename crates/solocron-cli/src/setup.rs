@@ -9,6 +9,7 @@ use crate::output;
 use crate::wiring::{load, Target};
 use crate::{bad_input, store_failed, Failure};
 
+/// `solocron check`'s arguments.
 #[derive(Args)]
 pub struct CheckArgs {
     /// The configuration file.
@@ -41,6 +42,7 @@ pub fn check(a: CheckArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `solocron migrate`'s arguments.
 #[derive(Args)]
 pub struct MigrateArgs {
     #[command(flatten)]

@@ -16,6 +16,7 @@ use crate::{bad_input, store_failed, Failure};
 
 use super::{actor, duration_arg, read_fleet};
 
+/// `solocron trigger`'s arguments.
 #[derive(Args)]
 pub struct TriggerArgs {
     #[command(flatten)]
@@ -96,6 +97,7 @@ async fn trigger_here(cfg: Option<&Config>, store: Arc<dyn Store>, job: &str) ->
     }
 }
 
+/// `solocron pause` and `resume`'s arguments.
 #[derive(Args)]
 pub struct PauseArgs {
     #[command(flatten)]
@@ -144,6 +146,7 @@ fn pause_words_after(job: &str, action: &ActionView, before: Option<&PauseView>)
     }
 }
 
+/// `solocron unlock`'s arguments.
 #[derive(Args)]
 pub struct UnlockArgs {
     #[command(flatten)]

@@ -14,6 +14,7 @@ use crate::{bad_input, store_failed, Failure, Format};
 
 use super::read_fleet;
 
+/// `solocron history`'s arguments.
 #[derive(Args)]
 pub struct HistoryArgs {
     #[command(flatten)]

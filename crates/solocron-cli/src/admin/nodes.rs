@@ -11,6 +11,7 @@ use crate::{Failure, Format};
 
 use super::{read_fleet, Silence};
 
+/// `solocron nodes`'s arguments.
 #[derive(Args)]
 pub struct NodesArgs {
     #[command(flatten)]

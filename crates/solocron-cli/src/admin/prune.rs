@@ -7,6 +7,7 @@ use crate::output::line;
 use crate::wiring::Target;
 use crate::{bad_input, store_failed, Failure};
 
+/// `solocron prune`'s arguments.
 #[derive(Args)]
 pub struct PruneArgs {
     #[command(flatten)]

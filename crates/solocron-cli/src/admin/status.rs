@@ -20,6 +20,7 @@ use super::{read_fleet, Silence};
 /// Actions shown in `status JOB`'s table (its JSON has every one the fleet read).
 const ACTIONS_SHOWN_MAX: usize = 10;
 
+/// `solocron status`'s arguments.
 #[derive(Args)]
 pub struct StatusArgs {
     #[command(flatten)]
