@@ -4,16 +4,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
-use solocron::{AlertRule, AlertTarget, Command, HttpJob, Job, JobChanges, Scheduler};
+use clap::Args;
+use solocron::JobChanges;
 use solocron_http::DeclaredJobs;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{AlertConfig, AlertTargetConfig, Config, HttpWork, JobConfig, SecretSource, Work};
+use crate::config::Config;
 use crate::follow::Sources;
-use crate::{bad_input, load, Failure};
+use crate::wiring::{self, init_logging, jobs, load, scheduler, Asked, LogFormat, Signals, Target};
+use crate::{bad_input, Failure};
 
+/// `solocron run`'s arguments.
 #[derive(Args)]
 pub struct RunArgs {
     /// The configuration file.
@@ -44,12 +46,7 @@ pub struct RunArgs {
     pid_file: Option<PathBuf>,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-pub(crate) enum LogFormat {
-    Text,
-    Json,
-}
-
+/// `solocron run`: the daemon, until SIGTERM or SIGINT; SIGHUP reloads its `[[jobs]]`.
 pub async fn run(a: RunArgs) -> Result<(), Failure> {
     init_logging(a.log_format);
     // Signals first: a SIGTERM while the store is awaited ends the wait, not the process; a
@@ -58,14 +55,14 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
     let reload = Arc::new(Notify::new());
     tokio::spawn(on_signal(shutdown.clone(), reload.clone()));
     let (cfg, give_back) = load_apart(&a.config)?;
-    let target = crate::Target { config: a.config.clone(), store: a.store.clone(), prefix: a.prefix.clone() };
+    let target = Target { config: a.config.clone(), store: a.store.clone(), prefix: a.prefix.clone() };
     // `open`, not `connect`: with `store.migrate = false` the schema is someone else's job.
     let Some(store) = open_when_reachable(&target, &cfg, a.fail_fast, &shutdown).await? else { return Ok(()) };
     let (_, key) = target.store_config(Some(&cfg));
     if cfg.store.migrate {
         store.migrate().await.map_err(|e| bad_input(format!("{key}: {e}")))?;
     } else {
-        crate::require_current_schema(store.as_ref(), &key).await?;
+        wiring::require_current_schema(store.as_ref(), &key).await?;
     }
     // The managed jobs at start are on the first list, so they catch up like declared ones;
     // unreadable now (a store without the tables yet), they are read again as they change.
@@ -83,7 +80,7 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
         a.pid_file.as_ref().or(cfg.pid_file.as_ref()).map(|p| crate::reload::PidFile::write(p)).transpose()?;
     // Without a server, nobody reads the list of declared jobs: it is not kept.
     let listen = crate::http::listen(a.http, Some(&cfg));
-    let shown = listen.map(|_| DeclaredJobs::new(crate::http::declared_jobs(&cfg.file, &declared_jobs)));
+    let shown = listen.map(|_| DeclaredJobs::new(wiring::declared_jobs(&cfg.file, &declared_jobs)));
     let sources = Arc::new(Sources::new(scheduler.jobs(), declared_jobs, cfg.http.allow_command_jobs));
     sources.set_managed(&managed);
     tokio::spawn(crate::follow::follow(store.clone(), sources.clone(), version, managed, shutdown.clone()));
@@ -137,7 +134,7 @@ const START_RETRY_MAX: Duration = Duration::from_secs(5);
 /// the log, unless `fail_fast`; a misconfigured one fails at once. `None`: shutdown came
 /// first.
 async fn open_when_reachable(
-    target: &crate::Target,
+    target: &Target,
     cfg: &Config,
     fail_fast: bool,
     shutdown: &CancellationToken,
@@ -158,75 +155,6 @@ async fn open_when_reachable(
         }
         wait = (wait * 2).min(START_RETRY_MAX);
     }
-}
-
-/// The scheduler for a configuration, running `jobs` (its command jobs and HTTP jobs, made
-/// by [`jobs`]).
-pub fn scheduler(
-    cfg: &Config,
-    store: std::sync::Arc<dyn solocron_core::Store>,
-    node_id: Option<String>,
-    jobs: Vec<Job>,
-) -> Result<Scheduler, Failure> {
-    // The daemon migrates before it builds this (and only with `store.migrate`), failing
-    // with a clear error; the scheduler need not do it again.
-    let mut builder = Scheduler::builder(store)
-        .migrate(false)
-        .shutdown_grace(cfg.shutdown_grace)
-        .max_concurrent_runs(cfg.max_concurrent_runs)
-        .history_retention(cfg.history_retention)
-        .namespaces(cfg.namespaces.names().unwrap_or_default().iter().cloned());
-    if let Some(id) = node_id.or(cfg.node_id.clone()) {
-        builder = builder.node_id(id);
-    }
-    for job in jobs {
-        builder = builder.job(job);
-    }
-    for alert in &cfg.alerts {
-        builder = builder.alert(alert_rule(&cfg.file, alert)?);
-    }
-    builder.build().map_err(|e| bad_input(format!("{}: {e}", cfg.file)))
-}
-
-/// An `[[alerts]]` entry as the scheduler takes it, its webhook's secrets read.
-fn alert_rule(file: &str, a: &AlertConfig) -> Result<AlertRule, Failure> {
-    let target = match &a.target {
-        AlertTargetConfig::Webhook(w) => AlertTarget::Webhook(Box::new(http_job(file, w)?)),
-        AlertTargetConfig::Command(argv) => {
-            AlertTarget::Command(Command::new(argv.clone()).expect("validated: non-empty"))
-        }
-    };
-    let mut rule = AlertRule::new(target).on(a.events.iter().copied()).max_per_hour(a.max_per_hour);
-    if let Some(jobs) = &a.jobs {
-        rule = rule.jobs(jobs.iter().cloned());
-    }
-    if let Some(after) = a.stale_after {
-        rule = rule.stale_after(after);
-    }
-    Ok(rule)
-}
-
-/// A configuration's jobs, with their secrets read.
-pub(crate) fn jobs(cfg: &Config) -> Result<Vec<Job>, Failure> {
-    cfg.jobs.iter().map(|j| job_of(&cfg.file, j)).collect()
-}
-
-/// A checked job as the scheduler runs it, its secrets read; `file` names where it is
-/// defined in errors.
-pub(crate) fn job_of(file: &str, j: &JobConfig) -> Result<Job, Failure> {
-    let job = match &j.work {
-        Work::Command(argv) => {
-            let cmd = Command::new(argv.clone()).expect("validated: non-empty");
-            Job::new(j.name.clone(), j.schedule.detached(), cmd).with_fingerprint(format!("command {argv:?}"))
-        }
-        Work::Http(w) => {
-            let http = http_job(file, w)?;
-            // Secret headers by name only: a rotated token is no drift.
-            let fingerprint = http.fingerprint();
-            Job::new(j.name.clone(), j.schedule.detached(), http).with_fingerprint(fingerprint)
-        }
-    };
-    Ok(job.with_policy(j.policy.clone()))
 }
 
 /// What a SIGHUP reloads: the configuration file's `[[jobs]]`, into the running scheduler
@@ -264,7 +192,7 @@ impl Reloads {
     fn reload(&self) -> Result<JobChanges, Failure> {
         let (cfg, give_back) = load_apart(&self.path)?;
         let list = jobs(&cfg)?;
-        let shown = self.declared.as_ref().map(|d| (d, crate::http::declared_jobs(&cfg.file, &list)));
+        let shown = self.declared.as_ref().map(|d| (d, wiring::declared_jobs(&cfg.file, &list)));
         let changes =
             self.sources.set_declared(list).map_err(|Failure(c, e)| Failure(c, format!("{}: {e}", cfg.file)))?;
         if let Some((declared, list)) = shown {
@@ -275,37 +203,6 @@ impl Reloads {
     }
 }
 
-/// An HTTP job with its secret headers and CA file read. Errors name the key and the
-/// variable or file, never a value.
-fn http_job(file: &str, w: &HttpWork) -> Result<HttpJob, Failure> {
-    let mut http = w.request.clone();
-    for h in &w.secret_headers {
-        let (value, from) = match &h.source {
-            SecretSource::Env(var) => {
-                let v = std::env::var(var)
-                    .map_err(|_| bad_input(format!("{file}: {}: the environment variable {var} is not set", h.key)))?;
-                (v, format!("the environment variable {var}"))
-            }
-            SecretSource::File(path) => {
-                let v = std::fs::read_to_string(path)
-                    .map_err(|e| bad_input(format!("{file}: {}: cannot read {path}: {e}", h.key)))?;
-                (v, path.clone())
-            }
-        };
-        // A file's trailing newline is no part of a token.
-        http = http.secret_header(&h.name, value.trim()).map_err(|_| {
-            bad_input(format!(
-                "{file}: {}: the value in {from} holds a line break, a control character or non-ASCII",
-                h.key
-            ))
-        })?;
-    }
-    if let Some(ca) = &w.ca_file {
-        http = http.ca_file(ca).map_err(|e| bad_input(format!("{file}: {}.ca_file: {}", w.key, e.why)))?;
-    }
-    Ok(http)
-}
-
 /// Cancels `shutdown` at the first SIGTERM or SIGINT; each SIGHUP asks for a reload.
 async fn on_signal(shutdown: CancellationToken, reload: Arc<Notify>) {
     let mut signals = Signals::new();
@@ -314,54 +211,4 @@ async fn on_signal(shutdown: CancellationToken, reload: Arc<Notify>) {
         reload.notify_one();
     }
     shutdown.cancel();
-}
-
-/// What a signal asks of the process.
-pub(crate) enum Asked {
-    /// SIGTERM or SIGINT: drain and stop.
-    Stop,
-    /// SIGHUP: read the configuration again.
-    Reload,
-}
-
-/// The signals the daemon and the server answer.
-pub(crate) struct Signals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    /// Handles SIGTERM, SIGINT and SIGHUP from now on (SIGHUP's default would kill the
-    /// process without recording its runs' ends).
-    pub(crate) fn new() -> Signals {
-        use tokio::signal::unix::{signal, SignalKind};
-        Signals {
-            term: signal(SignalKind::terminate()).expect("SIGTERM handler"),
-            int: signal(SignalKind::interrupt()).expect("SIGINT handler"),
-            hup: signal(SignalKind::hangup()).expect("SIGHUP handler"),
-        }
-    }
-
-    /// The next signal, saying which in the log when it stops the process.
-    pub(crate) async fn next(&mut self) -> Asked {
-        tokio::select! {
-            _ = self.term.recv() => tracing::info!("SIGTERM: draining"),
-            _ = self.int.recv() => tracing::info!("SIGINT: draining"),
-            _ = self.hup.recv() => return Asked::Reload,
-        }
-        Asked::Stop
-    }
-}
-
-pub(crate) fn init_logging(format: LogFormat) {
-    use std::io::IsTerminal as _;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
 }

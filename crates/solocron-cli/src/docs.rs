@@ -6,6 +6,7 @@ use clap_complete::Shell;
 
 use crate::Failure;
 
+/// `solocron completions`'s arguments.
 #[derive(Args)]
 pub struct CompletionsArgs {
     /// The shell to complete for.
@@ -22,6 +23,7 @@ pub fn completions<C: CommandFactory>(a: CompletionsArgs) -> Result<(), Failure>
     write_stdout(&out)
 }
 
+/// `solocron man`'s arguments.
 #[derive(Args)]
 pub struct ManArgs {
     /// Write every page (solocron.1, and solocron-run.1 and so on for each command, with

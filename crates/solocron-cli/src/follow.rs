@@ -11,7 +11,7 @@ use solocron_core::{ManagedJob, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Work;
-use crate::managed::job_of_spec;
+use crate::wiring::{job_of, job_of_spec};
 use crate::Failure;
 
 /// How often the managed jobs' version is read when the store gives no hint (MySQL): a
@@ -106,7 +106,7 @@ fn runnable(m: &ManagedJob, declared: &HashSet<String>, allow_commands: bool) ->
         return Err("it runs a command, and this node's [http] allow_command_jobs is off".into());
     }
     let label = format!("managed job `{}` (revision {})", m.job, m.revision);
-    crate::daemon::job_of(&label, &job).map_err(|Failure(_, why)| why)
+    job_of(&label, &job).map_err(|Failure(_, why)| why)
 }
 
 /// Reads the managed jobs whenever the store hints at a change (or every [`POLL`] without

@@ -5,13 +5,12 @@ use std::sync::Arc;
 
 use clap::Args;
 use solocron_core::Store;
-use solocron_fleet::Declared;
 use solocron_http::{DeclaredJobs, HttpOptions, Token};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, SecretSource, TokenConfig};
-use crate::daemon::{Asked, Signals};
+use crate::wiring::{declared, init_logging, Asked, ConfigRules, LogFormat, Signals, Target};
 use crate::{bad_input, Failure};
 
 /// The tokens' secrets, read from their environment variables or files. Errors name the
@@ -32,26 +31,6 @@ fn token(file: &str, t: &TokenConfig) -> Result<Token, Failure> {
     Token::new(&t.name, t.role, &secret).map_err(|e| bad_input(format!("{file}: {}: {e}", t.key)))
 }
 
-/// The jobs a configuration declares, for the API to show where each is declared.
-pub fn declared(cfg: Option<&Config>) -> Vec<Declared> {
-    let Some(cfg) = cfg else { return Vec::new() };
-    listed(&cfg.file, cfg.jobs.iter().map(|j| (j.name.as_str(), &j.schedule)))
-}
-
-/// The jobs a daemon built from its configuration file `file`, for the API to show where
-/// each is declared: they share each job's schedule (a configuration's own copy may be
-/// freed once the daemon has built its jobs).
-pub fn declared_jobs(file: &str, jobs: &[solocron::Job]) -> Vec<Declared> {
-    listed(file, jobs.iter().map(|j| (j.name(), j.schedule())))
-}
-
-/// Each (name, schedule) as declared in `file`.
-fn listed<'a>(file: &str, jobs: impl Iterator<Item = (&'a str, &'a solocron_core::Schedule)>) -> Vec<Declared> {
-    let source: std::sync::Arc<str> = file.into();
-    jobs.map(|(name, schedule)| Declared { name: name.to_owned(), schedule: schedule.clone(), source: source.clone() })
-        .collect()
-}
-
 /// Binds `addr` (checked against the tokens) and serves until `stop` is cancelled.
 pub async fn start(
     addr: SocketAddr,
@@ -66,7 +45,7 @@ pub async fn start(
         .await
         .map_err(|e| bad_input(format!("--http {addr}: cannot listen: {e}")))?;
     let bound = listener.local_addr().map_err(|e| bad_input(format!("--http {addr}: {e}")))?;
-    let rules = crate::managed::ConfigRules { allow_command_jobs: cfg.is_some_and(|c| c.http.allow_command_jobs) };
+    let rules = ConfigRules { allow_command_jobs: cfg.is_some_and(|c| c.http.allow_command_jobs) };
     let options = HttpOptions {
         tokens,
         declared,
@@ -89,10 +68,11 @@ pub fn listen(flag: Option<SocketAddr>, cfg: Option<&Config>) -> Option<SocketAd
     flag.or(cfg.and_then(|c| c.http.listen))
 }
 
+/// `solocron serve`'s arguments.
 #[derive(Args)]
 pub struct ServeArgs {
     #[command(flatten)]
-    target: crate::Target,
+    target: Target,
     /// Address and port to serve on (default: [http] listen, else 127.0.0.1:9090).
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
@@ -100,7 +80,7 @@ pub struct ServeArgs {
 
 /// `solocron serve`: the API, metrics and console over a store, with no jobs of its own.
 pub async fn serve(a: ServeArgs) -> Result<(), Failure> {
-    crate::daemon::init_logging(crate::daemon::LogFormat::Text);
+    init_logging(LogFormat::Text);
     let cfg = a.target.config()?;
     // Serving reads and acts; it never creates a store (a typo in a path must not serve an
     // empty fleet) nor changes a schema.

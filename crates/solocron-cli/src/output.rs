@@ -4,9 +4,8 @@
 
 use std::io::{IsTerminal as _, Write as _};
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
-use serde_json::json;
 use solocron_core::{format_duration, RunState};
 use solocron_fleet::RunView;
 
@@ -28,9 +27,10 @@ pub fn line(text: impl std::fmt::Display) -> Result<(), Failure> {
     emit(format!("{text}\n"))
 }
 
-/// Pretty JSON on stdout.
-pub fn print_json(v: &serde_json::Value) -> Result<(), Failure> {
-    line(serde_json::to_string_pretty(v).expect("a serde_json::Value always serializes"))
+/// Pretty JSON on stdout: the fleet's views (`solocron_fleet::views`) as they are, so the
+/// CLI prints the very objects the HTTP API serves, one wire type per concept.
+pub fn print_json<T: serde::Serialize + ?Sized>(v: &T) -> Result<(), Failure> {
+    line(serde_json::to_string_pretty(v).expect("the fleet's views serialize: plain data, string keys"))
 }
 
 /// True when stdout is a terminal and `NO_COLOR` is not set.
@@ -40,7 +40,9 @@ pub fn colour_enabled() -> bool {
 
 /// A table cell: its text, and an optional ANSI colour applied after alignment.
 pub struct Cell {
+    /// What it shows.
     pub text: String,
+    /// An ANSI colour code (`31`: red), used on a terminal only.
     pub colour: Option<&'static str>,
 }
 
@@ -147,33 +149,6 @@ pub fn relative(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
         Ok(ago) => format!("{} ago", format_duration(ago)),
         Err(_) => format!("in {}", format_duration((t - now).to_std().unwrap_or_default())),
     }
-}
-
-/// An instant as RFC 3339 in UTC with milliseconds: the one spelling in the CLI's JSON.
-pub fn rfc(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
-/// A run as JSON. The field names are a stable interface: new ones are added, none renamed.
-pub fn run_json(r: &RunView) -> serde_json::Value {
-    json!({
-        "run_id": r.id,
-        "job": r.job,
-        "scheduled_at": rfc(r.scheduled_at),
-        "attempt": r.attempt,
-        "trigger": r.trigger,
-        "node": r.node,
-        "fencing_token": r.fencing_token,
-        "state": r.state,
-        "reason": r.reason,
-        "claimed_at": rfc(r.claimed_at),
-        "started_at": r.started_at.map(rfc),
-        "finished_at": r.finished_at.map(rfc),
-        "lease_until": r.lease_until.map(rfc),
-        "lateness_ms": r.lateness_ms,
-        "duration_ms": r.duration_ms,
-        "exit_code": r.exit_code,
-    })
 }
 
 /// Columns of [`run_row`], the instants in `zone`.

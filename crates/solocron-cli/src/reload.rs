@@ -9,7 +9,8 @@ use clap::Args;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::{bad_input, load, Failure};
+use crate::wiring::load;
+use crate::{bad_input, Failure};
 
 /// `solocron reload`.
 #[derive(Args)]

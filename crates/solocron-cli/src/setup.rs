@@ -6,8 +6,10 @@ use chrono::{SecondsFormat, Utc};
 use clap::Args;
 
 use crate::output;
-use crate::{bad_input, store_failed, Failure, Target};
+use crate::wiring::{load, Target};
+use crate::{bad_input, store_failed, Failure};
 
+/// `solocron check`'s arguments.
 #[derive(Args)]
 pub struct CheckArgs {
     /// The configuration file.
@@ -17,7 +19,7 @@ pub struct CheckArgs {
 
 /// Validates the configuration (nothing is opened) and prints each job's next fire times.
 pub fn check(a: CheckArgs) -> Result<(), Failure> {
-    let cfg = crate::load(&a.config)?;
+    let cfg = load(&a.config)?;
     let store = solocron_core::redact_url(&cfg.store.url);
     output::line(format_args!(
         "{}: OK, {} job(s), store {store}, prefix {}",
@@ -40,6 +42,7 @@ pub fn check(a: CheckArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `solocron migrate`'s arguments.
 #[derive(Args)]
 pub struct MigrateArgs {
     #[command(flatten)]

@@ -30,7 +30,9 @@ fn with_password(cfg: &StoreConfig) -> Result<String, String> {
 /// is only unreachable (it may answer later) rather than misconfigured.
 #[derive(Debug)]
 pub struct OpenFailed {
+    /// What is wrong, the URL's password masked.
     pub message: String,
+    /// The store did not answer: it may later (the daemon waits for it).
     pub unreachable: bool,
 }
 

@@ -12,7 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{read_http_request, server_store, state, wait_for, Fleet};
+use common::{at, read_http_request, server_store, state, wait_for, Fleet};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use solocron_conformance::server::{ServerUrl, MYSQL, POSTGRES, REDIS};
@@ -165,7 +165,7 @@ fn each_event_is_alerted_once_across_the_fleet(store: Option<&str>, kind: &str) 
     let runs = f.history("fails");
     for alert in &delivered {
         let run = &alert.body["run"];
-        let record = runs.iter().find(|r| r["run_id"] == run["id"]).unwrap_or_else(|| panic!("{kind}: no run {run}"));
+        let record = runs.iter().find(|r| r["id"] == run["id"]).unwrap_or_else(|| panic!("{kind}: no run {run}"));
         assert_eq!((state(record), run["state"].as_str()), ("failed", Some("failed")), "{kind}");
         assert_eq!(run["exit_code"], 3);
         assert!(run["output_tail"].as_str().unwrap().contains("disk full"), "{run}");
@@ -388,7 +388,7 @@ max_per_hour = 2
     assert_eq!(ticks.len(), 2, "each missed tick alerted once: {alerts:?}");
     for a in &alerts {
         assert_eq!((a["event"].as_str(), a["run"]["state"].as_str()), (Some("missed"), Some("skipped")), "{a}");
-        assert!(missed.iter().any(|r| r["scheduled_at"] == a["run"]["scheduled_at"]), "{a}");
+        assert!(missed.iter().any(|r| at(r, "scheduled_at") == at(&a["run"], "scheduled_at")), "{a}");
     }
     let records = f.history("#alert0:tick");
     let limited = records.iter().filter(|r| state(r) == "skipped").count();
@@ -440,8 +440,8 @@ max_per_hour = 1000
     let by_without = settled.iter().filter(|r| r["node"] == "without").count();
     assert!(by_without >= 2, "the node without the rule ran some of them: {runs:?}");
     for r in &settled {
-        let n = alerts.iter().filter(|a| a["run"]["id"] == r["run_id"]).count();
-        assert_eq!(n, 1, "failure {} (on {}) alerted {n} times", r["run_id"], r["node"]);
+        let n = alerts.iter().filter(|a| a["run"]["id"] == r["id"]).count();
+        assert_eq!(n, 1, "failure {} (on {}) alerted {n} times", r["id"], r["node"]);
     }
     assert!(alerts.iter().all(|a| a["alert"]["node"] == "with"), "only the node with the rule delivers");
 }

@@ -13,7 +13,8 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{read_http_request, wait_for, Fleet, Node, BIN};
+use chrono::{DateTime, Utc};
+use common::{at, read_http_request, wait_for, Fleet, Node, BIN};
 use serde_json::Value;
 
 /// What the server was asked: path, headers (names in lower case), body.
@@ -101,7 +102,7 @@ fn start(fleet: &mut Fleet, id: &str, env: &[(&str, &str)]) {
 /// The history record of `run_id`.
 fn record(fleet: &Fleet, job: &str, run_id: &str) -> Value {
     let history = fleet.history(job);
-    history.into_iter().find(|r| r["run_id"] == run_id).unwrap_or_else(|| panic!("no record of {run_id}"))
+    history.into_iter().find(|r| r["id"] == run_id).unwrap_or_else(|| panic!("no record of {run_id}"))
 }
 
 fn header<'a>(r: &'a Request, name: &str) -> &'a str {
@@ -147,7 +148,7 @@ http = {{ url = "{}/fail", method = "PUT", expect_status = "200-299,304" }}
         let rec = record(&fleet, "sync", run_id);
         let (tick, attempt) = run_id.rsplit_once('#').unwrap();
         assert_eq!(header(r, "solocron-job"), "sync");
-        assert_eq!(header(r, "solocron-scheduled-at"), rec["scheduled_at"].as_str().unwrap());
+        assert_eq!(header(r, "solocron-scheduled-at").parse::<DateTime<Utc>>().ok(), Some(at(&rec, "scheduled_at")));
         assert_eq!(header(r, "solocron-fencing-token"), rec["fencing_token"].to_string(), "{rec}");
         assert_eq!(header(r, "solocron-attempt"), attempt);
         assert_eq!(header(r, "solocron-node-id"), rec["node"].as_str().unwrap());
@@ -172,7 +173,7 @@ http = {{ url = "{}/fail", method = "PUT", expect_status = "200-299,304" }}
     assert!(out.contains("HTTP 500\nboom: the ledger is locked"), "{out}");
 
     let detail = fleet.cli_json(&["status", "sync", "--format", "json"])[0].clone();
-    let hashes: Vec<&Value> = detail["nodes"]
+    let hashes: Vec<&Value> = detail["registrations"]
         .as_array()
         .unwrap_or_else(|| panic!("{detail}"))
         .iter()

@@ -99,6 +99,6 @@ fn json_logs_are_one_object_per_line_and_runs_carry_their_record_fields() {
             .unwrap_or_else(|| panic!("no record of the run at {at}: {hist:#?}"));
         assert_eq!(record["fencing_token"].as_u64(), Some(token), "{record:#}");
         assert_eq!(record["state"].as_str(), Some("succeeded"), "{record:#}");
-        assert_eq!(record["run_id"].as_str(), Some(str_field(start, "run")), "{record:#}");
+        assert_eq!(record["id"].as_str(), Some(str_field(start, "run")), "{record:#}");
     }
 }

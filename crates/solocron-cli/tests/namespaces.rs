@@ -66,7 +66,7 @@ fn two_applications(store: Option<String>) {
     }
     // The jobs are listed apart.
     let billing = f.cli_json(&["status", "--namespace", "billing", "--format", "json"]);
-    let names: Vec<&str> = billing.as_array().unwrap().iter().map(|j| j["job"].as_str().unwrap()).collect();
+    let names: Vec<&str> = billing.as_array().unwrap().iter().map(|j| j["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["billing/sync"]);
     assert!(billing.as_array().unwrap().iter().all(|j| j["namespace"] == "billing"));
     let every = f.cli_json(&["status", "--format", "json"]);
@@ -81,7 +81,7 @@ fn two_applications(store: Option<String>) {
     // A shipping node comes back and recovers its own run.
     f.start_with("s2", &shipping);
     let ended = wait_for(Duration::from_secs(15), || {
-        let run = f.history("shipping/long").into_iter().find(|r| r["run_id"] == long.as_str())?;
+        let run = f.history("shipping/long").into_iter().find(|r| r["id"] == long.as_str())?;
         (state(&run) != "running").then_some(run)
     })
     .expect("shipping recovered its run");
@@ -93,7 +93,7 @@ fn two_applications(store: Option<String>) {
 /// The run id of `job`'s run in progress, if any.
 fn running(f: &Fleet, job: &str) -> Option<String> {
     let runs = f.history(job);
-    runs.iter().find(|r| state(r) == "running").map(|r| r["run_id"].as_str().unwrap().to_owned())
+    runs.iter().find(|r| state(r) == "running").map(|r| r["id"].as_str().unwrap().to_owned())
 }
 
 /// Checks every line (`instant job`) names `job` and no instant comes twice; how many.

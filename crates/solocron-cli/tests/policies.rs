@@ -5,6 +5,7 @@ mod common;
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use common::*;
 use serde_json::Value;
 
@@ -59,8 +60,8 @@ fn misfire_once_runs_only_the_latest_missed_tick() {
     let m = missed(&hist);
     let ran: Vec<_> = m.iter().filter(|r| state(r) == "succeeded").collect();
     assert_eq!(ran.len(), 1, "{m:#?}");
-    let latest_missed = m.iter().map(|r| r["scheduled_at"].as_str().unwrap()).max().unwrap();
-    assert_eq!(ran[0]["scheduled_at"].as_str().unwrap(), latest_missed);
+    let latest_missed = m.iter().map(|r| at(r, "scheduled_at")).max().unwrap();
+    assert_eq!(at(ran[0], "scheduled_at"), latest_missed);
     assert!(m.iter().filter(|r| state(r) != "succeeded").all(|r| state(r) == "skipped"));
 }
 
@@ -70,7 +71,7 @@ fn misfire_all_runs_every_missed_tick_oldest_first_up_to_max_catchup() {
     let m = missed(&hist);
     assert_eq!(m.len(), 3, "max_catchup = 3: {m:#?}");
     assert!(m.iter().all(|r| state(r) == "succeeded"), "{m:#?}");
-    let started: Vec<&str> = m.iter().map(|r| r["started_at"].as_str().unwrap()).collect();
+    let started: Vec<DateTime<Utc>> = m.iter().map(|r| at(r, "started_at")).collect();
     assert!(started.windows(2).all(|w| w[0] <= w[1]), "oldest first: {started:?}");
 }
 
@@ -91,11 +92,11 @@ command = ["/bin/sh", "-c", "sleep 2.5"]
     f.history("o")
 }
 
-fn intervals(hist: &[Value]) -> Vec<(String, String)> {
+fn intervals(hist: &[Value]) -> Vec<(DateTime<Utc>, DateTime<Utc>)> {
     let mut v: Vec<_> = hist
         .iter()
         .filter(|r| r["started_at"].is_string() && r["finished_at"].is_string())
-        .map(|r| (r["started_at"].as_str().unwrap().to_owned(), r["finished_at"].as_str().unwrap().to_owned()))
+        .map(|r| (at(r, "started_at"), at(r, "finished_at")))
         .collect();
     v.sort();
     v

@@ -303,6 +303,14 @@ pub fn three_nodes_exactly_once(store: Option<&str>, secs: u64) {
     println!("{} ticks exactly once; runs per node: {per_node:?}", instants.len());
 }
 
+/// The instant at `key` of a JSON object (a run, a job). The JSON spells instants as the
+/// API does, RFC 3339 in UTC with as many fractional digits as they have (`…:05Z`,
+/// `…:05.120Z`): they compare as instants, never as text.
+pub fn at(v: &Value, key: &str) -> chrono::DateTime<chrono::Utc> {
+    let text = v[key].as_str().unwrap_or_else(|| panic!("no instant at `{key}` in {v}"));
+    text.parse().unwrap_or_else(|e| panic!("`{key}`: `{text}` is not an RFC 3339 instant: {e}"))
+}
+
 pub fn state(r: &Value) -> &str {
     r["state"].as_str().unwrap()
 }

@@ -8,12 +8,13 @@ use serde::Deserialize;
 use solocron::AlertEvent;
 use solocron_core::parse_duration;
 
-use super::{resolve_http_job, HttpWork, KeyError, RawHttpJob};
+use super::errors::KeyError;
+use super::jobs::{resolve_http_job, HttpWork, RawHttpJob};
 
 /// One `[[alerts]]` entry as written.
 #[derive(Debug, Deserialize, Default, Clone)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawAlert {
+pub(super) struct RawAlert {
     on: Option<Vec<String>>,
     webhook: Option<String>,
     method: Option<String>,
@@ -36,28 +37,32 @@ pub(crate) struct RawAlert {
 const WEBHOOK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
 /// A checked `[[alerts]]` entry. A webhook's secrets stay where they are until the
-/// scheduler is built (`daemon::scheduler`), and are never printed.
+/// scheduler is built (`wiring::scheduler`), and are never printed.
 #[derive(Debug, Clone)]
 pub struct AlertConfig {
-    /// `alerts[0]`, for errors.
-    pub key: String,
+    /// `on`: the events it is told of.
     pub events: Vec<AlertEvent>,
+    /// Who is told.
     pub target: AlertTargetConfig,
     /// `None`: every job of the node.
     pub jobs: Option<Vec<String>>,
+    /// `stale_after`: how long without a success before a job counts as stale.
     pub stale_after: Option<Duration>,
+    /// `max_per_hour`: most deliveries per job for events of the last hour.
     pub max_per_hour: u32,
 }
 
 /// Where an alert goes: exactly one of `webhook` and `command`.
 #[derive(Debug, Clone)]
 pub enum AlertTargetConfig {
+    /// `webhook`: a request, checked like an HTTP job's.
     Webhook(Box<HttpWork>),
+    /// `command`: a non-empty argv, the alert's JSON in `$SOLOCRON_ALERT`.
     Command(Vec<String>),
 }
 
 /// Every `[[alerts]]` entry, checked.
-pub(crate) fn resolve_alerts(raw: &[RawAlert]) -> Result<Vec<AlertConfig>, KeyError> {
+pub(super) fn resolve_alerts(raw: &[RawAlert]) -> Result<Vec<AlertConfig>, KeyError> {
     if raw.len() > solocron::ALERT_RULES_MAX {
         let why = format!("at most {} entries", solocron::ALERT_RULES_MAX);
         return Err((format!("alerts[{}]", solocron::ALERT_RULES_MAX), why));
@@ -110,7 +115,7 @@ fn resolve_alert(i: usize, a: &RawAlert) -> Result<AlertConfig, KeyError> {
     if max_per_hour == 0 {
         return Err((key("max_per_hour"), "must be at least 1 (0 would send nothing)".into()));
     }
-    Ok(AlertConfig { key: format!("alerts[{i}]"), events, target, jobs: a.jobs.clone(), stale_after, max_per_hour })
+    Ok(AlertConfig { events, target, jobs: a.jobs.clone(), stale_after, max_per_hour })
 }
 
 /// `on`: a non-empty list of known events.
