@@ -241,13 +241,38 @@ fn runs_page_without_gaps_or_repeats(api: &Api) {
     assert!(seen.iter().all(|s| ids.contains(&s.as_str())));
 }
 
+/// Asserts a 400 problem naming `param` once, at its start, saying `says` after it, in no
+/// words of Rust's or serde's.
+fn names_once(r: Response, param: &str, says: &str) {
+    let p = problem(r, 400);
+    assert_eq!(p["param"], param, "{p}");
+    let detail = p["detail"].as_str().unwrap();
+    assert_eq!(detail, format!("{param}: {says}"));
+    for word in ["f64", "i64", "u32", "u64", "usize", "String", "Option<", "serde", "invalid type: "] {
+        assert!(!detail.contains(word), "`{word}` in {detail}");
+    }
+}
+
 fn bad_input_names_the_parameter(api: &Api) {
-    let p = problem(api.get("/api/v1/runs?limit=abc", Some(VIEW_SECRET)), 400);
-    assert_eq!(p["param"], "limit", "{p}");
-    let p = problem(api.get("/api/v1/runs?state=done", Some(VIEW_SECRET)), 400);
-    assert_eq!(p["param"], "state");
-    let p = problem(api.get("/api/v1/runs?cursor=yesterday", Some(VIEW_SECRET)), 400);
-    assert_eq!(p["param"], "cursor");
+    let get = |path: &str| api.get(path, Some(VIEW_SECRET));
+    names_once(get("/api/v1/runs?limit=abc"), "limit", r#"must be a whole number from 1 to 500, got "abc""#);
+    names_once(get("/api/v1/jobs?limit=0"), "limit", r#"must be a whole number from 1 to 200, got "0""#);
+    let states = "running, succeeded, failed, timed_out, lost, abandoned, skipped, interrupted, waiting";
+    names_once(get("/api/v1/runs?state=done"), "state", &format!(r#"must be one of {states}, got "done""#));
+    let instant = "must be an RFC 3339 instant such as 2026-01-31T09:00:00Z";
+    names_once(get("/api/v1/runs?cursor=yesterday"), "cursor", &format!(r#"{instant}, got "yesterday""#));
+    names_once(get("/api/v1/runs?since=soon"), "since", &format!(r#"{instant}, got "soon""#));
+    names_once(get("/api/v1/actions?limit=501"), "limit", r#"must be a whole number from 1 to 500, got "501""#);
+    names_once(
+        get("/api/v1/jobs/tick/revisions?limit=x"),
+        "limit",
+        r#"must be a whole number from 1 to 1000, got "x""#,
+    );
+    names_once(
+        get("/api/v1/jobs?limt=3"),
+        "limt",
+        "is not a parameter of this endpoint, which takes search, state, namespace, cursor, limit",
+    );
     // An id that is not a run id names no run.
     problem(api.get("/api/v1/runs/not-a-run-id", Some(VIEW_SECRET)), 404);
     let long = "x".repeat(5000);
@@ -256,9 +281,14 @@ fn bad_input_names_the_parameter(api: &Api) {
     problem(api.post("/api/v1/jobs/tick/pause", Some(OPS_SECRET), big), 400);
     problem(api.post("/api/v1/jobs/tick/pause", Some(OPS_SECRET), json!({"reson": "typo"})), 400);
     problem(api.post("/api/v1/jobs/tick/pause", Some(OPS_SECRET), json!([null])), 400);
-    let p = problem(api.post("/api/v1/jobs/tick/trigger", Some(OPS_SECRET), json!({"wait_seconds": 1.5})), 400);
-    assert_eq!(p["param"], "wait_seconds");
-    problem(api.post("/api/v1/jobs/tick/trigger", Some(OPS_SECRET), json!({"wait_seconds": 3601})), 400);
+    let trigger = |body| api.post("/api/v1/jobs/tick/trigger", Some(OPS_SECRET), body);
+    let wait = "must be a whole number from 0 to 3600 or null, got";
+    names_once(trigger(json!({"wait_seconds": 1.5})), "wait_seconds", &format!("{wait} 1.5"));
+    names_once(trigger(json!({"wait_seconds": 3601})), "wait_seconds", &format!("{wait} 3601"));
+    names_once(trigger(json!({"wait_seconds": "soon"})), "wait_seconds", &format!(r#"{wait} "soon""#));
+    names_once(trigger(json!({"reason": 5})), "reason", "must be a string or null, got 5");
+    let unlock = api.post("/api/v1/jobs/slow/unlock", Some(OPS_SECRET), json!({}));
+    names_once(unlock, "reason", "is missing; it must be a non-empty string");
 }
 
 fn nodes_and_metrics(api: &Api) {

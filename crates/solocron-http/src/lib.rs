@@ -35,6 +35,7 @@ mod health;
 mod openapi;
 mod problem;
 mod prometheus;
+mod takes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -46,6 +47,7 @@ use solocron_core::Store;
 use solocron_fleet::Declared;
 use tower_http::set_header::SetResponseHeaderLayer;
 
+pub use api::ACTIONS_PAGE_MAX;
 pub use auth::{Caller, Role, Token, TokenError, TOKEN_SECRET_BYTES_MAX, TOKEN_SECRET_BYTES_MIN};
 pub use extract::{BODY_BYTES_MAX, QUERY_BYTES_MAX};
 pub use openapi::openapi_json;

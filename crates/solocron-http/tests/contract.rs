@@ -1,0 +1,221 @@
+//! The JSON contract every endpoint keeps, through the whole router on a real (SQLite) store:
+//! a refused request is a problem that names the bad parameter once and says what it takes
+//! in the user's terms, never in Rust's or serde's.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use serde_json::Value;
+use solocron_core::{Prefix, Store};
+use solocron_http::{router, HttpOptions, Role, Token};
+use tower::ServiceExt as _;
+
+const OPS_SECRET: &str = "contract-test-ops-secret-0123";
+
+/// Words of Rust's and serde's that a problem meant for a person never holds.
+const NOT_FOR_PEOPLE: &[&str] = &[
+    "f64",
+    "f32",
+    "i64",
+    "i32",
+    "u64",
+    "u32",
+    "u16",
+    "usize",
+    "isize",
+    "String",
+    "Option<",
+    "Vec<",
+    "DateTime",
+    "serde",
+    "invalid type: ",
+    "invalid digit",
+    "invalid value: ",
+    "unknown variant",
+    "unknown field",
+    "missing field",
+    "duplicate field",
+    "Failed to deserialize",
+    "Invalid URL",
+];
+
+async fn app(dir: &tempfile::TempDir) -> axum::Router {
+    let url = format!("sqlite://{}", dir.path().join("solocron.db").display());
+    let store = solocron_sqlite::SqliteStore::connect(&url, &Prefix::default()).await.expect("a SQLite store");
+    store.migrate().await.expect("migrated");
+    let store: Arc<dyn Store> = Arc::new(store);
+    let tokens = vec![Token::new("ops", Role::Operate, OPS_SECRET).unwrap()];
+    router(store, HttpOptions { tokens, ..HttpOptions::default() })
+}
+
+/// Sends a request with the operate token: status, content type, body.
+async fn send(
+    app: &axum::Router,
+    method: Method,
+    uri: &str,
+    body: Option<&str>,
+    if_match: Option<&str>,
+) -> (StatusCode, String, String) {
+    let mut req =
+        Request::builder().method(method).uri(uri).header(header::AUTHORIZATION, format!("Bearer {OPS_SECRET}"));
+    if let Some(v) = if_match {
+        req = req.header(header::IF_MATCH, v);
+    }
+    let body = body.map_or(Body::empty(), |b| Body::from(b.to_owned()));
+    let res = app.clone().oneshot(req.body(body).unwrap()).await.unwrap();
+    let status = res.status();
+    let ty = res.headers().get(header::CONTENT_TYPE).map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+    let bytes = axum::body::to_bytes(res.into_body(), 1 << 20).await.unwrap();
+    (status, ty, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// How often `word` stands in `text` as a word of its own (not inside a longer name).
+fn occurrences(text: &str, word: &str) -> usize {
+    let is_name = |c: char| c.is_alphanumeric() || c == '_';
+    text.match_indices(word)
+        .filter(|(i, _)| {
+            let before = text[..*i].chars().next_back();
+            let after = text[i + word.len()..].chars().next();
+            !before.is_some_and(is_name) && !after.is_some_and(is_name)
+        })
+        .count()
+}
+
+/// Asserts a 400 problem naming `param` once, at its start, in words a person reads.
+fn assert_names_once(what: &str, (status, ty, text): (StatusCode, String, String), param: &str) -> String {
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{what}: {text}");
+    assert_eq!(ty, "application/problem+json", "{what}");
+    let p: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(p["param"], param, "{what}: {p}");
+    let detail = p["detail"].as_str().unwrap();
+    assert!(detail.starts_with(&format!("{param}: ")), "{what}: {detail}");
+    assert_eq!(occurrences(detail, param), 1, "{what}: the parameter named more than once: {detail}");
+    for word in NOT_FOR_PEOPLE {
+        assert!(!detail.contains(word), "{what}: `{word}` in {detail}");
+    }
+    detail.to_owned()
+}
+
+#[tokio::test]
+async fn every_bad_query_parameter_is_named_once_with_what_it_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = app(&dir).await;
+    // (request, the parameter at fault, what the detail says after it)
+    let cases: &[(&str, &str, &str)] = &[
+        ("/api/v1/jobs?limit=abc", "limit", r#"must be a whole number from 1 to 200, got "abc""#),
+        ("/api/v1/jobs?limit=0", "limit", r#"must be a whole number from 1 to 200, got "0""#),
+        ("/api/v1/jobs?limit=201", "limit", r#"must be a whole number from 1 to 200, got "201""#),
+        ("/api/v1/jobs?limit=-1", "limit", "must be a whole number from 1 to 200"),
+        ("/api/v1/jobs?limit=1.5", "limit", "must be a whole number from 1 to 200"),
+        ("/api/v1/jobs?limit=99999999999999999999999", "limit", "must be a whole number from 1 to 200"),
+        ("/api/v1/jobs?state=done", "state", r#"must be one of paused, active, running, stale, drift, got "done""#),
+        ("/api/v1/jobs?namespace=Bad!", "namespace", r#"must be 1 to 63 characters"#),
+        ("/api/v1/jobs?limt=3", "limt", "is not a parameter of this endpoint, which takes search, state"),
+        ("/api/v1/jobs?limit=1&limit=2", "limit", "is given more than once"),
+        ("/api/v1/jobs/tick/revisions?limit=abc", "limit", "must be a whole number from 1 to 1000"),
+        ("/api/v1/jobs/tick/revisions?limit=1001", "limit", "must be a whole number from 1 to 1000"),
+        ("/api/v1/jobs/tick/revisions?job=tick", "job", "is not a parameter of this endpoint, which takes limit"),
+        ("/api/v1/runs?limit=abc", "limit", "must be a whole number from 1 to 500"),
+        ("/api/v1/runs?limit=501", "limit", "must be a whole number from 1 to 500"),
+        ("/api/v1/runs?state=done", "state", "must be one of running, succeeded, failed, timed_out"),
+        ("/api/v1/runs?namespace=-x", "namespace", "must be 1 to 63 characters"),
+        (
+            "/api/v1/runs?since=yesterday",
+            "since",
+            r#"must be an RFC 3339 instant such as 2026-01-31T09:00:00Z, got "yesterday""#,
+        ),
+        ("/api/v1/runs?since=2026-01-31T09:00:00+01:00", "since", "(send a `+` as %2B)"),
+        ("/api/v1/runs?until=soon", "until", "must be an RFC 3339 instant"),
+        ("/api/v1/runs?cursor=yesterday", "cursor", "must be an RFC 3339 instant"),
+        ("/api/v1/runs?nodes=n1", "nodes", "is not a parameter of this endpoint"),
+        ("/api/v1/actions?limit=abc", "limit", "must be a whole number from 1 to 500"),
+        ("/api/v1/actions?limit=0", "limit", "must be a whole number from 1 to 500"),
+        ("/api/v1/actions?kind=pause", "kind", "is not a parameter of this endpoint, which takes job, limit"),
+        ("/api/v1/nodes?limit=5", "limit", "is not a parameter of this endpoint, which takes none"),
+    ];
+    for (uri, param, says) in cases {
+        let detail = assert_names_once(uri, send(&app, Method::GET, uri, None, None).await, param);
+        assert!(detail.contains(says), "{uri}: {detail:?} does not say {says:?}");
+    }
+}
+
+#[tokio::test]
+async fn every_bad_body_field_is_named_once_with_its_json_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = app(&dir).await;
+    // (path, body, the field at fault, what the detail says after it)
+    let cases: &[(&str, &str, &str, &str)] = &[
+        ("/api/v1/jobs/tick/pause", r#"{"reason": 5}"#, "reason", "must be a string or null, got 5"),
+        (
+            "/api/v1/jobs/tick/pause",
+            r#"{"reson": "x"}"#,
+            "reson",
+            "is not a field of this endpoint, which takes reason",
+        ),
+        ("/api/v1/jobs/tick/pause", "[null]", "body", "must be a JSON object, got an array"),
+        ("/api/v1/jobs/tick/pause", "reason=x", "body", "must be JSON"),
+        (
+            "/api/v1/jobs/tick/resume",
+            r#"{"reason": {"why": "x"}}"#,
+            "reason",
+            "must be a string or null, got an object",
+        ),
+        ("/api/v1/jobs/tick/unlock", "{}", "reason", "is missing; it must be a non-empty string"),
+        ("/api/v1/jobs/tick/unlock", r#"{"reason": ""}"#, "reason", r#"must be a non-empty string, got """#),
+        ("/api/v1/jobs/tick/unlock", r#"{"reason": "  "}"#, "reason", "must not be blank"),
+        ("/api/v1/jobs/tick/unlock", r#"{"reason": ["a"]}"#, "reason", "must be a non-empty string, got an array"),
+        (
+            "/api/v1/jobs/tick/trigger",
+            r#"{"wait_seconds": "soon"}"#,
+            "wait_seconds",
+            r#"must be a whole number from 0 to 3600 or null, got "soon""#,
+        ),
+        ("/api/v1/jobs/tick/trigger", r#"{"wait_seconds": 1.5}"#, "wait_seconds", "got 1.5"),
+        ("/api/v1/jobs/tick/trigger", r#"{"wait_seconds": 3601}"#, "wait_seconds", "got 3601"),
+        ("/api/v1/jobs/tick/trigger", r#"{"wait_seconds": -1}"#, "wait_seconds", "got -1"),
+        ("/api/v1/jobs/tick/trigger", r#"{"reason": true}"#, "reason", "must be a string or null, got true"),
+    ];
+    for (path, body, param, says) in cases {
+        let what = format!("POST {path} {body}");
+        let detail = assert_names_once(&what, send(&app, Method::POST, path, Some(body), None).await, param);
+        assert!(detail.contains(says), "{what}: {detail:?} does not say {says:?}");
+    }
+    let put = send(&app, Method::PUT, "/api/v1/jobs/hook", Some(r#""text""#), None).await;
+    assert_names_once("PUT a string", put, "body");
+    let put = send(&app, Method::PUT, "/api/v1/jobs/hook", Some("{}"), Some("seven")).await;
+    let detail = assert_names_once("PUT If-Match: seven", put, "If-Match");
+    assert!(detail.contains(r#"such as "7""#) && detail.ends_with(r#"got "seven""#), "{detail}");
+    let names = [
+        ("a%20b", "contains a space"),
+        ("a%40b", "contains `@`"),
+        ("Bad!%2Fx", "has a wrong namespace part"),
+        ("default%2Fx", "the namespace `default` is written without a prefix"),
+        ("x%2F", "nothing follows the `/`"),
+    ];
+    for (name, says) in names {
+        let put = send(&app, Method::PUT, &format!("/api/v1/jobs/{name}"), Some("{}"), None).await;
+        let detail = assert_names_once(&format!("PUT {name}"), put, "job");
+        assert!(detail.contains(says), "{detail}");
+        let delete = send(&app, Method::DELETE, &format!("/api/v1/jobs/{name}"), None, None).await;
+        assert_names_once(&format!("DELETE {name}"), delete, "job");
+    }
+    let bad_segment = send(&app, Method::GET, "/api/v1/jobs/%FF", None, None).await;
+    assert_names_once("a job name not UTF-8", bad_segment, "job");
+}
+
+#[test]
+fn the_document_states_the_bounds_the_code_keeps() {
+    let doc: Value = serde_json::from_str(&solocron_http::openapi_json()).unwrap();
+    let limit_max = |path: &str| {
+        let params = doc["paths"][path]["get"]["parameters"].as_array().unwrap();
+        let limit = params.iter().find(|p| p["name"] == "limit").unwrap_or_else(|| panic!("{path} has no limit"));
+        limit["schema"]["maximum"].as_u64().unwrap() as usize
+    };
+    assert_eq!(limit_max("/api/v1/jobs"), solocron_fleet::JOBS_PAGE_MAX);
+    assert_eq!(limit_max("/api/v1/runs"), solocron_fleet::RUNS_PAGE_MAX);
+    assert_eq!(limit_max("/api/v1/jobs/{job}/revisions"), solocron_core::REVISIONS_PAGE_MAX);
+    assert_eq!(limit_max("/api/v1/actions"), solocron_http::ACTIONS_PAGE_MAX);
+    let wait = &doc["components"]["schemas"]["TriggerBody"]["properties"]["wait_seconds"]["maximum"];
+    assert_eq!(wait.as_u64(), Some(solocron_fleet::TRIGGER_WAIT_MAX.as_secs()));
+}
