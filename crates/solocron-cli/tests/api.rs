@@ -135,22 +135,24 @@ fn auth_is_required_and_roles_hold(api: &Api) {
 
 fn jobs_list_and_detail(api: &Api) {
     let page = api.read("/api/v1/jobs");
-    let names: Vec<&str> = page["jobs"].as_array().unwrap().iter().map(|j| j["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = page["items"].as_array().unwrap().iter().map(|j| j["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["manual", "slow", "tick"]);
     assert_eq!(page["total"], 3);
-    let tick = &page["jobs"][2];
+    assert_eq!(page["namespaces"], json!(["default"]));
+    assert!(page["next_cursor"].is_null(), "{page}");
+    let tick = &page["items"][2];
     assert_eq!(tick["schedule"], "* * * * * *");
     assert_eq!(tick["timezone"], "UTC");
     assert!(tick["next_fire"].is_string() && tick["schedule_words"].is_string(), "{tick}");
     assert!(tick["declared_in"].as_str().unwrap().ends_with("solocron.toml"));
     // Paging by cursor, and search.
     let first = api.read("/api/v1/jobs?limit=2");
-    assert_eq!(first["jobs"].as_array().unwrap().len(), 2);
+    assert_eq!(first["items"].as_array().unwrap().len(), 2);
     let next = first["next_cursor"].as_str().unwrap();
     let second = api.read(&format!("/api/v1/jobs?limit=2&cursor={next}"));
-    assert_eq!(second["jobs"][0]["name"], "tick");
+    assert_eq!(second["items"][0]["name"], "tick");
     assert!(second["next_cursor"].is_null());
-    assert_eq!(api.read("/api/v1/jobs?search=SLO")["jobs"][0]["name"], "slow");
+    assert_eq!(api.read("/api/v1/jobs?search=SLO")["items"][0]["name"], "slow");
     // tick has run by now (every second): its detail shows runs and counts.
     let got = wait_for(Duration::from_secs(20), || {
         let d = api.read("/api/v1/jobs/tick");
@@ -191,7 +193,7 @@ fn pause_and_resume_are_audited(api: &Api) {
     let tick = api.read("/api/v1/jobs/tick");
     assert_eq!(tick["paused"]["by"], "ops");
     assert_eq!(tick["paused"]["reason"], "maintenance");
-    assert_eq!(api.read("/api/v1/jobs?state=paused")["jobs"][0]["name"], "tick");
+    assert_eq!(api.read("/api/v1/jobs?state=paused")["items"][0]["name"], "tick");
     let a: Value = api.post("/api/v1/jobs/tick/resume", Some(OPS_SECRET), json!({"reason": "done"})).json().unwrap();
     assert_eq!(a["kind"], "resume");
     assert!(api.read("/api/v1/jobs/tick")["paused"].is_null());
@@ -212,9 +214,11 @@ fn unlock_ends_a_running_run(api: &Api) {
     assert_eq!(run["run"]["state"], "abandoned");
     assert!(run["run"]["reason"].as_str().unwrap().contains("stuck"), "{run}");
     let actions = api.read("/api/v1/actions?job=slow");
-    assert_eq!(actions[0]["kind"], "unlock");
-    assert_eq!(actions[0]["by"], "ops");
-    assert!(actions[0]["detail"].as_str().unwrap().contains(&id), "{actions}");
+    assert!(actions["next_cursor"].is_null(), "{actions}");
+    let newest = &actions["items"][0];
+    assert_eq!(newest["kind"], "unlock");
+    assert_eq!(newest["by"], "ops");
+    assert!(newest["detail"].as_str().unwrap().contains(&id), "{actions}");
 }
 
 fn runs_page_without_gaps_or_repeats(api: &Api) {
@@ -226,7 +230,7 @@ fn runs_page_without_gaps_or_repeats(api: &Api) {
             None => "/api/v1/runs?job=tick&limit=2".to_owned(),
         };
         let page = api.read(&path);
-        seen.extend(page["runs"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_owned()));
+        seen.extend(page["items"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_owned()));
         match page["next_cursor"].as_str() {
             Some(c) => cursor = Some(c.to_owned()),
             None => break,
@@ -237,7 +241,7 @@ fn runs_page_without_gaps_or_repeats(api: &Api) {
     assert_eq!(unique.len(), seen.len(), "a run repeated across pages: {seen:?}");
     assert!(seen.len() >= 2, "{seen:?}");
     let all = api.read("/api/v1/runs?job=tick&limit=500");
-    let ids: Vec<&str> = all["runs"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = all["items"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
     assert!(seen.iter().all(|s| ids.contains(&s.as_str())));
 }
 
@@ -293,7 +297,8 @@ fn bad_input_names_the_parameter(api: &Api) {
 
 fn nodes_and_metrics(api: &Api) {
     let nodes = api.read("/api/v1/nodes");
-    let me = nodes.as_array().unwrap().iter().find(|n| n["node"] == "api-node").expect("the node is listed");
+    assert!(nodes["next_cursor"].is_null(), "{nodes}");
+    let me = nodes["items"].as_array().unwrap().iter().find(|n| n["node"] == "api-node").expect("the node is listed");
     assert_eq!(me["liveness"], "alive");
     assert_eq!(me["jobs"], 3);
     let m = api.get("/metrics", Some(VIEW_SECRET));
@@ -326,7 +331,7 @@ fn managed_jobs_are_written_checked_and_picked_up(api: &Api) {
     // Picked up by the running node: a run of it is recorded within seconds.
     let ran = wait_for(Duration::from_secs(6), || {
         let runs = api.read("/api/v1/runs?job=hook");
-        (!runs["runs"].as_array().unwrap().is_empty()).then_some(())
+        (!runs["items"].as_array().unwrap().is_empty()).then_some(())
     });
     assert!(ran.is_some(), "the managed job never ran; node log:\n{}", api.fleet.log("api-node"));
 
@@ -351,7 +356,8 @@ fn managed_jobs_are_written_checked_and_picked_up(api: &Api) {
     assert_eq!(deleted["outcome"], "deleted", "{deleted}");
     problem(api.send(api.http.delete(api.url("/api/v1/jobs/hook")), Some(OPS_SECRET)), 404);
     let revisions = api.read("/api/v1/jobs/hook/revisions");
-    let revisions = revisions.as_array().unwrap();
+    assert!(revisions["next_cursor"].is_null(), "{revisions}");
+    let revisions = revisions["items"].as_array().unwrap();
     assert_eq!(revisions.len(), 3, "{revisions:?}");
     assert_eq!(
         (revisions[0]["deleted"].as_bool(), revisions[1]["spec"]["schedule"].as_str()),

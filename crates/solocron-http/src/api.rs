@@ -12,13 +12,14 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use solocron_core::{ActionQuery, RunState};
 use solocron_fleet::{
-    ActionView, Actor, Fleet, JobDetail, JobFilter, JobPage, JobStateFilter, JobWritten, NodeView, RevisionView,
-    RunDetail, RunFilter, RunPage, RunView, Triggered,
+    ActionView, Actor, Fleet, JobDetail, JobFilter, JobStateFilter, JobWritten, NodeView, RevisionView, RunDetail,
+    RunFilter, RunView, Triggered,
 };
 use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::{Caller, Role};
 use crate::extract::{Body, Query};
+use crate::page::{JobList, Page};
 use crate::problem::Problem;
 use crate::AppState;
 
@@ -165,13 +166,13 @@ pub struct JobsQuery {
 
 /// The fleet's jobs, by name, one page at a time.
 #[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", params(JobsQuery),
-    responses((status = 200, body = JobPage)),
+    responses((status = 200, body = JobList)),
     security(("bearer" = []), ()))]
 pub async fn jobs(
     _: Caller,
     State(state): State<AppState>,
     Query(q): Query<JobsQuery>,
-) -> Result<Json<JobPage>, Problem> {
+) -> Result<Json<JobList>, Problem> {
     let filter = JobFilter {
         search: q.search,
         state: q.state,
@@ -181,7 +182,7 @@ pub async fn jobs(
         limit: limit(q.limit, 0, solocron_fleet::JOBS_PAGE_MAX)?,
     };
     let fleet = fleet(&state).await?;
-    Ok(Json(fleet.jobs(state.store(), &filter).await?))
+    Ok(Json(fleet.jobs(state.store(), &filter).await?.into()))
 }
 
 /// One job: policies, next fire times, recent runs, counts by state over 24 hours, actions.
@@ -303,19 +304,20 @@ pub struct RevisionsQuery {
     pub limit: Option<usize>,
 }
 
-/// A managed job's revisions, newest first: who changed what, and when.
+/// A managed job's revisions, newest first: who changed what, and when (the newest `limit`,
+/// one page).
 #[utoipa::path(get, path = "/api/v1/jobs/{job}/revisions", tag = "jobs",
     params(("job" = String, Path, description = "The job's name"), RevisionsQuery),
-    responses((status = 200, body = Vec<RevisionView>)),
+    responses((status = 200, body = Page<RevisionView>)),
     security(("bearer" = []), ()))]
 pub async fn revisions(
     _: Caller,
     State(state): State<AppState>,
     Segment(job): Segment,
     Query(q): Query<RevisionsQuery>,
-) -> Result<Json<Vec<RevisionView>>, Problem> {
+) -> Result<Json<Page<RevisionView>>, Problem> {
     let limit = limit(q.limit, 50, solocron_core::REVISIONS_PAGE_MAX)?;
-    Ok(Json(solocron_fleet::revisions(state.store(), Some(&job), limit).await?))
+    Ok(Json(Page::whole(solocron_fleet::revisions(state.store(), Some(&job), limit).await?)))
 }
 
 /// Body of pause and resume.
@@ -483,13 +485,13 @@ pub struct RunsQuery {
 
 /// The run history, newest first, one page at a time.
 #[utoipa::path(get, path = "/api/v1/runs", tag = "runs", params(RunsQuery),
-    responses((status = 200, body = RunPage)),
+    responses((status = 200, body = Page<RunView>)),
     security(("bearer" = []), ()))]
 pub async fn runs(
     _: Caller,
     State(state): State<AppState>,
     Query(q): Query<RunsQuery>,
-) -> Result<Json<RunPage>, Problem> {
+) -> Result<Json<Page<RunView>>, Problem> {
     let run_state = q.state.map(RunStateParam::run_state);
     let filter = RunFilter {
         job: q.job,
@@ -502,7 +504,7 @@ pub async fn runs(
         // 0: the fleet's default page.
         limit: limit(q.limit, 0, solocron_fleet::RUNS_PAGE_MAX)?,
     };
-    Ok(Json(solocron_fleet::runs_page(state.store(), &filter).await?))
+    Ok(Json(solocron_fleet::runs_page(state.store(), &filter).await?.into()))
 }
 
 /// One run: the whole record, its output tail, and every attempt at its tick.
@@ -520,16 +522,17 @@ pub async fn run(_: Caller, State(state): State<AppState>, Segment(id): Segment)
 #[into_params(parameter_in = Query)]
 pub struct NodesQuery {}
 
-/// The nodes: alive (heartbeat within 15 s), stale (silent, no goodbye) or gone (said goodbye).
+/// The nodes: alive (heartbeat within 15 s), stale (silent, no goodbye) or gone (said
+/// goodbye); all of them, one page.
 #[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes",
-    responses((status = 200, body = Vec<NodeView>)),
+    responses((status = 200, body = Page<NodeView>)),
     security(("bearer" = []), ()))]
 pub async fn nodes(
     _: Caller,
     State(state): State<AppState>,
     Query(NodesQuery {}): Query<NodesQuery>,
-) -> Result<Json<Vec<NodeView>>, Problem> {
-    Ok(Json(fleet(&state).await?.nodes()))
+) -> Result<Json<Page<NodeView>>, Problem> {
+    Ok(Json(Page::whole(fleet(&state).await?.nodes())))
 }
 
 /// Query of `GET /api/v1/actions`.
@@ -544,19 +547,19 @@ pub struct ActionsQuery {
     pub limit: Option<usize>,
 }
 
-/// The audit log: operators' actions, newest first.
+/// The audit log: operators' actions, newest first (the newest `limit`, one page).
 #[utoipa::path(get, path = "/api/v1/actions", tag = "actions", params(ActionsQuery),
-    responses((status = 200, body = Vec<ActionView>)),
+    responses((status = 200, body = Page<ActionView>)),
     security(("bearer" = []), ()))]
 pub async fn actions(
     _: Caller,
     State(state): State<AppState>,
     Query(q): Query<ActionsQuery>,
-) -> Result<Json<Vec<ActionView>>, Problem> {
+) -> Result<Json<Page<ActionView>>, Problem> {
     let limit = limit(q.limit, 50, ACTIONS_PAGE_MAX)?;
     let found =
         state.store().actions(&ActionQuery { job: q.job, limit }).await.map_err(solocron_fleet::FleetError::from)?;
-    Ok(Json(found.iter().map(ActionView::from).collect()))
+    Ok(Json(Page::whole(found.iter().map(ActionView::from).collect())))
 }
 
 /// Who the token belongs to and what it may do.

@@ -219,3 +219,47 @@ fn the_document_states_the_bounds_the_code_keeps() {
     let wait = &doc["components"]["schemas"]["TriggerBody"]["properties"]["wait_seconds"]["maximum"];
     assert_eq!(wait.as_u64(), Some(solocron_fleet::TRIGGER_WAIT_MAX.as_secs()));
 }
+
+/// The schema a GET answers with 200, its `$ref`s followed (`allOf`: its first part, the
+/// envelope a list extends).
+fn answer_schema<'a>(doc: &'a Value, path: &str) -> &'a Value {
+    let mut schema = &doc["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]["schema"];
+    loop {
+        if let Some(name) = schema["$ref"].as_str() {
+            schema = &doc["components"]["schemas"][name.trim_start_matches("#/components/schemas/")];
+        } else if let Some(first) = schema["allOf"].get(0) {
+            schema = first;
+        } else {
+            return schema;
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_list_answers_one_envelope() {
+    let doc: Value = serde_json::from_str(&solocron_http::openapi_json()).unwrap();
+    let lists = ["/api/v1/jobs", "/api/v1/runs", "/api/v1/nodes", "/api/v1/actions", "/api/v1/jobs/{job}/revisions"];
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let Some(get) = item.get("get") else { continue };
+        let schema = answer_schema(&doc, path);
+        // A bare array is a list outside the envelope: a new list must answer a `Page`.
+        assert_ne!(schema["type"], "array", "GET {path} answers a bare array");
+        if !lists.contains(&path.as_str()) {
+            continue;
+        }
+        assert_eq!(schema["required"], serde_json::json!(["items", "next_cursor"]), "GET {path}: {schema}");
+        assert_eq!(schema["properties"]["items"]["type"], "array", "GET {path}");
+        let item = &schema["properties"]["items"]["items"]["$ref"];
+        assert!(item.as_str().is_some_and(|r| r.starts_with("#/components/schemas/")), "GET {path}: items {item}");
+        assert!(get["responses"]["200"].is_object());
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let app = app(&dir).await;
+    for path in ["/api/v1/jobs", "/api/v1/runs", "/api/v1/nodes", "/api/v1/actions", "/api/v1/jobs/tick/revisions"] {
+        let (status, _, text) = send(&app, Method::GET, path, None, None).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {text}");
+        let page: Value = serde_json::from_str(&text).unwrap();
+        assert!(page["items"].is_array() && page["next_cursor"].is_null(), "{path}: {page}");
+    }
+}
