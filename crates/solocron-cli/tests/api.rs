@@ -127,7 +127,15 @@ fn auth_is_required_and_roles_hold(api: &Api) {
     assert_eq!(api.read("/api/v1/whoami"), json!({"name": "viewer", "role": "read", "can_act": false}));
     // Health and the OpenAPI document hold no data: no token needed.
     assert_eq!(api.get("/healthz", None).status(), 200);
-    assert_eq!(api.get("/readyz", None).status(), 200);
+    // Readiness to a probe (no token): ready or not, nothing of where the store is.
+    let r = api.get("/readyz", None);
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().unwrap(), json!({"status": "ready"}));
+    let r = api.get("/readyz", Some("not-a-token-at-all"));
+    assert_eq!(r.json::<Value>().unwrap(), json!({"status": "ready"}), "a wrong token is told no more");
+    let told = api.read("/readyz");
+    assert_eq!(told["status"], "ready");
+    assert!(told["store"].as_str().is_some_and(|s| s.contains("://")), "a token holder is told the store: {told}");
     let doc: Value = api.get("/api/v1/openapi.json", None).json().unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{}", doc["openapi"]);
     assert!(doc["paths"]["/api/v1/jobs/{job}/trigger"]["post"].is_object());

@@ -12,6 +12,7 @@ use solocron_http::{router, HttpOptions, Role, Token};
 use tower::ServiceExt as _;
 
 const OPS_SECRET: &str = "contract-test-ops-secret-0123";
+const VIEW_SECRET: &str = "contract-test-view-secret-0123";
 
 /// Words of Rust's and serde's that a problem meant for a person never holds.
 const NOT_FOR_PEOPLE: &[&str] = &[
@@ -40,13 +41,19 @@ const NOT_FOR_PEOPLE: &[&str] = &[
     "Invalid URL",
 ];
 
-async fn app(dir: &tempfile::TempDir) -> axum::Router {
+async fn store(dir: &tempfile::TempDir) -> Arc<dyn Store> {
     let url = format!("sqlite://{}", dir.path().join("solocron.db").display());
     let store = solocron_sqlite::SqliteStore::connect(&url, &Prefix::default()).await.expect("a SQLite store");
     store.migrate().await.expect("migrated");
-    let store: Arc<dyn Store> = Arc::new(store);
-    let tokens = vec![Token::new("ops", Role::Operate, OPS_SECRET).unwrap()];
-    router(store, HttpOptions { tokens, ..HttpOptions::default() })
+    Arc::new(store)
+}
+
+async fn app(dir: &tempfile::TempDir) -> axum::Router {
+    let tokens = vec![
+        Token::new("ops", Role::Operate, OPS_SECRET).unwrap(),
+        Token::new("viewer", Role::Read, VIEW_SECRET).unwrap(),
+    ];
+    router(store(dir).await, HttpOptions { tokens, ..HttpOptions::default() })
 }
 
 /// Sends a request with the operate token: status, content type, body.
@@ -262,4 +269,39 @@ async fn every_list_answers_one_envelope() {
         let page: Value = serde_json::from_str(&text).unwrap();
         assert!(page["items"].is_array() && page["next_cursor"].is_null(), "{path}: {page}");
     }
+}
+
+/// `GET /readyz` with this `Authorization` header: status and body.
+async fn readyz(app: &axum::Router, authorization: Option<&str>) -> (StatusCode, String) {
+    let mut req = Request::get("/readyz");
+    if let Some(a) = authorization {
+        req = req.header(header::AUTHORIZATION, a);
+    }
+    let res = app.clone().oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+    let status = res.status();
+    let bytes = axum::body::to_bytes(res.into_body(), 1 << 16).await.unwrap();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+#[tokio::test]
+async fn readyz_names_the_store_only_to_a_holder_of_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let where_ = dir.path().display().to_string();
+    let app = app(&dir).await;
+    for anonymous in [None, Some("Bearer not-a-token-of-this-server"), Some("Basic b3BzOnNlY3JldA==")] {
+        let (status, body) = readyz(&app, anonymous).await;
+        // A probe's question: answered (never 401), and with nothing of where the store is.
+        assert_eq!((status, body.as_str()), (StatusCode::OK, r#"{"status":"ready"}"#), "{anonymous:?}");
+        assert!(!body.contains("sqlite") && !body.contains(&where_), "{body}");
+    }
+    for secret in [VIEW_SECRET, OPS_SECRET] {
+        let (status, body) = readyz(&app, Some(&format!("Bearer {secret}"))).await;
+        assert_eq!(status, StatusCode::OK);
+        let ready: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(ready["status"], "ready");
+        assert!(ready["store"].as_str().is_some_and(|s| s.starts_with("sqlite://") && s.contains(&where_)), "{body}");
+    }
+    // Without tokens configured, no one holds one: ready or not, and nothing more.
+    let open = router(store(&dir).await, HttpOptions::default());
+    assert_eq!(readyz(&open, None).await, (StatusCode::OK, r#"{"status":"ready"}"#.to_owned()));
 }
