@@ -53,7 +53,8 @@ fn limit(given: Option<usize>, default: usize, max: usize) -> Result<usize, Prob
     }
 }
 
-/// A job name a write names, checked here so that its refusal names the parameter once.
+/// The name of a job a PUT writes, checked here (the fleet checks it too) so that its
+/// refusal names the parameter once.
 fn job_name(job: &str) -> Result<(), Problem> {
     use solocron_core::JobNameError as E;
     let Err(e) = solocron_core::validate_job_name(job) else { return Ok(()) };
@@ -266,13 +267,13 @@ pub async fn put_job(
     Body(Definition(definition)): Body<Definition>,
 ) -> Result<Json<JobWritten>, Problem> {
     let actor = Actor { by: caller.operator()?.to_owned(), reason: None };
-    job_name(&job)?;
     let Some(check) = state.job_specs() else {
         return Err(Problem::new(
             StatusCode::NOT_IMPLEMENTED,
             "this server does not write managed jobs (no definition checker)",
         ));
     };
+    job_name(&job)?;
     let spec = serde_json::Value::Object(definition);
     let declared = state.declared();
     Ok(Json(solocron_fleet::put_job(state.store(), &declared, check, &job, &spec, &actor, expect).await?))
@@ -290,7 +291,6 @@ pub async fn delete_job(
     Expect(expect): Expect,
 ) -> Result<Json<JobWritten>, Problem> {
     let actor = Actor { by: caller.operator()?.to_owned(), reason: None };
-    job_name(&job)?;
     Ok(Json(solocron_fleet::delete_job(state.store(), &job, &actor, expect).await?))
 }
 
@@ -516,22 +516,12 @@ pub async fn run(_: Caller, State(state): State<AppState>, Segment(id): Segment)
     Ok(Json(solocron_fleet::run_detail(state.store(), &id).await?))
 }
 
-/// Query of `GET /api/v1/nodes`: none (any parameter is refused, as everywhere).
-#[derive(Debug, Default, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct NodesQuery {}
-
 /// The nodes: alive (heartbeat within 15 s), stale (silent, no goodbye) or gone (said
 /// goodbye); all of them, one page.
 #[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes",
     responses((status = 200, body = Page<NodeView>)),
     security(("bearer" = []), ()))]
-pub async fn nodes(
-    _: Caller,
-    State(state): State<AppState>,
-    Query(NodesQuery {}): Query<NodesQuery>,
-) -> Result<Json<Page<NodeView>>, Problem> {
+pub async fn nodes(_: Caller, State(state): State<AppState>) -> Result<Json<Page<NodeView>>, Problem> {
     Ok(Json(Page::whole(fleet(&state).await?.nodes())))
 }
 
