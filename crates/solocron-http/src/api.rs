@@ -153,6 +153,8 @@ pub struct JobsQuery {
     /// Only names containing this (case-insensitive).
     pub search: Option<String>,
     /// Only jobs in this state.
+    // Inline, so that a refusal can say the states (the check reads no `$ref`).
+    #[param(inline)]
     pub state: Option<JobStateFilter>,
     /// Only jobs of this namespace (the part of a job's name before its first `/`, else
     /// `default`).
@@ -469,6 +471,8 @@ pub struct RunsQuery {
     #[param(pattern = r"^[a-z0-9][a-z0-9_-]{0,62}$")]
     pub namespace: Option<String>,
     /// Only runs in this state.
+    // Inline, so that a refusal can say the states (the check reads no `$ref`).
+    #[param(inline)]
     pub state: Option<RunStateParam>,
     /// Only runs claimed by this node.
     pub node: Option<String>,

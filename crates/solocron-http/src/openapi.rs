@@ -1,8 +1,6 @@
 //! The OpenAPI 3.1 document, generated from the handlers' `#[utoipa::path]` attributes and
 //! the views' schemas: it cannot drift from the code.
 
-use std::sync::LazyLock;
-
 use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -97,18 +95,6 @@ impl Modify for PageItems {
             }
         }
     }
-}
-
-/// The document's component schemas, as JSON: what a `$ref` in a parameter's or a field's
-/// schema names ([`crate::takes`] reads them to word a refusal).
-static COMPONENTS: LazyLock<serde_json::Value> = LazyLock::new(|| {
-    let doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
-    doc["components"]["schemas"].clone()
-});
-
-/// The component schema of this name, if the document has one.
-pub(crate) fn component(name: &str) -> Option<&'static serde_json::Value> {
-    COMPONENTS.get(name)
 }
 
 /// The OpenAPI document, as JSON text.

@@ -1,6 +1,10 @@
 //! What a query parameter or a body field takes, read from its schema in the OpenAPI
 //! document: a refusal says, in words, what the document says, and checks a value the way
 //! the document promises, so the two cannot drift. No message quotes serde or a Rust type.
+//!
+//! A schema is read as it stands: a `$ref` is not followed (that would need the whole
+//! document, which is built from the handlers that use this), so a parameter or field whose
+//! value is checked has its schema inline (`#[param(inline)]`); a test keeps it so.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -8,9 +12,6 @@ use serde_json::Value;
 /// Most characters of a refused value (or an unknown parameter's name) quoted back in a
 /// problem: enough to recognise it, while a pasted kilobyte stays out of the answer.
 pub const SHOWN_CHARS_MAX: usize = 64;
-/// Most `$ref`s followed from one schema (the document's schemas are shallow; a cycle
-/// must not loop).
-const REF_DEPTH_MAX: usize = 4;
 
 /// A kind of value, in the terms of JSON and of a query string.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,27 +46,16 @@ pub struct Takes {
 }
 
 impl Takes {
-    /// Reads a schema (as the document's JSON), following `$ref`s into its components.
+    /// Reads a schema (as the document's JSON); a `$ref` is anything.
     pub fn of(schema: &Value) -> Takes {
-        Takes::of_depth(schema, 0)
-    }
-
-    fn of_depth(schema: &Value, depth: usize) -> Takes {
         let anything = Takes { kind: Kind::Anything, nullable: true };
-        if let Some(name) = schema.get("$ref").and_then(Value::as_str) {
-            let name = name.trim_start_matches("#/components/schemas/");
-            return match crate::openapi::component(name) {
-                Some(s) if depth < REF_DEPTH_MAX => Takes::of_depth(s, depth + 1),
-                _ => anything,
-            };
-        }
         if let Some(alternatives) = schema.get("oneOf").or_else(|| schema.get("anyOf")).and_then(Value::as_array) {
             let is_null = |s: &&Value| s.get("type").and_then(Value::as_str) == Some("null");
             let nullable = alternatives.iter().any(|s| is_null(&s));
             let mut others = alternatives.iter().filter(|s| !is_null(s));
             return match (others.next(), others.next()) {
                 (Some(one), None) => {
-                    let takes = Takes::of_depth(one, depth);
+                    let takes = Takes::of(one);
                     Takes { nullable: nullable || takes.nullable, ..takes }
                 }
                 _ => anything,

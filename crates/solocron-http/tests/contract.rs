@@ -316,3 +316,31 @@ async fn readyz_names_the_store_only_to_a_holder_of_a_token() {
     let open = router(store(&dir).await, HttpOptions::default());
     assert_eq!(readyz(&open, None).await, (StatusCode::OK, r#"{"status":"ready"}"#.to_owned()));
 }
+
+/// Whether a schema is (or is one of) a `$ref`, which the checks of values do not follow.
+fn refers(schema: &Value) -> bool {
+    let alternatives = schema["oneOf"].as_array().into_iter().chain(schema["anyOf"].as_array()).flatten();
+    schema["$ref"].is_string() || alternatives.into_iter().any(|s| s["$ref"].is_string())
+}
+
+#[test]
+fn every_checked_value_has_its_schema_inline() {
+    let doc: Value = serde_json::from_str(&solocron_http::openapi_json()).unwrap();
+    let component = |r: &Value| {
+        doc["components"]["schemas"][r.as_str().unwrap().trim_start_matches("#/components/schemas/")].clone()
+    };
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            for p in op["parameters"].as_array().into_iter().flatten().filter(|p| p["in"] == "query") {
+                assert!(!refers(&p["schema"]), "{method} {path} ?{}: {}", p["name"], p["schema"]);
+            }
+            let body = &op["requestBody"]["content"]["application/json"]["schema"];
+            let alternatives = body["oneOf"].as_array().into_iter().flatten();
+            let Some(named) = [body].into_iter().chain(alternatives).find_map(|s| s.get("$ref")) else { continue };
+            let schema = component(named);
+            for (field, property) in schema["properties"].as_object().into_iter().flatten() {
+                assert!(!refers(property), "{method} {path} body field {field}: {property}");
+            }
+        }
+    }
+}
