@@ -74,7 +74,7 @@ fn read_query<T: DeserializeOwned + IntoParams>(q: &str) -> Result<T, Problem> {
 fn check_pairs(params: &[(String, Takes)], pairs: &[(String, String)]) -> Result<(), Problem> {
     for (i, (name, value)) in pairs.iter().enumerate() {
         let Some((_, takes)) = params.iter().find(|(p, _)| p == name) else {
-            return Err(unknown(name, params.iter().map(|(p, _)| p.as_str()), "a parameter"));
+            return Err(unknown(name, params.iter().map(|(p, _)| p.as_str()), ("query", "a parameter")));
         };
         if pairs[..i].iter().any(|(earlier, _)| earlier == name) {
             return Err(Problem::bad_param(name, "is given more than once; give it once"));
@@ -95,12 +95,13 @@ fn check_pairs(params: &[(String, Takes)], pairs: &[(String, String)]) -> Result
     Ok(())
 }
 
-/// A name the endpoint does not take (`what`: a parameter, a field), with those it does.
-fn unknown<'a>(name: &str, known: impl Iterator<Item = &'a str>, what: &str) -> Problem {
+/// A name the endpoint does not take, with those it does; `(within, what)`: `("query", "a
+/// parameter")` or `("body", "a field")`.
+fn unknown<'a>(name: &str, known: impl Iterator<Item = &'a str>, (within, what): (&str, &str)) -> Problem {
     let known = known.collect::<Vec<_>>().join(", ");
     let takes = if known.is_empty() { "none".into() } else { known };
     if name.is_empty() {
-        return Problem::bad_param("query", format!("holds {what} without a name; this endpoint takes {takes}"));
+        return Problem::bad_param(within, format!("holds {what} without a name; this endpoint takes {takes}"));
     }
     let shown: String = name.chars().take(SHOWN_CHARS_MAX).collect();
     Problem::bad_param(shown, format!("is not {what} of this endpoint, which takes {takes}"))
@@ -146,7 +147,7 @@ fn check_fields(schema: &Value, fields: &serde_json::Map<String, Value>) -> Resu
     for (name, value) in fields {
         let Some(property) = properties.get(name) else {
             if closed {
-                return Err(unknown(name, properties.keys().map(String::as_str), "a field"));
+                return Err(unknown(name, properties.keys().map(String::as_str), ("body", "a field")));
             }
             continue;
         };
@@ -217,6 +218,8 @@ mod tests {
         assert_eq!(p.detail, r#"wait: must be a whole number of at least 0 or null, got "soon""#);
         let p = body::<B>(r#"{"reson": "x"}"#).await.unwrap_err();
         assert_eq!(p.detail, "reson: is not a field of this endpoint, which takes reason, wait");
+        let p = body::<B>(r#"{"": "x"}"#).await.unwrap_err();
+        assert_eq!(p.detail, "body: holds a field without a name; this endpoint takes reason, wait");
         let p = body::<R>("{}").await.unwrap_err();
         assert_eq!(p.detail, "reason: is missing; it must be a non-empty string");
         let p = body::<R>(r#"{"reason": {"a": 1}}"#).await.unwrap_err();
@@ -232,6 +235,8 @@ mod tests {
         assert_eq!(p.detail, r#"limit: must be a whole number from 1 to 10, got "11""#);
         let p = read_query::<Q>("limt=3").unwrap_err();
         assert_eq!(p.detail, "limt: is not a parameter of this endpoint, which takes limit, since");
+        let p = read_query::<Q>("=3").unwrap_err();
+        assert_eq!(p.detail, "query: holds a parameter without a name; this endpoint takes limit, since");
         let p = read_query::<Q>("limit=3&limit=4").unwrap_err();
         assert_eq!(p.detail, "limit: is given more than once; give it once");
         let p = read_query::<Q>("since=2026-01-31T09:00:00+01:00").unwrap_err();
