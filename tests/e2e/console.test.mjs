@@ -375,6 +375,15 @@ step('the nodes view shows n1 alive', async () => {
   assert.match(await live.textContent(), /● alive/);
 });
 
+step('every list the console reads answers one envelope: items, then next_cursor', async () => {
+  for (const path of ['/jobs?limit=2', '/runs?limit=2', '/nodes', '/actions', '/jobs/tick/revisions']) {
+    const page = await api(`/api/v1${path}`);
+    assert.ok(Array.isArray(page.items), `${path}: ${JSON.stringify(page).slice(0, 200)}`);
+    assert.ok('next_cursor' in page, `${path} has no next_cursor`);
+  }
+  assert.equal(typeof (await api('/api/v1/jobs?limit=2')).next_cursor, 'string', 'the jobs list pages');
+});
+
 step('nothing is read while the page is hidden, and reading resumes when it shows', async () => {
   let requests = 0;
   const count = (r) => { if (r.url().includes('/api/v1/')) requests += 1; };
@@ -411,7 +420,7 @@ step('screenshots: jobs (light and dark), a job, a run', async () => {
   await sleep(300);
   await shoot('job.png');
   const failures = await api('/api/v1/runs?job=flaky-upstream&state=failed&limit=1');
-  const id = failures.runs[0]?.id || seen.manual;
+  const id = failures.items[0]?.id || seen.manual;
   await go(`#/runs/${encodeURIComponent(id)}`);
   await until('the run page', async () => (await page.locator('.run-id').textContent()) === id);
   await sleep(300);

@@ -127,7 +127,15 @@ fn auth_is_required_and_roles_hold(api: &Api) {
     assert_eq!(api.read("/api/v1/whoami"), json!({"name": "viewer", "role": "read", "can_act": false}));
     // Health and the OpenAPI document hold no data: no token needed.
     assert_eq!(api.get("/healthz", None).status(), 200);
-    assert_eq!(api.get("/readyz", None).status(), 200);
+    // Readiness to a probe (no token): ready or not, nothing of where the store is.
+    let r = api.get("/readyz", None);
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().unwrap(), json!({"status": "ready"}));
+    let r = api.get("/readyz", Some("not-a-token-at-all"));
+    assert_eq!(r.json::<Value>().unwrap(), json!({"status": "ready"}), "a wrong token is told no more");
+    let told = api.read("/readyz");
+    assert_eq!(told["status"], "ready");
+    assert!(told["store"].as_str().is_some_and(|s| s.contains("://")), "a token holder is told the store: {told}");
     let doc: Value = api.get("/api/v1/openapi.json", None).json().unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{}", doc["openapi"]);
     assert!(doc["paths"]["/api/v1/jobs/{job}/trigger"]["post"].is_object());
@@ -135,22 +143,24 @@ fn auth_is_required_and_roles_hold(api: &Api) {
 
 fn jobs_list_and_detail(api: &Api) {
     let page = api.read("/api/v1/jobs");
-    let names: Vec<&str> = page["jobs"].as_array().unwrap().iter().map(|j| j["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = page["items"].as_array().unwrap().iter().map(|j| j["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["manual", "slow", "tick"]);
     assert_eq!(page["total"], 3);
-    let tick = &page["jobs"][2];
+    assert_eq!(page["namespaces"], json!(["default"]));
+    assert!(page["next_cursor"].is_null(), "{page}");
+    let tick = &page["items"][2];
     assert_eq!(tick["schedule"], "* * * * * *");
     assert_eq!(tick["timezone"], "UTC");
     assert!(tick["next_fire"].is_string() && tick["schedule_words"].is_string(), "{tick}");
     assert!(tick["declared_in"].as_str().unwrap().ends_with("solocron.toml"));
     // Paging by cursor, and search.
     let first = api.read("/api/v1/jobs?limit=2");
-    assert_eq!(first["jobs"].as_array().unwrap().len(), 2);
+    assert_eq!(first["items"].as_array().unwrap().len(), 2);
     let next = first["next_cursor"].as_str().unwrap();
     let second = api.read(&format!("/api/v1/jobs?limit=2&cursor={next}"));
-    assert_eq!(second["jobs"][0]["name"], "tick");
+    assert_eq!(second["items"][0]["name"], "tick");
     assert!(second["next_cursor"].is_null());
-    assert_eq!(api.read("/api/v1/jobs?search=SLO")["jobs"][0]["name"], "slow");
+    assert_eq!(api.read("/api/v1/jobs?search=SLO")["items"][0]["name"], "slow");
     // tick has run by now (every second): its detail shows runs and counts.
     let got = wait_for(Duration::from_secs(20), || {
         let d = api.read("/api/v1/jobs/tick");
@@ -191,7 +201,7 @@ fn pause_and_resume_are_audited(api: &Api) {
     let tick = api.read("/api/v1/jobs/tick");
     assert_eq!(tick["paused"]["by"], "ops");
     assert_eq!(tick["paused"]["reason"], "maintenance");
-    assert_eq!(api.read("/api/v1/jobs?state=paused")["jobs"][0]["name"], "tick");
+    assert_eq!(api.read("/api/v1/jobs?state=paused")["items"][0]["name"], "tick");
     let a: Value = api.post("/api/v1/jobs/tick/resume", Some(OPS_SECRET), json!({"reason": "done"})).json().unwrap();
     assert_eq!(a["kind"], "resume");
     assert!(api.read("/api/v1/jobs/tick")["paused"].is_null());
@@ -212,9 +222,11 @@ fn unlock_ends_a_running_run(api: &Api) {
     assert_eq!(run["run"]["state"], "abandoned");
     assert!(run["run"]["reason"].as_str().unwrap().contains("stuck"), "{run}");
     let actions = api.read("/api/v1/actions?job=slow");
-    assert_eq!(actions[0]["kind"], "unlock");
-    assert_eq!(actions[0]["by"], "ops");
-    assert!(actions[0]["detail"].as_str().unwrap().contains(&id), "{actions}");
+    assert!(actions["next_cursor"].is_null(), "{actions}");
+    let newest = &actions["items"][0];
+    assert_eq!(newest["kind"], "unlock");
+    assert_eq!(newest["by"], "ops");
+    assert!(newest["detail"].as_str().unwrap().contains(&id), "{actions}");
 }
 
 fn runs_page_without_gaps_or_repeats(api: &Api) {
@@ -226,7 +238,7 @@ fn runs_page_without_gaps_or_repeats(api: &Api) {
             None => "/api/v1/runs?job=tick&limit=2".to_owned(),
         };
         let page = api.read(&path);
-        seen.extend(page["runs"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_owned()));
+        seen.extend(page["items"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_owned()));
         match page["next_cursor"].as_str() {
             Some(c) => cursor = Some(c.to_owned()),
             None => break,
@@ -237,17 +249,42 @@ fn runs_page_without_gaps_or_repeats(api: &Api) {
     assert_eq!(unique.len(), seen.len(), "a run repeated across pages: {seen:?}");
     assert!(seen.len() >= 2, "{seen:?}");
     let all = api.read("/api/v1/runs?job=tick&limit=500");
-    let ids: Vec<&str> = all["runs"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = all["items"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
     assert!(seen.iter().all(|s| ids.contains(&s.as_str())));
 }
 
+/// Asserts a 400 problem naming `param` once, at its start, saying `says` after it, in no
+/// words of Rust's or serde's.
+fn names_once(r: Response, param: &str, says: &str) {
+    let p = problem(r, 400);
+    assert_eq!(p["param"], param, "{p}");
+    let detail = p["detail"].as_str().unwrap();
+    assert_eq!(detail, format!("{param}: {says}"));
+    for word in ["f64", "i64", "u32", "u64", "usize", "String", "Option<", "serde", "invalid type: "] {
+        assert!(!detail.contains(word), "`{word}` in {detail}");
+    }
+}
+
 fn bad_input_names_the_parameter(api: &Api) {
-    let p = problem(api.get("/api/v1/runs?limit=abc", Some(VIEW_SECRET)), 400);
-    assert_eq!(p["param"], "limit", "{p}");
-    let p = problem(api.get("/api/v1/runs?state=done", Some(VIEW_SECRET)), 400);
-    assert_eq!(p["param"], "state");
-    let p = problem(api.get("/api/v1/runs?cursor=yesterday", Some(VIEW_SECRET)), 400);
-    assert_eq!(p["param"], "cursor");
+    let get = |path: &str| api.get(path, Some(VIEW_SECRET));
+    names_once(get("/api/v1/runs?limit=abc"), "limit", r#"must be a whole number from 1 to 500, got "abc""#);
+    names_once(get("/api/v1/jobs?limit=0"), "limit", r#"must be a whole number from 1 to 200, got "0""#);
+    let states = "running, succeeded, failed, timed_out, lost, abandoned, skipped, interrupted, waiting";
+    names_once(get("/api/v1/runs?state=done"), "state", &format!(r#"must be one of {states}, got "done""#));
+    let instant = "must be an RFC 3339 instant such as 2026-01-31T09:00:00Z";
+    names_once(get("/api/v1/runs?cursor=yesterday"), "cursor", &format!(r#"{instant}, got "yesterday""#));
+    names_once(get("/api/v1/runs?since=soon"), "since", &format!(r#"{instant}, got "soon""#));
+    names_once(get("/api/v1/actions?limit=501"), "limit", r#"must be a whole number from 1 to 500, got "501""#);
+    names_once(
+        get("/api/v1/jobs/tick/revisions?limit=x"),
+        "limit",
+        r#"must be a whole number from 1 to 1000, got "x""#,
+    );
+    names_once(
+        get("/api/v1/jobs?limt=3"),
+        "limt",
+        "is not a parameter of this endpoint, which takes search, state, namespace, cursor, limit",
+    );
     // An id that is not a run id names no run.
     problem(api.get("/api/v1/runs/not-a-run-id", Some(VIEW_SECRET)), 404);
     let long = "x".repeat(5000);
@@ -256,14 +293,20 @@ fn bad_input_names_the_parameter(api: &Api) {
     problem(api.post("/api/v1/jobs/tick/pause", Some(OPS_SECRET), big), 400);
     problem(api.post("/api/v1/jobs/tick/pause", Some(OPS_SECRET), json!({"reson": "typo"})), 400);
     problem(api.post("/api/v1/jobs/tick/pause", Some(OPS_SECRET), json!([null])), 400);
-    let p = problem(api.post("/api/v1/jobs/tick/trigger", Some(OPS_SECRET), json!({"wait_seconds": 1.5})), 400);
-    assert_eq!(p["param"], "wait_seconds");
-    problem(api.post("/api/v1/jobs/tick/trigger", Some(OPS_SECRET), json!({"wait_seconds": 3601})), 400);
+    let trigger = |body| api.post("/api/v1/jobs/tick/trigger", Some(OPS_SECRET), body);
+    let wait = "must be a whole number from 0 to 3600 or null, got";
+    names_once(trigger(json!({"wait_seconds": 1.5})), "wait_seconds", &format!("{wait} 1.5"));
+    names_once(trigger(json!({"wait_seconds": 3601})), "wait_seconds", &format!("{wait} 3601"));
+    names_once(trigger(json!({"wait_seconds": "soon"})), "wait_seconds", &format!(r#"{wait} "soon""#));
+    names_once(trigger(json!({"reason": 5})), "reason", "must be a string or null, got 5");
+    let unlock = api.post("/api/v1/jobs/slow/unlock", Some(OPS_SECRET), json!({}));
+    names_once(unlock, "reason", "is missing; it must be a non-empty string");
 }
 
 fn nodes_and_metrics(api: &Api) {
     let nodes = api.read("/api/v1/nodes");
-    let me = nodes.as_array().unwrap().iter().find(|n| n["node"] == "api-node").expect("the node is listed");
+    assert!(nodes["next_cursor"].is_null(), "{nodes}");
+    let me = nodes["items"].as_array().unwrap().iter().find(|n| n["node"] == "api-node").expect("the node is listed");
     assert_eq!(me["liveness"], "alive");
     assert_eq!(me["jobs"], 3);
     let m = api.get("/metrics", Some(VIEW_SECRET));
@@ -296,7 +339,7 @@ fn managed_jobs_are_written_checked_and_picked_up(api: &Api) {
     // Picked up by the running node: a run of it is recorded within seconds.
     let ran = wait_for(Duration::from_secs(6), || {
         let runs = api.read("/api/v1/runs?job=hook");
-        (!runs["runs"].as_array().unwrap().is_empty()).then_some(())
+        (!runs["items"].as_array().unwrap().is_empty()).then_some(())
     });
     assert!(ran.is_some(), "the managed job never ran; node log:\n{}", api.fleet.log("api-node"));
 
@@ -321,7 +364,8 @@ fn managed_jobs_are_written_checked_and_picked_up(api: &Api) {
     assert_eq!(deleted["outcome"], "deleted", "{deleted}");
     problem(api.send(api.http.delete(api.url("/api/v1/jobs/hook")), Some(OPS_SECRET)), 404);
     let revisions = api.read("/api/v1/jobs/hook/revisions");
-    let revisions = revisions.as_array().unwrap();
+    assert!(revisions["next_cursor"].is_null(), "{revisions}");
+    let revisions = revisions["items"].as_array().unwrap();
     assert_eq!(revisions.len(), 3, "{revisions:?}");
     assert_eq!(
         (revisions[0]["deleted"].as_bool(), revisions[1]["spec"]["schedule"].as_str()),

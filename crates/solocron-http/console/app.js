@@ -708,9 +708,9 @@ function jobsView(params) {
       }
       st.pg.next = page.next_cursor || null;
       const first = st.pg.stack.length * JOBS_PAGE;
-      const info = page.total ? `${first + 1}–${first + page.jobs.length} of ${page.total.toLocaleString('en')}` : '';
+      const info = page.total ? `${first + 1}–${first + page.items.length} of ${page.total.toLocaleString('en')}` : '';
       count.textContent = `${page.total.toLocaleString('en')} ${page.total === 1 ? 'job' : 'jobs'}${st.search || st.state || st.namespace ? ' match' : ''}`;
-      swap(body, jobsTable(page.jobs, st));
+      swap(body, jobsTable(page.items, st));
       swap(pagerBox, page.total > JOBS_PAGE ? pager(st.pg, 'Job pages', info, () => refresh()) : null);
     },
     failed: (e) => swap(body, errorBox(e)),
@@ -772,7 +772,7 @@ function jobView(name, params) {
         api(`/runs${qs({ job: name, state: st.state, cursor: st.pg.cursor, limit: RUNS_PAGE })}`, { signal }),
         api(`/jobs/${enc(name)}/revisions${qs({ limit: REVISIONS_SHOWN + 1 })}`, { signal }),
       ]);
-      return { job, runs, revisions };
+      return { job, runs, revisions: revisions.items };
     },
     render({ job, runs, revisions }) {
       swap(head, h('h1', null, job.name), h('div', { class: 'badges' }, badges(job)), actionButtons(job, true));
@@ -781,7 +781,7 @@ function jobView(name, params) {
         revisions.length ? revisionsPanel(revisions, st.open) : null,
         section('Policies per node', registrations(job)));
       st.pg.next = runs.next_cursor || null;
-      swap(history, runsTable(runs.runs, false));
+      swap(history, runsTable(runs.items, false));
       swap(historyPager, st.pg.next || st.pg.stack.length
         ? pager(st.pg, 'History pages', `page ${st.pg.stack.length + 1}`, () => refresh()) : null);
       swap(auditBox, actionsTable(job.actions, false));
@@ -1295,7 +1295,7 @@ function runsView(params) {
     load: (signal) => api(`/runs${qs({ ...filters(), cursor: st.pg.cursor, limit: RUNS_PAGE * 2 })}`, { signal }),
     render(page) {
       st.pg.next = page.next_cursor || null;
-      swap(body, runsTable(page.runs, true));
+      swap(body, runsTable(page.items, true));
       swap(pagerBox, st.pg.next || st.pg.stack.length ? pager(st.pg, 'Run pages', `page ${st.pg.stack.length + 1}`, () => refresh()) : null);
     },
     failed: (e) => swap(body, errorBox(e)),
@@ -1309,8 +1309,8 @@ function nodesView() {
   return {
     el, section: 'nodes', title: 'Nodes',
     load: (signal) => api('/nodes', { signal }),
-    render(nodes) {
-      const rows = nodes.map((n) => h('tr', { 'data-node': n.node },
+    render(page) {
+      const rows = page.items.map((n) => h('tr', { 'data-node': n.node },
         h('th', { scope: 'row' }, n.node),
         h('td', null, h('span', { class: `live-state l-${n.liveness}`, 'data-liveness': n.liveness },
           h('span', { 'aria-hidden': 'true' }, `${LIVENESS[n.liveness] || '?'} `), n.liveness)),
@@ -1341,7 +1341,7 @@ function actionsView(params) {
   return {
     el, section: 'actions', title: 'Audit log',
     load: (signal) => api(`/actions${qs({ job: st.job, limit: ACTIONS_SHOWN })}`, { signal }),
-    render: (actions) => swap(body, actionsTable(actions, true)),
+    render: (page) => swap(body, actionsTable(page.items, true)),
     failed: (e) => swap(body, errorBox(e)),
   };
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use axum::extract::{FromRequestParts, Path, State};
+use axum::extract::{FromRequestParts, MatchedPath, Path, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -12,13 +12,14 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use solocron_core::{ActionQuery, RunState};
 use solocron_fleet::{
-    ActionView, Actor, Fleet, JobDetail, JobFilter, JobPage, JobStateFilter, JobWritten, NodeView, RevisionView,
-    RunDetail, RunFilter, RunPage, RunView, Triggered,
+    ActionView, Actor, Fleet, JobDetail, JobFilter, JobStateFilter, JobWritten, NodeView, RevisionView, RunDetail,
+    RunFilter, RunView, Triggered,
 };
 use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::{Caller, Role};
 use crate::extract::{Body, Query};
+use crate::page::{JobList, Page};
 use crate::problem::Problem;
 use crate::AppState;
 
@@ -32,10 +33,71 @@ impl<S: Send + Sync> FromRequestParts<S> for Segment {
     type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
-        Path::<String>::from_request_parts(parts, state)
-            .await
-            .map(|Path(s)| Segment(s))
-            .map_err(|e| Problem::bad_param("path", e.body_text()))
+        // The route's own name for the segment (`job`, `id`), as the document names it.
+        let name = parts.extensions.get::<MatchedPath>().and_then(|m| {
+            let (_, last) = m.as_str().rsplit_once('{')?;
+            last.split_once('}').map(|(name, _)| name.to_owned())
+        });
+        Path::<String>::from_request_parts(parts, state).await.map(|Path(s)| Segment(s)).map_err(|_| {
+            Problem::bad_param(name.as_deref().unwrap_or("path"), "must be UTF-8 text once percent-decoded")
+        })
+    }
+}
+
+/// `limit` within 1 to `max`, else the problem the query's own check words the same way.
+fn limit(given: Option<usize>, default: usize, max: usize) -> Result<usize, Problem> {
+    match given {
+        None => Ok(default),
+        Some(n) if (1..=max).contains(&n) => Ok(n),
+        Some(n) => Err(Problem::bad_param("limit", format!("must be a whole number from 1 to {max}, got \"{n}\""))),
+    }
+}
+
+/// The name of a job a PUT writes, checked here (the fleet checks it too) so that its
+/// refusal names the parameter once.
+fn job_name(job: &str) -> Result<(), Problem> {
+    use solocron_core::JobNameError as E;
+    let Err(e) = solocron_core::validate_job_name(job) else { return Ok(()) };
+    let why = match e {
+        E::Empty => "must not be empty".to_owned(),
+        E::TooLong { chars, .. } => format!("is {chars} characters long"),
+        E::Forbidden { found: c @ ('@' | '#'), .. } => format!("contains `{c}`"),
+        E::Forbidden { found: ' ', .. } => "contains a space".to_owned(),
+        E::Forbidden { found, .. } if found.is_whitespace() => {
+            format!("contains whitespace (U+{:04X})", u32::from(found))
+        }
+        E::Forbidden { found, .. } => format!("contains a control character (U+{:04X})", u32::from(found)),
+        E::Namespace { why, .. } => {
+            // `why` says the rule of namespaces; the rest of the name's rule is beside the point.
+            let got = crate::takes::shown_text(job);
+            return Err(Problem::bad_param(
+                "job",
+                format!("has a wrong namespace part (before the first `/`; got {got}): {why}"),
+            ));
+        }
+    };
+    // Core's message names the job again ("job name `x` ..."); the problem names the
+    // parameter already, so the rule is said here in the API's own words.
+    let rule = format!(
+        "a name is 1 to {} characters with no whitespace, no control characters, no `@` and no `#` \
+         (they separate a run id's parts), and a `/` only after a namespace (like backup or billing/sync)",
+        solocron_core::JOB_NAME_CHARS_MAX
+    );
+    Err(Problem::bad_param("job", format!("{why} (got {}); {rule}", crate::takes::shown_text(job))))
+}
+
+/// A namespace filter, checked here so that its refusal names the parameter once.
+fn namespace(given: Option<String>) -> Result<Option<String>, Problem> {
+    match given {
+        Some(ns) if solocron_core::validate_namespace(&ns).is_err() => Err(Problem::bad_param(
+            "namespace",
+            format!(
+                "must be 1 to {} characters of a-z, 0-9, - and _, starting with a letter or a digit (like billing), got {}",
+                solocron_core::NAMESPACE_LEN_MAX,
+                crate::takes::shown_text(&ns)
+            ),
+        )),
+        ns => Ok(ns),
     }
 }
 
@@ -91,6 +153,8 @@ pub struct JobsQuery {
     /// Only names containing this (case-insensitive).
     pub search: Option<String>,
     /// Only jobs in this state.
+    // Inline, so that a refusal can say the states (the check reads no `$ref`).
+    #[param(inline)]
     pub state: Option<JobStateFilter>,
     /// Only jobs of this namespace (the part of a job's name before its first `/`, else
     /// `default`).
@@ -105,25 +169,23 @@ pub struct JobsQuery {
 
 /// The fleet's jobs, by name, one page at a time.
 #[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", params(JobsQuery),
-    responses((status = 200, body = JobPage)),
+    responses((status = 200, body = JobList)),
     security(("bearer" = []), ()))]
 pub async fn jobs(
     _: Caller,
     State(state): State<AppState>,
     Query(q): Query<JobsQuery>,
-) -> Result<Json<JobPage>, Problem> {
-    if q.limit == Some(0) {
-        return Err(Problem::bad_param("limit", "at least 1"));
-    }
+) -> Result<Json<JobList>, Problem> {
     let filter = JobFilter {
         search: q.search,
         state: q.state,
-        namespace: q.namespace,
+        namespace: namespace(q.namespace)?,
         cursor: q.cursor,
-        limit: q.limit.unwrap_or(0),
+        // 0: the fleet's default page.
+        limit: limit(q.limit, 0, solocron_fleet::JOBS_PAGE_MAX)?,
     };
     let fleet = fleet(&state).await?;
-    Ok(Json(fleet.jobs(state.store(), &filter).await?))
+    Ok(Json(fleet.jobs(state.store(), &filter).await?.into()))
 }
 
 /// One job: policies, next fire times, recent runs, counts by state over 24 hours, actions.
@@ -150,7 +212,13 @@ impl<S: Send + Sync> FromRequestParts<S> for Expect {
         match header(axum::http::header::IF_MATCH) {
             None => Ok(Expect(None)),
             Some(v) => v.trim_matches('"').parse::<u64>().map(|r| Expect(Some(r))).map_err(|_| {
-                Problem::bad_param("If-Match", "the revision the job is expected at, e.g. \"7\" (from GET or a write)")
+                let got = crate::takes::shown_text(&v);
+                Problem::bad_param(
+                    "If-Match",
+                    format!(
+                        "must be the revision the job is expected at, such as \"7\" (from a GET or a write), got {got}"
+                    ),
+                )
             }),
         }
     }
@@ -172,6 +240,20 @@ pub struct WriteHeaders {
     pub if_none_match: Option<String>,
 }
 
+/// A managed job's definition as a PUT carries it: a JSON object, checked by the server's
+/// configuration rules ([`solocron_fleet::SpecCheck`]) rather than by a schema.
+#[derive(Debug, Default, Deserialize)]
+#[serde(transparent)]
+pub struct Definition(serde_json::Map<String, serde_json::Value>);
+
+impl utoipa::PartialSchema for Definition {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::schema::Type::Object).into()
+    }
+}
+
+impl ToSchema for Definition {}
+
 /// Creates or replaces a managed job: its definition is a `[[jobs]]` entry's keys (without
 /// `name`), checked exactly as a configuration's job; every change is a revision.
 #[utoipa::path(put, path = "/api/v1/jobs/{job}", tag = "jobs",
@@ -184,7 +266,7 @@ pub async fn put_job(
     State(state): State<AppState>,
     Segment(job): Segment,
     Expect(expect): Expect,
-    Body(definition): Body<serde_json::Map<String, serde_json::Value>>,
+    Body(Definition(definition)): Body<Definition>,
 ) -> Result<Json<JobWritten>, Problem> {
     let actor = Actor { by: caller.operator()?.to_owned(), reason: None };
     let Some(check) = state.job_specs() else {
@@ -193,6 +275,7 @@ pub async fn put_job(
             "this server does not write managed jobs (no definition checker)",
         ));
     };
+    job_name(&job)?;
     let spec = serde_json::Value::Object(definition);
     let declared = state.declared();
     Ok(Json(solocron_fleet::put_job(state.store(), &declared, check, &job, &spec, &actor, expect).await?))
@@ -223,23 +306,20 @@ pub struct RevisionsQuery {
     pub limit: Option<usize>,
 }
 
-/// A managed job's revisions, newest first: who changed what, and when.
+/// A managed job's revisions, newest first: who changed what, and when (the newest `limit`,
+/// one page).
 #[utoipa::path(get, path = "/api/v1/jobs/{job}/revisions", tag = "jobs",
     params(("job" = String, Path, description = "The job's name"), RevisionsQuery),
-    responses((status = 200, body = Vec<RevisionView>)),
+    responses((status = 200, body = Page<RevisionView>)),
     security(("bearer" = []), ()))]
 pub async fn revisions(
     _: Caller,
     State(state): State<AppState>,
     Segment(job): Segment,
     Query(q): Query<RevisionsQuery>,
-) -> Result<Json<Vec<RevisionView>>, Problem> {
-    let limit = match q.limit {
-        None => 50,
-        Some(n @ 1..=solocron_core::REVISIONS_PAGE_MAX) => n,
-        Some(_) => return Err(Problem::bad_param("limit", format!("1 to {}", solocron_core::REVISIONS_PAGE_MAX))),
-    };
-    Ok(Json(solocron_fleet::revisions(state.store(), Some(&job), limit).await?))
+) -> Result<Json<Page<RevisionView>>, Problem> {
+    let limit = limit(q.limit, 50, solocron_core::REVISIONS_PAGE_MAX)?;
+    Ok(Json(Page::whole(solocron_fleet::revisions(state.store(), Some(&job), limit).await?)))
 }
 
 /// Body of pause and resume.
@@ -311,7 +391,7 @@ pub async fn unlock(
 ) -> Result<Json<Unlocked>, Problem> {
     let by = caller.operator()?.to_owned();
     if body.reason.trim().is_empty() {
-        return Err(Problem::bad_param("reason", "say why the run is ended; it is recorded"));
+        return Err(Problem::bad_param("reason", "must not be blank: say why the run is ended; it is recorded"));
     }
     let actor = Actor { by, reason: Some(body.reason) };
     let fleet = fleet(&state).await?;
@@ -375,7 +455,7 @@ pub async fn trigger(
 /// `wait_seconds` as a duration: a whole number of seconds, at most an hour.
 fn wait_seconds(s: f64) -> Result<Duration, Problem> {
     if s.fract() != 0.0 || !(0.0..=3600.0).contains(&s) {
-        return Err(Problem::bad_param("wait_seconds", "a whole number of seconds from 0 to 3600"));
+        return Err(Problem::bad_param("wait_seconds", format!("must be a whole number from 0 to 3600, got {s}")));
     }
     Ok(Duration::from_secs_f64(s))
 }
@@ -391,6 +471,8 @@ pub struct RunsQuery {
     #[param(pattern = r"^[a-z0-9][a-z0-9_-]{0,62}$")]
     pub namespace: Option<String>,
     /// Only runs in this state.
+    // Inline, so that a refusal can say the states (the check reads no `$ref`).
+    #[param(inline)]
     pub state: Option<RunStateParam>,
     /// Only runs claimed by this node.
     pub node: Option<String>,
@@ -407,28 +489,26 @@ pub struct RunsQuery {
 
 /// The run history, newest first, one page at a time.
 #[utoipa::path(get, path = "/api/v1/runs", tag = "runs", params(RunsQuery),
-    responses((status = 200, body = RunPage)),
+    responses((status = 200, body = Page<RunView>)),
     security(("bearer" = []), ()))]
 pub async fn runs(
     _: Caller,
     State(state): State<AppState>,
     Query(q): Query<RunsQuery>,
-) -> Result<Json<RunPage>, Problem> {
+) -> Result<Json<Page<RunView>>, Problem> {
     let run_state = q.state.map(RunStateParam::run_state);
-    if q.limit == Some(0) {
-        return Err(Problem::bad_param("limit", "at least 1"));
-    }
     let filter = RunFilter {
         job: q.job,
-        namespace: q.namespace,
+        namespace: namespace(q.namespace)?,
         state: run_state,
         node: q.node,
         since: q.since,
         until: q.until,
         cursor: q.cursor.map(|c| c.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
-        limit: q.limit.unwrap_or(0),
+        // 0: the fleet's default page.
+        limit: limit(q.limit, 0, solocron_fleet::RUNS_PAGE_MAX)?,
     };
-    Ok(Json(solocron_fleet::runs_page(state.store(), &filter).await?))
+    Ok(Json(solocron_fleet::runs_page(state.store(), &filter).await?.into()))
 }
 
 /// One run: the whole record, its output tail, and every attempt at its tick.
@@ -440,12 +520,13 @@ pub async fn run(_: Caller, State(state): State<AppState>, Segment(id): Segment)
     Ok(Json(solocron_fleet::run_detail(state.store(), &id).await?))
 }
 
-/// The nodes: alive (heartbeat within 15 s), stale (silent, no goodbye) or gone (said goodbye).
+/// The nodes: alive (heartbeat within 15 s), stale (silent, no goodbye) or gone (said
+/// goodbye); all of them, one page.
 #[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes",
-    responses((status = 200, body = Vec<NodeView>)),
+    responses((status = 200, body = Page<NodeView>)),
     security(("bearer" = []), ()))]
-pub async fn nodes(_: Caller, State(state): State<AppState>) -> Result<Json<Vec<NodeView>>, Problem> {
-    Ok(Json(fleet(&state).await?.nodes()))
+pub async fn nodes(_: Caller, State(state): State<AppState>) -> Result<Json<Page<NodeView>>, Problem> {
+    Ok(Json(Page::whole(fleet(&state).await?.nodes())))
 }
 
 /// Query of `GET /api/v1/actions`.
@@ -460,23 +541,19 @@ pub struct ActionsQuery {
     pub limit: Option<usize>,
 }
 
-/// The audit log: operators' actions, newest first.
+/// The audit log: operators' actions, newest first (the newest `limit`, one page).
 #[utoipa::path(get, path = "/api/v1/actions", tag = "actions", params(ActionsQuery),
-    responses((status = 200, body = Vec<ActionView>)),
+    responses((status = 200, body = Page<ActionView>)),
     security(("bearer" = []), ()))]
 pub async fn actions(
     _: Caller,
     State(state): State<AppState>,
     Query(q): Query<ActionsQuery>,
-) -> Result<Json<Vec<ActionView>>, Problem> {
-    let limit = match q.limit {
-        None => 50,
-        Some(n) if (1..=ACTIONS_PAGE_MAX).contains(&n) => n,
-        Some(_) => return Err(Problem::bad_param("limit", format!("1 to {ACTIONS_PAGE_MAX}"))),
-    };
+) -> Result<Json<Page<ActionView>>, Problem> {
+    let limit = limit(q.limit, 50, ACTIONS_PAGE_MAX)?;
     let found =
         state.store().actions(&ActionQuery { job: q.job, limit }).await.map_err(solocron_fleet::FleetError::from)?;
-    Ok(Json(found.iter().map(ActionView::from).collect()))
+    Ok(Json(Page::whole(found.iter().map(ActionView::from).collect())))
 }
 
 /// Who the token belongs to and what it may do.

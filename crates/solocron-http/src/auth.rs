@@ -8,7 +8,7 @@ use std::fmt;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
@@ -132,6 +132,19 @@ impl Caller {
     }
 }
 
+/// The token a request's `Authorization: Bearer` header names, if it is one of `tokens`.
+fn bearer<'a>(tokens: &'a [Token], authorization: &str) -> Option<&'a Token> {
+    let secret = authorization.strip_prefix("Bearer ").filter(|s| s.len() <= TOKEN_SECRET_BYTES_MAX)?;
+    find(tokens, secret.trim())
+}
+
+/// Whether the request carries one of the server's tokens, of any role. Never a refusal:
+/// `/readyz` asks it before saying more than ready or not, and a probe sends no token.
+pub(crate) fn holds_token(tokens: &[Token], headers: &HeaderMap) -> bool {
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    given.is_some_and(|v| bearer(tokens, v).is_some())
+}
+
 impl FromRequestParts<AppState> for Caller {
     type Rejection = Problem;
 
@@ -145,9 +158,7 @@ impl FromRequestParts<AppState> for Caller {
             }
             (false, None) => Err(Problem::unauthorized("send `Authorization: Bearer <token>`")),
             (false, Some(v)) => {
-                let secret = v.strip_prefix("Bearer ").filter(|s| s.len() <= TOKEN_SECRET_BYTES_MAX);
-                let token = secret.and_then(|s| find(tokens, s.trim()));
-                let t = token.ok_or_else(|| Problem::unauthorized("unknown token"))?;
+                let t = bearer(tokens, v).ok_or_else(|| Problem::unauthorized("unknown token"))?;
                 Ok(Caller { name: t.name.clone(), role: Some(t.role) })
             }
         }

@@ -3,6 +3,8 @@
 //! solocron's HTTP server, as an [`axum::Router`]: the JSON API under `/api/v1` (described
 //! by the OpenAPI 3.1 document at `/api/v1/openapi.json`, generated from the handlers),
 //! Prometheus metrics at `/metrics`, `/healthz` and `/readyz`, and the web console at `/`.
+//! Every list answers one envelope, [`Page`] (`items`, then `next_cursor` until it is null);
+//! every refusal is a [`Problem`] naming the parameter at fault.
 //! The daemon (`solocron run --http`) and `solocron serve` mount it; a service embedding
 //! the library can mount it next to its own routes.
 //!
@@ -33,8 +35,10 @@ mod console;
 mod extract;
 mod health;
 mod openapi;
+mod page;
 mod problem;
 mod prometheus;
+mod takes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -46,9 +50,11 @@ use solocron_core::Store;
 use solocron_fleet::Declared;
 use tower_http::set_header::SetResponseHeaderLayer;
 
+pub use api::ACTIONS_PAGE_MAX;
 pub use auth::{Caller, Role, Token, TokenError, TOKEN_SECRET_BYTES_MAX, TOKEN_SECRET_BYTES_MIN};
 pub use extract::{BODY_BYTES_MAX, QUERY_BYTES_MAX};
 pub use openapi::openapi_json;
+pub use page::{JobList, Page};
 pub use problem::Problem;
 pub use prometheus::{install_prometheus, MetricsHandle, HISTOGRAM_BUCKETS_SECONDS, OPENMETRICS_CONTENT_TYPE};
 

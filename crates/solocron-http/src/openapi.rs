@@ -15,7 +15,7 @@ use crate::api;
         api::runs, api::run, api::nodes, api::actions, api::whoami
     ),
     components(schemas(solocron_fleet::JobStateFilter, api::RunStateParam)),
-    modifiers(&Bearer, &Problems),
+    modifiers(&Bearer, &Problems, &PageItems),
     tags(
         (name = "jobs", description = "The fleet's jobs"),
         (name = "runs", description = "The run history"),
@@ -71,6 +71,27 @@ impl Modify for Problems {
                 for (status, response) in every.iter().chain(extra) {
                     op.responses.responses.entry((*status).into()).or_insert_with(|| response.clone().into());
                 }
+            }
+        }
+    }
+}
+
+/// A page's items as a reference to their schema: utoipa composes `Page<RunView>` with a
+/// copy of `RunView` inline (juhaku/utoipa#1586), which client generators would turn into a
+/// second type per list.
+struct PageItems;
+
+impl Modify for PageItems {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::{ArrayItems, Schema};
+        use utoipa::openapi::{Ref, RefOr};
+        let Some(components) = doc.components.as_mut() else { return };
+        let names: Vec<String> = components.schemas.keys().cloned().collect();
+        for (name, schema) in &mut components.schemas {
+            let Some(item) = name.strip_prefix("Page_").filter(|i| names.iter().any(|n| n == i)) else { continue };
+            let RefOr::T(Schema::Object(page)) = schema else { continue };
+            if let Some(RefOr::T(Schema::Array(items))) = page.properties.get_mut("items") {
+                items.items = ArrayItems::RefOrSchema(Box::new(RefOr::Ref(Ref::from_schema_name(item))));
             }
         }
     }
