@@ -29,13 +29,13 @@ fn drift_is_flagged_when_two_nodes_define_a_job_differently() {
     std::thread::sleep(Duration::from_millis(800));
     f.start_with("n2", &other);
     let drift = wait_for(Duration::from_secs(10), || {
-        let s = f.cli_json(&["status", "--format", "json"]);
+        let s = f.cli_items(&["status", "--format", "json"]);
         status_of(&s, "report")["drift"].as_bool().unwrap().then_some(s)
     })
     .expect("status never showed drift");
     assert_eq!(status_of(&drift, "report")["nodes"].as_array().unwrap().len(), 2, "{drift:#}");
     // How each node registered it: the job's detail, as `GET /api/v1/jobs/report` has it.
-    let nodes = f.cli_json(&["status", "report", "--format", "json"])[0]["registrations"].as_array().unwrap().clone();
+    let nodes = f.cli_json(&["status", "report", "--format", "json"])["registrations"].as_array().unwrap().clone();
     let schedules: Vec<&str> = nodes.iter().map(|n| n["schedule"].as_str().unwrap()).collect();
     assert!(schedules.contains(&"*/5 * * * * *") && schedules.contains(&"*/7 * * * * *"), "{nodes:#?}");
     assert!(
@@ -64,8 +64,8 @@ fn pause_stops_runs_fleet_wide_within_a_tick_and_resume_restores_them() {
         .collect();
     assert!(late.is_empty(), "ran while paused: {late:?}");
     let s = f.cli_json(&["status", "beat", "--format", "json"]);
-    assert!(s[0]["paused"].is_object(), "{s:#}");
-    assert_eq!(s[0]["paused"]["reason"], "maintenance");
+    assert!(s["paused"].is_object(), "{s:#}");
+    assert_eq!(s["paused"]["reason"], "maintenance");
     let skipped = f.history("beat").into_iter().filter(|r| state(r) == "skipped").collect::<Vec<_>>();
     assert!(skipped.len() >= 2, "paused ticks are recorded skipped");
     assert!(skipped.iter().all(|r| r["reason"].as_str().unwrap().contains("paused by")), "{skipped:#?}");
@@ -205,7 +205,7 @@ fn bad_admin_input_is_refused_with_exit_2_and_changes_nothing() {
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: expected `{want}` in {err}");
     }
-    let s = f.cli_json(&["status", "--format", "json"]);
+    let s = f.cli_items(&["status", "--format", "json"]);
     assert!(s.as_array().unwrap().iter().all(|j| j["paused"].is_null()), "nothing changed");
     let out =
         std::process::Command::new(BIN).args(["status", "--store", "sqlite:///no/such/dir/x.db"]).output().unwrap();
@@ -219,15 +219,15 @@ fn history_filters_and_shows_one_runs_output() {
     f.start("n1");
     std::thread::sleep(Duration::from_millis(3500));
     f.stop_all();
-    let all = f.cli_json(&["history", "--job", "talk", "--format", "json"]);
+    let all = f.cli_items(&["history", "--job", "talk", "--format", "json"]);
     let first = &all.as_array().unwrap()[0];
     let id = first["id"].as_str().unwrap();
     let (code, out, _) = f.cli(&["history", "--output", id]);
     assert_eq!(code, 0);
     assert_eq!(out.trim(), format!("said {id}"));
-    let by_node = f.cli_json(&["history", "--node", "n1", "--state", "succeeded", "--since", "1h", "--format", "json"]);
+    let by_node = f.cli_items(&["history", "--node", "n1", "--state", "succeeded", "--since", "1h", "--format", "json"]);
     assert_eq!(by_node.as_array().unwrap().len(), all.as_array().unwrap().len());
-    let none = f.cli_json(&["history", "--node", "nobody", "--format", "json"]);
+    let none = f.cli_items(&["history", "--node", "nobody", "--format", "json"]);
     assert!(none.as_array().unwrap().is_empty());
     let (code, table, _) = f.cli(&["history"]);
     assert_eq!(code, 0);

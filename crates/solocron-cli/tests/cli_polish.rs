@@ -89,7 +89,7 @@ fn history_shows_run_ids_one_zone_for_the_table_and_each_runs_lateness() {
     for j in ["berlin", "berlin", "utc"] {
         ok(&f, &["trigger", j, "--here"]);
     }
-    let runs = f.cli_json(&["history", "--format", "json"]);
+    let runs = f.cli_items(&["history", "--format", "json"]);
     let runs = runs.as_array().unwrap();
     assert_eq!(runs.len(), 3);
     for r in runs {
@@ -133,12 +133,12 @@ fn staleness_comes_from_heartbeats_and_nodes_show_alive_then_gone() {
     f.start("n1");
     // Longer than --stale-after: a node's registration is this old, its heartbeat is not.
     std::thread::sleep(Duration::from_secs(12));
-    let s = f.cli_json(&["status", "--stale-after", "10s", "--format", "json"]);
+    let s = f.cli_items(&["status", "--stale-after", "10s", "--format", "json"]);
     assert_eq!(of_job(&s, "beat")["stale"], false, "n1 beats every 5 s: {s:#}");
     assert_eq!(of_job(&s, "beat")["nodes"], serde_json::json!(["n1"]), "{s:#}");
-    let judged = f.cli_json(&["nodes", "--stale-after", "10s", "--format", "json"]);
+    let judged = f.cli_items(&["nodes", "--stale-after", "10s", "--format", "json"]);
     assert_eq!(judged[0]["liveness"], "alive", "the node that registered it, by --stale-after: {judged:#}");
-    let nodes = f.cli_json(&["nodes", "--format", "json"]);
+    let nodes = f.cli_items(&["nodes", "--format", "json"]);
     let n1 = &nodes[0];
     assert_eq!(
         (n1["node"].as_str(), n1["liveness"].as_str(), n1["jobs"].as_u64()),
@@ -157,9 +157,9 @@ fn staleness_comes_from_heartbeats_and_nodes_show_alive_then_gone() {
     }
 
     f.stop_all();
-    let s = f.cli_json(&["status", "--format", "json"]);
+    let s = f.cli_items(&["status", "--format", "json"]);
     assert_eq!(of_job(&s, "beat")["stale"], true, "its only node said goodbye: {s:#}");
-    assert_eq!(f.cli_json(&["nodes", "--format", "json"])[0]["liveness"], "gone");
+    assert_eq!(f.cli_items(&["nodes", "--format", "json"])[0]["liveness"], "gone");
     let (code, _, err) = f.cli(&["status", "--stale-after", "2s"]);
     assert_eq!(code, 2, "shorter than the heartbeat would flag healthy nodes: {err}");
     assert!(err.contains("heartbeat"), "{err}");
@@ -174,7 +174,7 @@ fn pausing_again_keeps_the_reason_and_status_shows_who_did_what_and_why() {
     assert!(again.starts_with("backup was already paused by "), "{again}");
     assert!(again.contains("@") && again.contains(": disk full"), "who paused it and why: {again}");
     let s = f.cli_json(&["status", "backup", "--format", "json"]);
-    assert_eq!((s[0]["paused"].is_object(), s[0]["paused"]["reason"].as_str()), (true, Some("disk full")), "{s:#}");
+    assert_eq!((s["paused"].is_object(), s["paused"]["reason"].as_str()), (true, Some("disk full")), "{s:#}");
     ok(&f, &["resume", "backup", "--reason", "disk replaced"]);
     let detail = ok(&f, &["status", "backup"]);
     assert_aligned(&detail);
@@ -187,7 +187,7 @@ fn pausing_again_keeps_the_reason_and_status_shows_who_did_what_and_why() {
         "{detail}"
     );
     let s = f.cli_json(&["status", "backup", "--format", "json"]);
-    let kinds: Vec<&str> = s[0]["actions"].as_array().unwrap().iter().map(|a| a["kind"].as_str().unwrap()).collect();
+    let kinds: Vec<&str> = s["actions"].as_array().unwrap().iter().map(|a| a["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["resume", "pause", "pause"]);
     assert!(ok(&f, &["resume", "backup"]).contains("was not paused"));
 }
@@ -208,7 +208,7 @@ fn an_unconfirmed_unlock_exits_1_says_how_to_confirm_and_changes_nothing() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("abandoned slow@"), "{out}");
     let s = f.cli_json(&["status", "slow", "--format", "json"]);
-    let unlock = &s[0]["actions"][0];
+    let unlock = &s["actions"][0];
     assert_eq!((unlock["kind"].as_str(), unlock["reason"].as_str()), (Some("unlock"), Some("stuck")), "{s:#}");
 }
 

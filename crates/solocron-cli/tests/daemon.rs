@@ -122,6 +122,27 @@ fn fail_fast_exits_at_once_when_the_store_is_unreachable() {
     assert!(log.lock().unwrap().iter().any(|l| l.contains("store.url")), "{:?}", log.lock().unwrap());
 }
 
+/// A SQLite path in a directory that does not exist is a typo, not a store that may come
+/// up later: `run` exits 2 at once (without `--fail-fast`), naming the directory, and
+/// creates nothing.
+#[test]
+fn a_sqlite_file_in_a_missing_directory_exits_2_at_once_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("typo");
+    let cfg = config(dir.path(), &format!("sqlite://{}/solocron.db", missing.display()), "true");
+    let started = Instant::now();
+    let (mut node, log) = start(&cfg, &[]);
+    let status = exit_within(&mut node, Duration::from_secs(10)).expect("the node exits instead of waiting");
+    let took = started.elapsed();
+    assert_eq!(status.code(), Some(2), "{:?}", log.lock().unwrap());
+    std::thread::sleep(Duration::from_millis(100));
+    let said = log.lock().unwrap().join("\n");
+    assert!(said.contains(&format!("directory {} does not exist", missing.display())), "{said}");
+    assert!(!said.contains("waiting for it"), "{said}");
+    assert!(took < Duration::from_secs(3), "exited after {took:?}");
+    assert!(!missing.exists(), "nothing created");
+}
+
 /// With `store.migrate = false` the schema is someone else's job: the daemon neither
 /// creates nor upgrades it (nor does the library's scheduler behind it), and on a store
 /// without it stops at once, saying what to run.

@@ -172,7 +172,7 @@ http = {{ url = "{}/fail", method = "PUT", expect_status = "200-299,304" }}
     let (_, out, _) = fleet.cli(&["history", "--output", &failed]);
     assert!(out.contains("HTTP 500\nboom: the ledger is locked"), "{out}");
 
-    let detail = fleet.cli_json(&["status", "sync", "--format", "json"])[0].clone();
+    let detail = fleet.cli_json(&["status", "sync", "--format", "json"]).clone();
     let hashes: Vec<&Value> = detail["registrations"]
         .as_array()
         .unwrap_or_else(|| panic!("{detail}"))

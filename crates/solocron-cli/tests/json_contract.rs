@@ -61,26 +61,27 @@ fn the_cli_prints_the_apis_objects_for_jobs_runs_and_nodes() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let registered = wait_for(Duration::from_secs(30), || {
         let page = reqwest::blocking::get(format!("{base}/api/v1/jobs")).ok()?.json::<Value>().ok()?;
-        page["jobs"].as_array()?.iter().all(|j| j["nodes"] == serde_json::json!(["n1"])).then_some(())
+        page["items"].as_array()?.iter().all(|j| j["nodes"] == serde_json::json!(["n1"])).then_some(())
     });
     registered.unwrap_or_else(|| panic!("n1 never served both jobs registered:\n{}", f.log("n1")));
 
     // Jobs: `GET /api/v1/jobs` and `status`; one job: `GET /api/v1/jobs/{job}` and `status JOB`.
     // Nothing of a job changes between the reads (no tick is due, the node stays alive).
-    let api = get(&base, "/api/v1/jobs")["jobs"].clone();
+    let api = get(&base, "/api/v1/jobs");
     let cli = f.cli_json(&["status", "--format", "json"]);
-    assert_eq!(cli, api, "status --format json prints the API's jobs");
-    assert!(cli[0]["paused"]["reason"] == "disk full" && cli[1]["last_run"]["state"] == "succeeded", "{cli:#}");
+    assert_eq!(cli, api, "status --format json prints the API's list of jobs");
+    let jobs = &cli["items"];
+    assert!(jobs[0]["paused"]["reason"] == "disk full" && jobs[1]["last_run"]["state"] == "succeeded", "{cli:#}");
     // A registration's `last_seen` moves when the node refreshes its registry.
     let api = without(get(&base, "/api/v1/jobs/report"), &["last_seen"]);
-    let cli = without(f.cli_json(&["status", "report", "--format", "json"])[0].clone(), &["last_seen"]);
+    let cli = without(f.cli_json(&["status", "report", "--format", "json"]), &["last_seen"]);
     assert_eq!(cli, api, "status JOB --format json prints the API's job");
 
     // Runs: `GET /api/v1/runs` and `history`; one run: `GET /api/v1/runs/{id}` and `history --output`.
-    let api = get(&base, "/api/v1/runs")["runs"].clone();
+    let api = get(&base, "/api/v1/runs");
     let cli = f.cli_json(&["history", "--format", "json"]);
-    assert_eq!(cli, api, "history --format json prints the API's runs");
-    let id = cli[0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(cli, api, "history --format json prints the API's list of runs");
+    let id = cli["items"][0]["id"].as_str().unwrap().to_owned();
     let api = get(&base, &format!("/api/v1/runs/{}", id.replace('#', "%23")));
     assert_eq!(f.cli_json(&["history", "--output", &id, "--format", "json"]), api, "one run");
     assert_eq!(api["output"], "reported\n");
@@ -91,6 +92,6 @@ fn the_cli_prints_the_apis_objects_for_jobs_runs_and_nodes() {
     let api = without(get(&base, "/api/v1/nodes"), &moving);
     let cli = without(f.cli_json(&["nodes", "--format", "json"]), &moving);
     assert_eq!(cli, api, "nodes --format json prints the API's nodes");
-    assert_eq!(cli[0]["liveness"], "alive", "{cli:#}");
+    assert_eq!(cli["items"][0]["liveness"], "alive", "{cli:#}");
     f.stop_all();
 }

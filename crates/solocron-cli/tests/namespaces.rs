@@ -65,13 +65,13 @@ fn two_applications(store: Option<String>) {
         assert!(!f.log(id).contains("drift"), "{id} saw drift:\n{}", f.log(id));
     }
     // The jobs are listed apart.
-    let billing = f.cli_json(&["status", "--namespace", "billing", "--format", "json"]);
+    let billing = f.cli_items(&["status", "--namespace", "billing", "--format", "json"]);
     let names: Vec<&str> = billing.as_array().unwrap().iter().map(|j| j["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["billing/sync"]);
     assert!(billing.as_array().unwrap().iter().all(|j| j["namespace"] == "billing"));
-    let every = f.cli_json(&["status", "--format", "json"]);
+    let every = f.cli_items(&["status", "--format", "json"]);
     assert_eq!(every.as_array().unwrap().len(), 3, "{every:#}");
-    let runs = f.cli_json(&["history", "--namespace", "shipping", "--limit", "10000", "--format", "json"]);
+    let runs = f.cli_items(&["history", "--namespace", "shipping", "--limit", "10000", "--format", "json"]);
     let mut jobs: Vec<&str> = runs.as_array().unwrap().iter().map(|r| r["job"].as_str().unwrap()).collect();
     jobs.dedup();
     jobs.sort();

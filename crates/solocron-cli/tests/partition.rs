@@ -210,7 +210,7 @@ impl Cut {
 /// (false: not within [`TAKEOVER_WAIT`]), checking each cut job's process at its lease's end.
 fn watch_partition(f: &Fleet, cuts: &mut [Cut; 2]) -> bool {
     let taken_over = wait_for(TAKEOVER_WAIT, || {
-        let all = f.cli_json(&["history", "--limit", "1000", "--format", "json"]);
+        let all = f.cli_items(&["history", "--limit", "1000", "--format", "json"]);
         let all = all.as_array().unwrap();
         let of = |job: &str| all.iter().filter(|r| r["job"] == job).cloned().collect::<Vec<_>>();
         // Every cut observes each round (no short circuit): each needs its lease's end.

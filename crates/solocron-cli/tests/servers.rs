@@ -249,7 +249,7 @@ fn ten_nodes_come_up(store: &str) {
     }
     f.stop_all();
     let s = f.cli_json(&["status", "t", "--format", "json"]);
-    assert_eq!(s[0]["nodes"].as_array().unwrap().len(), 10, "every node registered");
+    assert_eq!(s["nodes"].as_array().unwrap().len(), 10, "every node registered");
     let mut lines = f.lines("t.txt");
     let n = lines.len();
     lines.sort();
@@ -343,7 +343,7 @@ fn drop_empties_one_prefix_and_keeps_its_neighbour(server: ServerUrl) {
     let (code, out, err) = fa.cli(&["migrate", "--drop", "--yes"]);
     assert_eq!(code, 0, "{kind}: {err}");
     assert!(out.starts_with("removed "), "{kind}: {out}");
-    let paused = |f: &Fleet| f.cli_json(&["status", "j", "--format", "json"])[0]["paused"].is_object();
+    let paused = |f: &Fleet| f.cli_json(&["status", "j", "--format", "json"])["paused"].is_object();
     let (code, _, err) = fa.cli(&["status"]);
     assert!(code == 2 && err.contains("has no solocron schema"), "{kind}: the dropped prefix is empty: {err}");
     fa.migrate();

@@ -19,7 +19,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::{Caller, Role};
 use crate::extract::{Body, Query};
-use crate::page::{JobList, Page};
+use solocron_fleet::{JobList, Page};
 use crate::problem::Problem;
 use crate::AppState;
 

@@ -35,7 +35,6 @@ mod console;
 mod extract;
 mod health;
 mod openapi;
-mod page;
 mod problem;
 mod prometheus;
 mod takes;
@@ -54,7 +53,7 @@ pub use api::ACTIONS_PAGE_MAX;
 pub use auth::{Caller, Role, Token, TokenError, TOKEN_SECRET_BYTES_MAX, TOKEN_SECRET_BYTES_MIN};
 pub use extract::{BODY_BYTES_MAX, QUERY_BYTES_MAX};
 pub use openapi::openapi_json;
-pub use page::{JobList, Page};
+pub use solocron_fleet::{JobList, Page};
 pub use problem::Problem;
 pub use prometheus::{install_prometheus, MetricsHandle, HISTOGRAM_BUCKETS_SECONDS, OPENMETRICS_CONTENT_TYPE};
 

@@ -2,6 +2,7 @@
 //! a refused request is a problem that names the bad parameter once and says what it takes
 //! in the user's terms, never in Rust's or serde's.
 
+use solocron_core::SchemaStore;
 use std::sync::Arc;
 
 use axum::body::Body;

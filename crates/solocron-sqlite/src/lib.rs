@@ -192,10 +192,10 @@ impl SqliteStore {
     /// gives the `solocron_*` tables of every earlier release). Does not create the schema:
     /// call [`SchemaStore::migrate`](solocron_core::SchemaStore::migrate).
     ///
-    /// Fails with [`StoreError::Unavailable`] if the file's directory does not exist or the
-    /// file cannot be opened, and with [`StoreError::Invalid`] if `url` is not a file-backed
-    /// `sqlite:` URL (an in-memory database cannot be shared by a fleet) or carries a
-    /// password. Errors show the URL masked.
+    /// Fails with [`StoreError::Invalid`] if the file's directory does not exist (a typo in
+    /// a path: waiting would never help), if `url` is not a file-backed `sqlite:` URL (an
+    /// in-memory database cannot be shared by a fleet) or carries a password, and with
+    /// [`StoreError::Unavailable`] if the file cannot be opened. Errors show the URL masked.
     pub async fn connect(url: &str, prefix: &Prefix) -> Result<SqliteStore, StoreError> {
         let (options, path) = url::parse(url)?;
         Self::open(options, path, prefix).await
@@ -210,10 +210,11 @@ impl SqliteStore {
 
     async fn open(options: SqliteConnectOptions, path: PathBuf, prefix: &Prefix) -> Result<SqliteStore, StoreError> {
         // SQLite's own error for a missing directory is a bare "unable to open database
-        // file"; say which path, since that is what the operator has to fix.
+        // file"; say which path, since that is what the operator has to fix. It is bad
+        // input, not an outage: a node waiting for the directory to appear would wait forever.
         let dir = path.parent().unwrap_or(Path::new("/"));
         if !dir.is_dir() {
-            return Err(StoreError::Unavailable(format!(
+            return Err(StoreError::Invalid(format!(
                 "cannot open SQLite database {}: directory {} does not exist",
                 path.display(),
                 dir.display()

@@ -160,13 +160,13 @@ fn check(what: &str, path: &str, body: &[u8], jobs: usize) -> anyhow::Result<()>
     let v: Value = serde_json::from_slice(body)?;
     let count = |key: &str| v[key].as_array().map_or(0, Vec::len);
     let (ok, expected) = match path {
-        "/api/v1/jobs" => (v["total"] == jobs && count("jobs") == 50.min(jobs), format!("total {jobs}, 50 jobs")),
+        "/api/v1/jobs" => (v["total"] == jobs && count("items") == 50.min(jobs), format!("total {jobs}, 50 jobs")),
         p if p.starts_with("/api/v1/jobs?search=") => {
             let matching = (0..jobs).filter(|&j| job(j).contains(SEARCH)).count();
             (v["total"] == matching, format!("total {matching}"))
         }
         p if p.starts_with("/api/v1/jobs/") => (v["name"] == ONE_JOB, format!("job {ONE_JOB}")),
-        p if p.starts_with("/api/v1/runs") => (count("runs") > 0, "runs".to_owned()),
+        p if p.starts_with("/api/v1/runs") => (count("items") > 0, "runs".to_owned()),
         _ => (true, String::new()),
     };
     let shown: String = String::from_utf8_lossy(body).chars().take(300).collect();
@@ -235,11 +235,11 @@ mod tests {
     #[test]
     fn a_jobs_page_that_does_not_hold_the_filled_jobs_fails_the_scenario() {
         let jobs: Vec<Value> = (0..50).map(|j| serde_json::json!({ "name": job(j) })).collect();
-        let right = serde_json::json!({ "jobs": jobs, "total": 500 }).to_string();
+        let right = serde_json::json!({ "items": jobs, "total": 500 }).to_string();
         assert!(check("jobs", "/api/v1/jobs", right.as_bytes(), 500).is_ok());
-        let short = serde_json::json!({ "jobs": jobs, "total": 499 }).to_string();
+        let short = serde_json::json!({ "items": jobs, "total": 499 }).to_string();
         assert!(check("jobs", "/api/v1/jobs", short.as_bytes(), 500).is_err());
         assert!(check("jobs", "/api/v1/jobs", b"not json", 500).is_err());
-        assert!(check("runs", "/api/v1/runs", br#"{"runs": []}"#, 500).is_err());
+        assert!(check("runs", "/api/v1/runs", br#"{"items": []}"#, 500).is_err());
     }
 }

@@ -92,8 +92,8 @@ pub async fn history(a: HistoryArgs) -> Result<(), Failure> {
     };
     let runs = read_runs(store.as_ref(), filter, a.limit as usize).await?;
     match a.format {
-        // The API's objects (the `runs` of `GET /api/v1/runs`).
-        Format::Json => print_json(&runs),
+        // The API's list (`GET /api/v1/runs`): the runs asked for, as one page.
+        Format::Json => print_json(&solocron_fleet::Page::whole(runs)),
         Format::Table => {
             let zone = zone.unwrap_or_else(|| shared_zone(&fleet, &runs, a.job.as_deref()));
             let rows = runs.iter().map(|r| output::run_row(r, zone)).collect();

@@ -30,7 +30,9 @@ pub async fn nodes(a: NodesArgs) -> Result<(), Failure> {
     let nodes = fleet.nodes();
     match a.format {
         // The API's objects (`GET /api/v1/nodes`), `liveness` by this command's --stale-after.
-        Format::Json => print_json(&nodes.into_iter().map(|n| a.silence.judged_node(n)).collect::<Vec<_>>()),
+        Format::Json => {
+            print_json(&solocron_fleet::Page::whole(nodes.into_iter().map(|n| a.silence.judged_node(n)).collect()))
+        }
         Format::Table => output::emit(nodes_table(&nodes, a.silence, fleet.now())),
     }
 }

@@ -7,6 +7,7 @@ use chrono_tz::Tz;
 use clap::Args;
 use solocron_core::{format_duration, Store};
 use solocron_fleet::{
+    JobList, Page,
     ActionView, Fleet, JobDetail, JobFilter, JobSummary, NodeView, PauseView, RegistrationView, RunView, JOBS_PAGE_MAX,
 };
 
@@ -54,16 +55,18 @@ pub async fn status(a: StatusArgs) -> Result<(), Failure> {
         return match a.format {
             Format::Json => {
                 detail.summary = seen.silence.judged_job(detail.summary, &seen.nodes);
-                print_json(&[detail])
+                print_json(&detail)
             }
             Format::Table => output::emit(status_detail(&detail, &seen)),
         };
     }
-    let jobs = all_jobs(&seen.fleet, store.as_ref(), a.namespace).await?;
+    let mut list = all_jobs(&seen.fleet, store.as_ref(), a.namespace).await?;
+    let jobs = std::mem::take(&mut list.page.items);
     match a.format {
-        // The API's objects (`GET /api/v1/jobs`), `stale` by this command's --stale-after.
+        // The API's list (`GET /api/v1/jobs`), `stale` by this command's --stale-after.
         Format::Json => {
-            print_json(&jobs.into_iter().map(|j| seen.silence.judged_job(j, &seen.nodes)).collect::<Vec<_>>())
+            list.page.items = jobs.into_iter().map(|j| seen.silence.judged_job(j, &seen.nodes)).collect();
+            print_json(&list)
         }
         Format::Table => {
             let mut text = status_table(&jobs, &seen);
@@ -77,7 +80,8 @@ pub async fn status(a: StatusArgs) -> Result<(), Failure> {
 }
 
 /// Every job, a page at a time (each page reads only its own jobs' history).
-async fn all_jobs(fleet: &Fleet, store: &dyn Store, namespace: Option<String>) -> Result<Vec<JobSummary>, Failure> {
+/// Every job (of `namespace`), read a page at a time, as one page of the API's list.
+async fn all_jobs(fleet: &Fleet, store: &dyn Store, namespace: Option<String>) -> Result<JobList, Failure> {
     let mut filter = JobFilter { limit: JOBS_PAGE_MAX, namespace, ..JobFilter::default() };
     let mut jobs = Vec::new();
     loop {
@@ -85,7 +89,7 @@ async fn all_jobs(fleet: &Fleet, store: &dyn Store, namespace: Option<String>) -
         jobs.extend(page.jobs);
         match page.next_cursor {
             Some(after) => filter.cursor = Some(after),
-            None => return Ok(jobs),
+            None => return Ok(JobList { page: Page::whole(jobs), total: page.total, namespaces: page.namespaces }),
         }
     }
 }

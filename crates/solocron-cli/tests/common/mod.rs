@@ -118,7 +118,7 @@ impl Fleet {
             return None;
         }
         assert!(out.status.success(), "history failed: {err}");
-        Some(serde_json::from_slice::<Value>(&out.stdout).unwrap().as_array().unwrap().clone())
+        Some(serde_json::from_slice::<Value>(&out.stdout).unwrap()["items"].as_array().unwrap().clone())
     }
 
     /// Runs `solocron ARGS --config DIR/solocron.toml`; (exit code, stdout, stderr).
@@ -137,6 +137,14 @@ impl Fleet {
     pub fn migrate(&self) {
         let (code, _, err) = self.cli(&["migrate"]);
         assert_eq!(code, 0, "solocron migrate failed: {err}");
+    }
+
+    /// The items of a list command's JSON (`status`, `history`, `nodes`): the API's envelope,
+    /// `{items, next_cursor, …}`, whose items this returns.
+    pub fn cli_items(&self, args: &[&str]) -> Value {
+        let page = self.cli_json(args);
+        assert!(page.get("next_cursor").is_some(), "solocron {args:?}: not a list's envelope: {page}");
+        page["items"].clone()
     }
 
     /// Like [`Fleet::cli`], parsing stdout as JSON (the command must succeed).

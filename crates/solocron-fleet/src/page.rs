@@ -1,9 +1,9 @@
-//! The one envelope of every list under `/api/v1`: a client reads jobs, runs, nodes, actions
-//! and revisions alike (`items`, then `next_cursor` until it is null). The fleet's views are
-//! wrapped here, at the edge, so the wire shape of a list is decided in one place.
+//! The one envelope of every list, in the API (`/api/v1`) and in the CLI's `--format json`
+//! alike: a client reads jobs, runs, nodes, actions and revisions the same way (`items`,
+//! then `next_cursor` until it is null). The wire shape of a list is decided here only.
 
 use serde::Serialize;
-use solocron_fleet::{JobPage, JobSummary, RunPage, RunView};
+use crate::{JobPage, JobSummary, RunPage, RunView};
 use utoipa::ToSchema;
 
 /// One page of a list. A list the server does not page (the nodes; the newest actions or
