@@ -40,8 +40,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::engine::{bounded, Engine};
+use crate::engine::Engine;
 use crate::job::{Handler, Job, Outcome, RunContext};
+use crate::store_call::bounded;
 use crate::{Command, HttpJob};
 
 /// What an alert is about.

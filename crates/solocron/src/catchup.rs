@@ -18,10 +18,11 @@ use solocron_core::{
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
-use crate::engine::{counted, Engine};
+use crate::engine::Engine;
 use crate::job::Job;
 use crate::metrics::StoreOp;
 use crate::runner::Claimed;
+use crate::store_call::counted;
 
 /// How often a catch-up sequence looks whether the job is still running elsewhere.
 const IDLE_POLL: Duration = Duration::from_millis(200);

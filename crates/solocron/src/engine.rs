@@ -29,13 +29,9 @@ use crate::metrics::{self, StoreOp};
 use crate::retry::RetryWakes;
 use crate::runner::{execute, Claimed};
 use crate::spread::Spread;
+use crate::store_call::{counted, STORE_CALL_TIMEOUT};
 use crate::store_clock::StoreClock;
 use crate::unanswered::UnansweredClaims;
-
-/// Longest a single store call may take before the engine treats the store as unavailable.
-/// Half the late tolerance, so a tick delayed by one slow call is still late, not missed.
-const STORE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
-const _: () = assert!(STORE_CALL_TIMEOUT.as_millis() * 2 <= solocron_core::LATE_TOLERANCE.as_millis());
 
 /// A node's shared state: its jobs, its store and batchers, and its running runs.
 pub(crate) struct Engine {
@@ -446,24 +442,6 @@ pub(crate) fn late_tolerance() -> chrono::Duration {
     chrono::Duration::from_std(LATE_TOLERANCE).expect("small")
 }
 
-/// A store call bounded by [`STORE_CALL_TIMEOUT`]; a hung connection counts as unavailable.
-pub(crate) async fn bounded<T>(
-    call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(STORE_CALL_TIMEOUT, call).await {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::Unavailable(format!("no answer within {STORE_CALL_TIMEOUT:?}"))),
-    }
-}
-
-/// A store call bounded like [`bounded`], whose failure is counted under `op`.
-pub(crate) async fn counted<T>(
-    op: StoreOp,
-    call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    bounded(call).await.inspect_err(|_| metrics::store_error(op))
-}
-
 /// Counts a run as in flight (and in the runs-in-progress gauge) for as long as it lives.
 struct InFlight(Arc<AtomicUsize>);
 
@@ -490,7 +468,8 @@ mod tests {
     use chrono::DateTime;
     use solocron_core::{ClaimMode, ClaimRequest, Lease, RunId, Tick, Trigger};
 
-    use super::{chunk_order, claim_timeout, regranted_after, STORE_CALL_TIMEOUT};
+    use super::{chunk_order, claim_timeout, regranted_after};
+    use crate::store_call::STORE_CALL_TIMEOUT;
 
     fn lease(claimed_ms: i64, until_ms: i64) -> Lease {
         let at = |ms| DateTime::from_timestamp_millis(ms).expect("in range");

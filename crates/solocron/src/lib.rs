@@ -34,6 +34,7 @@ mod retry;
 mod runner;
 mod scheduler;
 mod spread;
+mod store_call;
 mod store_clock;
 mod timer;
 mod unanswered;

@@ -12,9 +12,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::alerts;
 use crate::backoff::Backoff;
-use crate::engine::{counted, Engine};
+use crate::engine::Engine;
 use crate::job::Job;
 use crate::metrics::{self, Outcome, StoreOp};
+use crate::store_call::counted;
 
 /// Most expired runs examined per recovery scan.
 const EXPIRED_PER_SCAN_MAX: usize = 100;

@@ -16,10 +16,11 @@ use tokio_util::sync::CancellationToken;
 use crate::alerts;
 use crate::backoff::Backoff;
 use crate::batches::{Batcher, Renewals};
-use crate::engine::{counted, Engine};
+use crate::engine::Engine;
 use crate::job::{Job, Outcome, RunContext};
 use crate::metrics::{self, Renewal as RenewalResult, StoreOp};
 use crate::retry::{self, RetryPlan};
+use crate::store_call::counted;
 
 /// A claimed run, ready to start: the one value every path hands to [`execute`].
 #[derive(Debug)]

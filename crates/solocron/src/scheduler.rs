@@ -13,10 +13,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::alerts::{self, AlertRule, Alerts, ALERT_RULES_MAX};
 use crate::backoff::Backoff;
-use crate::engine::{bounded, Engine, Parts};
+use crate::engine::{Engine, Parts};
 use crate::job::Job;
 use crate::jobset::{BuildError, JobSet, Jobs};
 use crate::runner::Claimed;
+use crate::store_call::bounded;
 use crate::{housekeeping, recovery, timer};
 
 /// Bounds of the recovery scan interval.

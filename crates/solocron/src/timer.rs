@@ -19,11 +19,12 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::backups::{Again, Backups, Claims, Undo};
 use crate::catchup::{self, Sequence};
-use crate::engine::{counted, late_tolerance, Engine};
+use crate::engine::{late_tolerance, Engine};
 use crate::job::Job;
 use crate::jobset::JobSet;
 use crate::lead::{Lead, CLAIM_AHEAD_MAX};
 use crate::metrics::{self, StoreOp};
+use crate::store_call::counted;
 use crate::store_clock::SAMPLES_AT_START;
 use solocron_os::wallclock::ClockSteps;
 
