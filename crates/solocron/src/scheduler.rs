@@ -17,8 +17,17 @@ use crate::engine::{Engine, Parts};
 use crate::job::Job;
 use crate::jobset::{BuildError, JobSet, Jobs};
 use crate::runner::Claimed;
-use crate::store_call::bounded;
+use crate::store_call::{bounded, within};
 use crate::{housekeeping, recovery, timer};
+
+/// Longest the store's `migrate` may take before it counts as unavailable and is tried
+/// again. Far above [`crate::store_call::STORE_CALL_TIMEOUT`]: a migration waits its turn
+/// behind the other nodes starting at once (it holds a lock while it works; MySQL gives up
+/// waiting after 30 s, PostgreSQL waits), and may index or rewrite a large history table,
+/// which a shorter bound would cut off and start over again and again. A connection that
+/// hangs (a partition: nothing refused, nothing answered) still ends in a retry, not in a
+/// node that never starts. Migrations are idempotent, so the retry is safe.
+const MIGRATE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
 /// Bounds of the recovery scan interval.
 const RECOVERY_INTERVAL_MIN: Duration = Duration::from_millis(200);
@@ -347,7 +356,7 @@ impl Scheduler {
 
 /// When `id` last sent a heartbeat, if it is alive by the store's clock.
 async fn alive_beat(store: &dyn Store, id: &str) -> Option<DateTime<Utc>> {
-    let (nodes, now) = match (store.nodes().await, store.now().await) {
+    let (nodes, now) = match (bounded(store.nodes()).await, bounded(store.now()).await) {
         (Ok(nodes), Ok(now)) => (nodes, now),
         (Err(e), _) | (_, Err(e)) => {
             tracing::debug!(error = %e, "cannot read the nodes to check this node's id");
@@ -369,7 +378,7 @@ fn gethostname() -> String {
 async fn migrate(e: &Engine, shutdown: &CancellationToken) -> bool {
     let mut backoff = Backoff::store();
     loop {
-        match e.store.migrate().await {
+        match within(MIGRATE_TIMEOUT, e.store.migrate()).await {
             Ok(()) => return true,
             Err(err) => tracing::warn!(error = %err, "cannot prepare the store; retrying"),
         }
