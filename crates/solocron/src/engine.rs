@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use solocron_core::{
@@ -51,8 +51,6 @@ pub(crate) struct Engine {
     pub(crate) max_concurrent_runs: usize,
     pub(crate) recovery_interval: Duration,
     in_flight: Arc<AtomicUsize>,
-    /// Jobs (by name) with a catch-up sequence under way on this node (at most one each).
-    pub(crate) catching_up: Mutex<HashMap<String, crate::catchup::Queued>>,
     /// This node's claims that went unanswered, asked again with their nonce.
     pub(crate) unanswered: UnansweredClaims,
     /// This node's view of the fleet: which ticks it claims first, which as a backup.
@@ -99,7 +97,6 @@ impl Engine {
             max_concurrent_runs: p.max_concurrent_runs,
             recovery_interval: p.recovery_interval,
             in_flight: Arc::new(AtomicUsize::new(0)),
-            catching_up: Mutex::new(HashMap::new()),
             unanswered: UnansweredClaims::default(),
             spread,
             retry_wakes: RetryWakes::default(),
