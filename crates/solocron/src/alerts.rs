@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -40,6 +40,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
+use crate::ends;
 use crate::engine::Engine;
 use crate::job::{Handler, Job, Outcome, RunContext};
 use crate::store_call::bounded;
@@ -266,10 +267,57 @@ pub(crate) struct Alerts {
 /// Most deliveries kept built; past it the map starts again (they are cheap to rebuild).
 const DELIVERIES_KEPT_MAX: usize = 10_000;
 
+/// A node's alerting: its engine, and its rules with what it keeps to apply them. Made by
+/// the scheduler; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Alerting {
+    engine: Arc<Engine>,
+    alerts: Arc<Alerts>,
+}
+
+impl Alerting {
+    /// The alerting of `engine` by `rules`, hearing from now on the ends the engine's rooms
+    /// announce (`ends.rs`).
+    pub(crate) fn new(engine: &Arc<Engine>, rules: Vec<AlertRule>) -> Alerting {
+        let alerts = Arc::new(Alerts::new(rules));
+        engine.ends.listen(EndListener { engine: Arc::downgrade(engine), alerts: alerts.clone() });
+        Alerting { engine: engine.clone(), alerts }
+    }
+
+    /// The delivery job named `name`, if it is one of this node's rules' (a recovery scan
+    /// meets deliveries like any run).
+    pub(crate) fn delivery(&self, name: &str) -> Option<Arc<Job>> {
+        self.alerts.delivery(&self.engine, name)
+    }
+}
+
+/// Hears the engine's announced ends for alerting. It holds the engine weakly, since the
+/// engine holds it; whoever announces an end holds the engine, so it is there then.
+struct EndListener {
+    engine: Weak<Engine>,
+    alerts: Arc<Alerts>,
+}
+
+impl ends::Listener for EndListener {
+    fn ended(&self, run: &RunId, state: RunState) {
+        let Some(event) = self.alerts.wanted(run, state) else { return };
+        let Some(engine) = self.engine.upgrade() else { return };
+        run_ended(&Alerting { engine, alerts: self.alerts.clone() }, run, event);
+    }
+}
+
 impl Alerts {
     pub(crate) fn new(rules: Vec<AlertRule>) -> Alerts {
         assert!(rules.len() <= ALERT_RULES_MAX);
         Alerts { rules: rules.into_iter().map(Arc::new).collect(), ..Alerts::default() }
+    }
+
+    /// The event `run`'s end in `state` is, if a rule wants it. Every run's end comes here:
+    /// a node whose rules want nothing of it does nothing more.
+    fn wanted(&self, run: &RunId, state: RunState) -> Option<AlertEvent> {
+        let job = &run.tick.job;
+        let event = AlertEvent::of_end(state).filter(|_| !job.starts_with('#'))?;
+        self.rules.iter().any(|r| r.wants(event, job)).then_some(event)
     }
 
     /// True the first time a sweep meets `run` (until [`SWEPT_MAX`] are remembered).
@@ -281,9 +329,8 @@ impl Alerts {
         swept.insert(run.clone())
     }
 
-    /// The delivery job named `name`, if it is one of this node's rules' (a recovery scan
-    /// meets deliveries like any run).
-    pub(crate) fn delivery(&self, e: &Engine, name: &str) -> Option<Arc<Job>> {
+    /// The delivery job named `name`, if it is one of this node's rules'.
+    fn delivery(&self, e: &Engine, name: &str) -> Option<Arc<Job>> {
         let (index, namespace, rest) = parse_delivery_name(name)?;
         let job = if is_shortened(index, namespace, rest) {
             let jobs = e.jobs.get();
@@ -366,27 +413,22 @@ fn is_shortened(index: usize, namespace: &str, rest: &str) -> bool {
     rest.chars().count() == room && rest.chars().rev().nth(16) == Some('~')
 }
 
-/// A run of `job` ended here in `state` and no attempt of its tick follows: its event, if
-/// any rule wants it. A success is an event only after a failure, which is read first.
-pub(crate) fn run_ended(e: &Arc<Engine>, run: &RunId, state: RunState) {
-    let job = &run.tick.job;
-    let Some(event) = AlertEvent::of_end(state).filter(|_| !job.starts_with('#')) else { return };
-    // Every run's end comes here: a node whose rules want nothing of it does nothing more.
-    if !e.alerts.rules.iter().any(|r| r.wants(event, job)) {
-        return;
-    }
+/// A run ended here and no attempt of its tick follows; its end is `event`, which a rule
+/// wants ([`Alerts::wanted`]). A success is an event only after a failure, which is read
+/// first.
+fn run_ended(a: &Alerting, run: &RunId, event: AlertEvent) {
     // Raised here: this node's sweeps need not look at it again.
-    e.alerts.newly_swept(run);
+    a.alerts.newly_swept(run);
     if event == AlertEvent::Recovered {
-        let (e2, tick) = (e.clone(), run.tick.clone());
-        spawn_bounded(e, async move {
-            if previous_tick_failed(&e2, &tick).await {
-                raise(&e2, &tick.job, tick.scheduled_at, event);
+        let (a2, tick) = (a.clone(), run.tick.clone());
+        spawn_bounded(a, async move {
+            if previous_tick_failed(&a2.engine, &tick).await {
+                raise(&a2, &tick.job, tick.scheduled_at, event);
             }
         });
         return;
     }
-    raise(e, job, run.tick.scheduled_at, event);
+    raise(a, &run.tick.job, run.tick.scheduled_at, event);
 }
 
 /// Whether the newest tick of `tick`'s job before it ended in a failure (or waits for a
@@ -413,36 +455,37 @@ async fn previous_tick_failed(e: &Engine, tick: &Tick) -> bool {
 
 /// Alerts `event` of `job`'s tick at `at` for every rule that wants it: each claims its
 /// delivery, and the node that wins it delivers.
-pub(crate) fn raise(e: &Arc<Engine>, job: &str, at: DateTime<Utc>, event: AlertEvent) {
-    for (index, rule) in e.alerts.rules.iter().enumerate() {
+fn raise(a: &Alerting, job: &str, at: DateTime<Utc>, event: AlertEvent) {
+    for (index, rule) in a.alerts.rules.iter().enumerate() {
         if rule.wants(event, job) {
-            let (e2, job) = (e.clone(), job.to_owned());
-            spawn_bounded(e, async move {
-                claim(&e2, index, &job, at, event).await;
+            let (a2, job) = (a.clone(), job.to_owned());
+            spawn_bounded(a, async move {
+                claim(&a2, index, &job, at, event).await;
             });
         }
     }
 }
 
 /// Spawns `work` unless [`RAISING_MAX`] are under way.
-fn spawn_bounded(e: &Arc<Engine>, work: impl std::future::Future<Output = ()> + Send + 'static) {
-    let raising = &e.alerts.raising;
+fn spawn_bounded(a: &Alerting, work: impl std::future::Future<Output = ()> + Send + 'static) {
+    let raising = &a.alerts.raising;
     if raising.fetch_add(1, Ordering::Relaxed) >= RAISING_MAX {
         raising.fetch_sub(1, Ordering::Relaxed);
         tracing::error!("too many alerts being raised at once; this one is not sent");
         return;
     }
-    let e = e.clone();
-    e.tracker.clone().spawn(async move {
+    let alerts = a.alerts.clone();
+    a.engine.tracker.spawn(async move {
         work.await;
-        e.alerts.raising.fetch_sub(1, Ordering::Relaxed);
+        alerts.raising.fetch_sub(1, Ordering::Relaxed);
     });
 }
 
 /// Claims the delivery of rule `index` for `job`'s event at `at` (recorded skipped when the
 /// rule's rate is spent), and starts it if this node won it; true once the store answered.
-async fn claim(e: &Arc<Engine>, index: usize, job: &str, at: DateTime<Utc>, event: AlertEvent) -> bool {
-    let Some(delivery) = e.alerts.delivery_for(e, index, job) else { return false };
+async fn claim(a: &Alerting, index: usize, job: &str, at: DateTime<Utc>, event: AlertEvent) -> bool {
+    let e = &a.engine;
+    let Some(delivery) = a.alerts.delivery_for(e, index, job) else { return false };
     let name = delivery.name().to_owned();
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     // Decided once: a claim whose answer was lost is asked again as it was, so that the
@@ -459,9 +502,9 @@ async fn claim(e: &Arc<Engine>, index: usize, job: &str, at: DateTime<Utc>, even
             wait_or_stop(e, &mut backoff).await;
             continue;
         }
-        let one_at_a_time = e.alerts.claiming.lock().await;
+        let one_at_a_time = a.alerts.claiming.lock().await;
         if mode.is_none() {
-            mode = rate_mode(e, index, job, &name)
+            mode = rate_mode(e, &a.alerts.rules[index], job, &name)
                 .await
                 .inspect_err(|err| {
                     tracing::warn!(job, %event, error = %err, "cannot read recent alerts; retrying");
@@ -496,10 +539,10 @@ async fn claim(e: &Arc<Engine>, index: usize, job: &str, at: DateTime<Utc>, even
     false
 }
 
-/// Run the delivery, or record it skipped when rule `index` sent its `max_per_hour` about
-/// `job` already.
-async fn rate_mode(e: &Engine, index: usize, job: &str, name: &str) -> Result<ClaimMode, StoreError> {
-    let max = e.alerts.rules[index].max_per_hour;
+/// Run the delivery, or record it skipped when `rule` sent its `max_per_hour` about `job`
+/// already.
+async fn rate_mode(e: &Engine, rule: &AlertRule, job: &str, name: &str) -> Result<ClaimMode, StoreError> {
+    let max = rule.max_per_hour;
     let sent = sent_last_hour(e, name, max).await?;
     if sent < max as usize {
         return Ok(ClaimMode::Run { skip_if_running: false });
@@ -535,8 +578,8 @@ const RATE_RECORDS_READ_MAX: usize = 1_000;
 /// Every [`STALE_CHECK_EVERY`] until `shutdown`: sweeps the recent history for events of
 /// this node's jobs that were recorded but never alerted (see [`sweep`]), and checks each
 /// job a rule watches for staleness, raising the alert of a silence once.
-pub(crate) async fn alerts_loop(e: Arc<Engine>, shutdown: CancellationToken) {
-    if e.alerts.rules.is_empty() {
+pub(crate) async fn alerts_loop(a: Alerting, shutdown: CancellationToken) {
+    if a.alerts.rules.is_empty() {
         return;
     }
     let mut first = 0;
@@ -545,9 +588,9 @@ pub(crate) async fn alerts_loop(e: Arc<Engine>, shutdown: CancellationToken) {
             _ = tokio::time::sleep(STALE_CHECK_EVERY) => {}
             _ = shutdown.cancelled() => return,
         }
-        let now = e.now();
-        sweep(&e, now).await;
-        let watched = stale_watched(&e);
+        let now = a.engine.now();
+        sweep(&a, now).await;
+        let watched = stale_watched(&a);
         // A check reads at most STALE_JOBS_PER_CHECK_MAX jobs, each check starting where the
         // last one stopped.
         let count = watched.len().min(STALE_JOBS_PER_CHECK_MAX);
@@ -556,8 +599,8 @@ pub(crate) async fn alerts_loop(e: Arc<Engine>, shutdown: CancellationToken) {
                 return;
             }
             let (index, job, after) = &watched[(first + k) % watched.len()];
-            if let Some((at, last)) = stale_instant(&e, *index, job, *after, now).await {
-                raise_stale(&e, *index, job, at, last);
+            if let Some((at, last)) = stale_instant(&a, *index, job, *after, now).await {
+                raise_stale(&a, *index, job, at, last);
             }
         }
         first = if watched.is_empty() { 0 } else { (first + count) % watched.len() };
@@ -579,7 +622,8 @@ const SWEPT_MAX: usize = 10_000;
 /// before its claim (or has no such rule: its configuration differs), a sweep still does;
 /// the store's claim keeps it to one alert. An event of a tick older than the window (a
 /// run that lasted longer) is raised by its own node only.
-async fn sweep(e: &Arc<Engine>, now: DateTime<Utc>) {
+async fn sweep(a: &Alerting, now: DateTime<Utc>) {
+    let e = &a.engine;
     let states: Vec<RunState> = [
         (AlertEvent::Failed, RunState::Failed),
         (AlertEvent::TimedOut, RunState::TimedOut),
@@ -588,7 +632,7 @@ async fn sweep(e: &Arc<Engine>, now: DateTime<Utc>) {
         (AlertEvent::Missed, RunState::Skipped),
     ]
     .into_iter()
-    .filter(|(event, _)| e.alerts.rules.iter().any(|r| r.events.contains(event)))
+    .filter(|(event, _)| a.alerts.rules.iter().any(|r| r.events.contains(event)))
     .map(|(_, state)| state)
     .collect();
     let jobs = e.jobs.get();
@@ -603,7 +647,7 @@ async fn sweep(e: &Arc<Engine>, now: DateTime<Utc>) {
         let Ok(records) = bounded(e.store.history(&query)).await else { continue };
         for r in records.iter().filter(|r| jobs.get(&r.id.tick.job).is_some()) {
             let missed = r.reason.as_deref().is_some_and(|why| why.starts_with("missed"));
-            if (state == RunState::Skipped && !missed) || !e.alerts.newly_swept(&r.id) {
+            if (state == RunState::Skipped && !missed) || !a.alerts.newly_swept(&r.id) {
                 continue;
             }
             // A failure with a retry, or a lost attempt recovery retried, is no event yet.
@@ -611,7 +655,7 @@ async fn sweep(e: &Arc<Engine>, now: DateTime<Utc>) {
                 continue;
             }
             let event = AlertEvent::of_end(state).expect("every swept state is an event");
-            raise(e, &r.id.tick.job, r.id.tick.scheduled_at, event);
+            raise(a, &r.id.tick.job, r.id.tick.scheduled_at, event);
         }
     }
 }
@@ -631,10 +675,10 @@ async fn has_next_attempt(e: &Engine, run: &RunRecord) -> bool {
 }
 
 /// Every (rule, job of this node, `stale_after`) a stale check looks at.
-fn stale_watched(e: &Engine) -> Vec<(usize, String, Duration)> {
-    let jobs = e.jobs.get();
+fn stale_watched(a: &Alerting) -> Vec<(usize, String, Duration)> {
+    let jobs = a.engine.jobs.get();
     let mut watched = Vec::new();
-    for (index, rule) in e.alerts.rules.iter().enumerate() {
+    for (index, rule) in a.alerts.rules.iter().enumerate() {
         let Some(after) = rule.stale_after.filter(|_| rule.events.contains(&AlertEvent::Stale)) else { continue };
         for job in jobs.jobs.iter().filter(|j| rule.covers(j.name())) {
             watched.push((index, job.name().to_owned(), after));
@@ -647,7 +691,7 @@ fn stale_watched(e: &Engine) -> Vec<(usize, String, Duration)> {
 /// from, if the job has been silent for `after` and that silence was not alerted from here
 /// yet. A job that never succeeded has no silence to measure (its failures alert).
 async fn stale_instant(
-    e: &Engine,
+    a: &Alerting,
     index: usize,
     job: &str,
     after: Duration,
@@ -655,12 +699,12 @@ async fn stale_instant(
 ) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
     let query =
         HistoryQuery { job: Some(job.to_owned()), state: Some(RunState::Succeeded), limit: 1, ..Default::default() };
-    let last = bounded(e.store.history(&query)).await.ok()?.into_iter().next()?.id.tick.scheduled_at;
+    let last = bounded(a.engine.store.history(&query)).await.ok()?.into_iter().next()?.id.tick.scheduled_at;
     let after = chrono::Duration::from_std(after).ok()?;
     if now - last <= after {
         return None;
     }
-    if e.alerts.stale_alerted.lock().expect("stale lock").get(&(index, job.to_owned())) == Some(&last) {
+    if a.alerts.stale_alerted.lock().expect("stale lock").get(&(index, job.to_owned())) == Some(&last) {
         return None;
     }
     let at = last + after;
@@ -675,11 +719,11 @@ const STALE_MILLIS: chrono::Duration = chrono::Duration::milliseconds(999);
 const STALE_REMEMBERED_MAX: usize = 10_000;
 
 /// Raises rule `index`'s stale alert only, and remembers the silence once the store took it.
-fn raise_stale(e: &Arc<Engine>, index: usize, job: &str, at: DateTime<Utc>, last: DateTime<Utc>) {
-    let (e2, job) = (e.clone(), job.to_owned());
-    spawn_bounded(e, async move {
-        if claim(&e2, index, &job, at, AlertEvent::Stale).await {
-            let mut alerted = e2.alerts.stale_alerted.lock().expect("stale lock");
+fn raise_stale(a: &Alerting, index: usize, job: &str, at: DateTime<Utc>, last: DateTime<Utc>) {
+    let (a2, job) = (a.clone(), job.to_owned());
+    spawn_bounded(a, async move {
+        if claim(&a2, index, &job, at, AlertEvent::Stale).await {
+            let mut alerted = a2.alerts.stale_alerted.lock().expect("stale lock");
             if alerted.len() >= STALE_REMEMBERED_MAX {
                 alerted.clear();
             }

@@ -410,7 +410,6 @@ mod tests {
             shutdown_grace: Duration::from_secs(1),
             max_concurrent_runs: 1,
             recovery_interval: Duration::from_secs(1),
-            alerts: crate::alerts::Alerts::new(Vec::new()),
         }));
         let sequences = Arc::new(Sequences::default());
         let queued = |s: &Sequences| s.queues.lock().unwrap().get("j").map(|q| q.ticks.len());

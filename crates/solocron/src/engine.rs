@@ -20,8 +20,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::alerts::{self, Alerts};
 use crate::batches::Batches;
+use crate::ends::Ends;
 use crate::job::Job;
 use crate::jobset::{JobSet, Jobs};
 use crate::lead::CLAIM_AHEAD_MAX;
@@ -59,8 +59,8 @@ pub(crate) struct Engine {
     pub(crate) retry_wakes: RetryWakes,
     /// Whether a claim refused as too early was warned of (once; then the metric counts).
     pub(crate) too_early_warned: AtomicBool,
-    /// Who is told of failures, misses and silences (`alerts.rs`).
-    pub(crate) alerts: Alerts,
+    /// Where the ends this node records are announced (alerts listen: `ends.rs`).
+    pub(crate) ends: Ends,
     pub(crate) tracker: TaskTracker,
     /// Fired when shutdown's grace is over: running jobs are stopped.
     pub(crate) interrupt: CancellationToken,
@@ -77,7 +77,6 @@ pub(crate) struct Parts {
     pub(crate) shutdown_grace: Duration,
     pub(crate) max_concurrent_runs: usize,
     pub(crate) recovery_interval: Duration,
-    pub(crate) alerts: Alerts,
 }
 
 impl Engine {
@@ -101,7 +100,7 @@ impl Engine {
             spread,
             retry_wakes: RetryWakes::default(),
             too_early_warned: AtomicBool::new(false),
-            alerts: p.alerts,
+            ends: Ends::default(),
             tracker: TaskTracker::new(),
             interrupt: CancellationToken::new(),
         }
@@ -301,7 +300,7 @@ impl Engine {
             ClaimOutcome::Skipped { reason } => {
                 tracing::info!(job = %req.tick.job, scheduled_at = %req.tick.scheduled_at, node = %self.node, state = "skipped", reason, "tick skipped");
                 if metrics::skip_outcome(&req.mode, &reason) == metrics::Outcome::Missed {
-                    alerts::run_ended(self, &RunId { tick: req.tick.clone(), attempt: 1 }, RunState::Skipped);
+                    self.ends.announce(&RunId { tick: req.tick.clone(), attempt: 1 }, RunState::Skipped);
                 }
             }
             ClaimOutcome::Taken => {

@@ -22,6 +22,7 @@ mod backups;
 mod batches;
 mod catchup;
 mod command;
+mod ends;
 mod engine;
 mod housekeeping;
 mod http_job;

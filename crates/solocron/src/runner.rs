@@ -195,7 +195,7 @@ pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: Cancellati
         metrics::lease_lost(job.name());
         if record_end(&hb, &end, true, |ending, give_up| ends.send(ending, give_up)).await {
             metrics::tick_ended(job.shared_name(), end.state);
-            alerts::run_ended(e, &hb.lease.run, end.state);
+            e.ends.announce(&hb.lease.run, end.state);
         }
         tracing::warn!(run = %hb.lease.run, "lease not confirmed before start; run recorded lost without starting");
         return;
@@ -247,7 +247,7 @@ pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: Cancellati
     if recorded {
         metrics::tick_ended(job.shared_name(), end.state);
         if wait.is_none() {
-            alerts::run_ended(e, &hb.lease.run, end.state);
+            e.ends.announce(&hb.lease.run, end.state);
         }
     }
     // An absent exit code or reason is left out of the line, not shown as `None` or "".

@@ -11,7 +11,7 @@ use solocron_core::{ClaimOutcome, Clock, Namespaces, RunRecord, Store, StoreErro
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::alerts::{self, AlertRule, Alerts, ALERT_RULES_MAX};
+use crate::alerts::{self, AlertRule, Alerting, ALERT_RULES_MAX};
 use crate::backoff::Backoff;
 use crate::engine::{Engine, Parts};
 use crate::job::Job;
@@ -157,22 +157,19 @@ impl SchedulerBuilder {
         let default_interval = (shortest / 3).saturating_sub(self.store.expiry_lag());
         let recovery_interval =
             self.recovery_interval.unwrap_or(default_interval).clamp(RECOVERY_INTERVAL_MIN, RECOVERY_INTERVAL_MAX);
-        Ok(Scheduler {
-            migrate: self.migrate,
-            id_checked: false,
-            engine: Arc::new(Engine::new(Parts {
-                store: self.store,
-                node: self.node_id,
-                clock: self.clock,
-                system_clock: self.system_clock,
-                jobs: Jobs::new(set, namespaces, self.history_retention),
-                history_retention: self.history_retention,
-                shutdown_grace: self.shutdown_grace,
-                max_concurrent_runs: self.max_concurrent_runs,
-                recovery_interval,
-                alerts: Alerts::new(self.alerts),
-            })),
-        })
+        let engine = Arc::new(Engine::new(Parts {
+            store: self.store,
+            node: self.node_id,
+            clock: self.clock,
+            system_clock: self.system_clock,
+            jobs: Jobs::new(set, namespaces, self.history_retention),
+            history_retention: self.history_retention,
+            shutdown_grace: self.shutdown_grace,
+            max_concurrent_runs: self.max_concurrent_runs,
+            recovery_interval,
+        }));
+        let alerting = Alerting::new(&engine, self.alerts);
+        Ok(Scheduler { migrate: self.migrate, id_checked: false, engine, alerting })
     }
 }
 
@@ -195,6 +192,8 @@ impl SchedulerBuilder {
 /// ```
 pub struct Scheduler {
     engine: Arc<Engine>,
+    /// The node's alert rules over the engine, listening to its ends.
+    alerting: Alerting,
     /// `run` migrates the store first.
     migrate: bool,
     /// [`Scheduler::check_node_id`] found the id free: `run` need not look again.
@@ -334,10 +333,10 @@ impl Scheduler {
         let beats_stop = CancellationToken::new();
         let beats = tokio::spawn(housekeeping::heartbeat_loop(e.clone(), beats_stop.clone()));
         let mut side = vec![
-            tokio::spawn(recovery::recovery_loop(e.clone(), shutdown.clone())),
+            tokio::spawn(recovery::recovery_loop(e.clone(), self.alerting.clone(), shutdown.clone())),
             tokio::spawn(housekeeping::registry_loop(e.clone(), shutdown.clone())),
             tokio::spawn(housekeeping::requests_loop(e.clone(), shutdown.clone())),
-            tokio::spawn(alerts::alerts_loop(e.clone(), shutdown.clone())),
+            tokio::spawn(alerts::alerts_loop(self.alerting.clone(), shutdown.clone())),
         ];
         if let Some(retention) = e.history_retention {
             let namespaces = e.jobs.namespaces().clone();
