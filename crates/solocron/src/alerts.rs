@@ -153,8 +153,6 @@ pub const RAISING_MAX: usize = 1_000;
 /// minutes, so a receiver down for about a quarter of an hour still gets the alert.
 pub const DELIVERY_RETRY: RetryPolicy =
     RetryPolicy { attempts: 10, backoff: Duration::from_secs(2), max_backoff: Duration::from_secs(300), jitter: true };
-/// How long after its node's shutdown an interrupted delivery may be taken by another node.
-pub(crate) const INTERRUPTED_DELIVERY_WAIT: Duration = Duration::from_secs(1);
 /// A delivery's lease.
 const DELIVERY_LEASE: Duration = Duration::from_secs(30);
 /// The longest one delivery attempt may take (a webhook's own `timeout` is usually shorter).
@@ -349,7 +347,7 @@ impl Alerts {
         }
         let rule = self.rules.get(index).filter(|r| r.covers(job))?;
         let handler = Delivery { rule: rule.clone(), job: job.to_owned(), store: e.store.clone() };
-        let built = Arc::new(Job::delivery(name.clone(), delivery_policy(), handler));
+        let built = Arc::new(Job::on_demand(name.clone(), delivery_policy(), handler));
         let mut deliveries = self.deliveries.lock().expect("deliveries lock");
         if deliveries.len() >= DELIVERIES_KEPT_MAX {
             deliveries.clear();

@@ -27,7 +27,7 @@ use crate::jobset::{JobSet, Jobs};
 use crate::lead::CLAIM_AHEAD_MAX;
 use crate::metrics::{self, StoreOp};
 use crate::retry::RetryWakes;
-use crate::runner::{execute, Claimed};
+use crate::runner::{execute, Claimed, Env};
 use crate::spread::Spread;
 use crate::store_call::{counted, STORE_CALL_TIMEOUT};
 use crate::store_clock::StoreClock;
@@ -361,11 +361,24 @@ impl Engine {
         let engine = self.clone();
         self.tracker.spawn(async move {
             let _guard = guard;
+            let env = engine.run_env();
             // Boxed: the run's future is large (its select over the lease, the timeout and
             // shutdown), and a task's future is copied whole into its cell and again when it
             // ends; a box is copied once.
-            Box::pin(execute(run, &engine, interrupt)).await
+            Box::pin(execute(run, &env, interrupt)).await
         })
+    }
+
+    /// What a run uses of this node, lent for the run's life: the runner sees no more.
+    fn run_env(&self) -> Env<'_> {
+        Env {
+            batches: &self.batches,
+            store: self.store.as_ref(),
+            retry_wakes: &self.retry_wakes,
+            clock: self.clock.as_ref(),
+            store_clock: &self.store_clock,
+            ends: &self.ends,
+        }
     }
 }
 
