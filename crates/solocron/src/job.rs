@@ -201,8 +201,8 @@ impl Job {
         }
     }
 
-    /// An on-demand job: no timer fires it; its owner claims a tick of it once per event
-    /// (an alert's delivery, `alerts.rs`), so no later tick comes to make up for a lost run.
+    /// An on-demand job: no timer fires it; its owner claims a tick of it once per event (an
+    /// alert's delivery, `alerts/deliver.rs`), so no later tick makes up for a lost run.
     pub(crate) fn on_demand(name: String, policy: JobPolicy, handler: impl Handler) -> Job {
         static NEVER_USED: std::sync::OnceLock<Schedule> = std::sync::OnceLock::new();
         let schedule = NEVER_USED.get_or_init(|| Schedule::parse("0 0 1 1 *", "UTC").expect("a valid expression"));

@@ -53,7 +53,7 @@ fn the_runner_and_the_batches_never_import_the_engine() {
     }
     assert!(
         wrong.is_empty(),
-        "the runner gets what it needs through `runner::Env`, not the engine:\n{}",
+        "runner and batches never name the engine (a run gets what it needs through `runner::Env`):\n{}",
         wrong.join("\n")
     );
 }

@@ -183,7 +183,7 @@ impl HttpJob {
     }
 
     /// This request with `body` as its JSON body (`Content-Type: application/json`, in place
-    /// of any configured): an alert's delivery (`alerts.rs`).
+    /// of any configured): an alert's delivery (`alerts/deliver.rs`).
     pub(crate) fn with_json(mut self, body: Vec<u8>) -> HttpJob {
         self.headers.insert(reqwest::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         self.body = Some(body);
