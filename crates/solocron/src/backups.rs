@@ -21,10 +21,11 @@ use solocron_core::{ClaimMode, ClaimRequest, Tick};
 use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{counted, late_tolerance, Engine};
+use crate::engine::{late_tolerance, Engine};
 use crate::jobset::JobSet;
 use crate::metrics::StoreOp;
 use crate::spread::{backup_wait, BACKUP_AFTER};
+use crate::store_call::counted;
 
 /// Claims of one round, each with its job's index in the round's list.
 pub(crate) type Claims = Vec<(usize, ClaimRequest)>;

@@ -8,7 +8,7 @@
 //! it between two runs of the sequence, before older ticks still queued here.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -18,10 +18,11 @@ use solocron_core::{
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
-use crate::engine::{counted, Engine};
+use crate::engine::Engine;
 use crate::job::Job;
 use crate::metrics::StoreOp;
 use crate::runner::Claimed;
+use crate::store_call::counted;
 
 /// How often a catch-up sequence looks whether the job is still running elsewhere.
 const IDLE_POLL: Duration = Duration::from_millis(200);
@@ -36,8 +37,23 @@ pub(crate) type Sequence = Vec<(DateTime<Utc>, Trigger)>;
 /// The ticks a job's sequence under way has still to run, oldest first.
 pub(crate) type Queue = VecDeque<(DateTime<Utc>, Trigger)>;
 
+/// The catch-up sequences under way on this node, by job: at most one each. The timer
+/// holds them (it starts sequences and records a busy job's on-time ticks skipped), and so
+/// does each sequence's task until it is over.
+#[derive(Default)]
+pub(crate) struct Sequences {
+    queues: Mutex<HashMap<String, Queued>>,
+}
+
+impl Sequences {
+    /// Whether a sequence of `job` is under way.
+    pub(crate) fn under_way(&self, job: &str) -> bool {
+        self.queues.lock().expect("not poisoned").contains_key(job)
+    }
+}
+
 /// A job's sequence under way: the definition its ticks are of, and its queue.
-pub(crate) struct Queued {
+struct Queued {
     job: Arc<Job>,
     ticks: Queue,
 }
@@ -49,12 +65,13 @@ const QUEUED_MAX: usize = 10_000;
 /// Starts a catch-up sequence of `job`, or, if one is already under way on this node,
 /// queues `ticks` in it, in order (ticks that came due, and were missed, while it ran:
 /// after a long outage the timer hands them over here instead of dropping them).
-pub(crate) fn spawn(e: &Arc<Engine>, job: Arc<Job>, ticks: Sequence) {
-    if !enqueue(&mut e.catching_up.lock().expect("not poisoned"), &job, ticks) {
+pub(crate) fn spawn(e: &Arc<Engine>, sequences: &Arc<Sequences>, job: Arc<Job>, ticks: Sequence) {
+    if !enqueue(&mut sequences.queues.lock().expect("not poisoned"), &job, ticks) {
         return;
     }
     // Made before the task, so that a task dropped unpolled still ends the sequence.
-    let mut sequence = CatchingUp { engine: e.clone(), job: job.name().to_owned(), over: false };
+    let mut sequence =
+        CatchingUp { engine: e.clone(), sequences: sequences.clone(), job: job.name().to_owned(), over: false };
     e.tracker.spawn(async move { run_sequence(&mut sequence).await });
 }
 
@@ -104,7 +121,7 @@ fn queue_in_order(queue: &mut Queue, ticks: Sequence, room: usize) {
 }
 
 async fn run_sequence(sequence: &mut CatchingUp) {
-    let e = &sequence.engine.clone();
+    let (e, sequences) = (&sequence.engine.clone(), &sequence.sequences.clone());
     // How long the sequence waited for its own runs' handlers, and for each step's store
     // calls up to [`STEP_SLACK`]: a late tick queued behind them is that much later by the
     // time it is reached, as queuing it promised ([`reached`]). A store slow or down beyond
@@ -130,7 +147,9 @@ async fn run_sequence(sequence: &mut CatchingUp) {
         if job.policy().overlap == Overlap::Skip && !wait_until_idle(e, job.name()).await {
             break;
         }
-        let Some((req, outcome, sent, received)) = claim_reached(e, job, t, trigger, waited).await else { break };
+        let Some((req, outcome, sent, received)) = claim_reached(e, sequences, job, t, trigger, waited).await else {
+            break;
+        };
         let handler = match outcome {
             // The sequence may end with this round's on-time ticks, claimed ahead: the run
             // waits for its instant like any other.
@@ -193,9 +212,9 @@ fn past_tolerance(
 }
 
 /// The next tick queued in `job`'s sequence.
-fn next_queued(e: &Engine, job: &str) -> Option<DateTime<Utc>> {
-    let sequences = e.catching_up.lock().expect("not poisoned");
-    sequences.get(job).and_then(|q| q.ticks.front()).map(|(t, _)| *t)
+fn next_queued(sequences: &Sequences, job: &str) -> Option<DateTime<Utc>> {
+    let queues = sequences.queues.lock().expect("not poisoned");
+    queues.get(job).and_then(|q| q.ticks.front()).map(|(t, _)| *t)
 }
 
 /// Waits until no run of `job` is running anywhere, but this node's own claims whose
@@ -227,6 +246,7 @@ async fn wait_until_idle(e: &Engine, job: &str) -> bool {
 /// request with its answer and when it was sent and answered; `None` on shutdown.
 async fn claim_reached(
     e: &Engine,
+    sequences: &Sequences,
     job: &Job,
     t: DateTime<Utc>,
     trigger: Trigger,
@@ -234,7 +254,7 @@ async fn claim_reached(
 ) -> Option<(ClaimRequest, ClaimOutcome, Instant, Instant)> {
     let mut backoff = Backoff::store();
     while !e.tracker.is_closed() {
-        let req = reached(e, job, t, trigger, waited).await;
+        let req = reached(e, sequences, job, t, trigger, waited).await;
         let sent = Instant::now();
         let outcome = match e.claim(std::slice::from_ref(&req)).await {
             Ok(mut outcomes) => outcomes.pop().expect("the engine checks one outcome per request"),
@@ -279,7 +299,14 @@ const TOO_EARLY_PAUSE: Duration = Duration::from_millis(20);
 /// [`SEQUENCE_SLACK`]: a sequence going on as it should never reaches one missed; one held
 /// by the store (down, or as slow) does, whether in its claims or in recording its runs'
 /// ends.
-async fn reached(e: &Engine, job: &Job, t: DateTime<Utc>, trigger: Trigger, waited: Duration) -> ClaimRequest {
+async fn reached(
+    e: &Engine,
+    sequences: &Sequences,
+    job: &Job,
+    t: DateTime<Utc>,
+    trigger: Trigger,
+    waited: Duration,
+) -> ClaimRequest {
     let tick = Tick::new(job.name(), t);
     // A job without a catch-up window: the timer would not examine a missed tick at all; it
     // runs late rather than being lost unrecorded.
@@ -294,7 +321,7 @@ async fn reached(e: &Engine, job: &Job, t: DateTime<Utc>, trigger: Trigger, wait
     if judged(t) < late_from && e.may_have_committed(&tick).await {
         return e.run_request(job, tick, trigger);
     }
-    let next_missed = || next_queued(e, job.name()).is_some_and(|next| judged(next) < late_from);
+    let next_missed = || next_queued(sequences, job.name()).is_some_and(|next| judged(next) < late_from);
     match past_tolerance(job, judged(t), trigger, late_from, next_missed) {
         Reached::AsQueued => e.run_request(job, tick, trigger),
         Reached::Missed(None) => e.run_request(job, tick, Trigger::Catchup),
@@ -304,10 +331,11 @@ async fn reached(e: &Engine, job: &Job, t: DateTime<Utc>, trigger: Trigger, wait
     }
 }
 
-/// A job's catch-up sequence under way: its queue is the engine's until the sequence is
+/// A job's catch-up sequence under way: its queue is in [`Sequences`] until the sequence is
 /// over, by running out of ticks or by being dropped (cut short, or by a panic).
 struct CatchingUp {
     engine: Arc<Engine>,
+    sequences: Arc<Sequences>,
     job: String,
     /// The queue ran out and was removed: what is under the job's name now is a new
     /// sequence's ([`spawn`] starts one as soon as this one is over), not to be removed.
@@ -320,13 +348,13 @@ impl CatchingUp {
     /// never left behind).
     fn next_tick(&mut self) -> Option<(DateTime<Utc>, Trigger, Arc<Job>)> {
         assert!(!self.over, "an ended sequence takes no more ticks");
-        let mut sequences = self.engine.catching_up.lock().expect("not poisoned");
-        let next = sequences.get_mut(&self.job).and_then(|q| {
+        let mut queues = self.sequences.queues.lock().expect("not poisoned");
+        let next = queues.get_mut(&self.job).and_then(|q| {
             let (t, trigger) = q.ticks.pop_front()?;
             Some((t, trigger, q.job.clone()))
         });
         if next.is_none() {
-            sequences.remove(&self.job);
+            queues.remove(&self.job);
             self.over = true;
         }
         next
@@ -338,8 +366,8 @@ impl Drop for CatchingUp {
         if self.over {
             return;
         }
-        if let Ok(mut sequences) = self.engine.catching_up.lock() {
-            sequences.remove(&self.job);
+        if let Ok(mut queues) = self.sequences.queues.lock() {
+            queues.remove(&self.job);
         }
     }
 }
@@ -382,23 +410,29 @@ mod tests {
             shutdown_grace: Duration::from_secs(1),
             max_concurrent_runs: 1,
             recovery_interval: Duration::from_secs(1),
-            alerts: crate::alerts::Alerts::new(Vec::new()),
         }));
-        let queued = |e: &Engine| e.catching_up.lock().unwrap().get("j").map(|q| q.ticks.len());
+        let sequences = Arc::new(Sequences::default());
+        let queued = |s: &Sequences| s.queues.lock().unwrap().get("j").map(|q| q.ticks.len());
         let j = job("* * * * * *");
-        assert!(enqueue(&mut engine.catching_up.lock().unwrap(), &j, vec![(t(1), Trigger::Catchup)]));
-        let mut first = CatchingUp { engine: engine.clone(), job: "j".into(), over: false };
+        assert!(enqueue(&mut sequences.queues.lock().unwrap(), &j, vec![(t(1), Trigger::Catchup)]));
+        let guard = |job: &str| CatchingUp {
+            engine: engine.clone(),
+            sequences: sequences.clone(),
+            job: job.into(),
+            over: false,
+        };
+        let mut first = guard("j");
         let next = first.next_tick().map(|(at, trigger, of)| (at, trigger, Arc::ptr_eq(&of, &j)));
         assert_eq!(next, Some((t(1), Trigger::Catchup, true)));
         assert!(first.next_tick().is_none());
-        assert_eq!(queued(&engine), None, "the sequence is over as soon as it ran out");
-        assert!(enqueue(&mut engine.catching_up.lock().unwrap(), &j, vec![(t(2), Trigger::Catchup)]));
+        assert_eq!(queued(&sequences), None, "the sequence is over as soon as it ran out");
+        assert!(enqueue(&mut sequences.queues.lock().unwrap(), &j, vec![(t(2), Trigger::Catchup)]));
         drop(first);
-        assert_eq!(queued(&engine), Some(1), "the next sequence's queue stays");
+        assert_eq!(queued(&sequences), Some(1), "the next sequence's queue stays");
         // A sequence cut short (shutdown, the job removed) ends with its guard.
-        let cut = CatchingUp { engine: engine.clone(), job: "j".into(), over: false };
+        let cut = guard("j");
         drop(cut);
-        assert_eq!(queued(&engine), None);
+        assert_eq!(queued(&sequences), None);
     }
 
     fn job(expr: &str) -> Arc<Job> {

@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use solocron_core::{
@@ -20,22 +20,18 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::alerts::{self, Alerts};
 use crate::batches::Batches;
+use crate::ends::Ends;
 use crate::job::Job;
 use crate::jobset::{JobSet, Jobs};
 use crate::lead::CLAIM_AHEAD_MAX;
 use crate::metrics::{self, StoreOp};
 use crate::retry::RetryWakes;
-use crate::runner::{execute, Claimed};
+use crate::runner::{execute, Claimed, Env};
 use crate::spread::Spread;
+use crate::store_call::{counted, STORE_CALL_TIMEOUT};
 use crate::store_clock::StoreClock;
 use crate::unanswered::UnansweredClaims;
-
-/// Longest a single store call may take before the engine treats the store as unavailable.
-/// Half the late tolerance, so a tick delayed by one slow call is still late, not missed.
-const STORE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
-const _: () = assert!(STORE_CALL_TIMEOUT.as_millis() * 2 <= solocron_core::LATE_TOLERANCE.as_millis());
 
 /// A node's shared state: its jobs, its store and batchers, and its running runs.
 pub(crate) struct Engine {
@@ -55,8 +51,6 @@ pub(crate) struct Engine {
     pub(crate) max_concurrent_runs: usize,
     pub(crate) recovery_interval: Duration,
     in_flight: Arc<AtomicUsize>,
-    /// Jobs (by name) with a catch-up sequence under way on this node (at most one each).
-    pub(crate) catching_up: Mutex<HashMap<String, crate::catchup::Queued>>,
     /// This node's claims that went unanswered, asked again with their nonce.
     pub(crate) unanswered: UnansweredClaims,
     /// This node's view of the fleet: which ticks it claims first, which as a backup.
@@ -65,8 +59,8 @@ pub(crate) struct Engine {
     pub(crate) retry_wakes: RetryWakes,
     /// Whether a claim refused as too early was warned of (once; then the metric counts).
     pub(crate) too_early_warned: AtomicBool,
-    /// Who is told of failures, misses and silences (`alerts.rs`).
-    pub(crate) alerts: Alerts,
+    /// Where the ends this node records are announced (alerts listen: `ends.rs`).
+    pub(crate) ends: Ends,
     pub(crate) tracker: TaskTracker,
     /// Fired when shutdown's grace is over: running jobs are stopped.
     pub(crate) interrupt: CancellationToken,
@@ -83,7 +77,6 @@ pub(crate) struct Parts {
     pub(crate) shutdown_grace: Duration,
     pub(crate) max_concurrent_runs: usize,
     pub(crate) recovery_interval: Duration,
-    pub(crate) alerts: Alerts,
 }
 
 impl Engine {
@@ -103,12 +96,11 @@ impl Engine {
             max_concurrent_runs: p.max_concurrent_runs,
             recovery_interval: p.recovery_interval,
             in_flight: Arc::new(AtomicUsize::new(0)),
-            catching_up: Mutex::new(HashMap::new()),
             unanswered: UnansweredClaims::default(),
             spread,
             retry_wakes: RetryWakes::default(),
             too_early_warned: AtomicBool::new(false),
-            alerts: p.alerts,
+            ends: Ends::default(),
             tracker: TaskTracker::new(),
             interrupt: CancellationToken::new(),
         }
@@ -308,7 +300,7 @@ impl Engine {
             ClaimOutcome::Skipped { reason } => {
                 tracing::info!(job = %req.tick.job, scheduled_at = %req.tick.scheduled_at, node = %self.node, state = "skipped", reason, "tick skipped");
                 if metrics::skip_outcome(&req.mode, &reason) == metrics::Outcome::Missed {
-                    alerts::run_ended(self, &RunId { tick: req.tick.clone(), attempt: 1 }, RunState::Skipped);
+                    self.ends.announce(&RunId { tick: req.tick.clone(), attempt: 1 }, RunState::Skipped);
                 }
             }
             ClaimOutcome::Taken => {
@@ -369,11 +361,24 @@ impl Engine {
         let engine = self.clone();
         self.tracker.spawn(async move {
             let _guard = guard;
+            let env = engine.run_env();
             // Boxed: the run's future is large (its select over the lease, the timeout and
             // shutdown), and a task's future is copied whole into its cell and again when it
             // ends; a box is copied once.
-            Box::pin(execute(run, &engine, interrupt)).await
+            Box::pin(execute(run, &env, interrupt)).await
         })
+    }
+
+    /// What a run uses of this node, lent for the run's life: the runner sees no more.
+    fn run_env(&self) -> Env<'_> {
+        Env {
+            batches: &self.batches,
+            store: self.store.as_ref(),
+            retry_wakes: &self.retry_wakes,
+            clock: self.clock.as_ref(),
+            store_clock: &self.store_clock,
+            ends: &self.ends,
+        }
     }
 }
 
@@ -446,24 +451,6 @@ pub(crate) fn late_tolerance() -> chrono::Duration {
     chrono::Duration::from_std(LATE_TOLERANCE).expect("small")
 }
 
-/// A store call bounded by [`STORE_CALL_TIMEOUT`]; a hung connection counts as unavailable.
-pub(crate) async fn bounded<T>(
-    call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(STORE_CALL_TIMEOUT, call).await {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::Unavailable(format!("no answer within {STORE_CALL_TIMEOUT:?}"))),
-    }
-}
-
-/// A store call bounded like [`bounded`], whose failure is counted under `op`.
-pub(crate) async fn counted<T>(
-    op: StoreOp,
-    call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    bounded(call).await.inspect_err(|_| metrics::store_error(op))
-}
-
 /// Counts a run as in flight (and in the runs-in-progress gauge) for as long as it lives.
 struct InFlight(Arc<AtomicUsize>);
 
@@ -490,7 +477,8 @@ mod tests {
     use chrono::DateTime;
     use solocron_core::{ClaimMode, ClaimRequest, Lease, RunId, Tick, Trigger};
 
-    use super::{chunk_order, claim_timeout, regranted_after, STORE_CALL_TIMEOUT};
+    use super::{chunk_order, claim_timeout, regranted_after};
+    use crate::store_call::STORE_CALL_TIMEOUT;
 
     fn lease(claimed_ms: i64, until_ms: i64) -> Lease {
         let at = |ms| DateTime::from_timestamp_millis(ms).expect("in range");

@@ -13,11 +13,12 @@ use solocron_core::{
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{counted, Engine};
+use crate::engine::Engine;
 use crate::job::Job;
 use crate::jobset::JobSet;
 use crate::metrics::StoreOp;
 use crate::spread::Carriers;
+use crate::store_call::counted;
 
 /// How often a node confirms its registrations (and looks for drift). Each refresh writes
 /// every job definition and reads every registration, so it is rare: with 10,000 jobs a

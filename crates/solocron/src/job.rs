@@ -153,6 +153,10 @@ fn outcome_of(result: HandlerResult) -> Outcome {
     Outcome { success: false, exit_code: None, output, reason: None }
 }
 
+/// How long after its node's shutdown an interrupted run of an on-demand job may be taken
+/// by another node ([`Job::interrupted_handoff`]).
+const INTERRUPTED_HANDOFF_WAIT: Duration = Duration::from_secs(1);
+
 /// A named job: a schedule, a policy and a handler.
 ///
 /// ```
@@ -173,7 +177,7 @@ pub struct Job {
     policy: Arc<JobPolicy>,
     handler: Arc<dyn Handler>,
     fingerprint: Arc<str>,
-    /// False for an alert's delivery (`alerts.rs`): it has no ticks of its own, so its
+    /// False for an on-demand job ([`Job::on_demand`]): it has no ticks of its own, so its
     /// schedule bounds nothing, and its retries may come at any time.
     scheduled: bool,
 }
@@ -197,20 +201,24 @@ impl Job {
         }
     }
 
-    /// An alert's delivery: a job no timer fires, claimed once per event (`alerts.rs`).
-    pub(crate) fn delivery(name: String, policy: JobPolicy, handler: impl Handler) -> Job {
+    /// An on-demand job: no timer fires it; its owner claims a tick of it once per event (an
+    /// alert's delivery, `alerts/deliver.rs`), so no later tick makes up for a lost run.
+    pub(crate) fn on_demand(name: String, policy: JobPolicy, handler: impl Handler) -> Job {
         static NEVER_USED: std::sync::OnceLock<Schedule> = std::sync::OnceLock::new();
         let schedule = NEVER_USED.get_or_init(|| Schedule::parse("0 0 1 1 *", "UTC").expect("a valid expression"));
         Job { scheduled: false, policy: Arc::new(policy), ..Job::new(name, schedule.clone(), handler) }
     }
 
-    /// Whether this is an alert's delivery (`alerts.rs`), not a job of the list.
-    pub(crate) fn is_delivery(&self) -> bool {
-        !self.scheduled
+    /// How long after its node's shutdown a run of this job that the shutdown cut short may
+    /// be taken by another node (or this one, restarted): only an on-demand job's, whose
+    /// tick is its event's only one. A scheduled job's next tick comes anyway: its
+    /// interrupted run stays interrupted.
+    pub(crate) fn interrupted_handoff(&self) -> Option<Duration> {
+        (!self.scheduled).then_some(INTERRUPTED_HANDOFF_WAIT)
     }
 
     /// The job's next tick after `at`, which a retry of the tick at `at` may not pass;
-    /// `None` for an alert's delivery, whose retries nothing bounds but their own policy.
+    /// `None` for an on-demand job, whose retries nothing bounds but their own policy.
     pub(crate) fn next_tick_after(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
         self.scheduled.then(|| self.schedule.next_after(at)).flatten()
     }

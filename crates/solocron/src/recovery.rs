@@ -6,15 +6,16 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use solocron_core::{OnCrash, RecoverAction, RecoverOutcome, RunRecord, RunState, StoreError, Trigger};
+use solocron_core::{OnCrash, RecoverAction, RecoverOutcome, RunId, RunRecord, RunState, StoreError, Trigger};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::alerts;
+use crate::alerts::{self, Alerting};
 use crate::backoff::Backoff;
-use crate::engine::{counted, Engine};
+use crate::engine::Engine;
 use crate::job::Job;
 use crate::metrics::{self, Outcome, StoreOp};
+use crate::store_call::counted;
 
 /// Most expired runs examined per recovery scan.
 const EXPIRED_PER_SCAN_MAX: usize = 100;
@@ -22,7 +23,7 @@ const EXPIRED_PER_SCAN_MAX: usize = 100;
 /// Finds runs whose lease expired and applies the job's `on_crash` policy, and starts due
 /// failure retries, every recovery interval and when a retry this node planned comes due,
 /// until `shutdown`.
-pub(crate) async fn recovery_loop(e: Arc<Engine>, shutdown: CancellationToken) {
+pub(crate) async fn recovery_loop(e: Arc<Engine>, alerting: Alerting, shutdown: CancellationToken) {
     let mut backoff = Backoff::store();
     // When the last scan began: a wake-up due after it may be for a retry that scan could
     // not see yet, so it is kept (and, already past, wakes the next scan at once).
@@ -39,7 +40,7 @@ pub(crate) async fn recovery_loop(e: Arc<Engine>, shutdown: CancellationToken) {
             }
         }
         scanned = Instant::now();
-        match recover_expired(&e, &shutdown).await {
+        match recover_expired(&e, &alerting, &shutdown).await {
             Ok(()) => backoff.reset(),
             Err(err) => {
                 tracing::warn!(error = %err, "recovery scan failed; retrying");
@@ -52,7 +53,7 @@ pub(crate) async fn recovery_loop(e: Arc<Engine>, shutdown: CancellationToken) {
     }
 }
 
-async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Result<(), StoreError> {
+async fn recover_expired(e: &Arc<Engine>, alerting: &Alerting, shutdown: &CancellationToken) -> Result<(), StoreError> {
     // The paused jobs, read once per scan and only when a retry is due.
     let mut paused: Option<HashSet<String>> = None;
     for run in counted(StoreOp::Recover, e.store.expired(EXPIRED_PER_SCAN_MAX, e.jobs.namespaces())).await? {
@@ -71,7 +72,7 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
             continue;
         }
         // The job as this node's list has it now (taken per run: the list may change).
-        let job = e.jobs.get().get(&run.id.tick.job).cloned().or_else(|| e.alerts.delivery(e, &run.id.tick.job));
+        let job = e.jobs.get().get(&run.id.tick.job).cloned().or_else(|| alerting.delivery(&run.id.tick.job));
         let waiting = run.state == RunState::Waiting;
         if job.is_none() && !waiting && alerts::is_delivery_name(&run.id.tick.job) {
             // An alert of a rule this node lacks (its configuration differs, for a while):
@@ -115,8 +116,7 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
                 e.start(e.claimed(job, lease, Trigger::Retry, sent, Instant::now()), e.interrupt.clone());
             }
             RecoverOutcome::Abandoned if waiting => {
-                metrics::tick(run.id.tick.job.clone(), Outcome::Ended(RunState::Abandoned));
-                alerts::run_ended(e, &run.id, RunState::Abandoned);
+                abandoned(e, &run.id);
                 tracing::warn!(run = %run.id, reason = action_reason(&action), "failure retry dropped");
             }
             RecoverOutcome::Retried(lease) => {
@@ -128,8 +128,7 @@ async fn recover_expired(e: &Arc<Engine>, shutdown: &CancellationToken) -> Resul
                 e.start(e.claimed(job, lease, Trigger::Retry, sent, Instant::now()), e.interrupt.clone());
             }
             RecoverOutcome::Abandoned => {
-                metrics::tick(run.id.tick.job.clone(), Outcome::Ended(RunState::Abandoned));
-                alerts::run_ended(e, &run.id, RunState::Abandoned);
+                abandoned(e, &run.id);
                 tracing::warn!(run = %run.id, dead_node = %run.node, state = "abandoned", "lease expired; run abandoned")
             }
             RecoverOutcome::NotNeeded => tracing::debug!(run = %run.id, "already recovered elsewhere"),
@@ -159,11 +158,10 @@ fn orphan_retry_action(e: &Engine, run: &RunRecord) -> Option<RecoverAction> {
 }
 
 /// Applies `action` to an orphaned waiting retry (see [`orphan_retry_action`]).
-async fn recover_orphan(e: &Arc<Engine>, run: &RunRecord, action: &RecoverAction) -> Result<(), StoreError> {
+async fn recover_orphan(e: &Engine, run: &RunRecord, action: &RecoverAction) -> Result<(), StoreError> {
     match counted(StoreOp::Recover, e.store.recover(&run.id, action)).await {
         Ok(RecoverOutcome::Abandoned) => {
-            metrics::tick(run.id.tick.job.clone(), Outcome::Ended(RunState::Abandoned));
-            alerts::run_ended(e, &run.id, RunState::Abandoned);
+            abandoned(e, &run.id);
             tracing::warn!(run = %run.id, reason = action_reason(action), "failure retry dropped");
             Ok(())
         }
@@ -174,6 +172,12 @@ async fn recover_orphan(e: &Arc<Engine>, run: &RunRecord, action: &RecoverAction
             Ok(())
         }
     }
+}
+
+/// Counts and announces `run`, abandoned by this node's recovery: its tick's last end.
+fn abandoned(e: &Engine, run: &RunId) {
+    metrics::tick(run.tick.job.clone(), Outcome::Ended(RunState::Abandoned));
+    e.ends.announce(run, RunState::Abandoned);
 }
 
 /// The names of the jobs paused fleet-wide.

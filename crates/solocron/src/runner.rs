@@ -8,18 +8,22 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use solocron_core::{output_tail, Ending, JobPolicy, Lease, Renewal, RunEnd, RunState, StoreError, Trigger};
+use chrono::{DateTime, Utc};
+use solocron_core::{
+    output_tail, Clock, Ending, JobPolicy, Lease, Renewal, RunEnd, RunId, RunState, Store, StoreError, Trigger,
+};
 use tokio::sync::oneshot;
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::alerts;
 use crate::backoff::Backoff;
-use crate::batches::{Batcher, Renewals};
-use crate::engine::{counted, Engine};
+use crate::batches::{Batcher, Batches, Renewals};
+use crate::ends::Ends;
 use crate::job::{Job, Outcome, RunContext};
 use crate::metrics::{self, Renewal as RenewalResult, StoreOp};
-use crate::retry::{self, RetryPlan};
+use crate::retry::{self, RetryPlan, RetryWakes};
+use crate::store_call::counted;
+use crate::store_clock::StoreClock;
 
 /// A claimed run, ready to start: the one value every path hands to [`execute`].
 #[derive(Debug)]
@@ -143,27 +147,36 @@ impl Heartbeat {
 /// A renewal on its way: when it was sent, and the store's answer if one came in time.
 type PendingRenewal = Pin<Box<dyn Future<Output = (Instant, Option<Result<bool, StoreError>>)> + Send>>;
 
+/// What a run uses of its node: where its renewals and ends go, the store (for an end that
+/// plans a retry), the retry wake-ups, the store's clock as this node estimates it, and where
+/// its end is announced. The engine lends it for the run's life (`Engine::start`): the
+/// runner never claims, and never sees the engine.
+pub(crate) struct Env<'a> {
+    pub(crate) batches: &'a Batches,
+    pub(crate) store: &'a dyn Store,
+    pub(crate) retry_wakes: &'a RetryWakes,
+    pub(crate) clock: &'a dyn Clock,
+    pub(crate) store_clock: &'a StoreClock,
+    pub(crate) ends: &'a Ends,
+}
+
+impl Env<'_> {
+    /// Now, by the store's clock as this node estimates it (see `store_clock.rs`).
+    fn now(&self) -> DateTime<Utc> {
+        self.store_clock.now(self.clock)
+    }
+}
+
 /// Runs a claimed run to its recorded end: the handler starts at `run.start_at` (the instant
 /// of a tick claimed ahead, at most `CLAIM_AHEAD_MAX` away), its lease is renewed and its end
-/// recorded through the engine's batches (or, when it failed and is retried, with its next
-/// attempt in one store step), and `interrupt` fires when it must stop early (shutdown's
-/// grace is over).
-pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: CancellationToken) {
-    let batches = &e.batches;
+/// recorded through the node's batches (or, when another attempt follows, with that attempt
+/// in one store step), and `interrupt` fires when it must stop early (shutdown's grace is
+/// over).
+pub(crate) async fn execute(run: Claimed, env: &Env<'_>, interrupt: CancellationToken) {
     let Claimed { job, lease, trigger, sent: claim_sent, regranted_after, start_at, due, handler_over } = run;
     let policy = job.policy().clone();
     let cancel = CancellationToken::new();
-    let ctx = RunContext {
-        job: job.name().to_owned(),
-        scheduled_at: lease.run.tick.scheduled_at,
-        fencing_token: lease.fencing_token,
-        node_id: lease.owner.clone(),
-        run_id: lease.run.text(),
-        attempt: lease.run.attempt,
-        trigger,
-        cancel: cancel.clone(),
-        kill_grace: policy.kill_grace,
-    };
+    let ctx = context(&job, &lease, trigger, &cancel);
     let mut hb = Heartbeat::new(lease, policy.clone(), claim_sent);
     // A wait for the instant ends inside the first renew interval (lease/3 ≥ 166 ms against
     // CLAIM_AHEAD_MAX = 150 ms after the claim was sent), unless the node's estimate of the
@@ -180,24 +193,11 @@ pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: Cancellati
         job = %ctx.job, scheduled_at = %ctx.scheduled_at, node = %ctx.node_id, token = ctx.fencing_token,
         attempt = ctx.attempt, trigger = %trigger, run = %ctx.run_id, "run started"
     );
-    let (renewals, ends) = (&batches.renewals, &batches.ends);
+    let renewals = &env.batches.renewals;
     if Instant::now() >= hb.next_renew && !matches!(hb.beat(renewals).await, Beat::Renewed) {
         // The claim's answer came so late that the lease may be gone: never start unsure.
         drop(handler_over);
-        let end = RunEnd {
-            state: RunState::Lost,
-            reason: Some("the claim's answer came too late to trust the lease; job not started".into()),
-            exit_code: None,
-            output: String::new(),
-            started_after: None,
-        };
-        metrics::lease_lost(job.name());
-        if record_end(&hb, &end, true, |ending, give_up| ends.send(ending, give_up)).await {
-            metrics::tick_ended(job.shared_name(), end.state);
-            alerts::run_ended(e, &hb.lease.run, end.state);
-        }
-        tracing::warn!(run = %hb.lease.run, "lease not confirmed before start; run recorded lost without starting");
-        return;
+        return lost_before_start(env, &job, &hb).await;
     }
     if let (Trigger::Schedule, Some(due)) = (trigger, due) {
         metrics::start_lateness(Instant::now().saturating_duration_since(due));
@@ -210,44 +210,10 @@ pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: Cancellati
         let _ = over.send(spawned.elapsed());
     }
     let end = end_of(outcome, stop, regranted_after + (started - claim_sent));
-    let next_tick = || job.next_tick_after(hb.lease.run.tick.scheduled_at);
-    let plan = retry::plan(&policy, next_tick, &hb.lease.run, &end, e.now(), fastrand::f64());
-    let (end, wait) = match plan {
-        // An alert's delivery cut short by shutdown is the event's only alert: another
-        // node (or this one, restarted) delivers it instead.
-        RetryPlan::None
-            if end.state == RunState::Interrupted
-                && job.is_delivery()
-                && hb.lease.run.attempt < policy.max_attempts =>
-        {
-            (end, Some(alerts::INTERRUPTED_DELIVERY_WAIT))
-        }
-        RetryPlan::None => (end, None),
-        RetryPlan::After(wait) => (end, Some(wait)),
-        RetryPlan::Dropped(why) => (retry::with_note(end, &why), None),
-    };
+    let (end, wait) = next_attempt(env, &job, &hb.lease.run, end);
     let lost = matches!(stop, Some(Stop::Lost(_)));
-    let recorded = match wait {
-        None => record_end(&hb, &end, lost, |ending, give_up| ends.send(ending, give_up)).await,
-        Some(wait) => {
-            let store = &e.store;
-            let recorded = record_end(&hb, &end, lost, |ending, _| async move {
-                counted(StoreOp::Finish, store.finish_for_retry(&ending.lease, &ending.end, wait)).await
-            })
-            .await;
-            if recorded {
-                e.retry_wakes.push(Instant::now() + wait + retry::WAKE_SLACK);
-                tracing::info!(run = %hb.lease.run, next_attempt = hb.lease.run.attempt + 1,
-                    wait = %solocron_core::format_duration(wait), "run failed; retry planned");
-            }
-            recorded
-        }
-    };
-    if recorded {
-        metrics::tick_ended(job.shared_name(), end.state);
-        if wait.is_none() {
-            alerts::run_ended(e, &hb.lease.run, end.state);
-        }
+    if record(env, &hb, &end, lost, wait).await {
+        ended(env, &job, &hb.lease.run, end.state, wait.is_some());
     }
     // An absent exit code or reason is left out of the line, not shown as `None` or "".
     tracing::info!(
@@ -256,6 +222,82 @@ pub(crate) async fn execute(run: Claimed, e: &Arc<Engine>, interrupt: Cancellati
         duration = %solocron_core::format_duration(started.elapsed()), exit_code = end.exit_code,
         reason = end.reason.as_deref(), "run ended"
     );
+}
+
+/// What the handler of `job`'s run under `lease` is told about its run.
+fn context(job: &Job, lease: &Lease, trigger: Trigger, cancel: &CancellationToken) -> RunContext {
+    RunContext {
+        job: job.name().to_owned(),
+        scheduled_at: lease.run.tick.scheduled_at,
+        fencing_token: lease.fencing_token,
+        node_id: lease.owner.clone(),
+        run_id: lease.run.text(),
+        attempt: lease.run.attempt,
+        trigger,
+        cancel: cancel.clone(),
+        kill_grace: job.policy().kill_grace,
+    }
+}
+
+/// Records lost, never started, a run of `job` whose lease could not be confirmed before
+/// its start.
+async fn lost_before_start(env: &Env<'_>, job: &Job, hb: &Heartbeat) {
+    let end = RunEnd {
+        state: RunState::Lost,
+        reason: Some("the claim's answer came too late to trust the lease; job not started".into()),
+        exit_code: None,
+        output: String::new(),
+        started_after: None,
+    };
+    metrics::lease_lost(job.name());
+    if record_end(hb, &end, true, |ending, give_up| env.batches.ends.send(ending, give_up)).await {
+        ended(env, job, &hb.lease.run, end.state, false);
+    }
+    tracing::warn!(run = %hb.lease.run, "lease not confirmed before start; run recorded lost without starting");
+}
+
+/// The end of `job`'s `run` to record and, when another attempt of its tick follows, the
+/// wait before it: a failure the job's policy retries, or a run of an on-demand job that
+/// shutdown cut short, handed to another node ([`Job::interrupted_handoff`]).
+fn next_attempt(env: &Env<'_>, job: &Job, run: &RunId, end: RunEnd) -> (RunEnd, Option<Duration>) {
+    let policy = job.policy();
+    let next_tick = || job.next_tick_after(run.tick.scheduled_at);
+    let plan = retry::plan(policy, next_tick, run, &end, env.now(), fastrand::f64());
+    let interrupted = end.state == RunState::Interrupted && run.attempt < policy.max_attempts;
+    match plan {
+        RetryPlan::None => (end, job.interrupted_handoff().filter(|_| interrupted)),
+        RetryPlan::After(wait) => (end, Some(wait)),
+        RetryPlan::Dropped(why) => (retry::with_note(end, &why), None),
+    }
+}
+
+/// Records the end: through the node's batches of ends, or, when another attempt follows
+/// after `wait`, together with that attempt in one store step (the recovery scan is then
+/// woken for it). True if this end is the run's record.
+async fn record(env: &Env<'_>, hb: &Heartbeat, end: &RunEnd, lost: bool, wait: Option<Duration>) -> bool {
+    let Some(wait) = wait else {
+        return record_end(hb, end, lost, |ending, give_up| env.batches.ends.send(ending, give_up)).await;
+    };
+    let store = env.store;
+    let recorded = record_end(hb, end, lost, |ending, _| async move {
+        counted(StoreOp::Finish, store.finish_for_retry(&ending.lease, &ending.end, wait)).await
+    })
+    .await;
+    if recorded {
+        env.retry_wakes.push(Instant::now() + wait + retry::WAKE_SLACK);
+        tracing::info!(run = %hb.lease.run, next_attempt = hb.lease.run.attempt + 1,
+            wait = %solocron_core::format_duration(wait), "run failed; retry planned");
+    }
+    recorded
+}
+
+/// Counts the recorded end of `job`'s `run`, and announces it (`ends.rs`) unless another
+/// attempt of its tick follows (`retried`): only a tick's last end is an event.
+fn ended(env: &Env<'_>, job: &Job, run: &RunId, state: RunState, retried: bool) {
+    metrics::tick_ended(job.shared_name(), state);
+    if !retried {
+        env.ends.announce(run, state);
+    }
 }
 
 /// Waits for the handler while keeping the lease; stops it when it must stop.
@@ -395,7 +437,7 @@ fn end_of(outcome: Option<Outcome>, stop: Option<Stop>, started_after: Duration)
     }
 }
 
-/// Records the end with `send` (the engine's batches of ends, or the store's step that also
+/// Records the end with `send` (the node's batches of ends, or the store's step that also
 /// plans a retry), retrying while the lease may still be ours; true if this end is the
 /// run's record.
 async fn record_end<F, Fut>(hb: &Heartbeat, end: &RunEnd, lost: bool, send: F) -> bool

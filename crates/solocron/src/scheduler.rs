@@ -11,13 +11,23 @@ use solocron_core::{ClaimOutcome, Clock, Namespaces, RunRecord, Store, StoreErro
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::alerts::{self, AlertRule, Alerts, ALERT_RULES_MAX};
+use crate::alerts::{self, AlertRule, Alerting, ALERT_RULES_MAX};
 use crate::backoff::Backoff;
-use crate::engine::{bounded, Engine, Parts};
+use crate::engine::{Engine, Parts};
 use crate::job::Job;
 use crate::jobset::{BuildError, JobSet, Jobs};
 use crate::runner::Claimed;
+use crate::store_call::{bounded, within};
 use crate::{housekeeping, recovery, timer};
+
+/// Longest the store's `migrate` may take before it counts as unavailable and is tried
+/// again. Far above [`crate::store_call::STORE_CALL_TIMEOUT`]: a migration waits its turn
+/// behind the other nodes starting at once (it holds a lock while it works; MySQL gives up
+/// waiting after 30 s, PostgreSQL waits), and may index or rewrite a large history table,
+/// which a shorter bound would cut off and start over again and again. A connection that
+/// hangs (a partition: nothing refused, nothing answered) still ends in a retry, not in a
+/// node that never starts. Migrations are idempotent, so the retry is safe.
+const MIGRATE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
 /// Bounds of the recovery scan interval.
 const RECOVERY_INTERVAL_MIN: Duration = Duration::from_millis(200);
@@ -147,22 +157,19 @@ impl SchedulerBuilder {
         let default_interval = (shortest / 3).saturating_sub(self.store.expiry_lag());
         let recovery_interval =
             self.recovery_interval.unwrap_or(default_interval).clamp(RECOVERY_INTERVAL_MIN, RECOVERY_INTERVAL_MAX);
-        Ok(Scheduler {
-            migrate: self.migrate,
-            id_checked: false,
-            engine: Arc::new(Engine::new(Parts {
-                store: self.store,
-                node: self.node_id,
-                clock: self.clock,
-                system_clock: self.system_clock,
-                jobs: Jobs::new(set, namespaces, self.history_retention),
-                history_retention: self.history_retention,
-                shutdown_grace: self.shutdown_grace,
-                max_concurrent_runs: self.max_concurrent_runs,
-                recovery_interval,
-                alerts: Alerts::new(self.alerts),
-            })),
-        })
+        let engine = Arc::new(Engine::new(Parts {
+            store: self.store,
+            node: self.node_id,
+            clock: self.clock,
+            system_clock: self.system_clock,
+            jobs: Jobs::new(set, namespaces, self.history_retention),
+            history_retention: self.history_retention,
+            shutdown_grace: self.shutdown_grace,
+            max_concurrent_runs: self.max_concurrent_runs,
+            recovery_interval,
+        }));
+        let alerting = Alerting::new(&engine, self.alerts);
+        Ok(Scheduler { migrate: self.migrate, id_checked: false, engine, alerting })
     }
 }
 
@@ -185,6 +192,8 @@ impl SchedulerBuilder {
 /// ```
 pub struct Scheduler {
     engine: Arc<Engine>,
+    /// The node's alert rules over the engine, listening to its ends.
+    alerting: Alerting,
     /// `run` migrates the store first.
     migrate: bool,
     /// [`Scheduler::check_node_id`] found the id free: `run` need not look again.
@@ -324,10 +333,10 @@ impl Scheduler {
         let beats_stop = CancellationToken::new();
         let beats = tokio::spawn(housekeeping::heartbeat_loop(e.clone(), beats_stop.clone()));
         let mut side = vec![
-            tokio::spawn(recovery::recovery_loop(e.clone(), shutdown.clone())),
+            tokio::spawn(recovery::recovery_loop(e.clone(), self.alerting.clone(), shutdown.clone())),
             tokio::spawn(housekeeping::registry_loop(e.clone(), shutdown.clone())),
             tokio::spawn(housekeeping::requests_loop(e.clone(), shutdown.clone())),
-            tokio::spawn(alerts::alerts_loop(e.clone(), shutdown.clone())),
+            tokio::spawn(alerts::alerts_loop(self.alerting.clone(), shutdown.clone())),
         ];
         if let Some(retention) = e.history_retention {
             let namespaces = e.jobs.namespaces().clone();
@@ -346,7 +355,7 @@ impl Scheduler {
 
 /// When `id` last sent a heartbeat, if it is alive by the store's clock.
 async fn alive_beat(store: &dyn Store, id: &str) -> Option<DateTime<Utc>> {
-    let (nodes, now) = match (store.nodes().await, store.now().await) {
+    let (nodes, now) = match (bounded(store.nodes()).await, bounded(store.now()).await) {
         (Ok(nodes), Ok(now)) => (nodes, now),
         (Err(e), _) | (_, Err(e)) => {
             tracing::debug!(error = %e, "cannot read the nodes to check this node's id");
@@ -368,7 +377,7 @@ fn gethostname() -> String {
 async fn migrate(e: &Engine, shutdown: &CancellationToken) -> bool {
     let mut backoff = Backoff::store();
     loop {
-        match e.store.migrate().await {
+        match within(MIGRATE_TIMEOUT, e.store.migrate()).await {
             Ok(()) => return true,
             Err(err) => tracing::warn!(error = %err, "cannot prepare the store; retrying"),
         }

@@ -18,12 +18,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::backups::{Again, Backups, Claims, Undo};
-use crate::catchup::{self, Sequence};
-use crate::engine::{counted, late_tolerance, Engine};
+use crate::catchup::{self, Sequence, Sequences};
+use crate::engine::{late_tolerance, Engine};
 use crate::job::Job;
 use crate::jobset::JobSet;
 use crate::lead::{Lead, CLAIM_AHEAD_MAX};
 use crate::metrics::{self, StoreOp};
+use crate::store_call::counted;
 use crate::store_clock::SAMPLES_AT_START;
 use solocron_os::wallclock::ClockSteps;
 
@@ -70,6 +71,9 @@ struct Plan {
     claims: Claims,
     /// Jobs whose ticks run one after the other instead.
     catch_ups: Vec<(usize, Sequence)>,
+    /// Runs this node may still start in this round (`max_concurrent_runs` less those in
+    /// flight, less the on-time ticks already planned).
+    run_slots: usize,
 }
 
 /// The timer: wakes at the earliest next fire instant, claims everything due in batches,
@@ -108,9 +112,7 @@ pub(crate) async fn tick_loop(e: &Arc<Engine>, shutdown: &CancellationToken) {
             timer.sleep(round.horizon, shutdown).await;
             continue;
         }
-        let set = timer.set.clone();
-        let (failed, answered, claim_took) =
-            claim_due(e, &set, &due, &mut timer.cursors, &mut timer.backups, round, shutdown).await;
+        let (failed, answered, claim_took) = claim_due(e, &mut timer, &due, round, shutdown).await;
         if failed.is_empty() {
             lead.observe(Instant::now(), claim_took);
             backoff.reset();
@@ -142,6 +144,8 @@ struct Timer {
     backups: Backups,
     /// What their ends took back since the heap was last filled.
     undone: Undone,
+    /// The catch-up sequences under way (`catchup.rs`).
+    sequences: Arc<Sequences>,
 }
 
 /// What [`Timer::undo`]s did since [`Timer::settle_undone`].
@@ -260,6 +264,7 @@ impl Timer {
             steps,
             backups: Backups::default(),
             undone: Undone::default(),
+            sequences: Arc::default(),
         };
         timer.fill_heap();
         timer
@@ -409,13 +414,12 @@ async fn calibrate(e: &Engine) {
 /// claim of this node's own ticks; and how long that claim took (what the lead adapts to).
 async fn claim_due(
     e: &Arc<Engine>,
-    set: &Arc<JobSet>,
+    timer: &mut Timer,
     due: &[usize],
-    cursors: &mut [Cursor],
-    backups: &mut Backups,
     round: Round,
     shutdown: &CancellationToken,
 ) -> (HashSet<usize>, bool, Duration) {
+    let (set, cursors) = (&timer.set, &mut timer.cursors);
     debug_assert!(round.now <= round.horizon);
     debug_assert!((round.horizon - round.now).to_std().is_ok_and(|d| d <= CLAIM_AHEAD_MAX));
     // After failed claims the store may have restarted and forgotten (Redis without
@@ -433,18 +437,21 @@ async fn claim_due(
             Err(_) => return (due.iter().copied().collect(), false, Duration::ZERO),
         }
     }
+    let run_slots = e.max_concurrent_runs.saturating_sub(e.in_flight());
     // Nearly always one claim per due job: made at that size, not grown claim by claim.
-    let mut plan = Plan { claims: Vec::with_capacity(due.len()), catch_ups: Vec::new() };
-    let mut run_slots = e.max_concurrent_runs.saturating_sub(e.in_flight());
+    let mut plan = Plan { claims: Vec::with_capacity(due.len()), catch_ups: Vec::new(), run_slots };
     for &i in due {
-        plan_job(e, &set.jobs[i], i, cursors[i], round, &mut run_slots, &mut plan);
+        // Missed ticks while a sequence of the job is under way are queued behind it (see
+        // `catchup::spawn`), never dropped.
+        let sequence_active = timer.sequences.under_way(set.jobs[i].name());
+        plan_job(e, &set.jobs[i], i, cursors[i], round, sequence_active, &mut plan);
         cursors[i].missed_before = None;
     }
     let (first, backup) = spread(e, plan.claims);
     let sent = Instant::now();
     let result = e.claim_and_start(set, first, round.horizon.timestamp_millis()).await;
     let claim_took = sent.elapsed();
-    backups.spawn(e, set, backup, claim_took, round.horizon.timestamp_millis(), shutdown);
+    timer.backups.spawn(e, set, backup, claim_took, round.horizon.timestamp_millis(), shutdown);
     let failed = result.failed;
     for &i in due {
         if !failed.contains(&i) {
@@ -461,7 +468,7 @@ async fn claim_due(
     }
     for (i, ticks) in plan.catch_ups {
         if !failed.contains(&i) {
-            catchup::spawn(e, set.jobs[i].clone(), ticks);
+            catchup::spawn(e, &timer.sequences, set.jobs[i].clone(), ticks);
         }
     }
     (failed, result.answered, claim_took)
@@ -497,9 +504,9 @@ fn spread(e: &Engine, claims: Claims) -> (Claims, Claims) {
 const CATCHING_UP: &str = "overlap: a catch-up of this job is under way";
 
 /// Adds what `job` (index `i` of the list) asks for in this round to `plan`: its on-time
-/// ticks to claim (while this node has `run_slots`; to record skipped while the job catches
-/// up here), its missed ticks to record skipped, or a catch-up sequence.
-fn plan_job(e: &Engine, job: &Job, i: usize, cursor: Cursor, round: Round, run_slots: &mut usize, plan: &mut Plan) {
+/// ticks to claim (while the plan has run slots; to record skipped while the job catches
+/// up here: `sequence_active`), its missed ticks to record skipped, or a catch-up sequence.
+fn plan_job(e: &Engine, job: &Job, i: usize, cursor: Cursor, round: Round, sequence_active: bool, plan: &mut Plan) {
     let tolerance_start = round.now - late_tolerance();
     let late_from = match cursor.healthy {
         Some(true) => cursor.handled.min(tolerance_start),
@@ -515,9 +522,6 @@ fn plan_job(e: &Engine, job: &Job, i: usize, cursor: Cursor, round: Round, run_s
         tracing::info!(job = %job.name(), catchup = ?job.policy().catchup,
             "ticks older than the catch-up window came due while this node was not claiming; not examined");
     }
-    // Missed ticks while a sequence of the job is under way are queued behind it (see
-    // `catchup::spawn`), never dropped.
-    let sequence_active = e.catching_up.lock().expect("not poisoned").contains_key(job.name());
     for (t, reason) in due.record_skipped {
         plan.claims.push((i, e.request(job, Tick::new(job.name(), t), Trigger::Catchup, ClaimMode::Skip { reason })));
     }
@@ -551,11 +555,11 @@ fn plan_job(e: &Engine, job: &Job, i: usize, cursor: Cursor, round: Round, run_s
         return;
     }
     for t in due.on_time {
-        if *run_slots == 0 {
+        if plan.run_slots == 0 {
             tracing::warn!(job = %job.name(), scheduled_at = %t, "node at max_concurrent_runs; leaving the tick to other nodes");
             continue;
         }
-        *run_slots -= 1;
+        plan.run_slots -= 1;
         plan.claims.push((i, e.run_request(job, Tick::new(job.name(), t), Trigger::Schedule)));
     }
 }

@@ -1,36 +1,32 @@
 //! HTTP jobs: a run is one request to the business service's own endpoint, carrying the
 //! run's facts as headers so the service can fence its writes, judged by the status.
 //!
-//! TLS is rustls on the `ring` provider, chosen here rather than installed process-wide (an
-//! embedding program keeps its own default), with the system's roots (read by
-//! `rustls-platform-verifier`, as reqwest's own `rustls` feature does) plus a job's CA file.
+//! Here: the job, its request and how its response is judged and kept. `status.rs`: which
+//! statuses count as success. `tls.rs`: the TLS client (rustls, the system's roots plus a
+//! job's CA file), shared by the process.
+
+mod status;
+mod tls;
 
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::SecondsFormat;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, Url};
-use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::CertificateDer;
 use solocron_core::{redact_url, OUTPUT_TAIL_BYTES_MAX};
 
 use crate::job::{Handler, Outcome, RunContext};
+pub use status::ExpectStatus;
+use tls::{client_for, read_ca_file};
 
 /// Most bytes of a response body read: past it the rest is left unread and the connection
 /// dropped, so a runaway endpoint costs a bounded time and memory; the record keeps the tail
 /// of what was read.
 pub const RESPONSE_READ_BYTES_MAX: usize = 1024 * 1024;
-/// Largest CA file read (a full system bundle is about 220 KiB).
-const CA_FILE_BYTES_MAX: u64 = 1024 * 1024;
-/// Most items in an `expect_status` list.
-const EXPECT_STATUS_ITEMS_MAX: usize = 16;
-/// Most distinct CA bundles whose clients are kept for the process; past it, a client is
-/// built per run (correct, only slower).
-const CLIENTS_CACHED_MAX: usize = 16;
 
 /// The headers every request carries, set from the run's facts; a job cannot set them.
 const FACT_HEADERS: [&str; 7] = [
@@ -56,80 +52,6 @@ pub struct HttpJobError {
 
 fn bad(field: &'static str, why: impl Into<String>) -> HttpJobError {
     HttpJobError { field, why: why.into() }
-}
-
-/// The statuses that count as success: `2xx`, `200`, `200-299`, or a comma-separated list
-/// of these (`2xx,304`). The default is `2xx`.
-///
-/// ```
-/// let s: solocron::ExpectStatus = "2xx, 304".parse().unwrap();
-/// assert!(s.matches(204) && s.matches(304) && !s.matches(302));
-/// assert_eq!(s.to_string(), "2xx,304");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExpectStatus {
-    /// Inclusive ranges, with the text each was written as.
-    items: Vec<(u16, u16, String)>,
-}
-
-impl ExpectStatus {
-    /// True if `status` is one of the expected statuses.
-    pub fn matches(&self, status: u16) -> bool {
-        self.items.iter().any(|(lo, hi, _)| (*lo..=*hi).contains(&status))
-    }
-}
-
-impl Default for ExpectStatus {
-    fn default() -> ExpectStatus {
-        ExpectStatus { items: vec![(200, 299, "2xx".to_owned())] }
-    }
-}
-
-impl std::fmt::Display for ExpectStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let texts: Vec<&str> = self.items.iter().map(|(_, _, t)| t.as_str()).collect();
-        f.write_str(&texts.join(","))
-    }
-}
-
-impl FromStr for ExpectStatus {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<ExpectStatus, String> {
-        let how = "write 200, 2xx, 200-299, or a comma-separated list of these such as 2xx,304";
-        let parts: Vec<&str> = s.split(',').map(str::trim).collect();
-        if parts.len() > EXPECT_STATUS_ITEMS_MAX {
-            return Err(format!("has {} items; at most {EXPECT_STATUS_ITEMS_MAX}", parts.len()));
-        }
-        let mut items = Vec::with_capacity(parts.len());
-        for part in parts {
-            let Some((lo, hi)) = status_item(part) else {
-                let shown: String = part.chars().take(40).collect();
-                return Err(format!("`{shown}` is not a status (100 to 599) or a range of them: {how}"));
-            };
-            if lo > hi {
-                return Err(format!("`{part}` runs from high to low: write {hi}-{lo}"));
-            }
-            items.push((lo, hi, part.to_ascii_lowercase()));
-        }
-        Ok(ExpectStatus { items })
-    }
-}
-
-/// One item of an `expect_status` list as an inclusive range: `2xx`, `200`, `200-299`.
-fn status_item(item: &str) -> Option<(u16, u16)> {
-    let code = |s: &str| -> Option<u16> {
-        let n: u16 = s.parse().ok().filter(|_| s.len() == 3 && s.bytes().all(|b| b.is_ascii_digit()))?;
-        (100..=599).contains(&n).then_some(n)
-    };
-    if let Some(class) = item.strip_suffix("xx").or_else(|| item.strip_suffix("XX")) {
-        let c = code(&format!("{class}00"))?;
-        return Some((c, c + 99));
-    }
-    match item.split_once('-') {
-        Some((lo, hi)) => Some((code(lo.trim())?, code(hi.trim())?)),
-        None => code(item).map(|c| (c, c)),
-    }
 }
 
 /// A [`Handler`] that calls an HTTP endpoint: the business service's own, which does the
@@ -261,7 +183,7 @@ impl HttpJob {
     }
 
     /// This request with `body` as its JSON body (`Content-Type: application/json`, in place
-    /// of any configured): an alert's delivery (`alerts.rs`).
+    /// of any configured): an alert's delivery (`alerts/deliver.rs`).
     pub(crate) fn with_json(mut self, body: Vec<u8>) -> HttpJob {
         self.headers.insert(reqwest::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         self.body = Some(body);
@@ -495,26 +417,6 @@ fn output(status: u16, body: &[u8], note: Option<&str>) -> String {
     out
 }
 
-/// The certificates of a PEM file, each checked to be usable as a root.
-fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let size = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?.len();
-    if size > CA_FILE_BYTES_MAX {
-        return Err(format!("is {size} bytes; a CA file is at most {CA_FILE_BYTES_MAX}"));
-    }
-    let pem = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("is not a PEM file of certificates: {e:?}"))?;
-    if certs.is_empty() {
-        return Err("holds no certificate (-----BEGIN CERTIFICATE-----)".to_owned());
-    }
-    let mut roots = rustls::RootCertStore::empty();
-    for (i, cert) in certs.iter().enumerate() {
-        roots.add(cert.clone()).map_err(|e| format!("certificate {} cannot be a root: {e}", i + 1))?;
-    }
-    Ok(certs)
-}
-
 /// A short digest of byte strings, for fingerprints.
 fn digest(parts: &[&[u8]]) -> String {
     use sha2::Digest as _;
@@ -526,112 +428,9 @@ fn digest(parts: &[&[u8]]) -> String {
     h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
-/// The process's clients, one per CA bundle (empty: the system's roots only). A client holds
-/// no connection between runs (`pool_max_idle_per_host(0)`), so one can serve every tokio
-/// runtime of the process: a pooled connection would belong to the runtime that made it.
-static CLIENTS: Mutex<Vec<(Vec<CertificateDer<'static>>, reqwest::Client)>> = Mutex::new(Vec::new());
-
-/// The shared client for a CA bundle, built on first use.
-fn client_for(ca: &[CertificateDer<'static>]) -> Result<reqwest::Client, String> {
-    let mut clients = CLIENTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some((_, c)) = clients.iter().find(|(k, _)| k.as_slice() == ca) {
-        return Ok(c.clone());
-    }
-    let client = build_client(ca)?;
-    if clients.len() < CLIENTS_CACHED_MAX {
-        clients.push((ca.to_vec(), client.clone()));
-    }
-    Ok(client)
-}
-
-fn build_client(ca: &[CertificateDer<'static>]) -> Result<reqwest::Client, String> {
-    use rustls::client::danger::ServerCertVerifier;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier: Arc<dyn ServerCertVerifier> = match rustls_platform_verifier::Verifier::new_with_extra_roots(
-        ca.iter().cloned(),
-        provider.clone(),
-    ) {
-        Ok(v) => Arc::new(v),
-        // A machine without CA certificates (a bare container) still serves http:// jobs;
-        // https ones fail their handshake, and the log says why.
-        Err(e) if ca.is_empty() => {
-            tracing::warn!(error = %e, "no system CA certificates: https endpoints will be refused unless a job sets ca_file");
-            Arc::new(NoRoots(provider.clone()))
-        }
-        Err(e) => return Err(format!("the CA file's certificates: {e}")),
-    };
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .redirect(reqwest::redirect::Policy::none())
-        .pool_max_idle_per_host(0)
-        .user_agent(concat!("solocron/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| e.to_string())
-}
-
-/// The verifier of a machine with no roots at all: every certificate is refused.
-#[derive(Debug)]
-struct NoRoots(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for NoRoots {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &rustls::pki_types::ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Err(rustls::Error::General("no CA certificates on this system; set the job's ca_file".into()))
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn expect_status_reads_classes_codes_ranges_and_lists_and_refuses_the_rest() {
-        let s: ExpectStatus = " 2XX , 304, 400 - 404 ".parse().unwrap();
-        assert_eq!(s.to_string(), "2xx,304,400 - 404");
-        for (status, expected) in [(200, true), (299, true), (304, true), (402, true), (300, false), (405, false)] {
-            assert_eq!(s.matches(status), expected, "{status}");
-        }
-        assert!(ExpectStatus::default().matches(204) && !ExpectStatus::default().matches(301));
-        for bad in ["", "2xx,", "6xx", "0xx", "20x", "2000", "099", "600", "+200", "200-", "abc"] {
-            assert!(bad.parse::<ExpectStatus>().is_err(), "{bad:?} accepted");
-        }
-        let many = vec!["200"; EXPECT_STATUS_ITEMS_MAX + 1].join(",");
-        assert!(many.parse::<ExpectStatus>().unwrap_err().contains("at most 16"));
-    }
 
     #[test]
     fn the_output_keeps_the_status_line_and_the_bodys_tail_within_the_bound() {
