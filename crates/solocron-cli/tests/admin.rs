@@ -225,7 +225,8 @@ fn history_filters_and_shows_one_runs_output() {
     let (code, out, _) = f.cli(&["history", "--output", id]);
     assert_eq!(code, 0);
     assert_eq!(out.trim(), format!("said {id}"));
-    let by_node = f.cli_items(&["history", "--node", "n1", "--state", "succeeded", "--since", "1h", "--format", "json"]);
+    let by_node =
+        f.cli_items(&["history", "--node", "n1", "--state", "succeeded", "--since", "1h", "--format", "json"]);
     assert_eq!(by_node.as_array().unwrap().len(), all.as_array().unwrap().len());
     let none = f.cli_items(&["history", "--node", "nobody", "--format", "json"]);
     assert!(none.as_array().unwrap().is_empty());

@@ -2,8 +2,8 @@
 //! alike: a client reads jobs, runs, nodes, actions and revisions the same way (`items`,
 //! then `next_cursor` until it is null). The wire shape of a list is decided here only.
 
-use serde::Serialize;
 use crate::{JobPage, JobSummary, RunPage, RunView};
+use serde::Serialize;
 use utoipa::ToSchema;
 
 /// One page of a list. A list the server does not page (the nodes; the newest actions or

@@ -19,9 +19,9 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::{Caller, Role};
 use crate::extract::{Body, Query};
-use solocron_fleet::{JobList, Page};
 use crate::problem::Problem;
 use crate::AppState;
+use solocron_fleet::{JobList, Page};
 
 /// Most actions one `GET /api/v1/actions` returns.
 pub const ACTIONS_PAGE_MAX: usize = 500;

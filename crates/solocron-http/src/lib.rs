@@ -53,9 +53,9 @@ pub use api::ACTIONS_PAGE_MAX;
 pub use auth::{Caller, Role, Token, TokenError, TOKEN_SECRET_BYTES_MAX, TOKEN_SECRET_BYTES_MIN};
 pub use extract::{BODY_BYTES_MAX, QUERY_BYTES_MAX};
 pub use openapi::openapi_json;
-pub use solocron_fleet::{JobList, Page};
 pub use problem::Problem;
 pub use prometheus::{install_prometheus, MetricsHandle, HISTOGRAM_BUCKETS_SECONDS, OPENMETRICS_CONTENT_TYPE};
+pub use solocron_fleet::{JobList, Page};
 
 /// How the server behaves beyond its store.
 #[derive(Debug, Clone, Default)]

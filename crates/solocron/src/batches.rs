@@ -1,7 +1,7 @@
 //! Sends runs' lease renewals and ends to the store in batches: when many runs renew or
 //! end at once (a herd of short jobs ending, a herd whose claim was answered late confirming
 //! its leases), their `renew` and `finish` calls go to the store as a few
-//! [`Store::renew_all`] and [`Store::finish_all`] calls instead of one round trip each
+//! [`RunStore::renew_all`](solocron_core::RunStore::renew_all) and [`RunStore::finish_all`](solocron_core::RunStore::finish_all) calls instead of one round trip each
 //! queued behind the pool, which let owners' leases run out before their renewals or ends
 //! were written (the run then stopped, or fell to recovery and its `on_crash` policy).
 //!
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use solocron_core::{Ending, Renewal, Store, StoreError, FINISH_BATCH_MAX, RENEW_BATCH_MAX};
+use solocron_core::{Ending, Renewal, RunStore, StoreError, FINISH_BATCH_MAX, RENEW_BATCH_MAX};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
@@ -42,7 +42,7 @@ pub(crate) struct Batches {
 }
 
 impl Batches {
-    pub(crate) fn new(store: Arc<dyn Store>) -> Batches {
+    pub(crate) fn new(store: Arc<dyn RunStore>) -> Batches {
         let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
         Batches { renewals: Batcher::new(store.clone(), slots.clone()), ends: Batcher::new(store, slots) }
     }
@@ -62,12 +62,12 @@ pub(crate) trait Kind: Send + Sync + 'static {
     /// for is dropped (its owner sends a fresh one); an end is recorded all the same.
     const SEND_ABANDONED: bool;
     /// The batch call: one answer per item, in order.
-    fn all<'a>(store: &'a dyn Store, items: &'a [Self::Item]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>>;
+    fn all<'a>(store: &'a dyn RunStore, items: &'a [Self::Item]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>>;
     /// The call for one item.
-    fn one<'a>(store: &'a dyn Store, item: &'a Self::Item) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn one<'a>(store: &'a dyn RunStore, item: &'a Self::Item) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
-/// Runs' ends: [`Store::finish_all`].
+/// Runs' ends: [`RunStore::finish_all`](solocron_core::RunStore::finish_all).
 pub(crate) struct Finishes;
 
 impl Kind for Finishes {
@@ -76,15 +76,15 @@ impl Kind for Finishes {
     const WHAT: &'static str = "run ends";
     const OP: StoreOp = StoreOp::Finish;
     const SEND_ABANDONED: bool = true;
-    fn all<'a>(store: &'a dyn Store, items: &'a [Ending]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+    fn all<'a>(store: &'a dyn RunStore, items: &'a [Ending]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
         store.finish_all(items)
     }
-    fn one<'a>(store: &'a dyn Store, item: &'a Ending) -> BoxFuture<'a, Result<bool, StoreError>> {
+    fn one<'a>(store: &'a dyn RunStore, item: &'a Ending) -> BoxFuture<'a, Result<bool, StoreError>> {
         store.finish(&item.lease, &item.end)
     }
 }
 
-/// Lease renewals: [`Store::renew_all`].
+/// Lease renewals: [`RunStore::renew_all`](solocron_core::RunStore::renew_all).
 pub(crate) struct Renewals;
 
 impl Kind for Renewals {
@@ -93,10 +93,10 @@ impl Kind for Renewals {
     const WHAT: &'static str = "lease renewals";
     const OP: StoreOp = StoreOp::Renew;
     const SEND_ABANDONED: bool = false;
-    fn all<'a>(store: &'a dyn Store, items: &'a [Renewal]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+    fn all<'a>(store: &'a dyn RunStore, items: &'a [Renewal]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
         store.renew_all(items)
     }
-    fn one<'a>(store: &'a dyn Store, item: &'a Renewal) -> BoxFuture<'a, Result<bool, StoreError>> {
+    fn one<'a>(store: &'a dyn RunStore, item: &'a Renewal) -> BoxFuture<'a, Result<bool, StoreError>> {
         store.renew(&item.lease, item.length)
     }
 }
@@ -114,7 +114,7 @@ type Queue<K> = mpsc::Sender<Queued<<K as Kind>::Item>>;
 
 /// A handle to the engine's batcher of one kind of call; cheap to clone.
 pub(crate) struct Batcher<K: Kind> {
-    store: Arc<dyn Store>,
+    store: Arc<dyn RunStore>,
     /// The running worker's queue. The worker starts with the first call, on the runtime
     /// that runs the engine (which may be built outside one), and again if that runtime
     /// went away (the engine used by `run_here` in one runtime, then `run` in another).
@@ -132,7 +132,7 @@ impl<K: Kind> Clone for Batcher<K> {
 
 impl<K: Kind> Batcher<K> {
     /// A batcher over `store` whose batches take `slots` (see [`BATCHES_IN_FLIGHT`]).
-    pub(crate) fn new(store: Arc<dyn Store>, slots: Arc<Semaphore>) -> Batcher<K> {
+    pub(crate) fn new(store: Arc<dyn RunStore>, slots: Arc<Semaphore>) -> Batcher<K> {
         Batcher { store, queue: Arc::default(), slots, kind: PhantomData }
     }
 
@@ -163,7 +163,7 @@ impl<K: Kind> Batcher<K> {
 }
 
 /// Takes what is queued whenever a batch slot is free, until every handle is dropped.
-async fn work<K: Kind>(mut rx: mpsc::Receiver<Queued<K::Item>>, store: Arc<dyn Store>, slots: Arc<Semaphore>) {
+async fn work<K: Kind>(mut rx: mpsc::Receiver<Queued<K::Item>>, store: Arc<dyn RunStore>, slots: Arc<Semaphore>) {
     while let Some(first) = rx.recv().await {
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
         // Items that arrived while waiting for the slot join this batch; those nobody
@@ -193,7 +193,7 @@ async fn work<K: Kind>(mut rx: mpsc::Receiver<Queued<K::Item>>, store: Arc<dyn S
 /// Sends a batch and answers each item: the batch's answer, or, if the store refused the
 /// batch as a whole for a reason other than being unreachable, each item's own, chunk by
 /// chunk as they come.
-async fn send_batch<K: Kind>(store: &dyn Store, batch: Vec<Queued<K::Item>>) {
+async fn send_batch<K: Kind>(store: &dyn RunStore, batch: Vec<Queued<K::Item>>) {
     debug_assert!(!batch.is_empty() && batch.len() <= K::BATCH_MAX);
     let latest = batch.iter().map(|q| q.deadline).max().expect("a batch has an item");
     let wait = BATCH_WAIT.min(latest.saturating_duration_since(Instant::now()));
@@ -287,7 +287,7 @@ mod tests {
             store
         });
         let (a, b) = (ending(&store, &first, 0), ending(&store, &first, 1));
-        let store: Arc<dyn Store> = Arc::new(store);
+        let store: Arc<dyn RunStore> = Arc::new(store);
         let ends = Batcher::<Finishes>::new(store.clone(), Arc::new(Semaphore::new(BATCHES_IN_FLIGHT)));
         let deadline = || Instant::now() + Duration::from_secs(5);
         assert!(first.block_on(async { ends.send(a, deadline()).await }).unwrap());

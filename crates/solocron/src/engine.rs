@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use solocron_core::{
-    ClaimMode, ClaimOutcome, ClaimRequest, Clock, Lease, Overlap, RunId, RunState, Store, StoreError, Tick, Trigger,
-    CLAIM_BATCH_MAX, LATE_TOLERANCE,
+    ClaimMode, ClaimOutcome, ClaimRequest, Clock, Lease, NodeStore, Overlap, RunId, RunState, StoreError, Tick,
+    Trigger, CLAIM_BATCH_MAX, LATE_TOLERANCE,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -35,7 +35,7 @@ use crate::unanswered::UnansweredClaims;
 
 /// A node's shared state: its jobs, its store and batchers, and its running runs.
 pub(crate) struct Engine {
-    pub(crate) store: Arc<dyn Store>,
+    pub(crate) store: Arc<dyn NodeStore>,
     /// Where runs' lease renewals and ends go to be sent in batches.
     pub(crate) batches: Batches,
     pub(crate) node: String,
@@ -68,7 +68,7 @@ pub(crate) struct Engine {
 
 /// What an [`Engine`] is made of; see [`Engine::new`].
 pub(crate) struct Parts {
-    pub(crate) store: Arc<dyn Store>,
+    pub(crate) store: Arc<dyn NodeStore>,
     pub(crate) node: String,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) system_clock: bool,

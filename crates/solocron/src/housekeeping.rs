@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use solocron_core::{
-    Liveness, Namespaces, NodeBeat, Registration, Store, StoreError, Trigger, HEARTBEAT_EVERY, PRUNE_BATCH_MAX,
+    Liveness, Namespaces, NodeBeat, NodeStore, Registration, StoreError, Trigger, HEARTBEAT_EVERY, PRUNE_BATCH_MAX,
     REGISTRY_PAGE_MAX,
 };
 use tokio::time::Instant;
@@ -249,7 +249,7 @@ async fn claim_requests(e: &Arc<Engine>) -> Result<(), StoreError> {
 /// Deletes the records of `namespaces` older than `retention`, in bounded batches, once an
 /// hour.
 pub(crate) async fn prune_loop(
-    store: Arc<dyn Store>,
+    store: Arc<dyn NodeStore>,
     retention: Duration,
     namespaces: Namespaces,
     shutdown: CancellationToken,
@@ -269,10 +269,10 @@ pub(crate) async fn prune_loop(
     }
 }
 
-/// One bounded pass over the records of `namespaces` (see [`Store::prune`]): batches until
+/// One bounded pass over the records of `namespaces` (see [`HistoryStore::prune`](solocron_core::HistoryStore::prune)): batches until
 /// one comes back short.
 pub async fn prune_pass(
-    store: &dyn Store,
+    store: &dyn NodeStore,
     older_than: Duration,
     namespaces: &Namespaces,
     stop: &CancellationToken,

@@ -3,14 +3,14 @@
 //! planned retry here on time.
 //!
 //! The retry itself lives in the store: the failed run's end and its next attempt, as
-//! `waiting` with a not-before, are written in one step ([`Store::finish_for_retry`]), and
-//! whoever's recovery scan finds it due starts it ([`Store::recover`]), so a retry survives
+//! `waiting` with a not-before, are written in one step ([`RunStore::finish_for_retry`]), and
+//! whoever's recovery scan finds it due starts it ([`RunStore::recover`]), so a retry survives
 //! the node that planned it. The node that saw the failure wakes its recovery scan at the
 //! not-before ([`RetryWakes`]); every other node's periodic scan is the backstop.
 //!
 //! [`RetryPolicy`]: solocron_core::RetryPolicy
-//! [`Store::finish_for_retry`]: solocron_core::Store::finish_for_retry
-//! [`Store::recover`]: solocron_core::Store::recover
+//! [`RunStore::finish_for_retry`]: solocron_core::RunStore::finish_for_retry
+//! [`RunStore::recover`]: solocron_core::RunStore::recover
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

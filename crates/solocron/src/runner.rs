@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use solocron_core::{
-    output_tail, Clock, Ending, JobPolicy, Lease, Renewal, RunEnd, RunId, RunState, Store, StoreError, Trigger,
+    output_tail, Clock, Ending, JobPolicy, Lease, NodeStore, Renewal, RunEnd, RunId, RunState, StoreError, Trigger,
 };
 use tokio::sync::oneshot;
 use tokio::time::{sleep_until, timeout_at, Instant};
@@ -153,7 +153,7 @@ type PendingRenewal = Pin<Box<dyn Future<Output = (Instant, Option<Result<bool, 
 /// runner never claims, and never sees the engine.
 pub(crate) struct Env<'a> {
     pub(crate) batches: &'a Batches,
-    pub(crate) store: &'a dyn Store,
+    pub(crate) store: &'a dyn NodeStore,
     pub(crate) retry_wakes: &'a RetryWakes,
     pub(crate) clock: &'a dyn Clock,
     pub(crate) store_clock: &'a StoreClock,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{ClaimOutcome, Clock, Namespaces, RunRecord, Store, StoreError, Trigger};
+use solocron_core::{ClaimOutcome, Clock, Namespaces, NodeStore, RunRecord, SchemaStore, Store, StoreError, Trigger};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -129,7 +129,7 @@ impl SchedulerBuilder {
     }
 
     /// How often to look for runs whose lease expired (default: a third of the shortest
-    /// lease less the store's [`Store::expiry_lag`], within 200 ms..10 s).
+    /// lease less the store's [`RunStore::expiry_lag`](solocron_core::RunStore::expiry_lag), within 200 ms..10 s).
     pub fn recovery_interval(mut self, every: Duration) -> Self {
         self.recovery_interval = Some(every);
         self
@@ -157,6 +157,8 @@ impl SchedulerBuilder {
         let default_interval = (shortest / 3).saturating_sub(self.store.expiry_lag());
         let recovery_interval =
             self.recovery_interval.unwrap_or(default_interval).clamp(RECOVERY_INTERVAL_MIN, RECOVERY_INTERVAL_MAX);
+        // The engine asks only for the node's steps; the schema is the scheduler's own step.
+        let schema: Arc<dyn SchemaStore> = self.store.clone();
         let engine = Arc::new(Engine::new(Parts {
             store: self.store,
             node: self.node_id,
@@ -169,7 +171,7 @@ impl SchedulerBuilder {
             recovery_interval,
         }));
         let alerting = Alerting::new(&engine, self.alerts);
-        Ok(Scheduler { migrate: self.migrate, id_checked: false, engine, alerting })
+        Ok(Scheduler { migrate: self.migrate, schema, id_checked: false, engine, alerting })
     }
 }
 
@@ -196,6 +198,8 @@ pub struct Scheduler {
     alerting: Alerting,
     /// `run` migrates the store first.
     migrate: bool,
+    /// The store's schema steps: only `run`'s migration uses them.
+    schema: Arc<dyn SchemaStore>,
     /// [`Scheduler::check_node_id`] found the id free: `run` need not look again.
     id_checked: bool,
 }
@@ -320,7 +324,7 @@ impl Scheduler {
     pub async fn run(self, shutdown: CancellationToken) {
         let e = self.engine.clone();
         tracing::info!(node = %e.node, store = %e.store.describe(), jobs = e.jobs.get().len(), "scheduler starting");
-        if self.migrate && !migrate(&e, &shutdown).await {
+        if self.migrate && !migrate(self.schema.as_ref(), &shutdown).await {
             return;
         }
         if !self.id_checked {
@@ -354,7 +358,7 @@ impl Scheduler {
 }
 
 /// When `id` last sent a heartbeat, if it is alive by the store's clock.
-async fn alive_beat(store: &dyn Store, id: &str) -> Option<DateTime<Utc>> {
+async fn alive_beat(store: &dyn NodeStore, id: &str) -> Option<DateTime<Utc>> {
     let (nodes, now) = match (bounded(store.nodes()).await, bounded(store.now()).await) {
         (Ok(nodes), Ok(now)) => (nodes, now),
         (Err(e), _) | (_, Err(e)) => {
@@ -374,10 +378,10 @@ fn gethostname() -> String {
     nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".to_owned())
 }
 
-async fn migrate(e: &Engine, shutdown: &CancellationToken) -> bool {
+async fn migrate(schema: &dyn SchemaStore, shutdown: &CancellationToken) -> bool {
     let mut backoff = Backoff::store();
     loop {
-        match within(MIGRATE_TIMEOUT, e.store.migrate()).await {
+        match within(MIGRATE_TIMEOUT, schema.migrate()).await {
             Ok(()) => return true,
             Err(err) => tracing::warn!(error = %err, "cannot prepare the store; retrying"),
         }

@@ -95,6 +95,29 @@ fn no_import_circle_between_the_crates_modules() {
     assert!(circle.is_none(), "import circle: {}", circle.unwrap_or_default().join(" -> "));
 }
 
+/// The engine asks the store only for the node's steps (`NodeStore`, or less): the whole
+/// `Store` (schema and operator steps too) is taken by the scheduler's public builder
+/// alone, which hands the engine its `NodeStore` and keeps `SchemaStore` for `migrate`.
+#[test]
+fn only_the_scheduler_takes_the_whole_store() {
+    for source in sources() {
+        let whole: Vec<&str> = before_tests(&source.code).lines().filter(|l| takes_whole_store(l)).collect();
+        if source.module == "scheduler" {
+            assert!(whole.iter().all(|l| l.contains("store: Arc<dyn Store>")), "{}: {whole:?}", source.path.display());
+        } else {
+            assert!(whole.is_empty(), "{} takes the whole store: {whole:?}", source.path.display());
+        }
+    }
+}
+
+/// Whether `line` names a `dyn Store` (by any path: `dyn solocron_core::Store` too).
+fn takes_whole_store(line: &str) -> bool {
+    line.split("dyn ").skip(1).any(|rest| {
+        let path: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':').collect();
+        path.rsplit("::").next() == Some("Store")
+    })
+}
+
 /// A layer's name, for messages.
 fn name(layer: Option<usize>) -> &'static str {
     layer.map_or("no layer", |l| LAYERS[l].0)

@@ -7,8 +7,8 @@ use chrono_tz::Tz;
 use clap::Args;
 use solocron_core::{format_duration, Store};
 use solocron_fleet::{
-    JobList, Page,
-    ActionView, Fleet, JobDetail, JobFilter, JobSummary, NodeView, PauseView, RegistrationView, RunView, JOBS_PAGE_MAX,
+    ActionView, Fleet, JobDetail, JobFilter, JobList, JobSummary, NodeView, Page, PauseView, RegistrationView, RunView,
+    JOBS_PAGE_MAX,
 };
 
 use crate::output::{self, print_json, Cell};

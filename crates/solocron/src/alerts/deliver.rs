@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
-use solocron_core::{HistoryQuery, JobPolicy, OnCrash, RetryPolicy, RunRecord, Store, StoreError, JOB_NAME_CHARS_MAX};
+use solocron_core::{
+    HistoryQuery, JobPolicy, NodeStore, OnCrash, RetryPolicy, RunRecord, StoreError, JOB_NAME_CHARS_MAX,
+};
 
 use super::{AlertEvent, AlertRule, AlertTarget, Alerts};
 use crate::engine::Engine;
@@ -119,7 +121,7 @@ struct Delivery {
     rule: Arc<AlertRule>,
     /// The job the alert is about.
     job: String,
-    store: Arc<dyn Store>,
+    store: Arc<dyn NodeStore>,
 }
 
 #[async_trait]
