@@ -51,9 +51,9 @@ pub use namespace::{
     NAMESPACES_MAX, NAMESPACE_LEN_MAX,
 };
 pub use policy::{
-    plan_due, retention_floor, DuePlan, JobPolicy, Misfire, OnCrash, Overlap, PolicyError, RetryPolicy,
-    KILL_GRACE_DEFAULT_MAX, LATE_TOLERANCE, LEASE_MAX, LEASE_MIN, LONG_DURATION_MAX, MAX_ATTEMPTS_MAX, MAX_CATCHUP_MAX,
-    RETENTION_MIN, RETRY_BACKOFF_MIN,
+    plan_due, retention_floor, DuePlan, JobPolicy, Misfire, OnCrash, Overlap, PolicyError, RetryPolicy, ATTEMPTS_MAX,
+    CATCHUP_TICKS_MAX, KILL_GRACE_DEFAULT_MAX, LATE_TOLERANCE, LEASE_MAX, LEASE_MIN, LONG_DURATION_MAX, RETENTION_MIN,
+    RETRY_BACKOFF_MIN,
 };
 pub use prefix::{Prefix, PrefixError, PREFIX_LEN_MAX};
 pub use redact::{redact_in, redact_url};

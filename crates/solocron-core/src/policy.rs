@@ -11,9 +11,9 @@ use crate::schedule::Schedule;
 /// Shortest lease a job may have: renewals every lease/3 must fit a store round trip.
 pub const LEASE_MIN: Duration = Duration::from_millis(500);
 /// Most attempts a crash-retried tick may get.
-pub const MAX_ATTEMPTS_MAX: u32 = 100;
+pub const ATTEMPTS_MAX: u32 = 100;
 /// Most missed ticks of one job recorded or caught up in one pass.
-pub const MAX_CATCHUP_MAX: u32 = 10_000;
+pub const CATCHUP_TICKS_MAX: u32 = 10_000;
 /// Longest lease a job may have.
 pub const LEASE_MAX: Duration = Duration::from_secs(86_400);
 /// Longest `timeout`, `catchup` and other long durations a job may have.
@@ -149,10 +149,10 @@ impl RetryPolicy {
 
     fn validate(&self) -> Result<(), PolicyError> {
         let err = |field, why: String| Err(PolicyError { field, why });
-        if self.attempts < 2 || self.attempts > MAX_ATTEMPTS_MAX {
+        if self.attempts < 2 || self.attempts > ATTEMPTS_MAX {
             return err(
                 "retry.attempts",
-                format!("must be between 2 and {MAX_ATTEMPTS_MAX} (it counts every attempt, the first included)"),
+                format!("must be between 2 and {ATTEMPTS_MAX} (it counts every attempt, the first included)"),
             );
         }
         if self.backoff < RETRY_BACKOFF_MIN {
@@ -233,11 +233,11 @@ impl JobPolicy {
                 ),
             );
         }
-        if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS_MAX {
-            return err("max_attempts", format!("must be between 1 and {MAX_ATTEMPTS_MAX}"));
+        if self.max_attempts == 0 || self.max_attempts > ATTEMPTS_MAX {
+            return err("max_attempts", format!("must be between 1 and {ATTEMPTS_MAX}"));
         }
-        if self.max_catchup == 0 || self.max_catchup > MAX_CATCHUP_MAX {
-            return err("max_catchup", format!("must be between 1 and {MAX_CATCHUP_MAX}"));
+        if self.max_catchup == 0 || self.max_catchup > CATCHUP_TICKS_MAX {
+            return err("max_catchup", format!("must be between 1 and {CATCHUP_TICKS_MAX}"));
         }
         if let Some(retry) = &self.retry {
             retry.validate()?;
