@@ -210,7 +210,9 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+//! use solocron_core::{
+//!     ClaimMode, ClaimOutcome, ClaimRequest, ClaimStore, Prefix, SchemaStore, StoreBase, Tick, Trigger,
+//! };
 //! use solocron_mysql::MySqlStore;
 //!
 //! # #[tokio::main]

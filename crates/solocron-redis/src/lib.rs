@@ -5,7 +5,9 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+//! use solocron_core::{
+//!     ClaimMode, ClaimOutcome, ClaimRequest, ClaimStore, Prefix, SchemaStore, StoreBase, Tick, Trigger,
+//! };
 //! use solocron_redis::RedisStore;
 //!
 //! # #[tokio::main]
@@ -400,7 +402,7 @@ impl RedisStore {
     ///
     /// ```no_run
     /// # async fn f(store: solocron_redis::RedisStore) -> Result<(), solocron_core::StoreError> {
-    /// use solocron_core::Store;
+    /// use solocron_core::SchemaStore;
     /// store.migrate().await?;
     /// println!("library: {:?}", store.calls_library());
     /// # Ok(())

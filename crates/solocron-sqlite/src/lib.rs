@@ -54,7 +54,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, ClaimStore, Prefix, SchemaStore, Tick, Trigger};
 //! use solocron_sqlite::SqliteStore;
 //!
 //! # #[tokio::main]
