@@ -241,7 +241,7 @@ impl ControlStore for EtcdStore {
     async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
         let store = self;
         let key = store.keys.control(job);
-        for _ in 0..crate::runs::CAS_ATTEMPTS {
+        for _ in 0..crate::cas::CAS_ATTEMPTS {
             let found = read(&store.client, vec![get(key.clone())]).await?.into_iter().next().and_then(single);
             let (was_paused, revision) = match &found {
                 Some(kv) => (decode::<StoredControl>(kv.value(), "job control")?.paused, kv.mod_revision()),
@@ -268,7 +268,7 @@ impl ControlStore for EtcdStore {
                 return Ok(());
             }
         }
-        Err(crate::runs::contended("a pause"))
+        Err(crate::cas::contended("a pause"))
     }
 
     async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
@@ -450,7 +450,7 @@ async fn write_registrations(
     node: &str,
     writes: &mut [RegistryWrite<'_>],
 ) -> Result<(), StoreError> {
-    for _ in 0..crate::runs::CAS_ATTEMPTS {
+    for _ in 0..crate::cas::CAS_ATTEMPTS {
         let now = now_ms();
         let (compares, ops): (Vec<Compare>, Vec<TxnOp>) = writes.iter().map(|w| w.txn_parts(node, now)).unzip();
         if txn(&store.client, "a registration", Txn::new().when(compares).and_then(ops)).await?.succeeded() {

@@ -210,7 +210,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, ClaimStore, Prefix, SchemaStore, Tick, Trigger};
 //! use solocron_etcd::EtcdStore;
 //!
 //! # #[tokio::main]
@@ -244,6 +244,9 @@
 //! - `leases.rs`: the node's shared etcd leases that claims attach runs to.
 //! - `runs.rs`: a held run's life: renew, finish, expired, recover, unlock.
 //! - `retry.rs`: failure retries: finish for a retry; start or drop a due waiting retry.
+//! - `cas.rs`: what every writing step shares: the bound on lost compares, a `Txn` with
+//!   its re-reads, a record's and a guard's revision as read. A leaf, so `runs.rs` →
+//!   `retry.rs` is the only arrow between those two.
 //! - `admin.rs`: history, registry, pause switches, manual requests, prune.
 //! - `clock.rs`: the fleet's clock (the median of the processes' clocks), [`StoreBase::now`](solocron_core::StoreBase::now).
 //! - `fleet.rs`: node heartbeats (one `Txn`, no read) and the audit log (an action is one
@@ -258,6 +261,7 @@
 #![warn(missing_docs)]
 
 mod admin;
+mod cas;
 mod claim;
 mod clock;
 mod codec;

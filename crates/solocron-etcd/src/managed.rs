@@ -27,10 +27,10 @@ use solocron_core::{
     check_spec_text, JobRevision, JobWrite, ManagedJob, StoreError, MANAGED_JOBS_MAX, REVISIONS_PAGE_MAX,
 };
 
+use crate::cas::{contended, CAS_ATTEMPTS};
 use crate::codec::{decode, decode_job, encode, encode_job, instant, JobHeader};
 use crate::etcd::{bounded_read, get, gets, now_ms, range, range_paged, read, revision, single, txn, TXN_OPS_MAX};
 use crate::keys::prefix_end;
-use crate::runs::{contended, CAS_ATTEMPTS};
 use crate::EtcdStore;
 
 /// Most revisions of managed jobs kept per prefix: a write that makes more drops the

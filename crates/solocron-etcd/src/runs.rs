@@ -11,15 +11,17 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use solocron_core::{
-    output_tail, ActionKind, ActionRecord, Ending, Lease, Namespaces, RecoverAction, RecoverOutcome, Renewal, RunEnd,
-    RunId, RunRecord, RunState, StoreError, Trigger, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
+    ActionKind, ActionRecord, Ending, Lease, Namespaces, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId,
+    RunRecord, RunState, StoreError, Trigger, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 
-use crate::codec::{decode, encode, millis, to_lease, Guard, StoredRun};
-use crate::etcd::{get, gets, keep_alive, now_ms, range_all, read, revision, revoke_quietly, single, txn, TXN_OPS_MAX};
+use crate::cas::{commit, contended, read_keys, stored_guard, stored_run, CAS_ATTEMPTS};
+use crate::codec::{decode, encode, end_record, millis, to_lease, Guard, StoredRun};
+use crate::etcd::{get, keep_alive, now_ms, range_all, revision, revoke_quietly, txn, TXN_OPS_MAX};
 use crate::fleet::Action;
 use crate::keys::{key_served, prefix_end};
-use crate::leases::lease_secs;
+use crate::leases::{grant_once, lease_secs};
+use crate::retry::{plan_start, Planned};
 use crate::EtcdStore;
 
 /// Most runs whose lease a store instance remembers between renewals; beyond, it forgets
@@ -61,49 +63,9 @@ impl EtcdStore {
     }
 }
 
-/// How many times a write is decided again after losing a compare to another node.
-pub(crate) const CAS_ATTEMPTS: u32 = 16;
-
 /// Runs an unlock ends per `Txn`: two puts and one compare each, plus the guard's compare
 /// and put and the action's put.
 const UNLOCK_CHUNK: usize = (TXN_OPS_MAX - 2) / 2;
-
-/// The error after [`CAS_ATTEMPTS`] lost compares.
-pub(crate) fn contended(what: &str) -> StoreError {
-    StoreError::Unavailable(format!("{what} lost {CAS_ATTEMPTS} compare-and-swaps in a row to other nodes; try again"))
-}
-
-/// Commits `request`, with `rereads` as its `else` branch: the revision it was applied at,
-/// or (a compare failed, nothing written) the keys re-read.
-pub(crate) async fn commit(
-    store: &EtcdStore,
-    what: &str,
-    request: Txn,
-    rereads: Vec<TxnOp>,
-) -> Result<Result<i64, Vec<Option<KeyValue>>>, StoreError> {
-    let resp = txn(&store.client, what, request.or_else(rereads)).await?;
-    if resp.succeeded() {
-        Ok(Ok(revision(&resp)?))
-    } else {
-        Ok(Err(gets(&resp).into_iter().map(single).collect()))
-    }
-}
-
-/// Reads single keys at one revision.
-pub(crate) async fn read_keys(store: &EtcdStore, ops: Vec<TxnOp>) -> Result<Vec<Option<KeyValue>>, StoreError> {
-    Ok(read(&store.client, ops).await?.into_iter().map(single).collect())
-}
-
-/// A record and its revision, if the key exists.
-pub(crate) fn stored_run(kv: Option<&KeyValue>) -> Result<Option<(StoredRun, i64)>, StoreError> {
-    kv.map(|kv| Ok((decode::<StoredRun>(kv.value(), "run record")?, kv.mod_revision()))).transpose()
-}
-
-/// A job's guard and its revision; a running run or a waiting retry implies one exists.
-pub(crate) fn stored_guard(kv: Option<&KeyValue>, job: &str) -> Result<(Guard, i64), StoreError> {
-    let kv = kv.ok_or_else(|| StoreError::Invalid(format!("job `{job}` has a run in progress but no guard key")))?;
-    Ok((decode::<Guard>(kv.value(), "job guard")?, kv.mod_revision()))
-}
 
 #[async_trait]
 impl RunStore for EtcdStore {
@@ -304,14 +266,6 @@ async fn renew_held(store: &EtcdStore, held: Held, ttl: i64, length: Duration) -
     Ok(Some(true))
 }
 
-/// Writes the owner's `end` into its run's record.
-pub(crate) fn end_record(record: &mut StoredRun, end: &RunEnd, now: i64) {
-    record.end(end.state, end.reason.clone(), now);
-    record.exit_code = end.exit_code;
-    record.output = output_tail(&end.output).to_owned();
-    record.started_at = end.started_after.map(|d| record.claimed_at.saturating_add(millis(d)));
-}
-
 /// Ends per `Txn` of a batch: a compare and two writes (record, alive key) each, plus a
 /// compare and a write per job's guard.
 const FINISH_CHUNK: usize = TXN_OPS_MAX / 3;
@@ -420,10 +374,6 @@ pub(crate) async fn running_records(store: &EtcdStore, ids: &[RunId]) -> Result<
     Ok(records)
 }
 
-/// A planned recovery: its `Txn`, its outcome and (when it starts a run) the new running
-/// record.
-pub(crate) type Planned = (Txn, RecoverOutcome, Option<StoredRun>);
-
 /// The recovery `Txn` of `run` from `answers` (its record, its alive key, its job's guard,
 /// its next attempt's record); `None` if there is nothing to do: the run is neither
 /// running nor waiting, its lease is live, its next attempt exists, or (waiting) it is not
@@ -442,7 +392,7 @@ async fn plan_recovery(
         return Ok(None);
     }
     if old.is_waiting() {
-        return crate::retry::plan_start(store, run, action, (old, old_rev), answers[2].as_ref(), granted).await;
+        return plan_start(store, run, action, (old, old_rev), answers[2].as_ref(), granted).await;
     }
     if !old.is_running() {
         return Ok(None);
@@ -482,23 +432,6 @@ async fn plan_recovery(
     ];
     let outcome = RecoverOutcome::Retried(to_lease(&record)?);
     Ok(Some((Txn::new().when(compares).and_then(puts), outcome, Some(record))))
-}
-
-/// The etcd lease a recovery starts a run on, granted on the first try and kept in
-/// `granted` for the next ones (revoked by [`recover`] if the run is not started), with
-/// the run's instant: the client's clock just before the grant, no later than its TTL's
-/// start (see the claim's).
-pub(crate) async fn grant_once(
-    store: &EtcdStore,
-    granted: &mut Option<(i64, i64)>,
-    length: Duration,
-) -> Result<(i64, i64), StoreError> {
-    if let Some(lease) = *granted {
-        return Ok(lease);
-    }
-    let ttl = lease_secs(length)?;
-    let now = now_ms();
-    Ok(*granted.insert((crate::etcd::grant(&store.client, ttl).await?, now)))
 }
 
 /// The record of a retry: attempt `next` of the same tick, running for `node`.
