@@ -1,5 +1,5 @@
-//! The life of a won run after its claim: renew, finish, expiry, recovery and unlock. Each
-//! write is one `Txn` comparing the revisions of what it read (the run's record, the job's
+//! The life of a won run after its claim: renew, finish, expiry and recovery (an
+//! operator's unlock, which ends runs too, is in `admin.rs`). Each write is one `Txn` comparing the revisions of what it read (the run's record, the job's
 //! guard) or the lease of the run's alive key, so that exactly one of several racing nodes
 //! succeeds; a lost compare re-reads (the `Txn`'s `else` branch) and decides again, bounded.
 
@@ -11,61 +11,18 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use solocron_core::{
-    ActionKind, ActionRecord, Ending, Lease, Namespaces, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId,
-    RunRecord, RunState, StoreError, Trigger, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
+    Ending, Lease, Namespaces, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord, RunState, StoreError,
+    Trigger, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 
 use crate::cas::{commit, contended, read_keys, stored_guard, stored_run, CAS_ATTEMPTS};
 use crate::codec::{decode, encode, end_record, millis, to_lease, Guard, StoredRun};
 use crate::etcd::{get, keep_alive, now_ms, range_all, revision, revoke_quietly, txn, TXN_OPS_MAX};
-use crate::fleet::Action;
 use crate::keys::{key_served, prefix_end};
 use crate::leases::{grant_once, lease_secs};
+use crate::memory::Held;
 use crate::retry::{plan_start, Planned};
 use crate::EtcdStore;
-
-/// Most runs whose lease a store instance remembers between renewals; beyond, it forgets
-/// them all (renewals then read first). Only the engine's own running runs are remembered.
-const HELD_MAX: usize = 100_000;
-
-/// A running record as this store instance last wrote it, at `revision`: lets a renewal
-/// skip a read.
-#[derive(Debug, Clone)]
-pub(crate) struct Held {
-    pub record: StoredRun,
-    pub revision: i64,
-}
-
-impl EtcdStore {
-    /// Remembers a run this instance claimed or renewed.
-    pub(crate) fn remember(&self, held: Held) {
-        let Ok(id) = held.record.id() else { return };
-        let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= HELD_MAX {
-            map.clear();
-        }
-        map.insert(id, held);
-    }
-
-    fn recall(&self, run: &RunId) -> Option<Held> {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).get(run).cloned()
-    }
-
-    pub(crate) fn forget(&self, run: &RunId) {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(run);
-    }
-
-    /// Forgets every run, job and shared lease this instance remembers (after an uninstall).
-    pub(crate) fn forget_all(&self) {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        self.shared.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        self.known.forget_all();
-    }
-}
-
-/// Runs an unlock ends per `Txn`: two puts and one compare each, plus the guard's compare
-/// and put and the action's put.
-const UNLOCK_CHUNK: usize = (TXN_OPS_MAX - 2) / 2;
 
 #[async_trait]
 impl RunStore for EtcdStore {
@@ -460,78 +417,4 @@ fn next_attempt(
         nonce: None,
         ..old.clone()
     })
-}
-
-/// Ends every running run of `job` as abandoned, and records the action (see
-/// [`solocron_core::ControlStore::unlock`]): one `Txn` per [`UNLOCK_CHUNK`] runs, each comparing
-/// the guard's and the records' revisions. Each `Txn` also writes the action, naming every
-/// run ended so far (the same key each time), so the log never misses a run an unlock
-/// ended, even when a later `Txn` of it fails; an unlock that finds nothing running
-/// records so in a `Txn` comparing the guard's revision.
-pub(crate) async fn unlock(store: &EtcdStore, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-    let guard_key = store.keys.guard(job);
-    let why = ActionRecord::unlock_reason(by, reason);
-    let (action_key, at) = crate::fleet::action_key(store);
-    let action = |ended: &[RunId]| {
-        let detail = ActionRecord::unlock_detail(ended);
-        let reason = (!reason.is_empty()).then_some(reason);
-        crate::fleet::put_action(&action_key, at, Action { job, kind: ActionKind::Unlock, by, reason, detail: &detail })
-    };
-    let mut unlocked = Vec::new();
-    let mut lost = 0;
-    while lost < CAS_ATTEMPTS {
-        let found = read_keys(store, vec![get(guard_key.clone())]).await?.pop().flatten();
-        let ids = match &found {
-            Some(kv) => stored_guard(Some(kv), job)?.0.running_ids()?.into_iter().take(UNLOCK_CHUNK).collect(),
-            None => Vec::new(),
-        };
-        if ids.is_empty() {
-            if !unlocked.is_empty() {
-                break; // the last chunk's `Txn` recorded the action
-            }
-            let revision = found.as_ref().map_or(0, KeyValue::mod_revision);
-            let idle = vec![Compare::mod_revision(guard_key.clone(), CompareOp::Equal, revision)];
-            match commit(store, "an unlock", Txn::new().when(idle).and_then(vec![action(&[])]), Vec::new()).await? {
-                Ok(_) => break,
-                Err(_) => {
-                    lost += 1;
-                    continue;
-                }
-            }
-        }
-        let (mut guard, guard_rev) = stored_guard(found.as_ref(), job)?;
-        let answers = read_keys(store, ids.iter().map(|id| get(store.keys.run(id))).collect()).await?;
-        let mut compares = vec![Compare::mod_revision(guard_key.clone(), CompareOp::Equal, guard_rev)];
-        let (mut puts, mut ended) = (Vec::new(), Vec::new());
-        let now = now_ms();
-        for (id, kv) in ids.iter().zip(&answers) {
-            guard.remove(id);
-            let Some((mut record, rev)) = stored_run(kv.as_ref())? else { continue };
-            compares.push(Compare::mod_revision(store.keys.run(id), CompareOp::Equal, rev));
-            if record.is_running() {
-                record.end(RunState::Abandoned, Some(why.clone()), now);
-                puts.push(TxnOp::put(store.keys.run(id), encode(&record), None));
-                puts.push(TxnOp::delete(store.keys.alive(id), None));
-                ended.push(id.clone());
-            }
-        }
-        puts.push(TxnOp::put(guard_key.clone(), encode(&guard), None));
-        let mut so_far: Vec<RunId> = unlocked.iter().chain(&ended).cloned().collect();
-        so_far.sort();
-        puts.push(action(&so_far));
-        match commit(store, "an unlock", Txn::new().when(compares).and_then(puts), Vec::new()).await? {
-            Ok(_) => {
-                ended.iter().for_each(|id| store.forget(id));
-                unlocked.extend(ended);
-            }
-            Err(_) => lost += 1,
-        }
-    }
-    if lost == CAS_ATTEMPTS {
-        return Err(contended("unlock"));
-    }
-    crate::fleet::trim(store).await;
-    unlocked.sort();
-    tracing::debug!(job, runs = unlocked.len(), "job unlocked");
-    Ok(unlocked)
 }
