@@ -267,7 +267,7 @@ impl ControlStore for EtcdStore {
     }
 
     /// Ends every running run of `job` as abandoned, and records the action (see
-    /// [`solocron_core::ControlStore::unlock`]): one `Txn` per [`UNLOCK_CHUNK`] runs, each comparing
+    /// [`solocron_core::ControlStore::unlock`]): one `Txn` per `UNLOCK_CHUNK` runs, each comparing
     /// the guard's and the records' revisions. Each `Txn` also writes the action, naming every
     /// run ended so far (the same key each time), so the log never misses a run an unlock
     /// ended, even when a later `Txn` of it fails; an unlock that finds nothing running

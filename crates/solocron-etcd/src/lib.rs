@@ -60,7 +60,7 @@
 //!
 //! ## What etcd lacks: a clock
 //!
-//! etcd has no time API. [`StoreBase::now`](solocron_core::StoreBase::now), which schedules follow, is **the fleet's clock**:
+//! etcd has no time API. [`StoreBase::now`], which schedules follow, is **the fleet's clock**:
 //! this process's clock plus the median offset of the clocks of every process using the
 //! prefix, which they tell each other through two watched keys (`clock.rs`), so a node
 //! whose clock is off among three or more runs no tick early or late. Instants recorded for
@@ -157,7 +157,7 @@
 //!
 //! ## Namespaces
 //!
-//! A job's full name holds its namespace (`billing/sync`; see [`Namespaces`]), and the last
+//! A job's full name holds its namespace (`billing/sync`; see [`Namespaces`](solocron_core::Namespaces)), and the last
 //! segment of every key of a job's run, guard or request is that name, escaped: the
 //! namespace is read from the key alone (the part of the job before its first `/`, or
 //! `default`). [`RunStore::expired`](solocron_core::RunStore::expired), [`RequestStore::pending_requests`](solocron_core::RequestStore::pending_requests) and [`HistoryStore::prune`](solocron_core::HistoryStore::prune) pass
@@ -236,7 +236,7 @@
 //!
 //! ## Code map
 //!
-//! - `lib.rs`: the store type, [`EtcdStore::connect`], and [`StoreBase`](solocron_core::StoreBase) (its
+//! - `lib.rs`: the store type, [`EtcdStore::connect`], and [`StoreBase`] (its
 //!   description and clock); each other role trait is implemented in the file of its concern.
 //! - `url.rs`: the `etcd://` URL into endpoints and credentials; what is shown of it.
 //! - `schema.rs`: `migrate` (the layout version), `schema` (reads it) and `uninstall`.
@@ -252,7 +252,7 @@
 //!   `retry.rs` is the only arrow between those two.
 //! - `admin.rs`: history, registry, pause switches, unlock, manual requests, prune;
 //!   `prune.rs`: which old records and requests a prune deletes, in bounded pages.
-//! - `clock.rs`: the fleet's clock (the median of the processes' clocks), [`StoreBase::now`](solocron_core::StoreBase::now).
+//! - `clock.rs`: the fleet's clock (the median of the processes' clocks), [`StoreBase::now`].
 //! - `fleet.rs`: node heartbeats (one `Txn`, no read) and the audit log (an action is one
 //!   more put in the `Txn` of the step it records; at most [`ACTIONS_KEPT_MAX`] are kept).
 //! - `managed.rs`: managed jobs and their revisions.
@@ -337,7 +337,7 @@ pub struct EtcdStore {
     shared: Mutex<HashMap<i64, leases::SharedLease>>,
     /// Jobs' guards and switches as last seen: lets a short claim skip its read.
     known: Known,
-    /// The fleet's clock, which [`StoreBase::now`](solocron_core::StoreBase::now) answers (etcd has none).
+    /// The fleet's clock, which [`StoreBase::now`] answers (etcd has none).
     clock: clock::FleetClock,
 }
 

@@ -121,7 +121,7 @@ impl ManagedStore for EtcdStore {
         write(store, job, None, by, expect, BOUNDS).await
     }
 
-    /// Every managed job, by name: pages of [`JOBS_PAGE`] at one revision.
+    /// Every managed job, by name: pages of `JOBS_PAGE` at one revision.
     async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
         let store = self;
         let family = store.keys.family("managed/job");

@@ -1,7 +1,8 @@
 //! The life of a won run after its claim: renew, finish, expiry and recovery (an
-//! operator's unlock, which ends runs too, is in `admin.rs`). Each write is one `Txn` comparing the revisions of what it read (the run's record, the job's
-//! guard) or the lease of the run's alive key, so that exactly one of several racing nodes
-//! succeeds; a lost compare re-reads (the `Txn`'s `else` branch) and decides again, bounded.
+//! operator's unlock, which ends runs too, is in `admin.rs`). Each write is one `Txn`
+//! comparing the revisions of what it read (the run's record, the job's guard) or the lease
+//! of the run's alive key, so that exactly one of several racing nodes succeeds; a lost
+//! compare re-reads (the `Txn`'s `else` branch) and decides again, bounded.
 
 use async_trait::async_trait;
 use solocron_core::RunStore;
@@ -43,11 +44,12 @@ impl RunStore for EtcdStore {
         Ok(renew_held(store, held, ttl, length).await?.unwrap_or(false))
     }
 
-    /// Extends several leases (see [`solocron_core::RunStore::renew_all`]): each as [`renew`]
-    /// does, [`RENEWALS_IN_FLIGHT`] at a time. Not one `Txn`: a renewal is a keep-alive of the
-    /// run's etcd lease (shared by the runs of one claim) and a compare on its record, and a
-    /// batch of them would need a keep-alive per lease before one `Txn` of every compare; not
-    /// done, since etcd renewals already overlap on its one multiplexed connection.
+    /// Extends several leases (see [`solocron_core::RunStore::renew_all`]): each as
+    /// [`renew`](solocron_core::RunStore::renew) does, `RENEWALS_IN_FLIGHT` at a time. Not one
+    /// `Txn`: a renewal is a keep-alive of the run's etcd lease (shared by the runs of one
+    /// claim) and a compare on its record, and a batch of them would need a keep-alive per
+    /// lease before one `Txn` of every compare; not done, since etcd renewals already overlap
+    /// on its one multiplexed connection.
     async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
         let store = self;
         assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
@@ -72,10 +74,11 @@ impl RunStore for EtcdStore {
     }
 
     /// Records a batch of ends (see [`solocron_core::RunStore::finish_all`]), in chunks of
-    /// [`FINISH_CHUNK`]: per chunk one read of the records and guards, and one `Txn` comparing
+    /// `FINISH_CHUNK`: per chunk one read of the records and guards, and one `Txn` comparing
     /// every revision it read. If another node changed any of them in between (a claim of the
     /// same job changes its guard), the chunk is read and tried again; after
-    /// [`FINISH_CHUNK_ATTEMPTS`] lost tries its ends go one by one through [`finish`].
+    /// `FINISH_CHUNK_ATTEMPTS` lost tries its ends go one by one through
+    /// [`finish`](solocron_core::RunStore::finish).
     async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
         let store = self;
         let mut answers = Vec::with_capacity(endings.len());
