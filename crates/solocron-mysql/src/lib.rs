@@ -187,8 +187,8 @@
 //! ## Code map
 //!
 //! - `lib.rs`: the store type, [`MySqlStore::connect`] (with each session's settings) and
-//!   [`StoreBase`](solocron_core::StoreBase) (its description and clock); each other role trait is
-//!   implemented in the file of its concern.
+//!   [`StoreBase`] (its description and clock); each other role trait is implemented in the
+//!   file of its concern.
 //! - `url.rs`: the URL into connection options.
 //! - `schema.rs`: the tables, the stored procedure, their versions, `migrate`, `schema`
 //!   and `uninstall`.
