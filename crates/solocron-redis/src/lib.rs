@@ -272,16 +272,16 @@
 //!
 //! ## Code map
 //!
-//! - `lib.rs`: the store type, [`RedisStore::connect`], and [`StoreBase`](solocron_core::StoreBase) (its
-//!   description and clock); each other role trait is implemented in the file of its concern.
+//! - `lib.rs`: the store type, [`RedisStore::connect`], and [`StoreBase`] (its description
+//!   and clock, Redis's `TIME`); each other role trait is implemented in the file of its
+//!   concern.
 //! - `url.rs`: the URL into a client; what is shown of it (redacted).
 //! - `schema.rs`: `migrate` (layout version, epoch), `schema` (reads the version) and
 //!   `uninstall`.
-//! - `claim.rs`: the claim, a whole batch in one call. Nothing else claims.
-//! - `runs.rs`: a held run's life: renew, finish, finish for a retry, expired, recover,
-//!   unlock.
-//! - `admin.rs`: history, now, registry, pause switches, manual requests, memory_since,
-//!   prune.
+//! - `claim.rs`: the claim, a whole batch in one call; which ticks are taken; where the
+//!   present memory begins (`memory_since`). Nothing else claims.
+//! - `runs.rs`: a held run's life: renew, finish, finish for a retry, expired, recover.
+//! - `admin.rs`: history, registry, pause switches and unlock, manual requests, prune.
 //! - `fleet.rs`: node heartbeats and the audit log's reads (actions are appended by the Lua
 //!   of the step they record).
 //! - `managed.rs`: managed jobs and their revisions.
@@ -424,7 +424,13 @@ impl StoreBase for RedisStore {
         self.description.clone()
     }
 
+    /// Redis's clock (`TIME`).
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        admin::now(self).await
+        let mut conn = self.conn.clone();
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| redis_error(e, &format!("now on {}", self.description)))?;
+        decode::instant(secs * 1000 + micros / 1000)
     }
 }
