@@ -96,10 +96,11 @@ impl HistoryStore for RedisStore {
 
 #[async_trait]
 impl RegistryStore for RedisStore {
-    /// Records that `node` runs exactly these jobs (see [`solocron_core::RegistryStore::register`]):
-    /// one call upserts the listed ones and deletes the node's others, even when none is listed.
-    /// A list longer than [`REGISTER_CALL_JOBS`] is staged first, in calls of that many, under
-    /// an id of this registration's own; nothing is registered before the last call.
+    /// Records that `node` runs exactly these jobs (see
+    /// [`solocron_core::RegistryStore::register`]): one call upserts the listed ones and
+    /// deletes the node's others, even when none is listed. A list longer than
+    /// `REGISTER_CALL_JOBS` is staged first, in calls of that many, under an id of this
+    /// registration's own; nothing is registered before the last call.
     async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
         let store = self;
         let (inline, stage) = match jobs.len() {

@@ -34,11 +34,11 @@
 //!
 //! ## One atomic step per method
 //!
-//! Every [`Store`](solocron_core::Store) method is one call of solocron's Lua code (or one single command:
-//! `TIME` for [`StoreBase::now`](solocron_core::StoreBase::now)). The code is a Redis Functions library that the store loads
-//! with `FUNCTION LOAD` on its first call, and calls with `FCALL`; where the server refuses
-//! to load it (an ACL without `FUNCTION`, a proxy), the same code runs as one script per
-//! method with `EVALSHA`, at a higher cost per call on the server
+//! Every [`Store`](solocron_core::Store) method is one call of solocron's Lua code (or one
+//! single command: `TIME` for [`StoreBase::now`]). The code is a Redis Functions library
+//! that the store loads with `FUNCTION LOAD` on its first call, and calls with `FCALL`;
+//! where the server refuses to load it (an ACL without `FUNCTION`, a proxy), the same code
+//! runs as one script per method with `EVALSHA`, at a higher cost per call on the server
 //! ([`RedisStore::calls_library`] says which). Redis runs one function or script at a
 //! time, entirely, so a claim, a renewal, a recovery or an unlock never interleaves with
 //! another node's. Renew, finish, recover and unlock compare the owner and fencing token
@@ -267,7 +267,7 @@
 //! still answer. Script errors, replies of
 //! an unexpected shape and refused credentials are [`StoreError::Invalid`]. An unknown
 //! function or `NOSCRIPT` (after a restart, `FUNCTION FLUSH` or `SCRIPT FLUSH`) is handled
-//! by loading the code again. Passwords never appear in [`StoreBase::describe`](solocron_core::StoreBase::describe) or in error
+//! by loading the code again. Passwords never appear in [`StoreBase::describe`] or in error
 //! messages: what is shown of the URL goes through [`solocron_core::redact_url`].
 //!
 //! ## Code map
