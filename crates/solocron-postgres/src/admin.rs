@@ -103,7 +103,7 @@ impl HistoryStore for PgStore {
 impl RegistryStore for PgStore {
     /// Records that `node` runs exactly `jobs`, in one transaction: the removal of the node's
     /// unlisted jobs, then the upsert of the listed ones in statements of
-    /// [`REGISTER_STATEMENT_JOBS`]. Every statement reads `now()`, the transaction's start, so
+    /// `REGISTER_STATEMENT_JOBS`. Every statement reads `now()`, the transaction's start, so
     /// every registration gets the same `last_seen`.
     async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
         let store = self;
