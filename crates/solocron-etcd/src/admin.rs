@@ -1,39 +1,30 @@
-//! What operators and housekeeping read and change: history, the client's clock (etcd has
-//! none), the job registry, pause switches, manual run requests, and pruning. An operator's
-//! action is appended to the audit log in the `Txn` of the step (`fleet.rs`).
+//! What operators and housekeeping read and change: history, the job registry, pause
+//! switches and unlocks, manual run requests, and pruning (which keys it deletes:
+//! `prune.rs`). An operator's action is appended to the audit log in the `Txn` of the step
+//! (`fleet.rs`).
 
 use async_trait::async_trait;
 use solocron_core::{ControlStore, HistoryStore, RegistryStore, RequestStore, RequestWatch};
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use etcd_client::{
-    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
-};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp};
 use solocron_core::{
     ActionKind, ActionRecord, HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RegistryCursor,
     RegistryPage, RunId, RunRecord, RunRequest, RunState, StoreError, Tick, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX,
     REGISTRY_PAGE_MAX,
 };
 
+use crate::cas::{commit, contended, read_keys, stored_guard, stored_run, CAS_ATTEMPTS};
 use crate::codec::{
     decode, encode, instant, millis, Guard, StoredControl, StoredRegistration, StoredRequest, StoredRun,
 };
 use crate::etcd::{get, now_ms, range, range_all, read, single, txn, TXN_OPS_MAX};
 use crate::fleet::{action_key, put_action, trim, Action};
 use crate::keys::{key_in_history, key_served, prefix_end};
+use crate::prune::{deleted_count, old_records, prune_requests};
 use crate::runs::running_records;
 use crate::EtcdStore;
-
-/// Run keys per page of prune's scan for ended records.
-const PRUNE_PAGE: i64 = 1000;
-
-/// Most old record keys one prune call examines (50 pages): other namespaces' old records,
-/// which their own nodes prune by their own retention (or nobody, if those are all gone),
-/// and running runs are passed over, and past this bound the call stops with what it found.
-/// Far above what a call prunes ([`PRUNE_BATCH_MAX`]), so that pruning every namespace, or
-/// a store that only this namespace's nodes prune, never reaches it.
-pub const PRUNE_SCAN_MAX: usize = 50_000;
 
 /// Records read per page of a history scan: ~2 MB at most (4 KB of output each), under
 /// the client's 4 MB message limit.
@@ -43,6 +34,10 @@ const HISTORY_PAGE: i64 = 500;
 /// filters (job, state, node) are applied here, not by etcd, so a rare match in a long
 /// history costs a long scan; this bounds it.
 pub const HISTORY_SCAN_MAX: usize = 100_000;
+
+/// Runs an unlock ends per `Txn`: two puts and one compare each, plus the guard's compare
+/// and put and the action's put.
+const UNLOCK_CHUNK: usize = (TXN_OPS_MAX - 2) / 2;
 
 /// How many successive milliseconds [`request_run`] tries.
 const REQUEST_SLOTS_MAX: usize = 100;
@@ -241,7 +236,7 @@ impl ControlStore for EtcdStore {
     async fn set_paused(&self, job: &str, paused: bool, by: &str, reason: Option<&str>) -> Result<(), StoreError> {
         let store = self;
         let key = store.keys.control(job);
-        for _ in 0..crate::runs::CAS_ATTEMPTS {
+        for _ in 0..CAS_ATTEMPTS {
             let found = read(&store.client, vec![get(key.clone())]).await?.into_iter().next().and_then(single);
             let (was_paused, revision) = match &found {
                 Some(kv) => (decode::<StoredControl>(kv.value(), "job control")?.paused, kv.mod_revision()),
@@ -268,11 +263,82 @@ impl ControlStore for EtcdStore {
                 return Ok(());
             }
         }
-        Err(crate::runs::contended("a pause"))
+        Err(contended("a pause"))
     }
 
+    /// Ends every running run of `job` as abandoned, and records the action (see
+    /// [`solocron_core::ControlStore::unlock`]): one `Txn` per `UNLOCK_CHUNK` runs, each comparing
+    /// the guard's and the records' revisions. Each `Txn` also writes the action, naming every
+    /// run ended so far (the same key each time), so the log never misses a run an unlock
+    /// ended, even when a later `Txn` of it fails; an unlock that finds nothing running
+    /// records so in a `Txn` comparing the guard's revision.
     async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-        crate::runs::unlock(self, job, by, reason).await
+        let store = self;
+        let guard_key = store.keys.guard(job);
+        let why = ActionRecord::unlock_reason(by, reason);
+        let (action_key, at) = action_key(store);
+        let action = |ended: &[RunId]| {
+            let detail = ActionRecord::unlock_detail(ended);
+            let reason = (!reason.is_empty()).then_some(reason);
+            put_action(&action_key, at, Action { job, kind: ActionKind::Unlock, by, reason, detail: &detail })
+        };
+        let mut unlocked = Vec::new();
+        let mut lost = 0;
+        while lost < CAS_ATTEMPTS {
+            let found = read_keys(store, vec![get(guard_key.clone())]).await?.pop().flatten();
+            let ids = match &found {
+                Some(kv) => stored_guard(Some(kv), job)?.0.running_ids()?.into_iter().take(UNLOCK_CHUNK).collect(),
+                None => Vec::new(),
+            };
+            if ids.is_empty() {
+                if !unlocked.is_empty() {
+                    break; // the last chunk's `Txn` recorded the action
+                }
+                let revision = found.as_ref().map_or(0, KeyValue::mod_revision);
+                let idle = vec![Compare::mod_revision(guard_key.clone(), CompareOp::Equal, revision)];
+                match commit(store, "an unlock", Txn::new().when(idle).and_then(vec![action(&[])]), Vec::new()).await? {
+                    Ok(_) => break,
+                    Err(_) => {
+                        lost += 1;
+                        continue;
+                    }
+                }
+            }
+            let (mut guard, guard_rev) = stored_guard(found.as_ref(), job)?;
+            let answers = read_keys(store, ids.iter().map(|id| get(store.keys.run(id))).collect()).await?;
+            let mut compares = vec![Compare::mod_revision(guard_key.clone(), CompareOp::Equal, guard_rev)];
+            let (mut puts, mut ended) = (Vec::new(), Vec::new());
+            let now = now_ms();
+            for (id, kv) in ids.iter().zip(&answers) {
+                guard.remove(id);
+                let Some((mut record, rev)) = stored_run(kv.as_ref())? else { continue };
+                compares.push(Compare::mod_revision(store.keys.run(id), CompareOp::Equal, rev));
+                if record.is_running() {
+                    record.end(RunState::Abandoned, Some(why.clone()), now);
+                    puts.push(TxnOp::put(store.keys.run(id), encode(&record), None));
+                    puts.push(TxnOp::delete(store.keys.alive(id), None));
+                    ended.push(id.clone());
+                }
+            }
+            puts.push(TxnOp::put(guard_key.clone(), encode(&guard), None));
+            let mut so_far: Vec<RunId> = unlocked.iter().chain(&ended).cloned().collect();
+            so_far.sort();
+            puts.push(action(&so_far));
+            match commit(store, "an unlock", Txn::new().when(compares).and_then(puts), Vec::new()).await? {
+                Ok(_) => {
+                    ended.iter().for_each(|id| store.forget(id));
+                    unlocked.extend(ended);
+                }
+                Err(_) => lost += 1,
+            }
+        }
+        if lost == CAS_ATTEMPTS {
+            return Err(contended("unlock"));
+        }
+        trim(store).await;
+        unlocked.sort();
+        tracing::debug!(job, runs = unlocked.len(), "job unlocked");
+        Ok(unlocked)
     }
 }
 
@@ -360,18 +426,6 @@ fn matches(r: &RunRecord, q: &HistoryQuery) -> bool {
         && q.until.is_none_or(|t| r.id.tick.scheduled_at < t)
 }
 
-/// Those of `ticks` that are taken (see [`solocron_core::ClaimStore::taken_ticks`]): read-only
-/// `Txn`s of one `Get` of each tick's attempt 1 (no write, no raft entry), where a claim
-/// that finds its tick taken is a `Txn` with a compare per key and the job's guard.
-pub(crate) async fn taken_ticks(store: &EtcdStore, ticks: &[Tick]) -> Result<Vec<Tick>, StoreError> {
-    let key = |t: &Tick| store.keys.run(&RunId { tick: t.clone(), attempt: 1 });
-    let found = read(&store.client, ticks.iter().map(|t| get(key(t))).collect()).await?;
-    if found.len() != ticks.len() {
-        return Err(StoreError::Invalid(format!("{} answers to {} reads", found.len(), ticks.len())));
-    }
-    Ok(ticks.iter().zip(found).filter(|(_, kvs)| !kvs.is_empty()).map(|(t, _)| t.clone()).collect())
-}
-
 /// History of running runs only, from the job guards (which list them) rather than a scan.
 async fn running_history(store: &EtcdStore, query: &HistoryQuery, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
     let guards = match &query.job {
@@ -450,7 +504,7 @@ async fn write_registrations(
     node: &str,
     writes: &mut [RegistryWrite<'_>],
 ) -> Result<(), StoreError> {
-    for _ in 0..crate::runs::CAS_ATTEMPTS {
+    for _ in 0..CAS_ATTEMPTS {
         let now = now_ms();
         let (compares, ops): (Vec<Compare>, Vec<TxnOp>) = writes.iter().map(|w| w.txn_parts(node, now)).unzip();
         if txn(&store.client, "a registration", Txn::new().when(compares).and_then(ops)).await?.succeeded() {
@@ -478,85 +532,4 @@ fn next_manual_ms(t: i64) -> i64 {
     } else {
         t + 1
     }
-}
-
-/// The keys of at most `batch` records of jobs in `namespaces` scheduled before `cutoff`,
-/// oldest first, but for those in `running` (running runs and waiting retries), read at
-/// etcd revision `at`: a run started since (a retry of an old tick) is not among the keys
-/// read either. In pages (every key of an old range at once can pass the client's message
-/// limit), until `batch` are found, or the old records run out, or [`PRUNE_SCAN_MAX`] were
-/// examined (then a warning is logged).
-async fn old_records(
-    store: &EtcdStore,
-    cutoff: i64,
-    batch: usize,
-    at: i64,
-    running: &HashSet<Vec<u8>>,
-    namespaces: &Namespaces,
-) -> Result<Vec<Vec<u8>>, StoreError> {
-    let (start, mut end) = (store.keys.runs_before(cutoff), prefix_end(&store.keys.family("run")));
-    let mut doomed: Vec<Vec<u8>> = Vec::new();
-    let mut scanned = 0;
-    while doomed.len() < batch {
-        if scanned >= PRUNE_SCAN_MAX {
-            tracing::warn!(
-                scanned,
-                found = doomed.len(),
-                %namespaces,
-                "prune stopped after examining its most old records, mostly of other namespaces or still \
-                 running; older ones of these namespaces beyond them stay until those are gone"
-            );
-            break;
-        }
-        let oldest = GetOptions::new()
-            .with_range(end.clone())
-            .with_sort(SortTarget::Key, SortOrder::Descend)
-            .with_keys_only()
-            .with_limit(PRUNE_PAGE)
-            .with_revision(at);
-        let page = range(&store.client, "a prune read", &start, oldest).await?;
-        let keys: Vec<Vec<u8>> = page.kvs().iter().map(|kv| kv.key().to_vec()).collect();
-        scanned += keys.len();
-        let Some(last) = keys.last() else { break };
-        end = String::from_utf8_lossy(last).into_owned();
-        let wanted = |k: &&Vec<u8>| !running.contains(*k) && key_served(namespaces, k);
-        doomed.extend(keys.iter().filter(wanted).take(batch - doomed.len()).cloned());
-        if !page.more() {
-            break;
-        }
-    }
-    Ok(doomed)
-}
-
-/// Deletes the run requests made before `cutoff` of jobs in `namespaces`: for every
-/// namespace, one range delete; for some, one read of the old requests' keys, and deletes of
-/// theirs (at most [`PRUNE_BATCH_MAX`] per call) in `Txn`s of [`TXN_OPS_MAX`] keys. A
-/// request is written once and never changed, so deleting it needs no compare.
-async fn prune_requests(store: &EtcdStore, cutoff: i64, namespaces: &Namespaces) -> Result<(), StoreError> {
-    let (start, end) = (store.keys.family("request"), store.keys.requests_from(cutoff));
-    if namespaces.names().is_none() {
-        let range = Some(DeleteOptions::new().with_range(end));
-        return txn(&store.client, "a request prune", Txn::new().and_then(vec![TxnOp::delete(start, range)]))
-            .await
-            .map(drop);
-    }
-    let (old, _) = range_all(&store.client, "a request prune read", (&start, &end), true, 0).await?;
-    let doomed: Vec<&[u8]> =
-        old.iter().map(KeyValue::key).filter(|k| key_served(namespaces, k)).take(PRUNE_BATCH_MAX).collect();
-    for chunk in doomed.chunks(TXN_OPS_MAX) {
-        let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::delete(k.to_vec(), None)).collect();
-        txn(&store.client, "a request prune", Txn::new().and_then(ops)).await?;
-    }
-    Ok(())
-}
-
-/// How many keys a `Txn` of deletes deleted.
-fn deleted_count(resp: &etcd_client::TxnResponse) -> u64 {
-    resp.op_responses()
-        .into_iter()
-        .map(|op| match op {
-            TxnOpResponse::Delete(d) => d.deleted().max(0) as u64,
-            _ => 0,
-        })
-        .sum()
 }

@@ -14,7 +14,7 @@
 //! **One round trip for short chunks.** A chunk of at most [`GUESS_MAX`] ticks whose jobs
 //! this instance has seen (in an earlier claim's read or commit, or its own finish) skips the
 //! read: it is planned from those remembered guards and switches, at their revisions, with
-//! every record assumed absent ([`Known`]), and its keep-alives go beside the `Txn` instead
+//! every record assumed absent ([`Known`](crate::memory::Known)), and its keep-alives go beside the `Txn` instead
 //! of beside a read. The `Txn`'s compares are the same, so a stale guess can only fail it:
 //! its `else` branch is the read, and the chunk is planned again from that as above. The
 //! winner of a tick then pays one round trip instead of two; a node that loses the tick
@@ -41,9 +41,9 @@ use futures_util::{stream, StreamExt as _, TryStreamExt as _};
 use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, RunState, StoreError, Tick, Trigger};
 
 use crate::codec::{decode, encode, millis, to_lease, Guard, StoredControl, StoredRun};
-use crate::etcd::{gets, now_ms, revision, single, txn, TXN_OPS_MAX};
+use crate::etcd::{get, gets, now_ms, read, revision, single, txn, TXN_OPS_MAX};
 use crate::leases::{forget_leases, fresh_leases, lease_secs, ready_leases, refresh, Granted};
-use crate::runs::Held;
+use crate::memory::{Held, JobView};
 use crate::EtcdStore;
 
 /// How many times a chunk is planned again after losing a compare to another node.
@@ -55,9 +55,6 @@ const CHUNKS_IN_FLIGHT: usize = 4;
 /// The longest chunk claimed from what this instance remembers, without a read first (see
 /// the module docs): the one-tick claims of spread-out schedules, not a herd's chunks.
 const GUESS_MAX: usize = 8;
-
-/// Most jobs whose guard and switch an instance remembers; beyond, it forgets them all.
-const KNOWN_MAX: usize = 100_000;
 
 /// What one request comes to.
 #[derive(Debug, Clone)]
@@ -77,17 +74,6 @@ impl Step {
     }
 }
 
-/// What a chunk's read tells about one job.
-#[derive(Debug, Clone)]
-struct JobView {
-    guard: Guard,
-    /// Mod revision of the guard key; 0 if absent (a compare of an absent key's
-    /// mod_revision sees 0, so "still absent" is the same compare).
-    guard_rev: i64,
-    paused: Option<String>,
-    control_rev: i64,
-}
-
 /// What a chunk's read tells: per job, and which of the chunk's run records exist.
 #[derive(Debug, Clone, Default)]
 struct View {
@@ -96,52 +82,6 @@ struct View {
     /// By key, the existing records that a request of the chunk may be granted again
     /// (running, created by a claim with a nonce), with their mod revisions.
     records: HashMap<String, (StoredRun, i64)>,
-}
-
-/// What this instance last saw of jobs' guards and switches, each at its revision: a guess
-/// that lets a short claim skip its read. Never trusted: every claim compares the revisions
-/// it planned from, so a stale entry costs a failed `Txn` and a re-plan, never a wrong
-/// decision.
-#[derive(Debug, Default)]
-pub(crate) struct Known(std::sync::Mutex<HashMap<String, JobView>>);
-
-impl Known {
-    /// A view of `jobs` from memory, with no record known to exist; `None` unless every
-    /// job is remembered.
-    fn guess(&self, jobs: &[String]) -> Option<View> {
-        let known = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let jobs = jobs.iter().map(|j| Some((j.clone(), known.get(j)?.clone()))).collect::<Option<_>>()?;
-        Some(View { jobs, ..View::default() })
-    }
-
-    /// Remembers the jobs of `view` as they were read.
-    fn learn(&self, view: &View) {
-        self.learn_jobs(view.jobs.iter().map(|(j, v)| (j.clone(), v.clone())));
-    }
-
-    fn learn_jobs(&self, jobs: impl IntoIterator<Item = (String, JobView)>) {
-        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        for (job, view) in jobs {
-            if known.len() >= KNOWN_MAX && !known.contains_key(&job) {
-                known.clear();
-            }
-            known.insert(job, view);
-        }
-    }
-
-    /// Forgets every job (after an uninstall).
-    pub(crate) fn forget_all(&self) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
-    }
-
-    /// Remembers a guard this instance wrote at `revision` (a finish), if its job is known.
-    pub(crate) fn learn_guard(&self, guard: &Guard, revision: i64) {
-        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(view) = known.get_mut(&guard.job) {
-            view.guard = guard.clone();
-            view.guard_rev = revision;
-        }
-    }
 }
 
 #[async_trait]
@@ -177,8 +117,17 @@ impl ClaimStore for EtcdStore {
         Ok(chunks.into_iter().flat_map(|(_, o)| o).collect())
     }
 
+    /// Those of `ticks` that are taken (see [`solocron_core::ClaimStore::taken_ticks`]): read-only
+    /// `Txn`s of one `Get` of each tick's attempt 1 (no write, no raft entry), where a claim
+    /// that finds its tick taken is a `Txn` with a compare per key and the job's guard.
     async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
-        crate::admin::taken_ticks(self, ticks).await.map(Some)
+        let store = self;
+        let key = |t: &Tick| store.keys.run(&first(t));
+        let found = read(&store.client, ticks.iter().map(|t| get(key(t))).collect()).await?;
+        if found.len() != ticks.len() {
+            return Err(StoreError::Invalid(format!("{} answers to {} reads", found.len(), ticks.len())));
+        }
+        Ok(Some(ticks.iter().zip(found).filter(|(_, kvs)| !kvs.is_empty()).map(|(t, _)| t.clone()).collect()))
     }
 }
 
@@ -364,15 +313,15 @@ async fn plan_and_commit(
     let (jobs, ops) = read_ops(store, chunk);
     // The same reads serve as every try's `else` branch.
     let guess = (chunk.len() <= GUESS_MAX).then(|| store.known.guess(&jobs)).flatten();
+    let guess = guess.map(|jobs| View { jobs, ..View::default() });
     let (mut before, mut leases, mut beside) = match guess.zip(ready_leases(store, ttls)) {
         // One round trip: plan from memory; the keep-alives go beside the `Txn`.
         Some((view, (leases, beside))) => (view, leases, Some(beside).filter(|b| !b.is_empty())),
         // Two: the leases are made ready while the chunk is read.
         None => {
-            let (answers, leases) =
-                tokio::try_join!(crate::etcd::read(&store.client, ops.clone()), fresh_leases(store, ttls))?;
+            let (answers, leases) = tokio::try_join!(read(&store.client, ops.clone()), fresh_leases(store, ttls))?;
             let view = parse_view(&jobs, answers)?;
-            store.known.learn(&view);
+            store.known.learn(&view.jobs);
             (view, leases, None)
         }
     };
@@ -405,7 +354,7 @@ async fn plan_and_commit(
         // Lost a compare (or guessed stale): nothing was written; plan again from what the
         // `Txn` re-read.
         before = parse_view(&jobs, gets(&resp))?;
-        store.known.learn(&before);
+        store.known.learn(&before.jobs);
         backoff(attempt).await;
     }
     Err(StoreError::Unavailable(format!(

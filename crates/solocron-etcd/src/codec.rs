@@ -7,7 +7,8 @@ use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use solocron_core::{
-    ActionRecord, JobControl, Lease, NodeBeat, Registration, RunId, RunRecord, RunState, Tick, Trigger,
+    output_tail, ActionRecord, JobControl, Lease, NodeBeat, Registration, RunEnd, RunId, RunRecord, RunState, Tick,
+    Trigger,
 };
 
 use crate::StoreError;
@@ -339,6 +340,14 @@ pub(crate) fn to_lease(record: &StoredRun) -> Result<Lease, StoreError> {
         claimed_at: r.claimed_at,
         lease_until: r.lease_until.ok_or_else(|| StoreError::Invalid("a running record has no lease".into()))?,
     })
+}
+
+/// Writes the owner's `end` into its run's record.
+pub(crate) fn end_record(record: &mut StoredRun, end: &RunEnd, now: i64) {
+    record.end(end.state, end.reason.clone(), now);
+    record.exit_code = end.exit_code;
+    record.output = output_tail(&end.output).to_owned();
+    record.started_at = end.started_after.map(|d| record.claimed_at.saturating_add(millis(d)));
 }
 
 #[cfg(test)]

@@ -148,6 +148,23 @@ pub(crate) fn forget_leases(store: &EtcdStore, ttls: &[i64]) {
     }
 }
 
+/// The etcd lease a recovery starts a run on, granted on the first try and kept in
+/// `granted` for the next ones (revoked by [`recover`](solocron_core::RunStore::recover) if the run is not started), with
+/// the run's instant: the client's clock just before the grant, no later than its TTL's
+/// start (see the claim's).
+pub(crate) async fn grant_once(
+    store: &EtcdStore,
+    granted: &mut Option<(i64, i64)>,
+    length: Duration,
+) -> Result<(i64, i64), StoreError> {
+    if let Some(lease) = *granted {
+        return Ok(lease);
+    }
+    let ttl = lease_secs(length)?;
+    let now = now_ms();
+    Ok(*granted.insert((crate::etcd::grant(&store.client, ttl).await?, now)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -60,7 +60,7 @@
 //!
 //! ## What etcd lacks: a clock
 //!
-//! etcd has no time API. [`StoreBase::now`](solocron_core::StoreBase::now), which schedules follow, is **the fleet's clock**:
+//! etcd has no time API. [`StoreBase::now`], which schedules follow, is **the fleet's clock**:
 //! this process's clock plus the median offset of the clocks of every process using the
 //! prefix, which they tell each other through two watched keys (`clock.rs`), so a node
 //! whose clock is off among three or more runs no tick early or late. Instants recorded for
@@ -157,7 +157,7 @@
 //!
 //! ## Namespaces
 //!
-//! A job's full name holds its namespace (`billing/sync`; see [`Namespaces`]), and the last
+//! A job's full name holds its namespace (`billing/sync`; see [`Namespaces`](solocron_core::Namespaces)), and the last
 //! segment of every key of a job's run, guard or request is that name, escaped: the
 //! namespace is read from the key alone (the part of the job before its first `/`, or
 //! `default`). [`RunStore::expired`](solocron_core::RunStore::expired), [`RequestStore::pending_requests`](solocron_core::RequestStore::pending_requests) and [`HistoryStore::prune`](solocron_core::HistoryStore::prune) pass
@@ -210,7 +210,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, ClaimStore, Prefix, SchemaStore, Tick, Trigger};
 //! use solocron_etcd::EtcdStore;
 //!
 //! # #[tokio::main]
@@ -236,16 +236,23 @@
 //!
 //! ## Code map
 //!
-//! - `lib.rs`: the store type, [`EtcdStore::connect`], and [`StoreBase`](solocron_core::StoreBase) (its
+//! - `lib.rs`: the store type, [`EtcdStore::connect`], and [`StoreBase`] (its
 //!   description and clock); each other role trait is implemented in the file of its concern.
 //! - `url.rs`: the `etcd://` URL into endpoints and credentials; what is shown of it.
 //! - `schema.rs`: `migrate` (the layout version), `schema` (reads it) and `uninstall`.
-//! - `claim.rs`: the claim, in chunks of one `Txn` each. Nothing else claims.
+//! - `claim.rs`: the claim, in chunks of one `Txn` each, and which ticks are taken.
+//!   Nothing else claims.
+//! - `memory.rs`: what an instance remembers as never-trusted shortcuts: jobs' guards and
+//!   switches (a short claim skips its read), its running records (a renewal skips its read).
 //! - `leases.rs`: the node's shared etcd leases that claims attach runs to.
-//! - `runs.rs`: a held run's life: renew, finish, expired, recover, unlock.
+//! - `runs.rs`: a held run's life: renew, finish, expired, recover.
 //! - `retry.rs`: failure retries: finish for a retry; start or drop a due waiting retry.
-//! - `admin.rs`: history, registry, pause switches, manual requests, prune.
-//! - `clock.rs`: the fleet's clock (the median of the processes' clocks), [`StoreBase::now`](solocron_core::StoreBase::now).
+//! - `cas.rs`: what every writing step shares: the bound on lost compares, a `Txn` with
+//!   its re-reads, a record's and a guard's revision as read. A leaf, so `runs.rs` →
+//!   `retry.rs` is the only arrow between those two.
+//! - `admin.rs`: history, registry, pause switches, unlock, manual requests, prune;
+//!   `prune.rs`: which old records and requests a prune deletes, in bounded pages.
+//! - `clock.rs`: the fleet's clock (the median of the processes' clocks), [`StoreBase::now`].
 //! - `fleet.rs`: node heartbeats (one `Txn`, no read) and the audit log (an action is one
 //!   more put in the `Txn` of the step it records; at most [`ACTIONS_KEPT_MAX`] are kept).
 //! - `managed.rs`: managed jobs and their revisions.
@@ -258,6 +265,7 @@
 #![warn(missing_docs)]
 
 mod admin;
+mod cas;
 mod claim;
 mod clock;
 mod codec;
@@ -267,6 +275,8 @@ mod fleet;
 mod keys;
 mod leases;
 mod managed;
+mod memory;
+mod prune;
 mod retry;
 mod runs;
 mod schema;
@@ -284,14 +294,15 @@ use chrono::{DateTime, Utc};
 use etcd_client::{Client, ConnectOptions};
 use solocron_core::{Prefix, RunId, StoreError};
 
-pub use admin::{HISTORY_SCAN_MAX, PRUNE_SCAN_MAX};
+pub use admin::HISTORY_SCAN_MAX;
 pub use etcd::TXN_OPS_MAX;
 pub use fleet::ACTIONS_KEPT_MAX;
 pub use managed::JOB_REVISIONS_KEPT_MAX;
+pub use prune::PRUNE_SCAN_MAX;
 
 use error::in_context;
 use keys::Keys;
-use runs::Held;
+use memory::{Held, Known};
 
 /// How long connecting (and the first request, which checks the cluster answers) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -325,8 +336,8 @@ pub struct EtcdStore {
     /// The etcd lease new runs of each TTL are attached to (see `leases`).
     shared: Mutex<HashMap<i64, leases::SharedLease>>,
     /// Jobs' guards and switches as last seen: lets a short claim skip its read.
-    known: claim::Known,
-    /// The fleet's clock, which [`StoreBase::now`](solocron_core::StoreBase::now) answers (etcd has none).
+    known: Known,
+    /// The fleet's clock, which [`StoreBase::now`] answers (etcd has none).
     clock: clock::FleetClock,
 }
 
@@ -364,7 +375,7 @@ impl EtcdStore {
             client: connect_client(&endpoints, options).await?,
             held: Mutex::new(HashMap::new()),
             shared: Mutex::new(HashMap::new()),
-            known: claim::Known::default(),
+            known: Known::default(),
             clock: clock::FleetClock::new(),
         };
         // The client connects lazily: one linearizable read proves a member answers and the

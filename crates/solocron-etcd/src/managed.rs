@@ -27,10 +27,10 @@ use solocron_core::{
     check_spec_text, JobRevision, JobWrite, ManagedJob, StoreError, MANAGED_JOBS_MAX, REVISIONS_PAGE_MAX,
 };
 
+use crate::cas::{contended, CAS_ATTEMPTS};
 use crate::codec::{decode, decode_job, encode, encode_job, instant, JobHeader};
 use crate::etcd::{bounded_read, get, gets, now_ms, range, range_paged, read, revision, single, txn, TXN_OPS_MAX};
 use crate::keys::prefix_end;
-use crate::runs::{contended, CAS_ATTEMPTS};
 use crate::EtcdStore;
 
 /// Most revisions of managed jobs kept per prefix: a write that makes more drops the
@@ -121,7 +121,7 @@ impl ManagedStore for EtcdStore {
         write(store, job, None, by, expect, BOUNDS).await
     }
 
-    /// Every managed job, by name: pages of [`JOBS_PAGE`] at one revision.
+    /// Every managed job, by name: pages of `JOBS_PAGE` at one revision.
     async fn managed_jobs(&self) -> Result<Vec<ManagedJob>, StoreError> {
         let store = self;
         let family = store.keys.family("managed/job");

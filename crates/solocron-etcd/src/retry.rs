@@ -22,18 +22,20 @@ use solocron_core::{
     Lease, Namespaces, RecoverAction, RecoverOutcome, RunEnd, RunId, RunRecord, RunState, StoreError, Trigger,
 };
 
-use crate::codec::{decode, encode, instant, millis, to_lease, Guard, StoredRun};
+use crate::cas::{commit, contended, read_keys, stored_guard, stored_run, CAS_ATTEMPTS};
+use crate::codec::{decode, encode, end_record, instant, millis, to_lease, Guard, StoredRun};
 use crate::etcd::{get, now_ms, range};
 use crate::keys::key_served;
-use crate::leases::lease_secs;
-use crate::runs::{
-    commit, contended, end_record, grant_once, read_keys, stored_guard, stored_run, Planned, CAS_ATTEMPTS,
-};
+use crate::leases::{grant_once, lease_secs};
 use crate::EtcdStore;
 
 /// Due retries' index keys one read of [`due_waiting`] takes when it passes over other
 /// namespaces' (their values are run keys: some 100 bytes each).
 const WAITS_PAGE: usize = 500;
+
+/// A planned recovery: its `Txn`, its outcome and (when it starts a run) the new running
+/// record.
+pub(crate) type Planned = (Txn, RecoverOutcome, Option<StoredRun>);
 
 /// The attempt after `run`'s, of the same tick.
 pub(crate) fn next_of(run: &RunId) -> Result<RunId, StoreError> {

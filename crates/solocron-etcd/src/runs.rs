@@ -1,7 +1,8 @@
-//! The life of a won run after its claim: renew, finish, expiry, recovery and unlock. Each
-//! write is one `Txn` comparing the revisions of what it read (the run's record, the job's
-//! guard) or the lease of the run's alive key, so that exactly one of several racing nodes
-//! succeeds; a lost compare re-reads (the `Txn`'s `else` branch) and decides again, bounded.
+//! The life of a won run after its claim: renew, finish, expiry and recovery (an
+//! operator's unlock, which ends runs too, is in `admin.rs`). Each write is one `Txn`
+//! comparing the revisions of what it read (the run's record, the job's guard) or the lease
+//! of the run's alive key, so that exactly one of several racing nodes succeeds; a lost
+//! compare re-reads (the `Txn`'s `else` branch) and decides again, bounded.
 
 use async_trait::async_trait;
 use solocron_core::RunStore;
@@ -11,99 +12,18 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use solocron_core::{
-    output_tail, ActionKind, ActionRecord, Ending, Lease, Namespaces, RecoverAction, RecoverOutcome, Renewal, RunEnd,
-    RunId, RunRecord, RunState, StoreError, Trigger, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
+    Ending, Lease, Namespaces, RecoverAction, RecoverOutcome, Renewal, RunEnd, RunId, RunRecord, RunState, StoreError,
+    Trigger, RECORDS_PAGE_MAX, RENEW_BATCH_MAX,
 };
 
-use crate::codec::{decode, encode, millis, to_lease, Guard, StoredRun};
-use crate::etcd::{get, gets, keep_alive, now_ms, range_all, read, revision, revoke_quietly, single, txn, TXN_OPS_MAX};
-use crate::fleet::Action;
+use crate::cas::{commit, contended, read_keys, stored_guard, stored_run, CAS_ATTEMPTS};
+use crate::codec::{decode, encode, end_record, millis, to_lease, Guard, StoredRun};
+use crate::etcd::{get, keep_alive, now_ms, range_all, revision, revoke_quietly, txn, TXN_OPS_MAX};
 use crate::keys::{key_served, prefix_end};
-use crate::leases::lease_secs;
+use crate::leases::{grant_once, lease_secs};
+use crate::memory::Held;
+use crate::retry::{plan_start, Planned};
 use crate::EtcdStore;
-
-/// Most runs whose lease a store instance remembers between renewals; beyond, it forgets
-/// them all (renewals then read first). Only the engine's own running runs are remembered.
-const HELD_MAX: usize = 100_000;
-
-/// A running record as this store instance last wrote it, at `revision`: lets a renewal
-/// skip a read.
-#[derive(Debug, Clone)]
-pub(crate) struct Held {
-    pub record: StoredRun,
-    pub revision: i64,
-}
-
-impl EtcdStore {
-    /// Remembers a run this instance claimed or renewed.
-    pub(crate) fn remember(&self, held: Held) {
-        let Ok(id) = held.record.id() else { return };
-        let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= HELD_MAX {
-            map.clear();
-        }
-        map.insert(id, held);
-    }
-
-    fn recall(&self, run: &RunId) -> Option<Held> {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).get(run).cloned()
-    }
-
-    pub(crate) fn forget(&self, run: &RunId) {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(run);
-    }
-
-    /// Forgets every run, job and shared lease this instance remembers (after an uninstall).
-    pub(crate) fn forget_all(&self) {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        self.shared.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        self.known.forget_all();
-    }
-}
-
-/// How many times a write is decided again after losing a compare to another node.
-pub(crate) const CAS_ATTEMPTS: u32 = 16;
-
-/// Runs an unlock ends per `Txn`: two puts and one compare each, plus the guard's compare
-/// and put and the action's put.
-const UNLOCK_CHUNK: usize = (TXN_OPS_MAX - 2) / 2;
-
-/// The error after [`CAS_ATTEMPTS`] lost compares.
-pub(crate) fn contended(what: &str) -> StoreError {
-    StoreError::Unavailable(format!("{what} lost {CAS_ATTEMPTS} compare-and-swaps in a row to other nodes; try again"))
-}
-
-/// Commits `request`, with `rereads` as its `else` branch: the revision it was applied at,
-/// or (a compare failed, nothing written) the keys re-read.
-pub(crate) async fn commit(
-    store: &EtcdStore,
-    what: &str,
-    request: Txn,
-    rereads: Vec<TxnOp>,
-) -> Result<Result<i64, Vec<Option<KeyValue>>>, StoreError> {
-    let resp = txn(&store.client, what, request.or_else(rereads)).await?;
-    if resp.succeeded() {
-        Ok(Ok(revision(&resp)?))
-    } else {
-        Ok(Err(gets(&resp).into_iter().map(single).collect()))
-    }
-}
-
-/// Reads single keys at one revision.
-pub(crate) async fn read_keys(store: &EtcdStore, ops: Vec<TxnOp>) -> Result<Vec<Option<KeyValue>>, StoreError> {
-    Ok(read(&store.client, ops).await?.into_iter().map(single).collect())
-}
-
-/// A record and its revision, if the key exists.
-pub(crate) fn stored_run(kv: Option<&KeyValue>) -> Result<Option<(StoredRun, i64)>, StoreError> {
-    kv.map(|kv| Ok((decode::<StoredRun>(kv.value(), "run record")?, kv.mod_revision()))).transpose()
-}
-
-/// A job's guard and its revision; a running run or a waiting retry implies one exists.
-pub(crate) fn stored_guard(kv: Option<&KeyValue>, job: &str) -> Result<(Guard, i64), StoreError> {
-    let kv = kv.ok_or_else(|| StoreError::Invalid(format!("job `{job}` has a run in progress but no guard key")))?;
-    Ok((decode::<Guard>(kv.value(), "job guard")?, kv.mod_revision()))
-}
 
 #[async_trait]
 impl RunStore for EtcdStore {
@@ -124,11 +44,12 @@ impl RunStore for EtcdStore {
         Ok(renew_held(store, held, ttl, length).await?.unwrap_or(false))
     }
 
-    /// Extends several leases (see [`solocron_core::RunStore::renew_all`]): each as [`renew`]
-    /// does, [`RENEWALS_IN_FLIGHT`] at a time. Not one `Txn`: a renewal is a keep-alive of the
-    /// run's etcd lease (shared by the runs of one claim) and a compare on its record, and a
-    /// batch of them would need a keep-alive per lease before one `Txn` of every compare; not
-    /// done, since etcd renewals already overlap on its one multiplexed connection.
+    /// Extends several leases (see [`solocron_core::RunStore::renew_all`]): each as
+    /// [`renew`](solocron_core::RunStore::renew) does, `RENEWALS_IN_FLIGHT` at a time. Not one
+    /// `Txn`: a renewal is a keep-alive of the run's etcd lease (shared by the runs of one
+    /// claim) and a compare on its record, and a batch of them would need a keep-alive per
+    /// lease before one `Txn` of every compare; not done, since etcd renewals already overlap
+    /// on its one multiplexed connection.
     async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
         let store = self;
         assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
@@ -153,10 +74,11 @@ impl RunStore for EtcdStore {
     }
 
     /// Records a batch of ends (see [`solocron_core::RunStore::finish_all`]), in chunks of
-    /// [`FINISH_CHUNK`]: per chunk one read of the records and guards, and one `Txn` comparing
+    /// `FINISH_CHUNK`: per chunk one read of the records and guards, and one `Txn` comparing
     /// every revision it read. If another node changed any of them in between (a claim of the
     /// same job changes its guard), the chunk is read and tried again; after
-    /// [`FINISH_CHUNK_ATTEMPTS`] lost tries its ends go one by one through [`finish`].
+    /// `FINISH_CHUNK_ATTEMPTS` lost tries its ends go one by one through
+    /// [`finish`](solocron_core::RunStore::finish).
     async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
         let store = self;
         let mut answers = Vec::with_capacity(endings.len());
@@ -304,14 +226,6 @@ async fn renew_held(store: &EtcdStore, held: Held, ttl: i64, length: Duration) -
     Ok(Some(true))
 }
 
-/// Writes the owner's `end` into its run's record.
-pub(crate) fn end_record(record: &mut StoredRun, end: &RunEnd, now: i64) {
-    record.end(end.state, end.reason.clone(), now);
-    record.exit_code = end.exit_code;
-    record.output = output_tail(&end.output).to_owned();
-    record.started_at = end.started_after.map(|d| record.claimed_at.saturating_add(millis(d)));
-}
-
 /// Ends per `Txn` of a batch: a compare and two writes (record, alive key) each, plus a
 /// compare and a write per job's guard.
 const FINISH_CHUNK: usize = TXN_OPS_MAX / 3;
@@ -420,10 +334,6 @@ pub(crate) async fn running_records(store: &EtcdStore, ids: &[RunId]) -> Result<
     Ok(records)
 }
 
-/// A planned recovery: its `Txn`, its outcome and (when it starts a run) the new running
-/// record.
-pub(crate) type Planned = (Txn, RecoverOutcome, Option<StoredRun>);
-
 /// The recovery `Txn` of `run` from `answers` (its record, its alive key, its job's guard,
 /// its next attempt's record); `None` if there is nothing to do: the run is neither
 /// running nor waiting, its lease is live, its next attempt exists, or (waiting) it is not
@@ -442,7 +352,7 @@ async fn plan_recovery(
         return Ok(None);
     }
     if old.is_waiting() {
-        return crate::retry::plan_start(store, run, action, (old, old_rev), answers[2].as_ref(), granted).await;
+        return plan_start(store, run, action, (old, old_rev), answers[2].as_ref(), granted).await;
     }
     if !old.is_running() {
         return Ok(None);
@@ -484,23 +394,6 @@ async fn plan_recovery(
     Ok(Some((Txn::new().when(compares).and_then(puts), outcome, Some(record))))
 }
 
-/// The etcd lease a recovery starts a run on, granted on the first try and kept in
-/// `granted` for the next ones (revoked by [`recover`] if the run is not started), with
-/// the run's instant: the client's clock just before the grant, no later than its TTL's
-/// start (see the claim's).
-pub(crate) async fn grant_once(
-    store: &EtcdStore,
-    granted: &mut Option<(i64, i64)>,
-    length: Duration,
-) -> Result<(i64, i64), StoreError> {
-    if let Some(lease) = *granted {
-        return Ok(lease);
-    }
-    let ttl = lease_secs(length)?;
-    let now = now_ms();
-    Ok(*granted.insert((crate::etcd::grant(&store.client, ttl).await?, now)))
-}
-
 /// The record of a retry: attempt `next` of the same tick, running for `node`.
 fn next_attempt(
     old: &StoredRun,
@@ -527,78 +420,4 @@ fn next_attempt(
         nonce: None,
         ..old.clone()
     })
-}
-
-/// Ends every running run of `job` as abandoned, and records the action (see
-/// [`solocron_core::ControlStore::unlock`]): one `Txn` per [`UNLOCK_CHUNK`] runs, each comparing
-/// the guard's and the records' revisions. Each `Txn` also writes the action, naming every
-/// run ended so far (the same key each time), so the log never misses a run an unlock
-/// ended, even when a later `Txn` of it fails; an unlock that finds nothing running
-/// records so in a `Txn` comparing the guard's revision.
-pub(crate) async fn unlock(store: &EtcdStore, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-    let guard_key = store.keys.guard(job);
-    let why = ActionRecord::unlock_reason(by, reason);
-    let (action_key, at) = crate::fleet::action_key(store);
-    let action = |ended: &[RunId]| {
-        let detail = ActionRecord::unlock_detail(ended);
-        let reason = (!reason.is_empty()).then_some(reason);
-        crate::fleet::put_action(&action_key, at, Action { job, kind: ActionKind::Unlock, by, reason, detail: &detail })
-    };
-    let mut unlocked = Vec::new();
-    let mut lost = 0;
-    while lost < CAS_ATTEMPTS {
-        let found = read_keys(store, vec![get(guard_key.clone())]).await?.pop().flatten();
-        let ids = match &found {
-            Some(kv) => stored_guard(Some(kv), job)?.0.running_ids()?.into_iter().take(UNLOCK_CHUNK).collect(),
-            None => Vec::new(),
-        };
-        if ids.is_empty() {
-            if !unlocked.is_empty() {
-                break; // the last chunk's `Txn` recorded the action
-            }
-            let revision = found.as_ref().map_or(0, KeyValue::mod_revision);
-            let idle = vec![Compare::mod_revision(guard_key.clone(), CompareOp::Equal, revision)];
-            match commit(store, "an unlock", Txn::new().when(idle).and_then(vec![action(&[])]), Vec::new()).await? {
-                Ok(_) => break,
-                Err(_) => {
-                    lost += 1;
-                    continue;
-                }
-            }
-        }
-        let (mut guard, guard_rev) = stored_guard(found.as_ref(), job)?;
-        let answers = read_keys(store, ids.iter().map(|id| get(store.keys.run(id))).collect()).await?;
-        let mut compares = vec![Compare::mod_revision(guard_key.clone(), CompareOp::Equal, guard_rev)];
-        let (mut puts, mut ended) = (Vec::new(), Vec::new());
-        let now = now_ms();
-        for (id, kv) in ids.iter().zip(&answers) {
-            guard.remove(id);
-            let Some((mut record, rev)) = stored_run(kv.as_ref())? else { continue };
-            compares.push(Compare::mod_revision(store.keys.run(id), CompareOp::Equal, rev));
-            if record.is_running() {
-                record.end(RunState::Abandoned, Some(why.clone()), now);
-                puts.push(TxnOp::put(store.keys.run(id), encode(&record), None));
-                puts.push(TxnOp::delete(store.keys.alive(id), None));
-                ended.push(id.clone());
-            }
-        }
-        puts.push(TxnOp::put(guard_key.clone(), encode(&guard), None));
-        let mut so_far: Vec<RunId> = unlocked.iter().chain(&ended).cloned().collect();
-        so_far.sort();
-        puts.push(action(&so_far));
-        match commit(store, "an unlock", Txn::new().when(compares).and_then(puts), Vec::new()).await? {
-            Ok(_) => {
-                ended.iter().for_each(|id| store.forget(id));
-                unlocked.extend(ended);
-            }
-            Err(_) => lost += 1,
-        }
-    }
-    if lost == CAS_ATTEMPTS {
-        return Err(contended("unlock"));
-    }
-    crate::fleet::trim(store).await;
-    unlocked.sort();
-    tracing::debug!(job, runs = unlocked.len(), "job unlocked");
-    Ok(unlocked)
 }

@@ -1,6 +1,6 @@
-//! What operators and housekeeping read and change: history, the store's clock, the job
-//! registry, pauses, manual run requests, unlock and pruning. An operator's action is one
-//! transaction that also appends it to the audit log (`fleet.rs`).
+//! What operators and housekeeping read and change: history, the job registry, pauses,
+//! manual run requests, unlock and pruning. An operator's action is one transaction that
+//! also appends it to the audit log (`fleet.rs`).
 
 use async_trait::async_trait;
 use solocron_core::{ControlStore, HistoryStore, RegistryStore, RequestStore};
@@ -466,28 +466,6 @@ impl RequestStore for MySqlStore {
         };
         rows.iter().map(|row| request(row).map_err(|f| f.into_store(context))).collect()
     }
-}
-
-/// Those of `ticks` that are taken (see [`solocron_core::ClaimStore::taken_ticks`]): their
-/// jobs' attempt 1 rows over the ticks' span of instants, in one statement.
-pub(crate) async fn taken_ticks(store: &MySqlStore, ticks: &[Tick]) -> Result<Vec<Tick>, StoreError> {
-    let runs = store.sql("{p}runs");
-    let Some(mut sql) = solocron_sql::taken_ticks_query::<MySql>(&runs, ticks) else { return Ok(Vec::new()) };
-    let context = "cannot read taken ticks";
-    let rows = sql.build().fetch_all(&store.pool).await.map_err(|e| Failure::from(e).into_store(context))?;
-    let read = |row: &MySqlRow| Ok((text(row, "job")?, get(row, "scheduled_at")?));
-    let rows = rows.iter().map(read).collect::<Result<Vec<_>, Failure>>().map_err(|e| e.into_store(context))?;
-    Ok(solocron_sql::taken_of(ticks, rows))
-}
-
-/// The server's clock.
-pub(crate) async fn now(store: &MySqlStore) -> Result<DateTime<Utc>, StoreError> {
-    let context = "cannot read the server clock";
-    let ms: i64 = sqlx::query_scalar(&store.sql("SELECT NOW_MS"))
-        .fetch_one(&store.pool)
-        .await
-        .map_err(|e| Failure::from(e).into_store(context))?;
-    instant(ms).map_err(|f| f.into_store(context))
 }
 
 /// One transaction: the job's fence lock (no claim of the job can add a running run until

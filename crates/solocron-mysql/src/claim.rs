@@ -16,32 +16,23 @@ use std::cmp::Ordering;
 use std::collections::HashMap;
 
 use futures_util::TryStreamExt;
-use sqlx::mysql::MySqlQueryResult;
-use sqlx::Executor;
+use sqlx::mysql::{MySqlQueryResult, MySqlRow};
+use sqlx::{Executor, MySql};
 
-use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, StoreError, Trigger, CLAIM_BATCH_MAX, CLAIM_EARLY_MAX};
+use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, StoreError, CLAIM_BATCH_MAX};
 use solocron_sql::plan::{self, Decision, Found, StateRow, Wanted};
 
 use crate::claim_one::claim_one;
 use crate::error::{invalid, is_duplicate, retrying, Failure};
-use crate::records::{check_name, check_text, get, instant, millis, opt_text, placeholders, repeated, text};
+use crate::records::{
+    check_name, check_text, early_max_ms, get, instant, millis, opt_text, placeholders, repeated, text,
+};
 use crate::records::{token_param, TEXT_BYTES_MAX};
 use crate::text::{execute, inline, read_rows, Literal, OpenTransaction};
 use crate::MySqlStore;
 
-/// [`CLAIM_EARLY_MAX`] in milliseconds.
-const EARLY_MAX_MS: i64 = CLAIM_EARLY_MAX.as_millis() as i64;
-const _: () = assert!(EARLY_MAX_MS > 0 && EARLY_MAX_MS as u128 == CLAIM_EARLY_MAX.as_millis());
-
-/// How far ahead of the server's clock `request`'s tick may be claimed, in ms:
-/// [`CLAIM_EARLY_MAX`] on its schedule; `None` (any distance) for every other trigger,
-/// which is never refused as too early.
-pub(crate) fn early_max_ms(request: &ClaimRequest) -> Option<i64> {
-    (request.trigger == Trigger::Schedule).then_some(EARLY_MAX_MS)
-}
-
 /// Whether `request` is refused as too early at `now` (the server's ms): a scheduled tick
-/// more than [`CLAIM_EARLY_MAX`] after it.
+/// more than [`CLAIM_EARLY_MAX`](solocron_core::CLAIM_EARLY_MAX) after it.
 fn too_early(request: &ClaimRequest, now: i64) -> bool {
     early_max_ms(request).is_some_and(|max| request.tick.scheduled_at.timestamp_millis() > now.saturating_add(max))
 }
@@ -61,8 +52,16 @@ impl ClaimStore for MySqlStore {
         retrying("cannot claim", || claim_once(store, requests)).await
     }
 
+    /// Those of `ticks` that are taken (see [`solocron_core::ClaimStore::taken_ticks`]): their
+    /// jobs' attempt 1 rows over the ticks' span of instants, in one statement.
     async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
-        crate::admin::taken_ticks(self, ticks).await.map(Some)
+        let runs = self.sql("{p}runs");
+        let Some(mut sql) = solocron_sql::taken_ticks_query::<MySql>(&runs, ticks) else { return Ok(Some(Vec::new())) };
+        let context = "cannot read taken ticks";
+        let rows = sql.build().fetch_all(&self.pool).await.map_err(|e| Failure::from(e).into_store(context))?;
+        let read = |row: &MySqlRow| Ok((text(row, "job")?, get(row, "scheduled_at")?));
+        let rows = rows.iter().map(read).collect::<Result<Vec<_>, Failure>>().map_err(|e| e.into_store(context))?;
+        Ok(Some(solocron_sql::taken_of(ticks, rows)))
     }
 }
 
@@ -91,9 +90,10 @@ fn check(requests: &[ClaimRequest]) -> Result<(), Failure> {
 /// failed insert commits. A batch that grants runs again ([`Decision::Regranted`]) also
 /// updates their leases, and commits in a third round trip (see [`write_regranting`]).
 ///
-/// The scheduled ticks more than [`CLAIM_EARLY_MAX`] ahead of the server's clock at the
-/// read are refused first ([`ClaimOutcome::TooEarly`](solocron_core::ClaimOutcome::TooEarly)) and left out of the plan: they
-/// write nothing, and the others are decided as if they were not in the batch.
+/// The scheduled ticks more than [`CLAIM_EARLY_MAX`](solocron_core::CLAIM_EARLY_MAX) ahead of
+/// the server's clock at the read are refused first ([`ClaimOutcome::TooEarly`]) and left
+/// out of the plan: they write nothing, and the others are decided as if they were not in
+/// the batch.
 async fn claim_once(store: &MySqlStore, requests: &[ClaimRequest]) -> Result<Vec<ClaimOutcome>, Failure> {
     let jobs = sorted_jobs(requests);
     let mut tx = OpenTransaction { conn: store.pool.acquire().await?, open: true };
@@ -307,7 +307,7 @@ fn state_read(store: &MySqlStore, requests: &[ClaimRequest], jobs: &[&str]) -> S
 }
 
 /// What the rows of [`state_read`] say (the server's clock at the read included).
-fn found(rows: &[sqlx::mysql::MySqlRow], jobs: usize) -> Result<Found, Failure> {
+fn found(rows: &[MySqlRow], jobs: usize) -> Result<Found, Failure> {
     let mut found = Found::default();
     for row in rows {
         let who = opt_text(row, "who")?;

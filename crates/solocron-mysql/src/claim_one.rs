@@ -31,9 +31,8 @@ use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, Tick, Trigger}
 use solocron_sql::plan::{self, Decision};
 use sqlx::mysql::MySqlRow;
 
-use crate::claim::early_max_ms;
 use crate::error::{invalid, is_duplicate, Failure};
-use crate::records::{get, instant, millis, opt_text, token};
+use crate::records::{early_max_ms, get, instant, millis, opt_text, token};
 use crate::text::OpenTransaction;
 use crate::MySqlStore;
 

@@ -187,30 +187,35 @@
 //! ## Code map
 //!
 //! - `lib.rs`: the store type, [`MySqlStore::connect`] (with each session's settings) and
-//!   [`StoreBase`](solocron_core::StoreBase) (its description and clock); each other role trait is
-//!   implemented in the file of its concern.
+//!   [`StoreBase`] (its description and clock); each other role trait is implemented in the
+//!   file of its concern.
 //! - `url.rs`: the URL into connection options.
 //! - `schema.rs`: the tables, the stored procedure, their versions, `migrate`, `schema`
 //!   and `uninstall`.
-//! - `claim.rs`: the claim of a batch, in 2 round trips (3 when it grants a run again).
-//! - `claim_one.rs`: the claim of one tick, one `CALL {p}claim_one_v7`.
+//! - `claim.rs`: the claim of a batch, in 2 round trips (3 when it grants a run again),
+//!   and which ticks are taken.
+//! - `claim_one.rs`: the claim of one tick, one `CALL {p}claim_one_v7`; `claim.rs` sends
+//!   a batch of one there (the arrow goes that way only).
 //! - `runs.rs`: a held run after its claim: renew, finish (one, a batch, or with a waiting
 //!   retry), expiry, recovery (of expired runs and due retries).
 //! - `admin.rs`: what operators and housekeeping read and change: history and its counts
-//!   by state, the clock, registrations, pauses, manual requests, unlock, prune.
+//!   by state, registrations, pauses, manual requests, unlock, prune.
 //! - `fleet.rs`: node heartbeats (one upsert each), and the audit log, appended inside the
 //!   transaction of the action it records.
 //! - `managed.rs`: managed jobs and their revisions (one transaction per write, under the
 //!   revision counter's row lock). This store has no request watch: nodes poll the version.
 //! - `text.rs`: statements sent as SQL text: values written in as literals, multi-statement
 //!   queries, transactions begun and ended by hand.
-//! - `records.rs`: rows decoded into the core's types, and values checked on their way in.
+//! - `records.rs`: rows decoded into the core's types, and values checked on their way in
+//!   (with how far ahead a tick may be claimed, which both claims bind).
 //! - `error.rs`: MySQL errors as [`StoreError`]s, and the bounded retry of lost lock
 //!   conflicts.
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+//! use solocron_core::{
+//!     ClaimMode, ClaimOutcome, ClaimRequest, ClaimStore, Prefix, SchemaStore, StoreBase, Tick, Trigger,
+//! };
 //! use solocron_mysql::MySqlStore;
 //!
 //! # #[tokio::main]
@@ -407,8 +412,14 @@ impl StoreBase for MySqlStore {
         self.description.clone()
     }
 
+    /// The server's clock.
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        admin::now(self).await
+        let context = "cannot read the server clock";
+        let ms: i64 = sqlx::query_scalar(&self.sql("SELECT NOW_MS"))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| Failure::from(e).into_store(context))?;
+        records::instant(ms).map_err(|f| f.into_store(context))
     }
 }
 

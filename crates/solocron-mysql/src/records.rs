@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use solocron_core::{RunId, RunRecord, Tick, DEFAULT_NAMESPACE};
+use solocron_core::{ClaimRequest, RunId, RunRecord, Tick, Trigger, CLAIM_EARLY_MAX, DEFAULT_NAMESPACE};
 use sqlx::mysql::MySqlRow;
 use sqlx::{ColumnIndex, MySql, Row};
 
@@ -24,6 +24,17 @@ pub(crate) const TEXT_BYTES_MAX: usize = 65_535;
 /// Longest duration (lease, start delay) accepted: 100 years, far from overflowing
 /// `now + ms` in a BIGINT.
 const DURATION_MS_MAX: i64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// [`CLAIM_EARLY_MAX`] in milliseconds.
+const EARLY_MAX_MS: i64 = CLAIM_EARLY_MAX.as_millis() as i64;
+const _: () = assert!(EARLY_MAX_MS > 0 && EARLY_MAX_MS as u128 == CLAIM_EARLY_MAX.as_millis());
+
+/// How far ahead of the server's clock `request`'s tick may be claimed, in ms:
+/// [`CLAIM_EARLY_MAX`] on its schedule; `None` (any distance) for every other trigger,
+/// which is never refused as too early.
+pub(crate) fn early_max_ms(request: &ClaimRequest) -> Option<i64> {
+    (request.trigger == Trigger::Schedule).then_some(EARLY_MAX_MS)
+}
 
 /// Checks a job or node name before it is written or looked up: it must fit its key
 /// column, and must not end with a space, which `utf8mb4_bin` ignores in comparisons

@@ -42,8 +42,9 @@ impl RunStore for MySqlStore {
         .await
     }
 
-    /// Extends several leases in one round trip, as [`finish_all`] records ends: one
-    /// [`RENEW_SQL`] per renewal in one transaction.
+    /// Extends several leases in one round trip, as
+    /// [`finish_all`](solocron_core::RunStore::finish_all) records ends: one `RENEW_SQL` per
+    /// renewal in one transaction.
     async fn renew_all(&self, renewals: &[Renewal]) -> Result<Vec<bool>, StoreError> {
         let store = self;
         assert!(renewals.len() <= RENEW_BATCH_MAX, "{} renewals in one batch", renewals.len());
@@ -81,10 +82,11 @@ impl RunStore for MySqlStore {
         .await
     }
 
-    /// Records several held runs' ends in one round trip: `START TRANSACTION`, one `UPDATE` per
-    /// end (as [`finish`]'s, values written in as literals) and `COMMIT`, as one multi-statement
-    /// text query whose per-statement counts say which runs ended. A failing statement stops
-    /// the rest, and the transaction is rolled back: nothing of a failed batch commits.
+    /// Records several held runs' ends in one round trip: `START TRANSACTION`, one `UPDATE`
+    /// per end (as [`finish`](solocron_core::RunStore::finish)'s, values written in as
+    /// literals) and `COMMIT`, as one multi-statement text query whose per-statement counts
+    /// say which runs ended. A failing statement stops the rest, and the transaction is
+    /// rolled back: nothing of a failed batch commits.
     async fn finish_all(&self, endings: &[Ending]) -> Result<Vec<bool>, StoreError> {
         let store = self;
         assert!(endings.len() <= FINISH_BATCH_MAX, "{} endings in one batch", endings.len());
@@ -97,10 +99,10 @@ impl RunStore for MySqlStore {
         in_one_transaction(store, &statements, "cannot finish").await
     }
 
-    /// Records a held run's end as [`finish`] does and, only if that matched, inserts the
-    /// tick's next attempt as `waiting` until the server's now + `after`: one transaction in
-    /// one round trip (`START TRANSACTION`, [`FINISH_SQL`], [`WAIT_SQL`], `COMMIT`, values
-    /// written in as literals). A failing statement stops the rest, and the transaction is
+    /// Records a held run's end as [`finish`](solocron_core::RunStore::finish) does and, only
+    /// if that matched, inserts the tick's next attempt as `waiting` until the server's now +
+    /// `after`: one transaction in one round trip (`START TRANSACTION`, `FINISH_SQL`,
+    /// `WAIT_SQL`, `COMMIT`, values written in as literals). A failing statement stops the rest, and the transaction is
     /// rolled back.
     async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
         let store = self;

@@ -103,7 +103,7 @@ impl HistoryStore for PgStore {
 impl RegistryStore for PgStore {
     /// Records that `node` runs exactly `jobs`, in one transaction: the removal of the node's
     /// unlisted jobs, then the upsert of the listed ones in statements of
-    /// [`REGISTER_STATEMENT_JOBS`]. Every statement reads `now()`, the transaction's start, so
+    /// `REGISTER_STATEMENT_JOBS`. Every statement reads `now()`, the transaction's start, so
     /// every registration gets the same `last_seen`.
     async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
         let store = self;
@@ -355,33 +355,6 @@ async fn count_runs_once(store: &PgStore, job: &str, since: DateTime<Utc>) -> Re
         counts.add(parse_name(row, "state")?, n);
     }
     Ok(counts)
-}
-
-/// Those of `ticks` that are taken (see [`solocron_core::ClaimStore::taken_ticks`]): one
-/// statement, a primary key lookup per tick (the ticks as arrays, as the claim sends them),
-/// answered as one string of flags in the ticks' order (one row to decode, not a row per
-/// taken tick). Not the shared `job IN (…)` over a span of instants: over a herd's fresh
-/// rows, not yet in the statistics, the planner read the whole table for each chunk.
-pub(crate) async fn taken_ticks(store: &PgStore, ticks: &[Tick]) -> Result<Vec<Tick>, StoreError> {
-    if ticks.is_empty() {
-        return Ok(Vec::new());
-    }
-    let jobs: Vec<&str> = ticks.iter().map(|t| t.job.as_str()).collect();
-    let instants: Vec<i64> = ticks.iter().map(|t| t.scheduled_at.timestamp_millis()).collect();
-    let flags: String = sqlx::query_scalar(&store.sql(
-        "SELECT string_agg(CASE WHEN EXISTS (SELECT 1 FROM {p}runs r \
-         WHERE r.job = t.job AND r.scheduled_at = t.at AND r.attempt = 1) THEN '1' ELSE '0' END, '' ORDER BY t.i) \
-         FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS t(job, at, i)",
-    ))
-    .bind(&jobs)
-    .bind(&instants)
-    .fetch_one(&store.pool)
-    .await
-    .map_err(step("taken_ticks"))?;
-    if flags.len() != ticks.len() || !flags.bytes().all(|f| f == b'0' || f == b'1') {
-        return Err(StoreError::Invalid(format!("{} taken flags for {} ticks", flags.len(), ticks.len())));
-    }
-    Ok(ticks.iter().zip(flags.bytes()).filter(|(_, f)| *f == b'1').map(|(t, _)| t.clone()).collect())
 }
 
 /// The server's clock.

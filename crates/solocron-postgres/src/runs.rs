@@ -78,7 +78,8 @@ impl RunStore for PgStore {
         Ok(renewals.iter().zip(&renewed).map(|(r, done)| *done || extended(&r.lease)).collect())
     }
 
-    /// Records a held run's end: [`finish_all`]'s one statement, with one end.
+    /// Records a held run's end: [`finish_all`](solocron_core::RunStore::finish_all)'s one
+    /// statement, with one end.
     async fn finish(&self, lease: &Lease, end: &RunEnd) -> Result<bool, StoreError> {
         let store = self;
         let answers = store.finish_all(&[Ending { lease: lease.clone(), end: end.clone() }]).await?;
@@ -121,9 +122,9 @@ impl RunStore for PgStore {
         answered(ended.unwrap_or_default(), endings.len(), "finish")
     }
 
-    /// Records a held run's end as [`finish`] does and, only if that matched, its tick's next
-    /// attempt as a waiting retry (trigger `retry`, the same node, no token, not-before =
-    /// the server's now + `after`); one statement.
+    /// Records a held run's end as [`finish`](solocron_core::RunStore::finish) does and, only
+    /// if that matched, its tick's next attempt as a waiting retry (trigger `retry`, the same
+    /// node, no token, not-before = the server's now + `after`); one statement.
     async fn finish_for_retry(&self, lease: &Lease, end: &RunEnd, after: Duration) -> Result<bool, StoreError> {
         let store = self;
         assert!(end.state.is_terminal(), "a run cannot finish as `{}`", end.state);

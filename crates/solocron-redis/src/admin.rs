@@ -1,21 +1,20 @@
-//! What operators and housekeeping read and change: history, the store's clock, the job
-//! registry, pause switches, manual run requests, where the present memory begins, and
-//! pruning. Each is one call of the store's Lua code (or `TIME`).
+//! What operators and housekeeping read and change: history, the job registry, pause
+//! switches and unlocks, manual run requests, and pruning. Each is one call of the store's
+//! Lua code.
 
 use async_trait::async_trait;
 use solocron_core::{ControlStore, HistoryStore, RegistryStore, RequestStore, RequestWatch, RunId};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use redis::Value;
 use solocron_core::{
     HistoryQuery, JobControl, JobDefinition, Namespaces, Registration, RegistryCursor, RegistryPage, RunRecord,
     RunRequest, StoreError, Tick, NODE_FORGET_AFTER, PRUNE_BATCH_MAX, RECORDS_PAGE_MAX, REGISTRY_PAGE_MAX,
+    UNLOCK_DETAIL_RUNS_MAX,
 };
 
 use crate::call::{millis, optional, Call};
 use crate::decode::{self, convert, instant, invalid};
-use crate::error::redis_error;
 use crate::fleet::ACTIONS_KEPT_MAX;
 use crate::scripts::CODE;
 use crate::{RedisStore, SCAN_EXAMINED_MAX};
@@ -97,10 +96,11 @@ impl HistoryStore for RedisStore {
 
 #[async_trait]
 impl RegistryStore for RedisStore {
-    /// Records that `node` runs exactly these jobs (see [`solocron_core::RegistryStore::register`]):
-    /// one call upserts the listed ones and deletes the node's others, even when none is listed.
-    /// A list longer than [`REGISTER_CALL_JOBS`] is staged first, in calls of that many, under
-    /// an id of this registration's own; nothing is registered before the last call.
+    /// Records that `node` runs exactly these jobs (see
+    /// [`solocron_core::RegistryStore::register`]): one call upserts the listed ones and
+    /// deletes the node's others, even when none is listed. A list longer than
+    /// `REGISTER_CALL_JOBS` is staged first, in calls of that many, under an id of this
+    /// registration's own; nothing is registered before the last call.
     async fn register(&self, node: &str, jobs: &[JobDefinition]) -> Result<(), StoreError> {
         let store = self;
         let (inline, stage) = match jobs.len() {
@@ -177,8 +177,16 @@ impl ControlStore for RedisStore {
         store.run(&call, "set_paused").await.map(drop)
     }
 
+    /// Ends every running run of a job for an operator, and records the action (see
+    /// [`solocron_core::ControlStore::unlock`]).
     async fn unlock(&self, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-        crate::runs::unlock(self, job, by, reason).await
+        let mut call = self.invocation(&CODE.unlock);
+        call.arg(job).arg(by).arg(reason).arg(ACTIONS_KEPT_MAX).arg(UNLOCK_DETAIL_RUNS_MAX);
+        let ids: Vec<String> = convert(self.run(&call, "unlock").await?, "unlocked runs")?;
+        let mut runs = ids.iter().map(|id| decode::run_id(id)).collect::<Result<Vec<_>, _>>()?;
+        runs.sort();
+        tracing::debug!(job, runs = runs.len(), "job unlocked");
+        Ok(runs)
     }
 }
 
@@ -234,16 +242,6 @@ impl RequestStore for RedisStore {
     }
 }
 
-/// Redis's clock (`TIME`).
-pub(crate) async fn now(store: &RedisStore) -> Result<DateTime<Utc>, StoreError> {
-    let mut conn = store.conn.clone();
-    let (secs, micros): (i64, i64) = redis::cmd("TIME")
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| redis_error(e, &format!("now on {}", store.description)))?;
-    instant(secs * 1000 + micros / 1000)
-}
-
 /// Jobs per call of a registration: a longer list is staged in calls of this many, then
 /// applied by one call (see `lua/register_stage.lua`). One call of 10,000 jobs held 8 MB of
 /// buffers in this process (the command, its packed copy, the connection's copy).
@@ -262,27 +260,4 @@ fn definitions(call: &mut Call, jobs: &[JobDefinition]) {
 fn stage_id() -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     format!("{}.{nanos}", std::process::id())
-}
-
-/// When the present memory began (see "Amnesia" in the crate docs), marked now if unmarked.
-pub(crate) async fn memory_since(store: &RedisStore) -> Result<Option<DateTime<Utc>>, StoreError> {
-    let reply = store.run(&store.invocation(&CODE.memory_since), "memory_since").await?;
-    let ms: i64 = convert(reply, "epoch")?;
-    Ok(Some(instant(ms)?))
-}
-
-/// Those of `ticks` that are taken (see [`solocron_core::ClaimStore::taken_ticks`]): one call,
-/// one `EXISTS` per tick.
-pub(crate) async fn taken_ticks(store: &RedisStore, ticks: &[Tick]) -> Result<Vec<Tick>, StoreError> {
-    if ticks.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut call = store.invocation(&CODE.taken);
-    call.arg(ticks.len());
-    for t in ticks {
-        call.arg(t.job.as_str()).arg(t.scheduled_at.timestamp_millis());
-    }
-    let flags: Vec<u8> = convert(store.run(&call, "taken_ticks").await?, "taken flags")?;
-    let flags = decode::flags(&flags, ticks.len())?;
-    Ok(ticks.iter().zip(flags).filter(|(_, taken)| *taken).map(|(t, _)| t.clone()).collect())
 }

@@ -12,6 +12,10 @@
 //! request whose tick is more than [`CLAIM_EARLY_MAX`] ahead of Redis's clock (the call's
 //! `TIME`) is `TooEarly` with that clock, and writes nothing (no record, no fencing token
 //! taken); the batch's other requests are decided as usual.
+//!
+//! The rest of [`ClaimStore`] is here too: which ticks are taken (one `EXISTS` per tick),
+//! and since when this Redis remembers claims (`memory_since`, see "Amnesia" in the crate
+//! docs).
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -19,7 +23,7 @@ use solocron_core::ClaimStore;
 use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, RunId, StoreError, Tick, CLAIM_EARLY_MAX};
 
 use crate::call::millis;
-use crate::decode::{self, convert, invalid};
+use crate::decode::{self, convert, instant, invalid};
 use crate::scripts::CODE;
 use crate::RedisStore;
 
@@ -65,12 +69,28 @@ impl ClaimStore for RedisStore {
         Ok(outcomes)
     }
 
+    /// Those of `ticks` that are taken (see [`solocron_core::ClaimStore::taken_ticks`]): one
+    /// call, one `EXISTS` per tick.
     async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
-        crate::admin::taken_ticks(self, ticks).await.map(Some)
+        if ticks.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
+        let mut call = self.invocation(&CODE.taken);
+        call.arg(ticks.len());
+        for t in ticks {
+            call.arg(t.job.as_str()).arg(t.scheduled_at.timestamp_millis());
+        }
+        let flags: Vec<u8> = convert(self.run(&call, "taken_ticks").await?, "taken flags")?;
+        let flags = decode::flags(&flags, ticks.len())?;
+        Ok(Some(ticks.iter().zip(flags).filter(|(_, taken)| *taken).map(|(t, _)| t.clone()).collect()))
     }
 
+    /// When the present memory began (see "Amnesia" in the crate docs), marked now if
+    /// unmarked.
     async fn memory_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
-        crate::admin::memory_since(self).await
+        let reply = self.run(&self.invocation(&CODE.memory_since), "memory_since").await?;
+        let ms: i64 = convert(reply, "epoch")?;
+        Ok(Some(instant(ms)?))
     }
 }
 

@@ -5,7 +5,9 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+//! use solocron_core::{
+//!     ClaimMode, ClaimOutcome, ClaimRequest, ClaimStore, Prefix, SchemaStore, StoreBase, Tick, Trigger,
+//! };
 //! use solocron_redis::RedisStore;
 //!
 //! # #[tokio::main]
@@ -32,11 +34,11 @@
 //!
 //! ## One atomic step per method
 //!
-//! Every [`Store`](solocron_core::Store) method is one call of solocron's Lua code (or one single command:
-//! `TIME` for [`StoreBase::now`](solocron_core::StoreBase::now)). The code is a Redis Functions library that the store loads
-//! with `FUNCTION LOAD` on its first call, and calls with `FCALL`; where the server refuses
-//! to load it (an ACL without `FUNCTION`, a proxy), the same code runs as one script per
-//! method with `EVALSHA`, at a higher cost per call on the server
+//! Every [`Store`](solocron_core::Store) method is one call of solocron's Lua code (or one
+//! single command: `TIME` for [`StoreBase::now`]). The code is a Redis Functions library
+//! that the store loads with `FUNCTION LOAD` on its first call, and calls with `FCALL`;
+//! where the server refuses to load it (an ACL without `FUNCTION`, a proxy), the same code
+//! runs as one script per method with `EVALSHA`, at a higher cost per call on the server
 //! ([`RedisStore::calls_library`] says which). Redis runs one function or script at a
 //! time, entirely, so a claim, a renewal, a recovery or an unlock never interleaves with
 //! another node's. Renew, finish, recover and unlock compare the owner and fencing token
@@ -265,21 +267,21 @@
 //! still answer. Script errors, replies of
 //! an unexpected shape and refused credentials are [`StoreError::Invalid`]. An unknown
 //! function or `NOSCRIPT` (after a restart, `FUNCTION FLUSH` or `SCRIPT FLUSH`) is handled
-//! by loading the code again. Passwords never appear in [`StoreBase::describe`](solocron_core::StoreBase::describe) or in error
+//! by loading the code again. Passwords never appear in [`StoreBase::describe`] or in error
 //! messages: what is shown of the URL goes through [`solocron_core::redact_url`].
 //!
 //! ## Code map
 //!
-//! - `lib.rs`: the store type, [`RedisStore::connect`], and [`StoreBase`](solocron_core::StoreBase) (its
-//!   description and clock); each other role trait is implemented in the file of its concern.
+//! - `lib.rs`: the store type, [`RedisStore::connect`], and [`StoreBase`] (its description
+//!   and clock, Redis's `TIME`); each other role trait is implemented in the file of its
+//!   concern.
 //! - `url.rs`: the URL into a client; what is shown of it (redacted).
 //! - `schema.rs`: `migrate` (layout version, epoch), `schema` (reads the version) and
 //!   `uninstall`.
-//! - `claim.rs`: the claim, a whole batch in one call. Nothing else claims.
-//! - `runs.rs`: a held run's life: renew, finish, finish for a retry, expired, recover,
-//!   unlock.
-//! - `admin.rs`: history, now, registry, pause switches, manual requests, memory_since,
-//!   prune.
+//! - `claim.rs`: the claim, a whole batch in one call; which ticks are taken; where the
+//!   present memory begins (`memory_since`). Nothing else claims.
+//! - `runs.rs`: a held run's life: renew, finish, finish for a retry, expired, recover.
+//! - `admin.rs`: history, registry, pause switches and unlock, manual requests, prune.
 //! - `fleet.rs`: node heartbeats and the audit log's reads (actions are appended by the Lua
 //!   of the step they record).
 //! - `managed.rs`: managed jobs and their revisions.
@@ -400,7 +402,7 @@ impl RedisStore {
     ///
     /// ```no_run
     /// # async fn f(store: solocron_redis::RedisStore) -> Result<(), solocron_core::StoreError> {
-    /// use solocron_core::Store;
+    /// use solocron_core::SchemaStore;
     /// store.migrate().await?;
     /// println!("library: {:?}", store.calls_library());
     /// # Ok(())
@@ -422,7 +424,13 @@ impl StoreBase for RedisStore {
         self.description.clone()
     }
 
+    /// Redis's clock (`TIME`).
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        admin::now(self).await
+        let mut conn = self.conn.clone();
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| redis_error(e, &format!("now on {}", self.description)))?;
+        decode::instant(secs * 1000 + micros / 1000)
     }
 }

@@ -1,6 +1,6 @@
 //! A held run's life after its claim: renew, finish (one or a pipelined batch), finish
-//! for a retry, the expiry scan, recovery (of expired runs and of due waiting retries),
-//! and an operator's unlock. Each is one call of the store's Lua code, which compares the
+//! for a retry, the expiry scan, and recovery (of expired runs and of due waiting
+//! retries); an operator's unlock is in `admin.rs`. Each is one call of the store's Lua code, which compares the
 //! owner and fencing token (or the state and lease expiry) in the same atomic step that
 //! writes.
 
@@ -147,18 +147,6 @@ impl RunStore for RedisStore {
         }
         Ok(outcome)
     }
-}
-
-/// Ends every running run of a job for an operator, and records the action (see
-/// [`solocron_core::ControlStore::unlock`]).
-pub(crate) async fn unlock(store: &RedisStore, job: &str, by: &str, reason: &str) -> Result<Vec<RunId>, StoreError> {
-    let mut call = store.invocation(&CODE.unlock);
-    call.arg(job).arg(by).arg(reason).arg(crate::fleet::ACTIONS_KEPT_MAX).arg(solocron_core::UNLOCK_DETAIL_RUNS_MAX);
-    let ids: Vec<String> = convert(store.run(&call, "unlock").await?, "unlocked runs")?;
-    let mut runs = ids.iter().map(|id| decode::run_id(id)).collect::<Result<Vec<_>, _>>()?;
-    runs.sort();
-    tracing::debug!(job, runs = runs.len(), "job unlocked");
-    Ok(runs)
 }
 
 /// The `renew` script's call for one lease.

@@ -1,7 +1,7 @@
 //! What operators and housekeeping read and change: run history, the job registry, job
-//! switches (pause, unlock), manual run requests, pruning, and the store's clock. Each
-//! write is one `BEGIN IMMEDIATE` transaction; an operator's action appends its record to
-//! the audit log (`fleet.rs`) in that same transaction.
+//! switches (pause, unlock), manual run requests and pruning. Each write is one
+//! `BEGIN IMMEDIATE` transaction; an operator's action appends its record to the audit log
+//! (`fleet.rs`) in that same transaction.
 
 use async_trait::async_trait;
 use solocron_core::{ControlStore, HistoryStore, RegistryStore, RequestStore, RequestWatch};
@@ -108,8 +108,6 @@ const PRUNE_REQUESTS: &str = concat!("DELETE FROM {p}requests WHERE requested_at
 pub(crate) struct Sql {
     history: String,
     count_runs: String,
-    /// The runs table, for `taken_ticks`' query (built by the shared builder).
-    runs: String,
     register: String,
     unregister_unlisted: String,
     registrations: String,
@@ -133,7 +131,6 @@ impl Sql {
         Sql {
             history: fill(HISTORY, tables),
             count_runs: fill(COUNT_RUNS, tables),
-            runs: fill("{p}runs", tables),
             register: fill(REGISTER, tables),
             unregister_unlisted: fill(UNREGISTER_UNLISTED, tables),
             registrations: fill(REGISTRATIONS, tables),
@@ -398,21 +395,6 @@ impl RequestStore for SqliteStore {
     fn request_watch(&self) -> Option<Box<dyn RequestWatch>> {
         Some(Box::new(crate::watch::FileWatch::new(&self.path)))
     }
-}
-
-/// Those of `ticks` that are taken (see [`solocron_core::ClaimStore::taken_ticks`]): their
-/// jobs' attempt 1 rows over the ticks' span of instants, in one statement.
-pub(crate) async fn taken_ticks(store: &SqliteStore, ticks: &[Tick]) -> Result<Vec<Tick>, StoreError> {
-    let runs = store.sql.admin.runs.clone();
-    let Some(mut sql) = solocron_sql::taken_ticks_query::<Sqlite>(&runs, ticks) else { return Ok(Vec::new()) };
-    let rows: Vec<(String, i64)> = sql.build_query_as().fetch_all(&store.pool).await.map_err(db_err)?;
-    Ok(solocron_sql::taken_of(ticks, rows))
-}
-
-/// SQLite's clock (see [`solocron_core::StoreBase::now`]).
-pub(crate) async fn now(store: &SqliteStore) -> Result<DateTime<Utc>, StoreError> {
-    let ms: i64 = sqlx::query_scalar(concat!("SELECT ", now!())).fetch_one(&store.pool).await.map_err(db_err)?;
-    instant(ms)
 }
 
 /// The jobs' names as a JSON array of strings, for `json_each`.

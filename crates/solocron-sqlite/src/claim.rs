@@ -5,10 +5,11 @@
 //! some request asked again for its own running claim, one update of those runs' leases.
 //! A batch of one tick is claimed in one statement instead ([`crate::claim_one`]).
 //!
-//! A [`Trigger::Schedule`](solocron_core::Trigger::Schedule) request for a tick more than [`CLAIM_EARLY_MAX`] ahead of the
-//! read's clock (SQLite's, under the lock) is answered [`ClaimOutcome::TooEarly`](solocron_core::ClaimOutcome::TooEarly) and left
-//! out of the plan before anything is decided: it writes nothing, and its job's counter
-//! stays. The rest of the batch is decided as if it had not been asked.
+//! A [`Trigger::Schedule`] request for a tick more than
+//! [`CLAIM_EARLY_MAX`](solocron_core::CLAIM_EARLY_MAX) ahead of the read's clock (SQLite's,
+//! under the lock) is answered [`ClaimOutcome::TooEarly`] and left out of the plan before
+//! anything is decided: it writes nothing, and its job's counter stays. The rest of the
+//! batch is decided as if it had not been asked.
 //!
 //! Deciding in memory is safe because the transaction holds the database's write lock
 //! from its first statement to its commit: nothing it read can change in between. The
@@ -27,11 +28,11 @@ use std::borrow::Cow;
 use chrono::{DateTime, Utc};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
-use solocron_core::{ClaimOutcome, ClaimRequest, StoreError, Trigger, CLAIM_BATCH_MAX, CLAIM_EARLY_MAX};
+use solocron_core::{ClaimOutcome, ClaimRequest, StoreError, Trigger, CLAIM_BATCH_MAX};
 use solocron_sql::plan::{self, Decision, Found, StateRow, Wanted};
 
 use crate::error::db_err;
-use crate::records::{get_in, instant, millis};
+use crate::records::{get_in, instant, millis, EARLY_MAX_MS};
 use crate::{fill, SqliteStore};
 
 /// Batches of at most this many requests keep their statements prepared (sqlx's
@@ -46,15 +47,10 @@ const PREPARED_BATCH_MAX: usize = 8;
 /// leases' update 3 per re-grant).
 const ROWS_PER_INSERT: usize = 90;
 
-/// [`CLAIM_EARLY_MAX`] in milliseconds, as instants are stored: how far ahead of the
-/// store's clock a scheduled tick may be claimed.
-pub(crate) const EARLY_MAX_MS: i64 = CLAIM_EARLY_MAX.as_millis() as i64;
-const _: () = assert!(EARLY_MAX_MS > 0 && EARLY_MAX_MS as u128 == CLAIM_EARLY_MAX.as_millis());
-
 /// Whether `request` asks for its tick too early to be granted at `now` (the store's clock,
-/// ms): a [`Trigger::Schedule`](solocron_core::Trigger::Schedule) request for a tick more than [`CLAIM_EARLY_MAX`] ahead.
-/// Other triggers are never early (a manual tick's instant is the store's; catch-ups and
-/// retries are of past ticks).
+/// ms): a [`Trigger::Schedule`] request for a tick more than
+/// [`CLAIM_EARLY_MAX`](solocron_core::CLAIM_EARLY_MAX) ahead. Other triggers are never early
+/// (a manual tick's instant is the store's; catch-ups and retries are of past ticks).
 fn too_early(request: &ClaimRequest, now: i64) -> bool {
     request.trigger == Trigger::Schedule
         && request.tick.scheduled_at.timestamp_millis().saturating_sub(now) > EARLY_MAX_MS
@@ -69,6 +65,8 @@ pub(crate) struct Sql {
     read_paused: String,
     insert: String,
     regrant: String,
+    /// The runs table, for `taken_ticks`' query (built by the shared builder).
+    runs: String,
 }
 
 impl Sql {
@@ -118,6 +116,7 @@ impl Sql {
                 ),
                 tables,
             ),
+            runs: fill("{p}runs", tables),
         }
     }
 }
@@ -179,8 +178,14 @@ impl ClaimStore for SqliteStore {
         Ok(outcomes)
     }
 
+    /// Those of `ticks` that are taken (see [`solocron_core::ClaimStore::taken_ticks`]): their
+    /// jobs' attempt 1 rows over the ticks' span of instants, in one statement.
     async fn taken_ticks(&self, ticks: &[Tick]) -> Result<Option<Vec<Tick>>, StoreError> {
-        crate::admin::taken_ticks(self, ticks).await.map(Some)
+        let Some(mut sql) = solocron_sql::taken_ticks_query::<Sqlite>(&self.sql.claim.runs, ticks) else {
+            return Ok(Some(Vec::new()));
+        };
+        let rows: Vec<(String, i64)> = sql.build_query_as().fetch_all(&self.pool).await.map_err(db_err)?;
+        Ok(Some(solocron_sql::taken_of(ticks, rows)))
     }
 }
 

@@ -37,9 +37,8 @@ use sqlx::Sqlite;
 use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Lease, RunId, StoreError, Tick, Trigger};
 use solocron_sql::plan;
 
-use crate::claim::EARLY_MAX_MS;
 use crate::error::db_err;
-use crate::records::{get, instant, millis};
+use crate::records::{get, instant, millis, EARLY_MAX_MS};
 use crate::{fill, SqliteStore};
 
 /// Claims the tick of `request` (see [`solocron_core::ClaimStore::claim`]) in one writing

@@ -35,26 +35,28 @@
 //!
 //! ## Code map
 //!
-//! - `lib.rs`: the store type, [`SqliteStore::connect`], and
-//!   [`StoreBase`](solocron_core::StoreBase) (its description and clock); each other role
-//!   trait is implemented in the file of its concern.
+//! - `lib.rs`: the store type, [`SqliteStore::connect`], and [`StoreBase`] (its
+//!   description and clock); each other role trait is implemented in the file of its
+//!   concern.
 //! - `url.rs`: a `sqlite:` URL into the driver's options and the file's path.
 //! - `schema.rs`: the tables, `migrate`, `schema` and `uninstall`.
-//! - `claim.rs`: the batch claim (one transaction, decided in memory); `claim_one.rs`: the
-//!   one-tick claim (one statement, decided in SQL). Nothing else claims.
+//! - `claim.rs`: the batch claim (one transaction, decided in memory), and which ticks are
+//!   taken; `claim_one.rs`: the one-tick claim (one statement, decided in SQL), where
+//!   `claim.rs` sends a batch of one (the arrow goes that way only). Nothing else claims.
 //! - `runs.rs`: a held run's life: renew, finish, expired, recover.
 //! - `admin.rs`: history and its counts by state, registry, pause and unlock, manual
-//!   requests, prune, the clock.
+//!   requests, prune.
 //! - `managed.rs`: managed jobs and their revisions (one write transaction each).
 //! - `fleet.rs`: node heartbeats (one upsert each), and the audit log, appended inside the
 //!   transaction of the action it records.
 //! - `watch.rs`: the request watch (inotify on the database's files).
-//! - `records.rs`: rows into records, durations and instants into milliseconds.
+//! - `records.rs`: rows into records, durations and instants into milliseconds (with how
+//!   far ahead a tick may be claimed, which both claims compare).
 //! - `error.rs`: SQLite's errors into [`StoreError`]s.
 //!
 //! ```
 //! use std::time::Duration;
-//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, ClaimStore, Prefix, SchemaStore, Tick, Trigger};
 //! use solocron_sqlite::SqliteStore;
 //!
 //! # #[tokio::main]
@@ -315,7 +317,10 @@ impl StoreBase for SqliteStore {
         self.description.to_string()
     }
 
+    /// SQLite's clock (see [`StoreBase::now`]).
     async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        admin::now(self).await
+        let ms: i64 =
+            sqlx::query_scalar(concat!("SELECT ", now!())).fetch_one(&self.pool).await.map_err(error::db_err)?;
+        records::instant(ms)
     }
 }

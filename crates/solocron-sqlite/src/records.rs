@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use solocron_core::{
     ActionRecord, JobControl, JobDefinition, NodeBeat, NodeRecord, Registration, RunId, RunRecord, RunRequest,
-    StoreError, Tick,
+    StoreError, Tick, CLAIM_EARLY_MAX,
 };
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, Sqlite};
@@ -18,6 +18,11 @@ use sqlx::{Row, Sqlite};
 /// and far from the point where `now + ms` would overflow SQLite's 64-bit integers (which
 /// would silently turn into a REAL).
 const DURATION_MS_MAX: i64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// [`CLAIM_EARLY_MAX`] in milliseconds, as instants are stored: how far ahead of the
+/// store's clock a scheduled tick may be claimed.
+pub(crate) const EARLY_MAX_MS: i64 = CLAIM_EARLY_MAX.as_millis() as i64;
+const _: () = assert!(EARLY_MAX_MS > 0 && EARLY_MAX_MS as u128 == CLAIM_EARLY_MAX.as_millis());
 
 /// Milliseconds of a duration, refusing absurd ones (see [`DURATION_MS_MAX`]).
 pub(crate) fn millis(d: Duration) -> Result<i64, StoreError> {

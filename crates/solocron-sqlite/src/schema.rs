@@ -212,7 +212,7 @@ impl Sql {
 
 #[async_trait]
 impl SchemaStore for SqliteStore {
-    /// Creates or upgrades the schema (see [`SchemaStore::migrate`](solocron_core::SchemaStore::migrate)).
+    /// Creates or upgrades the schema (see [`SchemaStore::migrate`]).
     async fn migrate(&self) -> Result<(), StoreError> {
         let store = self;
         let sql = &store.sql.schema;
@@ -249,8 +249,8 @@ impl SchemaStore for SqliteStore {
     }
 
     /// Where the schema stands against this build, read in one read transaction that writes
-    /// nothing (see [`SchemaStore::schema`](solocron_core::SchemaStore::schema)): no schema table, or an
-    /// empty one, is [`SchemaState::Missing`].
+    /// nothing (see [`SchemaStore::schema`]): no schema table, or an empty one, is
+    /// [`SchemaState::Missing`].
     async fn schema(&self) -> Result<SchemaState, StoreError> {
         let store = self;
         let sql = &store.sql.schema;
@@ -272,7 +272,7 @@ impl SchemaStore for SqliteStore {
     }
 
     /// Drops every table, index and trigger of the store's prefix, in one transaction; the
-    /// file and other prefixes' tables stay (see [`SchemaStore::uninstall`](solocron_core::SchemaStore::uninstall)).
+    /// file and other prefixes' tables stay (see [`SchemaStore::uninstall`]).
     async fn uninstall(&self) -> Result<(), StoreError> {
         let store = self;
         let mut tx = store.write_tx().await?;
