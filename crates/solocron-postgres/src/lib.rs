@@ -80,13 +80,13 @@
 //!
 //! ## Code map
 //!
-//! - `lib.rs`: the store type, [`PgStore::connect`], and [`StoreBase`](solocron_core::StoreBase) (its description
+//! - `lib.rs`: the store type, [`PgStore::connect`], and [`StoreBase`] (its description
 //!   and clock); each other role trait is implemented in the file of its concern.
 //! - `url.rs`: the URL into connection options.
 //! - `schema.rs` ([`SchemaStore`](solocron_core::SchemaStore)): `migrate`, `schema`,
 //!   `uninstall`; the current tables and routines in `schema/sql/`, the released
 //!   migrations, frozen, in `schema/migrations.rs` and `schema/migrations/`.
-//! - `claim.rs`: the claim of a batch, one call of `{p}claim_set`.
+//! - `claim.rs`: the claim of a batch, one call of `{p}claim_set`, and which ticks are taken.
 //! - `claim_one.rs`: the claim of one tick, one call of `{p}claim_one`.
 //! - `runs.rs`: a held run after its claim: renew, finish (one or a batch, or for a retry),
 //!   expiry, recovery (of expired runs and due retries). A run is found by its key, never
@@ -103,7 +103,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, Prefix, Store, Tick, Trigger};
+//! use solocron_core::{ClaimMode, ClaimOutcome, ClaimRequest, ClaimStore, Prefix, SchemaStore, StoreBase, Tick, Trigger};
 //! use solocron_postgres::PgStore;
 //!
 //! # #[tokio::main]
