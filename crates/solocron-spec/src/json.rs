@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use crate::check::{CheckedJob, SpecError};
 use crate::spec::{HttpSpec, JobSpec, RetrySpec};
-use crate::words::{is_wrong_type, refusal};
+use crate::words::refusal;
 
 /// Where an error points that no one key is at.
 const BODY: &str = "(body)";
@@ -176,8 +176,9 @@ fn first_refused(table: Table, prefix: &str, fields: &Map<String, Value>) -> Opt
                 return Some(e);
             }
         }
-        debug_assert!(crate::unknown_key(&message).is_some() || is_wrong_type(&message), "{message}");
-        return Some(SpecError::new(&path, refusal(&path, &message, "")));
+        // Said as of a configuration's job at that key, so a `command` or `http` of the
+        // wrong type gets the example it gets there.
+        return Some(SpecError::new(&path, refusal(&format!("jobs[0].{path}"), &message, "")));
     }
     None
 }

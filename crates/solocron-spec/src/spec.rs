@@ -17,8 +17,11 @@ use utoipa::ToSchema;
 /// A job runs exactly one of `command` and `http`. Every other key has a default: the
 /// `[defaults]` table's where a configuration has one, else the library's. Checking it
 /// (`JobSpec::check`) makes the job a node runs, or names the key at fault.
+// serde names the struct, and counts its fields, in its refusal of an array where a table
+// belongs (`invalid length 0, expected struct RawRetry with 4 elements`): `expecting` keeps
+// the words configurations have always been told there (a test holds the counts true).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "struct RawJob with 16 elements")]
 #[schema(example = json!({
     "schedule": "0 */15 * * * *",
     "on_crash": "retry",
@@ -108,7 +111,7 @@ pub struct JobSpec {
 /// backoff, on whichever node takes it. Every key has a default: 3 attempts, `10s`
 /// doubling up to `5m`, with jitter.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "struct RawRetry with 4 elements")]
 #[schema(example = json!({ "attempts": 3, "backoff": "10s", "max_backoff": "5m", "jitter": true }))]
 pub struct RetrySpec {
     /// Most attempts of a tick, the first included: 2 to 100. Default: 3.
@@ -136,7 +139,7 @@ pub struct RetrySpec {
 /// `Idempotency-Key`, ...). Secret header values stay where they are (an environment
 /// variable, a file) and are read by the node that runs the job.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "struct RawHttpJob with 9 elements")]
 #[schema(example = json!({
     "url": "https://billing.internal/jobs/send-invoices",
     "headers": { "Content-Type": "application/json" },
@@ -241,6 +244,12 @@ mod tests {
         e.split('`').skip(3).step_by(2).map(str::to_owned).collect()
     }
 
+    /// What serde says `T` is, in its refusal of a value of another type.
+    fn expecting<T: DeserializeOwned + std::fmt::Debug>() -> String {
+        let e = serde_json::from_str::<T>("5").unwrap_err().to_string();
+        e.split(", expected ").nth(1).unwrap().split(" at line").next().unwrap().to_owned()
+    }
+
     /// The properties of `T`'s schema, in order, and whether any may be null.
     fn properties_of<T: PartialSchema>() -> (Vec<String>, bool) {
         let schema = serde_json::to_value(T::schema()).unwrap();
@@ -261,6 +270,13 @@ mod tests {
         let mut keys = keys_of::<HttpSpec>();
         keys.sort();
         assert_eq!(properties_of::<HttpSpec>(), (keys, false));
+        for (expecting, keys) in [
+            (expecting::<JobSpec>(), keys_of::<JobSpec>()),
+            (expecting::<RetrySpec>(), keys_of::<RetrySpec>()),
+            (expecting::<HttpSpec>(), keys_of::<HttpSpec>()),
+        ] {
+            assert!(expecting.ends_with(&format!(" with {} elements", keys.len())), "{expecting}");
+        }
         let schema = serde_json::to_value(JobSpec::schema()).unwrap();
         assert_eq!(schema["additionalProperties"], Value::Bool(false), "{schema}");
         assert!(schema["properties"]["lease"]["description"].as_str().unwrap().contains("500ms"));

@@ -23,17 +23,18 @@ fn unknown_field(message: &str) -> Option<(&str, Vec<String>)> {
     Some((unknown, quoted.map(str::to_owned).collect()))
 }
 
-/// Serde's refusal `message` of the value at `key` (dotted, as the reader sees it:
-/// `jobs[0] (a).command`, or `command`), in words: the likeliest meant key for an unknown
-/// one, the type expected for a wrong one, else `message` itself. `place` says where in
-/// the text the value is (` (line 7)`), or is empty.
+/// Serde's refusal `message` of the value at `key` (its whole dotted key, as in a
+/// configuration: `jobs[0] (a).command`), in words: the likeliest meant key for an unknown
+/// one, the type expected for a wrong one (with an example for a table's `command` or
+/// `http`), else `message` itself. `place` says where in the text the value is
+/// (` (line 7)`), or is empty.
 ///
 /// ```
 /// use solocron_spec::refusal;
 /// let m = "unknown field `schedul`, expected one of `name`, `schedule`";
-/// assert_eq!(refusal("schedul", m, ""), "unknown key; did you mean `schedule`? The keys here are: name, schedule");
+/// assert_eq!(refusal("jobs[0] (a).schedul", m, ""), "unknown key; did you mean `schedule`? The keys here are: name, schedule");
 /// let m = "invalid type: string \"3\", expected u32";
-/// assert_eq!(refusal("max_attempts", m, " (line 4)"), "must be a whole number of 0 or more, without quotes, not a string \"3\" (line 4)");
+/// assert_eq!(refusal("jobs[0] (a).max_attempts", m, " (line 4)"), "must be a whole number of 0 or more, without quotes, not a string \"3\" (line 4)");
 /// ```
 pub fn refusal(key: &str, message: &str, place: &str) -> String {
     if let Some((unknown, valid)) = unknown_field(message) {
@@ -44,19 +45,14 @@ pub fn refusal(key: &str, message: &str, place: &str) -> String {
         };
     }
     let Some((found, expected)) = wrong_type(message) else { return format!("{message}{place}") };
-    let example = if key == "command" || key.ends_with(".command") {
+    let example = if key.ends_with(".command") {
         ": the program and its arguments, e.g. command = [\"/bin/sh\", \"-c\", \"echo hi\"]"
-    } else if key == "http" || key.ends_with(".http") {
+    } else if key.ends_with(".http") {
         ": the request, e.g. http = { url = \"https://billing.internal/jobs/invoices\" }"
     } else {
         ""
     };
     format!("must be {expected}, not {found}{place}{example}")
-}
-
-/// Whether serde's `message` is a value of the wrong type (words for it: [`refusal`]).
-pub(crate) fn is_wrong_type(message: &str) -> bool {
-    wrong_type(message).is_some()
 }
 
 /// Serde's `invalid type: string "x", expected a sequence` (or `invalid value: ...`) as
@@ -123,7 +119,7 @@ mod tests {
     fn a_wrong_type_is_said_in_a_tables_words_with_an_example_where_one_helps() {
         let said = |key, m| refusal(key, m, "");
         assert_eq!(
-            said("command", "invalid type: string \"echo hi\", expected a sequence"),
+            said("jobs[0] (a).command", "invalid type: string \"echo hi\", expected a sequence"),
             "must be an array, not a string \"echo hi\": the program and its arguments, e.g. command = [\"/bin/sh\", \"-c\", \"echo hi\"]"
         );
         assert!(said("jobs[0] (a).http", "invalid type: string \"x\", expected struct HttpSpec")
@@ -137,5 +133,10 @@ mod tests {
             "must be a whole number of 0 or more, without quotes, not an integer `-1`"
         );
         assert_eq!(said("x", "something else"), "something else");
+        // A configuration's own `[http]` is no job's request.
+        assert_eq!(
+            said("http", "invalid type: integer `5`, expected struct RawHttp"),
+            "must be a table, not an integer `5`"
+        );
     }
 }

@@ -33,6 +33,7 @@ mod recovery;
 mod retry;
 mod runner;
 mod scheduler;
+pub mod spec;
 mod spread;
 mod store_clock;
 mod timer;
