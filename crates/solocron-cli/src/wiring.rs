@@ -17,5 +17,5 @@ mod target;
 pub use declared::{declared, declared_jobs};
 pub use node::{job_of, jobs, scheduler};
 pub use process::{init_logging, operator, Asked, LogFormat, Signals};
-pub use spec::{job_of_spec, specs_of_document, ConfigRules, Spec};
+pub use spec::{specs_of_document, ConfigRules, Spec};
 pub use target::{load, require_current_schema, Target};
