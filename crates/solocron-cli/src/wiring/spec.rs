@@ -1,12 +1,11 @@
-//! A managed job's two spellings: the `[[jobs]]` table an operator writes, and the JSON
-//! definition the store keeps and the API takes (`solocron-spec`'s JSON form), each checked
-//! by `solocron-spec`'s one checker, so a node, `jobs apply` and the API accept exactly the
-//! same jobs.
+//! A jobs document's jobs (`solocron jobs apply`) as the store keeps them: each `[[jobs]]`
+//! table checked by `solocron-spec`'s one checker and kept in that crate's JSON form, the
+//! text the API writes too and every node reads back, so a node, `jobs apply` and the API
+//! accept exactly the same jobs.
 
-use serde_json::Value;
 use solocron_spec::{CheckedJob, JobSpec};
 
-use crate::config::{parse_jobs, Work};
+use crate::config::parse_jobs;
 use crate::{bad_input, Failure};
 
 /// A job of a jobs document as the store keeps it: checked, its definition a JSON object
@@ -29,32 +28,9 @@ pub fn specs_of_document(file: &str, text: &str) -> Result<Vec<Spec>, Failure> {
     Ok(specs.collect())
 }
 
-/// A managed job's definition checked by the configuration's rules, for the HTTP API:
-/// command jobs only where `[http] allow_command_jobs` says so (a command written through
-/// the API is code run on the fleet's hosts).
-#[derive(Debug)]
-pub struct ConfigRules {
-    /// `[http] allow_command_jobs`.
-    pub allow_command_jobs: bool,
-}
-
-impl solocron_fleet::SpecCheck for ConfigRules {
-    fn check(&self, job: &str, spec: &Value) -> Result<String, (String, String)> {
-        // Keys sorted (serde_json's map), so an equal definition is equal text.
-        let text = serde_json::to_string(spec).map_err(|e| ("(body)".to_owned(), e.to_string()))?;
-        solocron_core::check_spec_text(&text).map_err(|e| ("(body)".to_owned(), e))?;
-        let checked = solocron_spec::check_definition(job, &text).map_err(|e| (e.key, e.message))?;
-        if matches!(checked.work, Work::Command(_)) && !self.allow_command_jobs {
-            let why = "command jobs are refused through the API ([http] allow_command_jobs = false): use http = { url = ... }";
-            return Err(("command".to_owned(), why.to_owned()));
-        }
-        Ok(text)
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use serde_json::{json, Map};
+    use serde_json::{json, Map, Value};
 
     use super::*;
 
@@ -186,13 +162,20 @@ mod tests {
         }
     }
 
-    /// Every key of a `[[jobs]]` entry, each set.
+    /// Every key of a `[[jobs]]` entry, each set in one of them (a job runs a `command` or
+    /// calls `http`, and has one `timeout`).
     const ALL_KEYS: &str = r#"
+[defaults]
+namespace = "billing"
+[[jobs]]
+name = "backup"
+schedule = "@daily"
+command = ["/usr/local/bin/backup", "--all"]
+timeout = "10m"
 [[jobs]]
 name = "sync"
 schedule = "0 */5 * * * *"
 timezone = "Europe/Berlin"
-namespace = "billing"
 lease = "30s"
 overlap = "allow"
 misfire = "all"
@@ -213,6 +196,23 @@ timeout = "30s"
 expect_status = "2xx,304"
 ca_file = "/etc/ssl/private-ca.pem"
 "#;
+
+    #[test]
+    fn every_key_of_a_jobs_table_is_in_the_api_documents_job_spec() {
+        let Ok(doc) = parse_jobs("all.toml", ALL_KEYS) else { panic!("every key, each valid") };
+        let keys =
+            |v: &Value| -> std::collections::BTreeSet<String> { v.as_object().unwrap().keys().cloned().collect() };
+        let mut written = std::collections::BTreeSet::new();
+        for spec in doc.specs.iter().chain([&doc.defaults]) {
+            written.extend(keys(&serde_json::to_value(spec).unwrap()));
+        }
+        let api: Value = serde_json::from_str(&solocron_http::openapi_json()).unwrap();
+        let schemas = &api["components"]["schemas"];
+        assert_eq!(written, keys(&schemas["JobSpec"]["properties"]));
+        let sync = serde_json::to_value(&doc.specs[1]).unwrap();
+        assert_eq!(keys(&sync["http"]), keys(&schemas["HttpSpec"]["properties"]));
+        assert_eq!(keys(&sync["retry"]), keys(&schemas["RetrySpec"]["properties"]));
+    }
 
     #[test]
     fn a_definition_is_refused_in_the_words_its_table_would_be() {
