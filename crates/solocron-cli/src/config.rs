@@ -2,8 +2,9 @@
 //! file and the key. In ripgrep's shape, one file per step:
 //!
 //! - `raw.rs`: the tables as serde parses them, every key optional, none unknown;
-//! - `jobs.rs`: a `[[jobs]]` entry, written and checked (the job definition language, which
-//!   a jobs document and a managed job's definition share);
+//! - `jobs.rs`: the `[[jobs]]` entries and `[defaults]`, each a `solocron_spec::JobSpec`
+//!   checked by that crate's one checker (the job definition language, which a jobs
+//!   document, a managed job's definition and the API share), errors at their file's keys;
 //! - `alerts.rs`: an `[[alerts]]` entry, written and checked;
 //! - `resolve.rs`: the checked [`Config`], defaults filled in, and the checks across tables;
 //! - `errors.rs`: [`ConfigError`], and TOML's errors in words naming the key.
@@ -22,9 +23,9 @@ mod raw;
 #[path = "config/resolve.rs"]
 mod resolve;
 
-pub use alerts::{AlertConfig, AlertTargetConfig};
-pub use jobs::{HttpWork, JobConfig, SecretSource, Work};
+pub use alerts::{AlertConfig, AlertTargetConfig, Webhook};
 pub use resolve::{parse_jobs, Config, StoreConfig, TokenConfig};
+pub use solocron_spec::{CheckedJob, SecretSource, Work};
 
 #[cfg(test)]
 #[path = "config/tests.rs"]

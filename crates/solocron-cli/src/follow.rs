@@ -11,7 +11,7 @@ use solocron_core::{ManagedJob, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Work;
-use crate::wiring::{job_of, job_of_spec};
+use crate::wiring::job_of;
 use crate::Failure;
 
 /// How often the managed jobs' version is read when the store gives no hint (MySQL): a
@@ -101,12 +101,12 @@ fn runnable(m: &ManagedJob, declared: &HashSet<String>, allow_commands: bool) ->
     if declared.contains(&m.job) {
         return Err("this node's configuration declares a job of that name; the declared one runs".into());
     }
-    let job = job_of_spec(&m.job, &m.spec).map_err(|(key, message)| format!("{key}: {message}"))?;
+    let job = solocron_spec::check_definition(&m.job, &m.spec).map_err(|e| e.to_string())?;
     if matches!(job.work, Work::Command(_)) && !allow_commands {
         return Err("it runs a command, and this node's [http] allow_command_jobs is off".into());
     }
     let label = format!("managed job `{}` (revision {})", m.job, m.revision);
-    job_of(&label, &job).map_err(|Failure(_, why)| why)
+    job_of(&label, &format!("jobs[0] ({})", m.job), &job).map_err(|Failure(_, why)| why)
 }
 
 /// Reads the managed jobs whenever the store hints at a change (or every [`POLL`] without

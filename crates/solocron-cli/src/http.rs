@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, SecretSource, TokenConfig};
-use crate::wiring::{declared, init_logging, Asked, ConfigRules, LogFormat, Signals, Target};
+use crate::wiring::{declared, init_logging, Asked, LogFormat, Signals, Target};
 use crate::{bad_input, Failure};
 
 /// The tokens' secrets, read from their environment variables or files. Errors name the
@@ -45,12 +45,11 @@ pub async fn start(
         .await
         .map_err(|e| bad_input(format!("--http {addr}: cannot listen: {e}")))?;
     let bound = listener.local_addr().map_err(|e| bad_input(format!("--http {addr}: {e}")))?;
-    let rules = ConfigRules { allow_command_jobs: cfg.is_some_and(|c| c.http.allow_command_jobs) };
     let options = HttpOptions {
         tokens,
         declared,
         prometheus: solocron_http::install_prometheus(),
-        job_specs: Some(Arc::new(rules)),
+        allow_command_jobs: cfg.is_some_and(|c| c.http.allow_command_jobs),
     };
     let token_count = options.tokens.len();
     let app = solocron_http::router(store, options);

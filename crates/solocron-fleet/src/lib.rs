@@ -34,7 +34,7 @@ use solocron_core::{Schedule, StoreError};
 
 pub use act::{pause, resume, trigger, unlock, Actor, Triggered, TRIGGER_WAIT_MAX};
 pub use jobs::{Fleet, JobFilter, JobStateFilter, JOBS_PAGE_MAX};
-pub use managed::{check_writable, delete_job, put_job, revisions, JobWritten, RevisionView, SpecCheck};
+pub use managed::{check_writable, delete_job, put_job, revisions, JobWritten, RevisionView};
 pub use page::{JobList, Page};
 pub use runs::{parse_run_id, run_detail, runs_page, RunFilter, RUNS_PAGE_MAX};
 pub use views::{

@@ -1,22 +1,15 @@
-//! Managed jobs, as operators write them: checked by the caller's rules (a [`SpecCheck`]:
-//! the CLI's configuration parser, so a definition is refused exactly as a configuration's
-//! job would be), refused where a configuration declares the job, and written at the
-//! revision the writer expects.
+//! Managed jobs, as operators write them: a definition read and checked by `solocron-spec`
+//! (the one checker of job definitions, so a definition is refused exactly as a
+//! configuration's job would be, at its key), refused where a configuration declares the
+//! job, and written at the revision the writer expects.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use solocron_core::{JobRevision, JobWrite, OperatorStore, MANAGED_JOBS_MAX};
+use solocron_spec::{JobSpec, Work};
 use utoipa::ToSchema;
 
 use crate::{Actor, Declared, FleetError};
-
-/// Checks a managed job's definition as every node will before running it.
-pub trait SpecCheck: std::fmt::Debug + Send + Sync + 'static {
-    /// `spec` (a JSON object: the keys of a configuration's `[[jobs]]` entry) for job
-    /// `job`: the definition to store (normalized JSON text), or the key at fault and what
-    /// is wrong (`("schedule", "...")`, `("command", "command jobs are not allowed ...")`).
-    fn check(&self, job: &str, spec: &serde_json::Value) -> Result<String, (String, String)>;
-}
 
 /// What a write did.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -81,20 +74,36 @@ pub async fn check_writable(store: &dyn OperatorStore, declared: &[Declared], jo
     Ok(())
 }
 
-/// Creates or replaces the managed job `job` with `spec`, checked by `check`, at revision
-/// `expect` (`Some(0)`: only a new job; `None`: whatever it is).
+/// Creates or replaces the managed job `job` with `definition` (a JSON object: the keys of
+/// a `[[jobs]]` entry, read as a [`JobSpec`] and checked as every node will check it before
+/// running it), at revision `expect` (`Some(0)`: only a new job; `None`: whatever it is).
+/// `allow_commands`: whether it may run a command (off, a command written here is code run
+/// on the fleet's hosts). The store keeps the spec's JSON form ([`JobSpec::to_json`]).
+///
+/// The checks go in this order, so a writer is told the first that fails: the actor, the
+/// job's name and whether a configuration declares it, then the definition (at its key:
+/// `http.url`, `lease`), then the revision.
 pub async fn put_job(
     store: &dyn OperatorStore,
     declared: &[Declared],
-    check: &dyn SpecCheck,
+    allow_commands: bool,
     job: &str,
-    spec: &serde_json::Value,
+    definition: &serde_json::Value,
     actor: &Actor,
     expect: Option<u64>,
 ) -> Result<JobWritten, FleetError> {
     actor.check()?;
     check_writable(store, declared, job).await?;
-    let text = check.check(job, spec).map_err(|(key, message)| FleetError::bad(key, message))?;
+    let bad = |e: solocron_spec::SpecError| FleetError::bad(e.key, e.message);
+    let spec = JobSpec::from_json(job, definition).map_err(bad)?;
+    let text = spec.to_json();
+    solocron_core::check_spec_text(&text).map_err(|e| FleetError::bad("(body)", e))?;
+    let checked = spec.check_as(job).map_err(bad)?;
+    if matches!(checked.work, Work::Command(_)) && !allow_commands {
+        let why =
+            "command jobs are refused through the API ([http] allow_command_jobs = false): use http = { url = ... }";
+        return Err(FleetError::bad("command", why));
+    }
     let existed = store.managed_jobs().await?.iter().any(|m| m.job == job);
     let outcome = |revision, what: &str| JobWritten { job: job.to_owned(), outcome: what.to_owned(), revision };
     match store.put_job(job, &text, &actor.by, expect).await? {

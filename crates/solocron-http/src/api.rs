@@ -240,8 +240,9 @@ pub struct WriteHeaders {
     pub if_none_match: Option<String>,
 }
 
-/// A managed job's definition as a PUT carries it: a JSON object, checked by the server's
-/// configuration rules ([`solocron_fleet::SpecCheck`]) rather than by a schema.
+/// A managed job's definition as a PUT carries it: a JSON object, read as a
+/// `solocron_spec::JobSpec` by the fleet after the checks of who writes and what job, so
+/// each refusal names its key in the spec checker's words (the document shows `JobSpec`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(transparent)]
 pub struct Definition(serde_json::Map<String, serde_json::Value>);
@@ -254,12 +255,13 @@ impl utoipa::PartialSchema for Definition {
 
 impl ToSchema for Definition {}
 
-/// Creates or replaces a managed job: its definition is a `[[jobs]]` entry's keys (without
-/// `name`), checked exactly as a configuration's job; every change is a revision.
+/// Creates or replaces a managed job: its definition is a `[[jobs]]` entry's keys (a
+/// `JobSpec`; `name` left out or equal), checked exactly as a configuration's job, a bad
+/// key named; every change is a revision.
 #[utoipa::path(put, path = "/api/v1/jobs/{job}", tag = "jobs",
     params(("job" = String, Path, description = "The job's name"), WriteHeaders),
-    request_body(content = Object, content_type = "application/json", description = "The definition: schedule, timezone, http = {...}, lease, timeout, overlap, ..."),
-    responses((status = 200, body = JobWritten), (status = 409, body = Problem, content_type = "application/problem+json"), (status = 501, body = Problem, content_type = "application/problem+json")),
+    request_body(content = solocron_spec::JobSpec, content_type = "application/json", description = "The definition: a `[[jobs]]` entry's keys"),
+    responses((status = 200, body = JobWritten), (status = 409, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn put_job(
     caller: Caller,
@@ -269,16 +271,10 @@ pub async fn put_job(
     Body(Definition(definition)): Body<Definition>,
 ) -> Result<Json<JobWritten>, Problem> {
     let actor = Actor { by: caller.operator()?.to_owned(), reason: None };
-    let Some(check) = state.job_specs() else {
-        return Err(Problem::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "this server does not write managed jobs (no definition checker)",
-        ));
-    };
     job_name(&job)?;
-    let spec = serde_json::Value::Object(definition);
-    let declared = state.declared();
-    Ok(Json(solocron_fleet::put_job(state.store(), &declared, check, &job, &spec, &actor, expect).await?))
+    let definition = serde_json::Value::Object(definition);
+    let (declared, commands) = (state.declared(), state.allow_command_jobs());
+    Ok(Json(solocron_fleet::put_job(state.store(), &declared, commands, &job, &definition, &actor, expect).await?))
 }
 
 /// Deletes a managed job; a run of it in progress finishes.

@@ -66,9 +66,9 @@ pub struct HttpOptions {
     pub declared: DeclaredJobs,
     /// Where `/metrics` renders from ([`install_prometheus`]); none: `/metrics` answers 404.
     pub prometheus: Option<MetricsHandle>,
-    /// How a managed job's definition is checked before it is written (the CLI's
-    /// configuration rules); none: managed jobs are read-only here (writes answer 501).
-    pub job_specs: Option<Arc<dyn solocron_fleet::SpecCheck>>,
+    /// Whether managed jobs written here may run commands (`[http] allow_command_jobs`).
+    /// Off by default: a command written through the API is code run on the fleet's hosts.
+    pub allow_command_jobs: bool,
 }
 
 /// The jobs a process declares in its configuration, shared with the server: a reloaded
@@ -113,8 +113,8 @@ impl AppState {
     pub(crate) fn declared(&self) -> Arc<Vec<Declared>> {
         self.0.options.declared.get()
     }
-    pub(crate) fn job_specs(&self) -> Option<&dyn solocron_fleet::SpecCheck> {
-        self.0.options.job_specs.as_deref()
+    pub(crate) fn allow_command_jobs(&self) -> bool {
+        self.0.options.allow_command_jobs
     }
     pub(crate) fn prometheus(&self) -> Option<&MetricsHandle> {
         self.0.options.prometheus.as_ref()

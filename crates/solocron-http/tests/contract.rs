@@ -49,23 +49,12 @@ async fn store(dir: &tempfile::TempDir) -> Arc<dyn Store> {
     Arc::new(store)
 }
 
-/// Takes any definition (the CLI's configuration rules are not this crate's).
-#[derive(Debug)]
-struct AnyDefinition;
-
-impl solocron_fleet::SpecCheck for AnyDefinition {
-    fn check(&self, _: &str, spec: &Value) -> Result<String, (String, String)> {
-        Ok(spec.to_string())
-    }
-}
-
 async fn app(dir: &tempfile::TempDir) -> axum::Router {
     let tokens = vec![
         Token::new("ops", Role::Operate, OPS_SECRET).unwrap(),
         Token::new("viewer", Role::Read, VIEW_SECRET).unwrap(),
     ];
-    let job_specs = Some(Arc::new(AnyDefinition) as Arc<dyn solocron_fleet::SpecCheck>);
-    router(store(dir).await, HttpOptions { tokens, job_specs, ..HttpOptions::default() })
+    router(store(dir).await, HttpOptions { tokens, allow_command_jobs: true, ..HttpOptions::default() })
 }
 
 /// Sends a request with the operate token: status, content type, body.
@@ -334,6 +323,11 @@ fn every_checked_value_has_its_schema_inline() {
         for (method, op) in item.as_object().unwrap() {
             for p in op["parameters"].as_array().into_iter().flatten().filter(|p| p["in"] == "query") {
                 assert!(!refers(&p["schema"]), "{method} {path} ?{}: {}", p["name"], p["schema"]);
+            }
+            // A job's definition is checked by `solocron-spec` (its keys in the checker's
+            // words), not by the extractor: its document schema may nest `HttpSpec`.
+            if path == "/api/v1/jobs/{job}" && method == "put" {
+                continue;
             }
             let body = &op["requestBody"]["content"]["application/json"]["schema"];
             let alternatives = body["oneOf"].as_array().into_iter().flatten();

@@ -50,6 +50,7 @@ mod recovery;
 mod retry;
 mod runner;
 mod scheduler;
+pub mod spec;
 mod spread;
 mod store_call;
 mod store_clock;

@@ -7,9 +7,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use solocron::AlertEvent;
 use solocron_core::parse_duration;
+use solocron_spec::{HttpSpec, HttpWork};
 
 use super::errors::KeyError;
-use super::jobs::{resolve_http_job, HttpWork, RawHttpJob};
 
 /// One `[[alerts]]` entry as written.
 #[derive(Debug, Deserialize, Default, Clone)]
@@ -56,9 +56,18 @@ pub struct AlertConfig {
 #[derive(Debug, Clone)]
 pub enum AlertTargetConfig {
     /// `webhook`: a request, checked like an HTTP job's.
-    Webhook(Box<HttpWork>),
+    Webhook(Box<Webhook>),
     /// `command`: a non-empty argv, the alert's JSON in `$SOLOCRON_ALERT`.
     Command(Vec<String>),
+}
+
+/// An alert's `webhook`: a request checked by the HTTP job's rules, its secrets unread.
+#[derive(Debug, Clone)]
+pub struct Webhook {
+    /// The request.
+    pub work: HttpWork,
+    /// `timeout`: the longest a delivery may take (default 10 s).
+    pub timeout: Duration,
 }
 
 /// Every `[[alerts]]` entry, checked.
@@ -149,30 +158,28 @@ fn webhook_only_key(a: &RawAlert) -> Option<&'static str> {
 }
 
 /// The webhook's request, checked by the HTTP job's rules, each error at the alert's key.
-fn webhook(i: usize, a: &RawAlert, url: &str) -> Result<HttpWork, KeyError> {
-    let raw = RawHttpJob {
+fn webhook(i: usize, a: &RawAlert, url: &str) -> Result<Webhook, KeyError> {
+    let http = HttpSpec {
         url: Some(url.to_owned()),
         method: a.method.clone(),
-        headers: a.headers.clone(),
-        headers_env: a.headers_env.clone(),
-        headers_file: a.headers_file.clone(),
+        headers: Some(a.headers.clone()),
+        headers_env: Some(a.headers_env.clone()),
+        headers_file: Some(a.headers_file.clone()),
         expect_status: a.expect_status.clone(),
         ca_file: a.ca_file.clone(),
-        ..RawHttpJob::default()
+        ..HttpSpec::default()
     };
     let key = |k: &str| match k.strip_prefix("http.") {
         Some("url") => format!("alerts[{i}].webhook"),
         Some(rest) => format!("alerts[{i}].{rest}"),
         None => format!("alerts[{i}].{k}"),
     };
-    let mut work = resolve_http_job(&raw, &key)?;
+    let work = http.check().map_err(|e| (key(&e.key), e.message))?;
     let timeout = match &a.timeout {
         Some(t) => parse_duration(t).map_err(|e| (key("timeout"), e.to_string()))?,
         None => WEBHOOK_TIMEOUT_DEFAULT,
     };
-    work.request = work.request.timeout(timeout);
-    work.key = format!("alerts[{i}]");
-    Ok(work)
+    Ok(Webhook { work, timeout })
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The configuration's errors: [`ConfigError`] names the file, the key (`jobs[1] (b).lease`)
 //! and what is wrong; [`toml_error`] turns a TOML or serde error into that key and words a
-//! newcomer can act on (the type expected, the likeliest meant key).
+//! newcomer can act on (the type expected, the likeliest meant key: `solocron-spec`'s).
 
 use std::collections::HashMap;
 
@@ -35,38 +35,29 @@ impl ConfigError {
 }
 
 /// A TOML error as (key, message): the key it is at, named once (`jobs[0] (a).command`),
-/// and what is wrong in words a newcomer can act on: the type expected, or for an unknown
-/// key the likeliest meant one and every key that table takes.
+/// and what is wrong in `solocron-spec`'s words (the JSON form says it the same way): the
+/// type expected, or for an unknown key the likeliest meant one and every key that table
+/// takes.
 pub(super) fn toml_error(text: &str, e: &toml::de::Error) -> KeyError {
     let place = toml_error_place(text, e);
     let path = e.span().and_then(|span| toml_key_path(text, span.start));
     let msg = e.message();
-    if let Some((unknown, valid)) = unknown_field(msg) {
+    if let Some(unknown) = solocron_spec::unknown_key(msg) {
         // In an inline table (`http = { urll = ... }`) the path stops at the table.
         let key = match path {
             Some(p) if p == unknown || p.ends_with(&format!(".{unknown}")) => p,
             Some(p) => format!("{p}.{unknown}"),
-            None => unknown.clone(),
+            None => unknown.to_owned(),
         };
-        let keys = if valid.is_empty() { "none".to_owned() } else { valid.join(", ") };
-        let message = match closest(&unknown, &valid) {
-            Some(meant) => format!("unknown key{place}; did you mean `{meant}`? The keys here are: {keys}"),
-            None => format!("unknown key{place}; the keys here are: {keys}"),
-        };
+        let message = solocron_spec::refusal(&key, msg, &place);
         return (key, message);
     }
-    match (wrong_type(msg), path) {
-        (Some((found, expected)), Some(key)) => {
-            let example = if key.ends_with(".command") {
-                ": the program and its arguments, e.g. command = [\"/bin/sh\", \"-c\", \"echo hi\"]"
-            } else if key.ends_with(".http") {
-                ": the request, e.g. http = { url = \"https://billing.internal/jobs/invoices\" }"
-            } else {
-                ""
-            };
-            (key, format!("must be {expected}, not {found}{place}{example}"))
+    match path {
+        Some(key) => {
+            let message = solocron_spec::refusal(&key, msg, &place);
+            (key, message)
         }
-        (_, key) => (key.unwrap_or_else(|| "(syntax)".to_owned()), format!("{msg}{place}")),
+        None => ("(syntax)".to_owned(), format!("{msg}{place}")),
     }
 }
 
@@ -75,39 +66,6 @@ fn toml_error_place(text: &str, e: &toml::de::Error) -> String {
     let Some(before) = text.get(..span.start) else { return String::new() };
     let line = before.matches('\n').count() + 1;
     format!(" (line {line})")
-}
-
-/// Serde's `unknown field `x`, expected one of `a`, `b`` as (`x`, [`a`, `b`]).
-fn unknown_field(msg: &str) -> Option<(String, Vec<String>)> {
-    let rest = msg.strip_prefix("unknown field ")?;
-    let mut quoted = rest.split('`').skip(1).step_by(2).map(str::to_owned);
-    let unknown = quoted.next()?;
-    Some((unknown, quoted.collect()))
-}
-
-/// Serde's `invalid type: string "x", expected a sequence` (or `invalid value: ...`) as
-/// (what was found, what was expected), in TOML's words.
-fn wrong_type(msg: &str) -> Option<(String, String)> {
-    let rest = msg.strip_prefix("invalid type: ").or_else(|| msg.strip_prefix("invalid value: "))?;
-    let (found, expected) = rest.split_once(", expected ")?;
-    let expected = match expected {
-        "a sequence" => "an array".to_owned(),
-        "a boolean" => "true or false, without quotes".to_owned(),
-        e if ["u8", "u16", "u32", "u64", "usize"].contains(&e) => "a whole number of 0 or more, without quotes".into(),
-        e if ["i8", "i16", "i32", "i64", "isize"].contains(&e) => "a whole number, without quotes".to_owned(),
-        e if e.starts_with("struct ") || e == "a map" => "a table".to_owned(),
-        e => e.to_owned(),
-    };
-    let found = match found {
-        "sequence" => "an array".to_owned(),
-        "map" => "a table".to_owned(),
-        f => match f.split_once(' ') {
-            Some((kind, value)) if kind.starts_with(['a', 'e', 'i', 'o', 'u']) => format!("an {kind} {value}"),
-            Some((kind, value)) => format!("a {kind} {value}"),
-            None => f.to_owned(),
-        },
-    };
-    Some((found, expected))
 }
 
 /// The dotted key at byte `at` of `text`: the table its line is in (`[[jobs]]` counted, so
@@ -203,24 +161,4 @@ fn toml_header(line: &str) -> Option<(String, bool)> {
 fn job_name_at(text: &str, i: usize) -> Option<String> {
     let doc: toml::Table = text.parse().ok()?;
     Some(doc.get("jobs")?.get(i)?.get("name")?.as_str()?.to_owned())
-}
-
-/// The valid key `word` was likeliest meant to be: within a third of its length in edits.
-fn closest<'a>(word: &str, valid: &'a [String]) -> Option<&'a str> {
-    let within = (word.chars().count() / 3).max(1);
-    valid.iter().map(|v| (edit_distance(word, v), v.as_str())).filter(|(d, _)| *d <= within).min().map(|(_, v)| v)
-}
-
-/// Levenshtein distance, in characters.
-pub(super) fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            cur.push((prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1));
-        }
-        prev = cur;
-    }
-    prev[b.len()]
 }

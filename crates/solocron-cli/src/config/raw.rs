@@ -1,11 +1,12 @@
-//! The configuration as parsed from TOML, before any check: serde's `Raw*` tables, every
-//! key optional (defaults are [`super::resolve`]'s), none unknown. A table's keys are listed
-//! in the order an unknown key's error names them.
+//! The configuration as parsed from TOML, before any check: serde's `Raw*` tables (and
+//! `solocron-spec`'s `JobSpec` for `[defaults]` and each `[[jobs]]` entry), every key
+//! optional (defaults are [`super::resolve`]'s), none unknown. A table's keys are listed in
+//! the order an unknown key's error names them.
 
 use serde::Deserialize;
+use solocron_spec::JobSpec;
 
 use super::alerts::RawAlert;
-use super::jobs::RawJob;
 
 /// A configuration file as written: every table optional, no key unknown.
 #[derive(Debug, Deserialize, Default)]
@@ -16,9 +17,9 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) node: RawNode,
     #[serde(default)]
-    pub(super) defaults: RawJob,
+    pub(super) defaults: JobSpec,
     #[serde(default)]
-    pub(super) jobs: Vec<RawJob>,
+    pub(super) jobs: Vec<JobSpec>,
     #[serde(default)]
     pub(super) http: RawHttp,
     #[serde(default)]
@@ -78,7 +79,7 @@ pub(super) struct RawNode {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawJobs {
     #[serde(default)]
-    pub(super) defaults: RawJob,
+    pub(super) defaults: JobSpec,
     #[serde(default)]
-    pub(super) jobs: Vec<RawJob>,
+    pub(super) jobs: Vec<JobSpec>,
 }

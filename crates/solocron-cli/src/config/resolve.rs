@@ -6,10 +6,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use solocron_core::{parse_duration, Namespaces, Prefix};
+use solocron_spec::{CheckedJob, JobSpec, SecretSource};
 
 use super::alerts::{resolve_alerts, AlertConfig};
 use super::errors::{ConfigError, KeyError};
-use super::jobs::{check_defaults, resolve_jobs, JobConfig, SecretSource};
+use super::jobs::{check_defaults, namespace_key, resolve_jobs};
 use super::raw::{RawConfig, RawHttp, RawJobs, RawNode, RawStore};
 
 /// The store used when the configuration has no `[store]`.
@@ -39,7 +40,7 @@ pub struct Config {
     /// `[node] pid_file`: where `solocron run` writes its pid, for `solocron reload`.
     pub pid_file: Option<std::path::PathBuf>,
     /// `[[jobs]]`, `[defaults]` applied.
-    pub jobs: Vec<JobConfig>,
+    pub jobs: Vec<CheckedJob>,
     /// `[http]`.
     pub http: HttpConfig,
     /// `[[alerts]]`.
@@ -147,13 +148,26 @@ impl Config {
     }
 }
 
+/// A document of `[[jobs]]` (and `[defaults]`), checked: each job as written and as
+/// checked, and the defaults they share.
+#[derive(Debug, Clone)]
+pub struct JobsDocument {
+    /// `[defaults]` (empty where the document has none).
+    pub defaults: JobSpec,
+    /// Each `[[jobs]]` entry as written.
+    pub specs: Vec<JobSpec>,
+    /// Each entry checked, `[defaults]` applied, in the same order.
+    pub jobs: Vec<CheckedJob>,
+}
+
 /// Parses and validates a document of `[[jobs]]` (and `[defaults]`) only, naming `file` in
 /// errors, with the same rules and messages as [`Config::parse`].
-pub fn parse_jobs(file: &str, text: &str) -> Result<Vec<JobConfig>, ConfigError> {
+pub fn parse_jobs(file: &str, text: &str) -> Result<JobsDocument, ConfigError> {
     let raw: RawJobs = toml::from_str(text).map_err(|e| ConfigError::toml(file, text, &e))?;
     let at = ConfigError::at(file);
     check_defaults(&raw.defaults).map_err(&at)?;
-    resolve_jobs(&raw.defaults, &raw.jobs).map_err(at)
+    let jobs = resolve_jobs(&raw.defaults, &raw.jobs).map_err(at)?;
+    Ok(JobsDocument { defaults: raw.defaults, specs: raw.jobs, jobs })
 }
 
 /// `[node] namespaces`: 1 to [`solocron_core::NAMESPACES_MAX`] valid names, `default`
@@ -167,11 +181,11 @@ fn resolve_namespaces(node: &RawNode) -> Result<Namespaces, KeyError> {
 }
 
 /// Every job is in a namespace the node serves: a job it would never run is a mistake.
-fn served(raw: &RawConfig, jobs: &[JobConfig], namespaces: &Namespaces) -> Result<(), KeyError> {
+fn served(raw: &RawConfig, jobs: &[CheckedJob], namespaces: &Namespaces) -> Result<(), KeyError> {
     for (i, job) in jobs.iter().enumerate() {
         let namespace = solocron_core::namespace_of(&job.name);
         if !namespaces.contains(namespace) {
-            let key = raw.jobs[i].namespace_key(&raw.defaults);
+            let key = namespace_key(&raw.jobs[i], &raw.defaults);
             return Err((
                 format!("jobs[{i}] ({}).{key}", job.name),
                 format!(
@@ -213,7 +227,7 @@ fn resolve_http(http: &RawHttp) -> Result<HttpConfig, KeyError> {
 
 /// `[node] history_retention`: `None` keeps every record. A retention shorter than the
 /// jobs' floor is refused rather than raised, so the operator learns why.
-fn history_retention(node: &RawNode, jobs: &[JobConfig]) -> Result<Option<Duration>, KeyError> {
+fn history_retention(node: &RawNode, jobs: &[CheckedJob]) -> Result<Option<Duration>, KeyError> {
     let key = || "node.history_retention".to_owned();
     let retention = match node.history_retention.as_deref() {
         None => Duration::from_secs(30 * 86_400),

@@ -3,9 +3,10 @@
 //! the `Scheduler` built over a store. The daemon, `trigger --here` and the managed jobs a
 //! node follows all build their jobs through this one door.
 
+use solocron::spec::read_secret;
 use solocron::{AlertRule, AlertTarget, Command, HttpJob, Job, Scheduler};
 
-use crate::config::{AlertConfig, AlertTargetConfig, Config, HttpWork, JobConfig, SecretSource, Work};
+use crate::config::{AlertConfig, AlertTargetConfig, CheckedJob, Config, Webhook};
 use crate::{bad_input, Failure};
 
 /// The scheduler for a configuration, running `jobs` (its command jobs and HTTP jobs, made
@@ -30,16 +31,16 @@ pub fn scheduler(
     for job in jobs {
         builder = builder.job(job);
     }
-    for alert in &cfg.alerts {
-        builder = builder.alert(alert_rule(&cfg.file, alert)?);
+    for (i, alert) in cfg.alerts.iter().enumerate() {
+        builder = builder.alert(alert_rule(&cfg.file, i, alert)?);
     }
     builder.build().map_err(|e| bad_input(format!("{}: {e}", cfg.file)))
 }
 
-/// An `[[alerts]]` entry as the scheduler takes it, its webhook's secrets read.
-fn alert_rule(file: &str, a: &AlertConfig) -> Result<AlertRule, Failure> {
+/// `[[alerts]]` entry `i` as the scheduler takes it, its webhook's secrets read.
+fn alert_rule(file: &str, i: usize, a: &AlertConfig) -> Result<AlertRule, Failure> {
     let target = match &a.target {
-        AlertTargetConfig::Webhook(w) => AlertTarget::Webhook(Box::new(http_job(file, w)?)),
+        AlertTargetConfig::Webhook(w) => AlertTarget::Webhook(Box::new(webhook(file, i, w)?)),
         AlertTargetConfig::Command(argv) => {
             AlertTarget::Command(Command::new(argv.clone()).expect("validated: non-empty"))
         }
@@ -56,54 +57,26 @@ fn alert_rule(file: &str, a: &AlertConfig) -> Result<AlertRule, Failure> {
 
 /// A configuration's jobs, with their secrets read.
 pub fn jobs(cfg: &Config) -> Result<Vec<Job>, Failure> {
-    cfg.jobs.iter().map(|j| job_of(&cfg.file, j)).collect()
+    cfg.jobs.iter().enumerate().map(|(i, j)| job_of(&cfg.file, &format!("jobs[{i}] ({})", j.name), j)).collect()
 }
 
-/// A checked job as the scheduler runs it, its secrets read; `file` names where it is
-/// defined in errors.
-pub fn job_of(file: &str, j: &JobConfig) -> Result<Job, Failure> {
-    let job = match &j.work {
-        Work::Command(argv) => {
-            let cmd = Command::new(argv.clone()).expect("validated: non-empty");
-            Job::new(j.name.clone(), j.schedule.detached(), cmd).with_fingerprint(format!("command {argv:?}"))
-        }
-        Work::Http(w) => {
-            let http = http_job(file, w)?;
-            // Secret headers by name only: a rotated token is no drift.
-            let fingerprint = http.fingerprint();
-            Job::new(j.name.clone(), j.schedule.detached(), http).with_fingerprint(fingerprint)
-        }
-    };
-    Ok(job.with_policy(j.policy.clone()))
+/// A checked job as the scheduler runs it (the library's `solocron::spec::job`), its
+/// secrets read from their environment variables and files; errors name `file`, the job's
+/// `table` in it (`jobs[0] (sync)`) and the key, never a value.
+pub fn job_of(file: &str, table: &str, j: &CheckedJob) -> Result<Job, Failure> {
+    solocron::spec::job(j, &read_secret).map_err(|e| bad_input(format!("{file}: {table}.{}: {}", e.key, e.message)))
 }
 
-/// An HTTP job with its secret headers and CA file read. Errors name the key and the
-/// variable or file, never a value.
-fn http_job(file: &str, w: &HttpWork) -> Result<HttpJob, Failure> {
-    let mut http = w.request.clone();
-    for h in &w.secret_headers {
-        let (value, from) = match &h.source {
-            SecretSource::Env(var) => {
-                let v = std::env::var(var)
-                    .map_err(|_| bad_input(format!("{file}: {}: the environment variable {var} is not set", h.key)))?;
-                (v, format!("the environment variable {var}"))
-            }
-            SecretSource::File(path) => {
-                let v = std::fs::read_to_string(path)
-                    .map_err(|e| bad_input(format!("{file}: {}: cannot read {path}: {e}", h.key)))?;
-                (v, path.clone())
-            }
+/// Alert `i`'s webhook with its secret headers and CA file read. Errors name the alert's
+/// key and the variable or file, never a value.
+fn webhook(file: &str, i: usize, w: &Webhook) -> Result<HttpJob, Failure> {
+    let http = solocron::spec::http_job(&w.work, &read_secret).map_err(|e| {
+        let key = match e.key.strip_prefix("http.") {
+            Some("url") => "webhook",
+            Some(rest) => rest,
+            None => &e.key,
         };
-        // A file's trailing newline is no part of a token.
-        http = http.secret_header(&h.name, value.trim()).map_err(|_| {
-            bad_input(format!(
-                "{file}: {}: the value in {from} holds a line break, a control character or non-ASCII",
-                h.key
-            ))
-        })?;
-    }
-    if let Some(ca) = &w.ca_file {
-        http = http.ca_file(ca).map_err(|e| bad_input(format!("{file}: {}.ca_file: {}", w.key, e.why)))?;
-    }
-    Ok(http)
+        bad_input(format!("{file}: alerts[{i}].{key}: {}", e.message))
+    })?;
+    Ok(http.timeout(w.timeout))
 }
