@@ -11,9 +11,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::follow::Sources;
 use crate::wiring::{self, init_logging, jobs, load, scheduler, Asked, LogFormat, Signals, Target};
 use crate::{bad_input, Failure};
+use solocron::follow::Sources;
 
 /// `solocron run`'s arguments.
 #[derive(Args)]
@@ -66,7 +66,7 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
     }
     // The managed jobs at start are on the first list, so they catch up like declared ones;
     // unreadable now (a store without the tables yet), they are read again as they change.
-    let (version, managed) = match crate::follow::read_if_changed(store.as_ref(), 0).await {
+    let (version, managed) = match solocron::follow::read_if_changed(store.as_ref(), 0).await {
         Ok(found) => found.unwrap_or_default(),
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the managed jobs; starting with the configuration's");
@@ -81,9 +81,14 @@ pub async fn run(a: RunArgs) -> Result<(), Failure> {
     // Without a server, nobody reads the list of declared jobs: it is not kept.
     let listen = crate::http::listen(a.http, Some(&cfg));
     let shown = listen.map(|_| DeclaredJobs::new(wiring::declared_jobs(&cfg.file, &declared_jobs)));
-    let sources = Arc::new(Sources::new(scheduler.jobs(), declared_jobs, cfg.http.allow_command_jobs));
+    let sources = Arc::new(Sources::new(
+        scheduler.jobs(),
+        declared_jobs,
+        cfg.http.allow_command_jobs,
+        solocron::spec::read_secret,
+    ));
     sources.set_managed(&managed);
-    tokio::spawn(crate::follow::follow(store.clone(), sources.clone(), version, managed, shutdown.clone()));
+    tokio::spawn(solocron::follow::follow(store.clone(), sources.clone(), version, managed, shutdown.clone()));
     // The server outlives the drain, so operators watch it; it stops once the node has.
     let http_stop = CancellationToken::new();
     let server = match (listen, &shown) {
@@ -193,8 +198,7 @@ impl Reloads {
         let (cfg, give_back) = load_apart(&self.path)?;
         let list = jobs(&cfg)?;
         let shown = self.declared.as_ref().map(|d| (d, wiring::declared_jobs(&cfg.file, &list)));
-        let changes =
-            self.sources.set_declared(list).map_err(|Failure(c, e)| Failure(c, format!("{}: {e}", cfg.file)))?;
+        let changes = self.sources.set_declared(list).map_err(|e| bad_input(format!("{}: {e}", cfg.file)))?;
         if let Some((declared, list)) = shown {
             declared.set(list);
         }

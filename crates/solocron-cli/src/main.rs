@@ -16,7 +16,6 @@ mod admin;
 mod config;
 mod daemon;
 mod docs;
-mod follow;
 mod http;
 mod managed;
 mod output;

@@ -15,7 +15,7 @@ mod spec;
 mod target;
 
 pub use declared::{declared, declared_jobs};
-pub use node::{job_of, jobs, scheduler};
+pub use node::{jobs, scheduler};
 pub use process::{init_logging, operator, Asked, LogFormat, Signals};
 pub use spec::{specs_of_document, Spec};
 pub use target::{load, require_current_schema, Target};

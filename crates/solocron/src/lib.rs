@@ -22,12 +22,13 @@
 // scheduler.
 //
 //   scheduler     builds the node, starts its loops and drains them; `run_here`
-//   node's loops  timer (→ backups, catchup), recovery (→ alerts), housekeeping, alerts
+//   node's loops  timer (→ backups, catchup), recovery (→ alerts), housekeeping, alerts,
+//                 follow (the declared and managed jobs, followed)
 //   engine        claims ticks; `Engine::start` is the one door every claimed run goes through
 //   runner        one run's life, over `runner::Env`, which the engine lends it
 //   batches       renewals and ends sent to the store in batches
-//   leaves        job, jobset, command, http_job, metrics, store_call (every store call's
-//                 bound), store_clock, ends, retry, backoff, spread, unanswered, lead
+//   leaves        job, jobset, command, http_job, spec, metrics, store_call (every store
+//                 call's bound), store_clock, ends, retry, backoff, spread, unanswered, lead
 //
 // News goes up without an arrow up: a run's recorded end is announced on `ends` (a leaf)
 // and alerting listens; the listener is set up by the scheduler.
@@ -40,6 +41,7 @@ mod catchup;
 mod command;
 mod ends;
 mod engine;
+pub mod follow;
 mod housekeeping;
 mod http_job;
 mod job;

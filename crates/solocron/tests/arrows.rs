@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 /// never in a circle. Every module of `src/` is in one; a new module must be placed here.
 const LAYERS: [(&str, &[&str]); 6] = [
     ("the scheduler", &["scheduler"]),
-    ("the node's loops", &["timer", "backups", "catchup", "recovery", "housekeeping", "alerts"]),
+    ("the node's loops", &["timer", "backups", "catchup", "recovery", "housekeeping", "alerts", "follow"]),
     ("claiming and starting", &["engine"]),
     ("one run's life", &["runner"]),
     ("batched store calls", &["batches"]),
@@ -30,6 +30,7 @@ const LAYERS: [(&str, &[&str]); 6] = [
             "lead",
             "metrics",
             "retry",
+            "spec",
             "spread",
             "store_call",
             "store_clock",

@@ -1,18 +1,38 @@
-//! The daemon's job list: its configuration's jobs and the store's managed jobs, merged,
-//! and followed as either changes (a SIGHUP's reload; a managed job written anywhere,
-//! picked up through the store's change hint within a second).
+//! A node's job list made of two sources, followed as either changes: the jobs the program
+//! declares (its configuration, replaced whole by a reload) and the store's managed jobs
+//! (written anywhere through the API or `solocron jobs apply`, picked up through the store's
+//! change hint within a second). What `solocron run` does, for any program that embeds the
+//! library.
+//!
+//! ```no_run
+//! # async fn demo(store: std::sync::Arc<dyn solocron::Store>, scheduler: solocron::Scheduler) {
+//! use std::sync::Arc;
+//! use solocron::follow::{follow, read_if_changed, Sources};
+//! use solocron::CancellationToken;
+//!
+//! let shutdown = CancellationToken::new();
+//! let (seen, managed) = read_if_changed(store.as_ref(), 0).await.ok().flatten().unwrap_or_default();
+//! let sources = Arc::new(Sources::new(scheduler.jobs(), Vec::new(), false, solocron::spec::read_secret));
+//! sources.set_managed(&managed);
+//! tokio::spawn(follow(store, sources, seen, managed, shutdown.clone()));
+//! scheduler.run(shutdown).await;
+//! # }
+//! ```
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use solocron::{Job, JobChanges, Jobs};
-use solocron_core::{ManagedJob, Store};
+use solocron_core::{ManagedJob, ManagedStore, RequestStore, StoreError};
+use solocron_spec::{SecretSource, Work};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Work;
-use crate::wiring::job_of;
-use crate::Failure;
+use crate::job::Job;
+use crate::jobset::{BuildError, JobChanges, Jobs};
+
+/// Reads a secret (an HTTP job's header) from where its source says: what the program
+/// allows (`crate::spec::read_secret` reads environment variables and files).
+pub type SecretReader = fn(&SecretSource) -> Result<String, String>;
 
 /// How often the managed jobs' version is read when the store gives no hint (MySQL): a
 /// change is picked up within this.
@@ -24,6 +44,7 @@ const BACKSTOP: Duration = Duration::from_secs(10);
 pub struct Sources {
     jobs: Jobs,
     allow_commands: bool,
+    secret: SecretReader,
     inner: Mutex<Lists>,
 }
 
@@ -37,21 +58,25 @@ struct Lists {
 }
 
 impl Sources {
-    /// The sources of a scheduler's list, holding `declared` and no managed job yet.
-    pub fn new(jobs: Jobs, declared: Vec<Job>, allow_commands: bool) -> Sources {
+    /// The sources of a scheduler's list (`jobs`, [`crate::Scheduler::jobs`]), holding
+    /// `declared` and no managed job yet. A managed job that runs a command is run only if
+    /// `allow_commands` (it is code on the fleet's hosts); an HTTP job's secret headers are
+    /// read with `secret`.
+    pub fn new(jobs: Jobs, declared: Vec<Job>, allow_commands: bool, secret: SecretReader) -> Sources {
         let declared = shared(declared);
-        Sources { jobs, allow_commands, inner: Mutex::new(Lists { declared, ..Lists::default() }) }
+        Sources { jobs, allow_commands, secret, inner: Mutex::new(Lists { declared, ..Lists::default() }) }
     }
 
-    /// Replaces the declared jobs (a reload) and the scheduler's list with them.
-    pub fn set_declared(&self, declared: Vec<Job>) -> Result<JobChanges, Failure> {
+    /// Replaces the declared jobs (a reload) and the scheduler's list with them; a list the
+    /// scheduler refuses changes nothing.
+    pub fn set_declared(&self, declared: Vec<Job>) -> Result<JobChanges, BuildError> {
         let mut lists = self.lists();
         let previous = std::mem::replace(&mut lists.declared, shared(declared));
         match self.jobs.replace(merged(&lists)) {
             Ok(changes) => Ok(changes),
             Err(e) => {
                 lists.declared = previous;
-                Err(crate::bad_input(e.to_string()))
+                Err(e)
             }
         }
     }
@@ -64,7 +89,7 @@ impl Sources {
         let mut managed = Vec::with_capacity(list.len());
         // Another namespace's managed jobs are another application's: not this node's.
         for m in list.iter().filter(|m| self.jobs.namespaces().serves(&m.job)) {
-            match runnable(m, &declared, self.allow_commands) {
+            match runnable(m, &declared, self.allow_commands, self.secret) {
                 Ok(job) => managed.push(Arc::new(job)),
                 Err(why) => {
                     if lists.refused.insert(m.job.clone(), m.revision) != Some(m.revision) {
@@ -97,7 +122,12 @@ fn shared(jobs: Vec<Job>) -> Vec<Arc<Job>> {
 }
 
 /// A managed job as this node runs it, or why it does not.
-fn runnable(m: &ManagedJob, declared: &HashSet<String>, allow_commands: bool) -> Result<Job, String> {
+fn runnable(
+    m: &ManagedJob,
+    declared: &HashSet<String>,
+    allow_commands: bool,
+    secret: SecretReader,
+) -> Result<Job, String> {
     if declared.contains(&m.job) {
         return Err("this node's configuration declares a job of that name; the declared one runs".into());
     }
@@ -106,7 +136,7 @@ fn runnable(m: &ManagedJob, declared: &HashSet<String>, allow_commands: bool) ->
         return Err("it runs a command, and this node's [http] allow_command_jobs is off".into());
     }
     let label = format!("managed job `{}` (revision {})", m.job, m.revision);
-    job_of(&label, &format!("jobs[0] ({})", m.job), &job).map_err(|Failure(_, why)| why)
+    crate::spec::job(&job, &secret).map_err(|e| format!("{label}: jobs[0] ({}).{}: {}", m.job, e.key, e.message))
 }
 
 /// Reads the managed jobs whenever the store hints at a change (or every [`POLL`] without
@@ -119,8 +149,8 @@ fn runnable(m: &ManagedJob, declared: &HashSet<String>, allow_commands: bool) ->
 /// [`RESTORED_BY`] (every node that knew them tries; one write per job wins), and the node
 /// keeps running them meanwhile: a store that blinks never silently stops the fleet's
 /// managed jobs. Their revision history is lost with the rest.
-pub async fn follow(
-    store: Arc<dyn Store>,
+pub async fn follow<S: RequestStore + ManagedStore + ?Sized>(
+    store: Arc<S>,
     sources: Arc<Sources>,
     mut seen: u64,
     mut known: Vec<ManagedJob>,
@@ -164,7 +194,7 @@ pub async fn follow(
 pub const RESTORED_BY: &str = "solocron (written back: the store had forgotten it)";
 
 /// Writes `known` back where the store has no such job (`expect` 0: only if absent).
-async fn restore(store: &dyn Store, known: &[ManagedJob]) -> Result<(), solocron_core::StoreError> {
+async fn restore<S: ManagedStore + ?Sized>(store: &S, known: &[ManagedJob]) -> Result<(), StoreError> {
     for m in known {
         match store.put_job(&m.job, &m.spec, RESTORED_BY, Some(0)).await? {
             solocron_core::JobWrite::Written(revision) => {
@@ -177,10 +207,10 @@ async fn restore(store: &dyn Store, known: &[ManagedJob]) -> Result<(), solocron
 }
 
 /// The managed jobs and their version, if the version is not `seen`.
-pub async fn read_if_changed(
-    store: &dyn Store,
+pub async fn read_if_changed<S: ManagedStore + ?Sized>(
+    store: &S,
     seen: u64,
-) -> Result<Option<(u64, Vec<ManagedJob>)>, solocron_core::StoreError> {
+) -> Result<Option<(u64, Vec<ManagedJob>)>, StoreError> {
     let version = store.managed_version().await?;
     if version == seen {
         return Ok(None);
