@@ -44,8 +44,10 @@ async fn a_schema_newer_than_this_crate_is_refused() {
     assert!(matches!(err, StoreError::Invalid(_)) && err.to_string().contains("version 7"), "{err}");
 }
 
+/// A file in a directory that does not exist is a typo in a path, not a store that may come
+/// up later: bad input (`Invalid`), so a node exits at once instead of waiting for it.
 #[tokio::test]
-async fn connecting_where_the_directory_is_missing_is_unavailable_and_names_the_path() {
+async fn connecting_where_the_directory_is_missing_is_invalid_and_names_the_directory() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("no-such-dir").join("solocron.db");
     for result in [
@@ -53,8 +55,10 @@ async fn connecting_where_the_directory_is_missing_is_unavailable_and_names_the_
         SqliteStore::open_path(&path, &Prefix::default()).await,
     ] {
         let err = result.unwrap_err();
-        assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+        assert!(matches!(err, StoreError::Invalid(_)), "{err}");
         assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+        let missing = path.parent().unwrap().display().to_string();
+        assert!(err.to_string().contains(&format!("directory {missing} does not exist")), "{err}");
     }
     assert!(!path.parent().unwrap().exists(), "nothing is created");
 }
