@@ -206,8 +206,15 @@ impl<S: Send + Sync> FromRequestParts<S> for Expect {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Problem> {
         let header = |name| parts.headers.get(name).map(|v| v.to_str().unwrap_or("").trim().to_owned());
-        if header(axum::http::header::IF_NONE_MATCH).as_deref() == Some("*") {
-            return Ok(Expect(Some(0)));
+        match header(axum::http::header::IF_NONE_MATCH) {
+            Some(v) if v == "*" => return Ok(Expect(Some(0))),
+            // Only `*` says "only if it does not exist"; anything else would be read as no
+            // condition at all, and a write the caller meant to guard would go through.
+            Some(v) => {
+                let got = crate::takes::shown_text(&v);
+                return Err(Problem::bad_param("If-None-Match", format!("must be * (only a new job), got {got}")));
+            }
+            None => {}
         }
         match header(axum::http::header::IF_MATCH) {
             None => Ok(Expect(None)),
